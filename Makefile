@@ -1,0 +1,32 @@
+# psgd: `make test` and `make experiments` work on a fresh clone (they set themselves up).
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Installed only when torch is not importable yet; GPU users keep theirs (or set TORCH_SPEC).
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.psgd-installed
+
+.PHONY: install test experiments proto lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages $(VENV)
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	@touch $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest -q
+
+experiments: install
+	$(BIN)/psgd suite experiments/default.toml
+
+proto: install
+	$(BIN)/python tools/gen_proto.py
+
+lint: install
+	$(BIN)/ruff check psgd tests tools examples
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache

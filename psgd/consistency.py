@@ -1,0 +1,238 @@
+"""Consistency policies of a parameter shard: when a pull is served, when a gradient is applied.
+
+Three policies share one small state machine (version counter, per-worker clocks, a budget):
+
+- `Sync` (BSP, bulk synchronous parallel): gradients for step t are buffered until all N
+  workers have pushed; their mean is applied once and the version becomes t+1. A pull for
+  step t+1 blocks until then, so every worker computes on the same parameters.
+- `Async` (Hogwild-style parameter server, Dean et al. 2012 "Downpour SGD"): each gradient is
+  applied on arrival; pulls never block. Gradients are stale by about N-1 updates.
+- `SSP(s)` (stale synchronous parallel, Ho et al., NIPS 2013): applies on arrival like Async,
+  but a worker whose clock is more than s ahead of the slowest worker blocks on pull until the
+  slowest catches up. s = 0 makes every worker wait for every other after each step.
+
+The policy does no math and no I/O: the shard passes an `apply(grad)` callback (the optimizer
+step) that the policy calls under its lock, and a `read()` callback that copies the
+parameters under the same lock. Everything here is thread-safe; `self.cond` guards all fields.
+
+Clock of a worker = how many of its gradients this shard has received. Staleness of an
+applied gradient = shard version when applied - version the worker computed it from.
+Clock gap of a served pull = the pulling worker's clock - the slowest worker's clock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+import torch
+
+T = TypeVar("T")
+
+
+class PolicyError(ValueError):
+    """A request that breaks the protocol (wrong clock, duplicate push): refused, state unchanged."""
+
+
+class PullTimeout(TimeoutError):
+    """The policy held a pull longer than the caller's deadline."""
+
+
+@dataclass(frozen=True)
+class PushOutcome:
+    version: int       # shard version after handling the push
+    applied: bool      # the gradient (or the mean it joined) was applied now
+    done: bool         # budget spent: this gradient was refused and the worker should stop
+    staleness: int     # version when applied (or buffered) - base_version
+    skipped: bool = False
+    refused: bool = False  # budget already spent: not taken
+
+
+@dataclass(frozen=True)
+class PullOutcome(Generic[T]):
+    version: int
+    done: bool
+    wait_s: float      # time held by the policy
+    clock_gap: int
+    value: T | None    # what read() returned; None when done
+
+
+@dataclass
+class Stats:
+    """What the shard reports at the end of a run."""
+    staleness: Counter = field(default_factory=Counter)   # staleness -> count of gradients
+    max_clock_gap: int = 0
+    gaps: Counter = field(default_factory=Counter)         # clock gap -> count of served pulls
+    skipped_nonfinite: int = 0
+    refused_after_budget: int = 0
+
+
+class Policy:
+    """Base state machine; subclasses set `_pull_ready` and `_on_gradient`."""
+
+    name = "base"
+
+    def __init__(self, num_workers: int, apply: Callable[[torch.Tensor], None],
+                 budget: int | None = None) -> None:
+        if num_workers < 1:
+            raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        self.num_workers = num_workers
+        self.budget = budget                    # gradients to accept in total; None = unlimited
+        self._apply = apply
+        self.cond = threading.Condition()
+        self.version = 0
+        self.accepted = 0
+        self.clocks = [0] * num_workers
+        self.closed = False
+        self.stats = Stats()
+
+    # -- rules, overridden per policy (called with self.cond held) --------------------------
+    def _pull_ready(self, worker: int, clock: int) -> bool:
+        raise NotImplementedError
+
+    def _on_gradient(self, worker: int, clock: int, grad: torch.Tensor | None) -> bool:
+        """Take one arrived gradient (None = skipped); return True if an update was applied."""
+        raise NotImplementedError
+
+    # -- public API ---------------------------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self.closed or (self.budget is not None and self.accepted >= self.budget)
+
+    def push(self, worker: int, clock: int, base_version: int,
+             grad: torch.Tensor | None) -> PushOutcome:
+        """Hand over one worker's gradient (None: non-finite, counted as skipped). Never blocks."""
+        self._check_worker(worker)
+        with self.cond:
+            if self.done:
+                self.stats.refused_after_budget += 1
+                return PushOutcome(self.version, applied=False, done=True, staleness=0, refused=True)
+            if clock != self.clocks[worker]:
+                raise PolicyError(f"worker {worker} pushed clock {clock}, expected {self.clocks[worker]}")
+            if base_version > self.version:
+                raise PolicyError(f"base_version {base_version} is ahead of shard version {self.version}")
+            staleness = self.version - base_version
+            applied = self._on_gradient(worker, clock, grad)
+            self.clocks[worker] = clock + 1
+            self.accepted += 1
+            self.stats.staleness[staleness] += 1
+            if grad is None:
+                self.stats.skipped_nonfinite += 1
+            self.cond.notify_all()
+            return PushOutcome(self.version, applied=applied, done=self.done,
+                               staleness=staleness, skipped=grad is None)
+
+    def pull(self, worker: int, clock: int, read: Callable[[], T],
+             timeout: float | None = None) -> PullOutcome[T]:
+        """Block until the policy allows `worker` at `clock` to read, then call read() locked.
+
+        Returns done (and no value) once the budget is spent. Raises PullTimeout after
+        `timeout` seconds, leaving the state untouched.
+        """
+        self._check_worker(worker)
+        start = time.perf_counter()
+        with self.cond:
+            ok = self.cond.wait_for(lambda: self.done or self._pull_ready(worker, clock), timeout)
+            waited = time.perf_counter() - start
+            if not ok:
+                raise PullTimeout(f"worker {worker} at clock {clock} held {waited:.1f}s by {self.name} "
+                                  f"(slowest clock {min(self.clocks)}, version {self.version})")
+            if self.done:
+                return PullOutcome(self.version, done=True, wait_s=waited, clock_gap=0, value=None)
+            gap = max(0, clock - min(self.clocks))
+            self.stats.gaps[gap] += 1
+            self.stats.max_clock_gap = max(self.stats.max_clock_gap, gap)
+            return PullOutcome(self.version, done=False, wait_s=waited, clock_gap=gap, value=read())
+
+    def close(self) -> None:
+        """Stop: wake every blocked pull (they return done) and refuse further pushes."""
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+
+    def _check_worker(self, worker: int) -> None:
+        if not 0 <= worker < self.num_workers:
+            raise PolicyError(f"worker id {worker} out of range 0..{self.num_workers - 1}")
+
+
+class Async(Policy):
+    """Apply every gradient on arrival; never block."""
+
+    name = "async"
+
+    def _pull_ready(self, worker: int, clock: int) -> bool:
+        return True
+
+    def _on_gradient(self, worker: int, clock: int, grad: torch.Tensor | None) -> bool:
+        if grad is None:
+            return False
+        self._apply(grad)
+        self.version += 1
+        return True
+
+
+class SSP(Async):
+    """Apply on arrival; block a pull whose clock is more than `staleness` ahead of the slowest."""
+
+    name = "ssp"
+
+    def __init__(self, num_workers: int, apply: Callable[[torch.Tensor], None],
+                 staleness: int, budget: int | None = None) -> None:
+        if staleness < 0:
+            raise ValueError(f"staleness bound must be >= 0, got {staleness}")
+        super().__init__(num_workers, apply, budget)
+        self.staleness_bound = staleness
+
+    def _pull_ready(self, worker: int, clock: int) -> bool:
+        return clock - min(self.clocks) <= self.staleness_bound
+
+
+class Sync(Policy):
+    """BSP: buffer the N gradients of step t, apply their mean once, then release step t+1."""
+
+    name = "sync"
+
+    def __init__(self, num_workers: int, apply: Callable[[torch.Tensor], None],
+                 budget: int | None = None) -> None:
+        super().__init__(num_workers, apply, budget)
+        self._sum: torch.Tensor | None = None
+        self._arrived = 0
+        self._contributors = 0
+
+    def _pull_ready(self, worker: int, clock: int) -> bool:
+        # Step `clock` may start once `clock` mean updates have been applied.
+        return self.version >= clock
+
+    def _on_gradient(self, worker: int, clock: int, grad: torch.Tensor | None) -> bool:
+        if clock != self.version:
+            raise PolicyError(f"sync: worker {worker} pushed for step {clock} while the shard is at step "
+                              f"{self.version}")
+        if grad is not None:
+            # Accumulate in fp32 in arrival order; summing then dividing once keeps the mean
+            # within float rounding of a single process computing the 32-sample batch.
+            self._sum = grad.clone() if self._sum is None else self._sum.add_(grad)
+            self._contributors += 1
+        self._arrived += 1
+        if self._arrived < self.num_workers:
+            return False
+        if self._sum is not None:
+            self._apply(self._sum.div_(self._contributors))
+        self._sum, self._arrived, self._contributors = None, 0, 0
+        self.version += 1
+        return True
+
+
+def make_policy(mode: str, num_workers: int, apply: Callable[[torch.Tensor], None],
+                staleness: int = 0, budget: int | None = None) -> Policy:
+    """The policy for a run mode: 'sync', 'async' or 'ssp'."""
+    if mode == "sync":
+        return Sync(num_workers, apply, budget)
+    if mode == "async":
+        return Async(num_workers, apply, budget)
+    if mode == "ssp":
+        return SSP(num_workers, apply, staleness, budget)
+    raise ValueError(f"unknown parameter-server mode {mode!r}; choose sync, async or ssp")

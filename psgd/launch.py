@@ -1,0 +1,201 @@
+"""`psgd run`: start K shard servers and N workers as processes of this same CLI, wait, evaluate.
+
+Contract:
+- Children are `python -m psgd server|worker <the run's flags>`: exactly the commands you would
+  run by hand on other hosts. Servers bind 127.0.0.1 on port 0 and print `READY host:port`.
+- The launcher waits for any child to exit (os.waitid, no polling). If a worker exits non-zero
+  or a server exits early, it stops every other child and fails naming the process. Ctrl-C
+  stops all children too. Children get PR_SET_PDEATHSIG, so even a SIGKILLed launcher leaves
+  no process behind.
+- After the workers finish, servers get SIGTERM, write their stats and snapshots, and exit;
+  then the snapshots are evaluated (psgd/evaluate.py) and OUT/summary.json is written.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import json
+import os
+import selectors
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from psgd import data as data_mod
+from psgd import evaluate, models
+from psgd.config import RunConfig, to_argv, to_dict
+from psgd.metrics import Metrics, read_events, samples_per_update, summarize
+
+READY_TIMEOUT_S = 60.0
+STOP_TIMEOUT_S = 30.0
+
+
+class RunFailed(RuntimeError):
+    """A child failed; the message names it."""
+
+
+def _die_with_parent() -> None:
+    # Linux: deliver SIGKILL to this child when the launcher dies, however it dies.
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+class Child:
+    def __init__(self, name: str, argv: list[str], log: Path, env: dict | None = None,
+                 capture_stdout: bool = False) -> None:
+        self.name = name
+        self.log = log
+        with open(log, "wb") as f:
+            self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE if capture_stdout else f, stderr=f,
+                                         stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                         preexec_fn=_die_with_parent)
+
+    def last_error(self) -> str:
+        lines = [ln for ln in self.log.read_text(errors="replace").splitlines() if ln.strip()]
+        return lines[-1] if lines else "(no output)"
+
+
+def _read_ready(child: Child, timeout: float) -> str:
+    sel = selectors.DefaultSelector()
+    sel.register(child.proc.stdout, selectors.EVENT_READ)
+    if not sel.select(timeout):
+        raise RunFailed(f"{child.name} did not become ready within {timeout:.0f}s; see {child.log}")
+    line = child.proc.stdout.readline().decode().strip()
+    sel.close()
+    if not line.startswith("READY "):
+        child.proc.wait()
+        raise RunFailed(f"{child.name} failed to start: {child.last_error()}")
+    return line.split()[1]
+
+
+def _stop(children: list[Child], sig: int = signal.SIGTERM) -> None:
+    for c in children:
+        if c.proc.poll() is None:
+            c.proc.send_signal(sig)
+    deadline = time.monotonic() + STOP_TIMEOUT_S
+    for c in children:
+        try:
+            c.proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            c.proc.kill()
+            c.proc.wait()
+
+
+def _wait_workers(workers: list[Child], servers: list[Child]) -> None:
+    """Return when every worker exited 0; raise RunFailed as soon as any child fails."""
+    pending = list(workers)
+    while pending:
+        # Block until some child is exitable, without reaping it (Popen reaps below).
+        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
+        for c in servers:
+            if c.proc.poll() is not None:
+                raise RunFailed(f"{c.name} exited early with code {c.proc.returncode}: {c.last_error()}")
+        for c in list(pending):
+            rc = c.proc.poll()
+            if rc is None:
+                continue
+            if rc != 0:
+                how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
+                raise RunFailed(f"{c.name} (pid {c.proc.pid}) died with {how}: {c.last_error()}")
+            pending.remove(c)
+
+
+def prepare_out(out: Path) -> None:
+    """Start from an empty run folder (a rerun must not mix its lines with an old run's)."""
+    if out.exists():
+        for name in ("metrics.jsonl", "summary.json", "config.json", "final_params.pt", "logs"):
+            p = out / name
+            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
+        for p in out.glob("shard-*"):
+            p.unlink()
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+
+
+def child_env() -> dict:
+    env = dict(os.environ)
+    env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    # Several processes on few cores: one intra-op thread each avoids oversubscription.
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def run(cfg: RunConfig, progress: bool = True) -> dict:
+    """Run one training job end to end; returns the summary. Raises RunFailed."""
+    out = Path(cfg.out)
+    prepare_out(out)
+    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
+    ds = data_mod.load(cfg.data)  # also fills the mnist1d cache before the workers race for it
+    flags = to_argv(cfg)
+    exe = [sys.executable, "-m", "psgd"]
+    env = child_env()
+    servers: list[Child] = []
+    workers: list[Child] = []
+    if cfg.mode == "allreduce":
+        from psgd.collective import launch_args  # noqa: PLC0415 - only the collective mode needs it
+
+        worker_argv, env = launch_args(cfg, env)
+    try:
+        if cfg.mode != "allreduce":
+            for k in range(cfg.servers):
+                servers.append(Child(f"server {k}", exe + ["server"] + flags + ["--shard", str(k), "--port", "0"],
+                                     out / "logs" / f"server-{k}.log", env, capture_stdout=True))
+            addresses = [_read_ready(c, READY_TIMEOUT_S) for c in servers]
+            worker_argv = ["--servers", ",".join(addresses)]
+        for r in range(cfg.workers):
+            wenv = dict(env, RANK=str(r), LOCAL_RANK=str(r)) if cfg.mode == "allreduce" else env
+            workers.append(Child(f"worker {r}", exe + ["worker"] + flags + ["--rank", str(r)] + worker_argv,
+                                 out / "logs" / f"worker-{r}.log", wenv))
+        _wait_workers(workers, servers)
+        _stop(servers)
+        for c in servers:
+            if c.proc.returncode != 0:
+                raise RunFailed(f"{c.name} exited with code {c.proc.returncode}: {c.last_error()}")
+    except KeyboardInterrupt:
+        _stop(workers + servers)
+        raise RunFailed("interrupted; stopped all servers and workers") from None
+    except BaseException:
+        _stop(workers + servers, signal.SIGKILL)
+        raise
+    return finish(cfg, ds)
+
+
+def finish(cfg: RunConfig, ds: data_mod.Dataset) -> dict:
+    """Evaluate the snapshots, write final_params.pt and summary.json."""
+    out = Path(cfg.out)
+    model = models.build(cfg.model, ds.input_dim, ds.num_classes, cfg.seed)
+    x_tr, y_tr = ds.x_train[:10_000], ds.y_train[:10_000]  # train loss on a fixed subset: cheap
+    if cfg.mode == "allreduce":
+        snaps = torch.load(out / "replica-0.pt", weights_only=True)["snapshots"]
+        final = snaps[-1][2]
+        shard_stats: list[dict] = []
+    else:
+        snaps = evaluate.load_shard_snapshots(out, cfg.servers)
+        final = evaluate.load_final_params(out, cfg.servers)
+        shard_stats = [json.loads((out / f"shard-{k}.json").read_text()) for k in range(cfg.servers)]
+    t0 = min(e["train_start"] for e in read_events(out / "metrics.jsonl") if e.get("event") == "worker_end")
+    metrics = Metrics(out / "metrics.jsonl")
+    evals = []
+    for version, t, params in snaps:
+        test_loss, test_acc = evaluate.evaluate(model, params, ds.x_test, ds.y_test)
+        train_loss, train_acc = evaluate.evaluate(model, params, x_tr, y_tr)
+        e = dict(version=version, elapsed_s=max(0.0, t - t0), samples=version * samples_per_update(cfg),
+                 test_loss=test_loss, test_accuracy=test_acc, train_loss=train_loss, train_accuracy=train_acc)
+        metrics.write(event="eval", **e)
+        evals.append(e)
+    test_loss, test_acc = evaluate.evaluate(model, final, ds.x_test, ds.y_test)
+    train_loss, _ = evaluate.evaluate(model, final, x_tr, y_tr)
+    metrics.close()
+    torch.save(final, out / "final_params.pt")
+    sha = hashlib.sha256(final.contiguous().numpy().tobytes()).hexdigest()
+    final_eval = dict(test_loss=test_loss, test_accuracy=test_acc, train_loss=train_loss)
+    return summarize(out, cfg, evals + [final_eval], models.num_params(model), sha, shard_stats)

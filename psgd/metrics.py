@@ -1,0 +1,107 @@
+"""Metrics: JSON lines appended by every process to OUT/metrics.jsonl, and OUT/summary.json.
+
+Contract:
+- `Metrics(path).write(event=..., **fields)` appends one JSON object per line. Each line is one
+  `os.write` on an O_APPEND descriptor, so the lines of concurrent processes never interleave.
+- `summarize(out, cfg, evals, final)` builds summary.json from the workers' `worker_end`
+  events, the shards' `shard-K.json` stats and the offline evaluation (psgd/evaluate.py).
+  Field meanings are in docs/architecture.md; `time_breakdown_s` is seconds per worker,
+  averaged over workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from psgd.config import RunConfig, to_dict
+
+
+class Metrics:
+    def __init__(self, path: str | Path) -> None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+
+    def write(self, **fields) -> None:
+        fields.setdefault("time", time.time())
+        os.write(self.fd, (json.dumps(fields, separators=(",", ":")) + "\n").encode())
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def read_events(path: str | Path) -> list[dict]:
+    p = Path(path)
+    if not p.exists():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def hist_stats(hist: Counter) -> dict:
+    """mean / p50 / p99 / max of a value -> count histogram."""
+    if not hist:
+        return {"mean": 0.0, "p50": 0.0, "p99": 0.0, "max": 0, "hist": {}}
+    values = np.array(sorted(hist), dtype=np.float64)
+    counts = np.array([hist[v] for v in sorted(hist)], dtype=np.float64)
+    cdf = np.cumsum(counts) / counts.sum()
+
+    def pct(q: float) -> float:
+        return float(values[np.searchsorted(cdf, q)])
+
+    return {"mean": float((values * counts).sum() / counts.sum()), "p50": pct(0.5), "p99": pct(0.99),
+            "max": int(values.max()), "hist": {str(int(v)): int(hist[v]) for v in sorted(hist)}}
+
+
+def samples_per_update(cfg: RunConfig) -> int:
+    """Training samples behind one parameter update: a global batch in sync / all-reduce,
+    one worker's (accumulated) batch in async / SSP, where every gradient is its own update."""
+    if cfg.mode in ("sync", "allreduce"):
+        return cfg.global_batch
+    return cfg.batch_size * cfg.accumulate
+
+
+def summarize(out: Path, cfg: RunConfig, evals: list[dict], params: int, params_sha256: str,
+              shard_stats: list[dict], extra: dict | None = None) -> dict:
+    events = read_events(out / "metrics.jsonl")
+    ends = [e for e in events if e.get("event") == "worker_end"]
+    if not ends:
+        raise RuntimeError(f"no worker_end events in {out / 'metrics.jsonl'}: did any worker finish?")
+    start = min(e["train_start"] for e in ends)
+    wall = max(e["train_end"] for e in ends) - start
+    worker_steps = sum(e["steps"] for e in ends)
+    staleness: Counter = Counter()
+    for s in shard_stats:
+        staleness.update({int(k): v for k, v in s["staleness_hist"].items()})
+    if shard_stats:
+        global_updates = max(s["version"] for s in shard_stats)
+    else:  # all-reduce: every step is one global update
+        global_updates = min(e["steps"] for e in ends)
+    final = evals[-1] if evals else {}
+    n = len(ends)
+    summary = {
+        "mode": cfg.mode, "workers": cfg.workers, "servers": cfg.servers if cfg.mode != "allreduce" else 0,
+        "staleness_bound": cfg.staleness if cfg.mode == "ssp" else (0 if cfg.mode in ("sync", "allreduce") else None),
+        "model": cfg.model.model, "dataset": cfg.data.dataset, "params": params,
+        "global_batch": cfg.global_batch, "global_updates": global_updates, "worker_steps": worker_steps,
+        "wall_time_s": wall, "updates_per_s": global_updates / wall if wall > 0 else 0.0,
+        "worker_steps_per_s": worker_steps / wall if wall > 0 else 0.0,
+        "samples_per_s": worker_steps * cfg.batch_size * cfg.accumulate / wall if wall > 0 else 0.0,
+        "final_train_loss": final.get("train_loss"), "final_test_loss": final.get("test_loss"),
+        "final_test_accuracy": final.get("test_accuracy"),
+        "staleness": hist_stats(staleness),
+        "max_clock_gap": max((s["max_clock_gap"] for s in shard_stats), default=0),
+        "bytes_pushed": sum(e["bytes_pushed"] for e in ends), "bytes_pulled": sum(e["bytes_pulled"] for e in ends),
+        "time_breakdown_s": {k: sum(e[f"{k}_s"] for e in ends) / n for k in ("compute", "push", "pull", "wait")},
+        "per_worker_steps": {str(e["rank"]): e["steps"] for e in sorted(ends, key=lambda e: e["rank"])},
+        "skipped_nonfinite": sum(s.get("skipped_nonfinite", 0) for s in shard_stats),
+        "params_sha256": params_sha256,
+        "config": to_dict(cfg),
+    }
+    summary.update(extra or {})
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary

@@ -1,0 +1,90 @@
+"""The model zoo and the flat-parameter view every exchange works on.
+
+Contract:
+- `build(cfg, input_dim, num_classes, seed)` returns a freshly initialised model; the same
+  arguments give bit-identical parameters in every process (init is seeded), which is what lets
+  `sync` PS reproduce single-process training.
+  Models: `logreg`; `mlp` (2 hidden layers, width 128); `cnn` (a small 1-D CNN, for mnist1d);
+  `wide_mlp` (3 hidden layers of `--width`, default 1024; --width 3500 gives about 25M
+  parameters, the communication-bound case).
+- `FlatParams(model)` moves all parameters and gradients into two flat fp32 buffers and makes
+  every `p` / `p.grad` a view of them, so a pulled vector loads with one copy and the gradient
+  is already flat after backward (the trick DDP calls gradient_as_bucket_view).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+from torch import nn
+
+from psgd.config import ModelConfig
+
+
+_BUILD_LOCK = threading.Lock()  # init draws from torch's global RNG; threads must not interleave
+
+
+def build(cfg: ModelConfig, input_dim: int, num_classes: int, seed: int) -> nn.Module:
+    with _BUILD_LOCK:
+        torch.manual_seed(seed)
+        return _build(cfg, input_dim, num_classes)
+
+
+def _build(cfg: ModelConfig, input_dim: int, num_classes: int) -> nn.Module:
+    if cfg.model == "logreg":
+        return nn.Linear(input_dim, num_classes)
+    if cfg.model == "mlp":
+        w = cfg.width or 128
+        return nn.Sequential(nn.Linear(input_dim, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(),
+                             nn.Linear(w, num_classes))
+    if cfg.model == "wide_mlp":
+        w = cfg.width or 1024
+        return nn.Sequential(nn.Linear(input_dim, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(),
+                             nn.Linear(w, w), nn.ReLU(), nn.Linear(w, num_classes))
+    if cfg.model == "cnn":
+        return Conv1dNet(input_dim, num_classes, cfg.width or 32)
+    raise ValueError(f"unknown model {cfg.model!r}")
+
+
+class Conv1dNet(nn.Module):
+    """Three 1-D convolutions and a linear head, in the spirit of the MNIST-1D paper's CNN."""
+
+    def __init__(self, length: int, num_classes: int, channels: int) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv1d(1, channels, 5, padding=2), nn.ReLU(),
+            nn.Conv1d(channels, channels, 3, stride=2, padding=1), nn.ReLU(),
+            nn.Conv1d(channels, channels, 3, stride=2, padding=1), nn.ReLU(),
+        )
+        out_len = ((length + 1) // 2 + 1) // 2
+        self.head = nn.Linear(channels * out_len, num_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x.unsqueeze(1)).flatten(1))
+
+
+def num_params(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+class FlatParams:
+    """One flat buffer for all parameters (`.params`) and one for their gradients (`.grads`)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        params = list(model.parameters())
+        device = params[0].device
+        n = sum(p.numel() for p in params)
+        self.params = torch.empty(n, dtype=torch.float32, device=device)
+        self.grads = torch.zeros(n, dtype=torch.float32, device=device)
+        offset = 0
+        for p in params:
+            k = p.numel()
+            self.params[offset:offset + k].copy_(p.data.reshape(-1))
+            p.data = self.params[offset:offset + k].view_as(p)
+            # Autograd accumulates into an existing .grad in place, so backward writes here.
+            p.grad = self.grads[offset:offset + k].view_as(p)
+            offset += k
+
+    def zero_grad(self) -> None:
+        self.grads.zero_()

@@ -1,0 +1,133 @@
+"""The training loop of one worker; the gradient exchange is one pluggable step.
+
+Contract: `train(cfg, rank, exchange, metrics)` builds the model (seeded, identical in every
+process), then repeats until the exchange says the budget is spent:
+
+    exchange.before_compute(clock)   PS: pull the parameters from every shard (may block)
+    forward / backward               on slice `rank` of global batch `clock` (x --accumulate)
+    exchange.after_compute(clock)    PS: push the gradient slices; all-reduce: reduce + step
+
+An `Exchange` owns everything mode-specific; PS modes use `client.PSExchange`, the all-reduce
+mode its collective counterpart, and this loop does not change between them. Straggler delays
+(`--straggler`, `--jitter`) are added to compute time: they emulate a slower device.
+
+Run one by hand (servers already up):
+    psgd worker --rank 0 --servers 127.0.0.1:50051,127.0.0.1:50052 --workers 4 --mode sync ...
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from psgd import data as data_mod
+from psgd import models
+from psgd.config import RunConfig
+from psgd.metrics import Metrics
+
+
+@dataclass
+class StepReport:
+    """What an exchange did in one call; `done` ends the loop. Times exclude `wait_s`."""
+    done: bool = False
+    counted: bool = True      # after_compute: the gradient was taken (not refused for budget)
+    pull_s: float = 0.0
+    push_s: float = 0.0
+    wait_s: float = 0.0
+    bytes_pulled: int = 0
+    bytes_pushed: int = 0
+    clock_gap: int = 0
+
+
+class Exchange(Protocol):
+    def setup(self, flat: models.FlatParams, rank: int) -> None:
+        """Agree on initial parameters (PS: chief offers them; all-reduce: broadcast)."""
+
+    def before_compute(self, clock: int, flat: models.FlatParams) -> StepReport:
+        """Make flat.params current for step `clock`."""
+
+    def after_compute(self, clock: int, flat: models.FlatParams) -> StepReport:
+        """Deliver flat.grads of step `clock`."""
+
+    def close(self) -> None:
+        ...
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda asked for, but torch sees no CUDA device")
+    return torch.device(name)
+
+
+def train(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None,
+          device: torch.device | None = None) -> dict:
+    """Run the loop; returns (and logs as `worker_end`) this worker's totals."""
+    device = device or resolve_device(cfg.device)
+    ds = data_mod.load(cfg.data)
+    x, y = ds.x_train.to(device), ds.y_train.to(device)
+    plan = data_mod.BatchPlan(ds.y_train, cfg.workers, cfg.batch_size * cfg.accumulate, cfg.seed,
+                              noniid=cfg.data.shard_data == "noniid")
+    model = models.build(cfg.model, ds.input_dim, ds.num_classes, cfg.seed).to(device)
+    flat = models.FlatParams(model)
+    delay_ms = dict(cfg.straggler).get(rank, 0)
+    jitter = random.Random(cfg.seed * 7919 + rank)
+    fail_step = dict(cfg.fail_at).get(rank)
+
+    exchange.setup(flat, rank)
+    totals = dict(steps=0, compute_s=0.0, pull_s=0.0, push_s=0.0, wait_s=0.0, bytes_pulled=0, bytes_pushed=0)
+    train_start = time.time()
+    clock = 0
+    while True:
+        if fail_step is not None and clock == fail_step:
+            os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die like a crashed machine
+        before = exchange.before_compute(clock, flat)
+        _add(totals, before)
+        if before.done:
+            break
+        t0 = time.perf_counter()
+        flat.zero_grad()
+        idx = plan.indices(rank, clock).to(device)
+        loss_sum = 0.0
+        for micro in idx.chunk(cfg.accumulate):
+            # Mean loss per micro-batch / k: the k micro-batches together give the mean over
+            # the worker's whole slice, so accumulation equals one bigger batch.
+            loss = F.cross_entropy(model(x[micro]), y[micro]) / cfg.accumulate
+            loss.backward()
+            loss_sum += float(loss.detach())
+        extra_ms = delay_ms + (jitter.expovariate(1.0 / cfg.jitter) if cfg.jitter > 0 else 0.0)
+        if extra_ms:
+            time.sleep(extra_ms / 1000.0)  # emulated slow device, not synchronisation
+        compute_s = time.perf_counter() - t0
+        totals["compute_s"] += compute_s
+        after = exchange.after_compute(clock, flat)
+        _add(totals, after)
+        if metrics is not None:
+            metrics.write(event="step", rank=rank, clock=clock, loss=loss_sum, compute_s=compute_s,
+                          pull_s=before.pull_s, wait_s=before.wait_s + after.wait_s, push_s=after.push_s,
+                          clock_gap=before.clock_gap)
+        clock += 1
+        totals["steps"] += int(after.counted)
+        if after.done:
+            break
+    end = dict(totals, rank=rank, train_start=train_start, train_end=time.time())
+    if metrics is not None:
+        metrics.write(event="worker_end", **end)
+    exchange.close()
+    return end
+
+
+def _add(totals: dict, r: StepReport) -> None:
+    totals["pull_s"] += r.pull_s
+    totals["push_s"] += r.push_s
+    totals["wait_s"] += r.wait_s
+    totals["bytes_pulled"] += r.bytes_pulled
+    totals["bytes_pushed"] += r.bytes_pushed
