@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import sys
 
@@ -149,10 +150,27 @@ def build_parser() -> Parser:
                        epilog=MODES_HELP, formatter_class=fmt)
     add_run_flags(p)
     p.add_argument("--rank", type=int, default=None, help="worker id 0..N-1 (default: $RANK, for torchrun)")
+
+    # These commands own their flags (each module builds its own Parser); the CLI only routes.
+    for name, helptext in DELEGATED.items():
+        p = sub.add_parser(name, help=helptext, add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
     return top
 
 
+# command -> one-line help; `psgd NAME ...` calls psgd.NAME.main(argv) (bench: psgd.bench).
+DELEGATED = {
+    "suite": "run an experiment suite (TOML) and write plots + REPORT.md",
+    "plot": "plot convergence curves of runs on one figure",
+    "bench": "benchmarks: transport | allreduce | scaling | calibrate",
+    "model": "alpha-beta cost model: predict PS vs ring throughput up to 1024 workers",
+}
+MODULES = {"suite": "psgd.suite", "plot": "psgd.plots", "bench": "psgd.bench", "model": "psgd.costmodel"}
+
+
 def main(argv: list[str] | None = None) -> int:
+    # gRPC's C core logs its own multi-line errors to stderr; ours are the one-line ones.
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -162,6 +180,10 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_server(args)
         if args.command == "worker":
             return cmd_worker(args)
+        if args.command in DELEGATED:
+            import importlib
+
+            return importlib.import_module(MODULES[args.command]).main(args.rest)
     except UsageError as e:
         print(f"psgd {args.command}: error: {e}", file=sys.stderr)
         return 2
@@ -226,7 +248,6 @@ def cmd_server(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    import os
     from pathlib import Path
 
     from psgd import worker
@@ -238,7 +259,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if not 0 <= rank < cfg.workers:
         raise UsageError(f"--rank must be in 0..{cfg.workers - 1} (or set $RANK), got {rank}")
     if cfg.mode == "allreduce":
-        from psgd.collective import CollectiveExchange, CollectiveError
+        from psgd.collective import CollectiveError, CollectiveExchange
 
         exchange, errors = CollectiveExchange.from_env(cfg, rank), (CollectiveError,)
     else:

@@ -180,7 +180,8 @@ class PSExchange:
     def _staging(self, flat) -> torch.Tensor:
         # Pull straight into the model's flat buffer on CPU; through a host buffer on CUDA.
         if not hasattr(self, "_host"):
-            self._host = flat.params if flat.params.device.type == "cpu" else torch.empty_like(flat.params, device="cpu")
+            on_cpu = flat.params.device.type == "cpu"
+            self._host = flat.params if on_cpu else torch.empty_like(flat.params, device="cpu")
         return self._host
 
     def close(self) -> None:

@@ -97,6 +97,8 @@ def decode(data: bytes | bytearray | memoryview, dtype: str) -> torch.Tensor:
         raise ValueError(f"{len(data)} bytes is not a whole number of {dtype} elements")
     if len(data) == 0:
         return torch.empty(0, dtype=torch.float32)
+    if not isinstance(data, bytearray):
+        data = bytearray(data)  # torch.frombuffer wants a writable buffer
     raw_dtype = torch.int16 if width == 2 else torch.float32
     raw = torch.frombuffer(data, dtype=raw_dtype)
     if width == 2:

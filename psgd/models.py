@@ -21,7 +21,6 @@ from torch import nn
 
 from psgd.config import ModelConfig
 
-
 _BUILD_LOCK = threading.Lock()  # init draws from torch's global RNG; threads must not interleave
 
 

@@ -106,7 +106,8 @@ class ShardServicer(pb_grpc.ParameterShardServicer):
 
     def Pull(self, request, context):
         if request.shard != self.shard:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"pull for shard {request.shard} sent to shard {self.shard}")
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                          f"pull for shard {request.shard} sent to shard {self.shard}")
         dtype = DTYPE_NAMES.get(request.dtype)
         if dtype is None:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown wire dtype {request.dtype}")
@@ -202,10 +203,10 @@ def create_server(cfg: RunConfig, shard: int, host: str = "127.0.0.1", port: int
     pb_grpc.add_ParameterShardServicer_to_server(servicer, server)
     try:
         bound = server.add_insecure_port(f"{host}:{port}")
-    except RuntimeError as e:
-        raise OSError(f"cannot listen on {host}:{port} ({e}); is the port in use?") from None
+    except RuntimeError:
+        bound = 0
     if bound == 0:
-        raise OSError(f"cannot listen on {host}:{port}; is the port in use?")
+        raise OSError(f"cannot listen on {host}:{port}: the port is in use or the address is not this host's")
     server.start()
     return server, servicer, bound
 

@@ -1,0 +1,135 @@
+"""The pure policies, driven by real threads (no gRPC)."""
+
+import threading
+
+import pytest
+import torch
+
+from psgd.consistency import SSP, Async, PolicyError, PullTimeout, Sync, make_policy
+
+
+class Param:
+    """A stand-in shard: apply adds the gradient, so the result shows what was applied."""
+
+    def __init__(self, n=3):
+        self.value = torch.zeros(n)
+        self.applied = []
+
+    def apply(self, g):
+        self.value += g
+        self.applied.append(g.clone())
+
+
+def test_sync_applies_the_mean_once_and_blocks_next_step():
+    p = Param()
+    pol = Sync(3, p.apply)
+    assert pol.pull(0, 0, lambda: 1).value == 1
+    for w in range(2):
+        out = pol.push(w, 0, 0, torch.full((3,), float(w + 1)))
+        assert not out.applied and out.version == 0
+    # Step 1 may not start: two of three gradients arrived.
+    with pytest.raises(PullTimeout):
+        pol.pull(0, 1, lambda: None, timeout=0.05)
+    released = []
+    t = threading.Thread(target=lambda: released.append(pol.pull(1, 1, lambda: p.value.clone()).value))
+    t.start()
+    out = pol.push(2, 0, 0, torch.full((3,), 6.0))
+    t.join(10)
+    assert out.applied and out.version == 1
+    assert len(p.applied) == 1 and torch.equal(p.applied[0], torch.full((3,), 3.0))
+    assert torch.equal(released[0], torch.full((3,), 3.0))
+    assert pol.stats.max_clock_gap == 0
+
+
+def test_sync_refuses_duplicate_and_wrong_step():
+    pol = Sync(2, Param().apply)
+    pol.push(0, 0, 0, torch.ones(3))
+    with pytest.raises(PolicyError):
+        pol.push(0, 0, 0, torch.ones(3))       # same worker twice in a step
+    with pytest.raises(PolicyError):
+        pol.push(1, 1, 0, torch.ones(3))       # clock ahead of the shard
+    with pytest.raises(PolicyError):
+        pol.push(5, 0, 0, torch.ones(3))       # no such worker
+    assert pol.version == 0 and pol.clocks == [1, 0]
+
+
+def test_async_never_blocks_and_staleness_is_n_minus_1_round_robin():
+    n, p = 4, Param()
+    pol = Async(n, p.apply)
+    stale = []
+    for step in range(5):
+        bases = [pol.pull(w, step, lambda: None).version for w in range(n)]   # everyone pulls...
+        for w in range(n):                                                    # ...then pushes in turn
+            stale.append(pol.push(w, step, bases[w], torch.ones(3)).staleness)
+    assert stale[:n] == [0, 1, 2, 3] and sum(stale) / len(stale) == pytest.approx(1.5)
+    # Steady state of a real async run: each worker pulls right after its own push.
+    pol2, last = Async(n, Param().apply), []
+    bases = [0] * n
+    for step in range(20):
+        for w in range(n):
+            last.append(pol2.push(w, step, bases[w], torch.ones(3)).staleness)
+            bases[w] = pol2.pull(w, step + 1, lambda: None).version
+    assert last[-n:] == [n - 1] * n
+
+
+def test_ssp_blocks_only_beyond_the_bound():
+    s = 2
+    pol = SSP(2, Param().apply, staleness=s)
+    for c in range(s + 1):          # worker 0 runs ahead alone: clocks 0..s are allowed
+        pol.pull(0, c, lambda: None, timeout=1)
+        pol.push(0, c, pol.version, torch.ones(3))
+    with pytest.raises(PullTimeout):
+        pol.pull(0, s + 1, lambda: None, timeout=0.05)   # s+1 ahead of worker 1 (clock 0)
+    got = []
+    t = threading.Thread(target=lambda: got.append(pol.pull(0, s + 1, lambda: "ok", timeout=10)))
+    t.start()
+    pol.push(1, 0, 0, torch.ones(3))                       # the slowest advances
+    t.join(10)
+    assert got[0].value == "ok" and got[0].clock_gap == s
+    assert pol.stats.max_clock_gap == s
+
+
+def test_ssp_bound_holds_under_concurrency():
+    n, s, steps = 4, 1, 30
+    pol = SSP(n, Param().apply, staleness=s)
+
+    def worker(w):
+        for c in range(steps * (w + 1) // n + steps // 2):
+            out = pol.pull(w, c, lambda: None, timeout=30)
+            if out.done:
+                return
+            pol.push(w, c, out.version, torch.ones(3))
+        pol.close()  # the first worker to finish ends the run, as a spent budget does
+
+    threads = [threading.Thread(target=worker, args=(w,)) for w in range(n)]
+    [t.start() for t in threads]
+    [t.join(60) for t in threads]
+    assert pol.stats.max_clock_gap <= s
+
+
+def test_budget_ends_the_run_and_releases_blocked_pulls():
+    pol = Sync(2, Param().apply, budget=4)
+    for step in range(2):
+        for w in range(2):
+            out = pol.push(w, step, step, torch.ones(3))
+    assert out.done and pol.version == 2
+    assert pol.pull(0, 2, lambda: None).done
+    refused = pol.push(0, 2, 2, torch.ones(3))
+    assert refused.refused and refused.done and pol.version == 2
+
+
+def test_skipped_gradient_counts_as_arrival_but_not_in_the_mean():
+    p = Param()
+    pol = Sync(2, p.apply)
+    pol.push(0, 0, 0, None)
+    out = pol.push(1, 0, 0, torch.full((3,), 4.0))
+    assert out.applied and torch.equal(p.value, torch.full((3,), 4.0))
+    assert pol.stats.skipped_nonfinite == 1
+
+
+def test_make_policy():
+    assert isinstance(make_policy("ssp", 2, Param().apply, staleness=1), SSP)
+    with pytest.raises(ValueError):
+        make_policy("bogus", 2, Param().apply)
+    with pytest.raises(ValueError):
+        SSP(2, Param().apply, staleness=-1)

@@ -1,0 +1,62 @@
+"""Sync PS with N workers x batch b equals 1 worker x batch N*b equals a plain torch loop."""
+
+import threading
+
+import torch
+import torch.nn.functional as F
+
+from psgd import data, models, worker
+from psgd.client import PSExchange
+from psgd.config import DataConfig, ModelConfig, OptimConfig, RunConfig
+
+STEPS = 25
+OPTIM = OptimConfig(lr=0.1, momentum=0.9, weight_decay=1e-3)
+DATA = DataConfig(dataset="synthetic", num_samples=2000)
+
+
+def run_ps(shards, workers: int, batch: int, servers: int, **kw) -> torch.Tensor:
+    cfg = RunConfig(mode="sync", workers=workers, servers=servers, batch_size=batch, steps=STEPS, seed=3,
+                    optim=OPTIM, data=DATA, model=ModelConfig(model="mlp", width=32), device="cpu", **kw)
+    addresses, servicers = shards(cfg)
+    errors = []
+
+    def work(rank):
+        try:
+            worker.train(cfg, rank, PSExchange(addresses, cfg.wire_dtype, 30.0), None)
+        except Exception as e:  # surfaced by the assertion below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(workers)]
+    [t.start() for t in threads]
+    [t.join(120) for t in threads]
+    assert not errors, errors
+    assert all(s.policy.version == STEPS for s in servicers)
+    return torch.cat([s.param.detach().clone() for s in servicers])
+
+
+def run_plain_torch(batch: int) -> torch.Tensor:
+    ds = data.load(DATA)
+    model = models.build(ModelConfig(model="mlp", width=32), ds.input_dim, ds.num_classes, seed=3)
+    opt = torch.optim.SGD(model.parameters(), lr=OPTIM.lr, momentum=OPTIM.momentum, weight_decay=OPTIM.weight_decay)
+    plan = data.BatchPlan(ds.y_train, 1, batch, seed=3)
+    for step in range(STEPS):
+        idx = plan.indices(0, step)
+        opt.zero_grad()
+        F.cross_entropy(model(ds.x_train[idx]), ds.y_train[idx]).backward()
+        opt.step()
+    return torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+
+
+def test_sync_4x8_equals_1x32_equals_torch(shards):
+    four = run_ps(shards, workers=4, batch=8, servers=2)
+    one = run_ps(shards, workers=1, batch=32, servers=1)
+    plain = run_plain_torch(32)
+    assert (four - one).abs().max() < 1e-5
+    assert (four - plain).abs().max() < 1e-5
+    assert (four - models.FlatParams(models.build(ModelConfig("mlp", 32), 32, 10, 3)).params).abs().max() > 1e-2
+
+
+def test_accumulation_equals_a_bigger_batch(shards):
+    accumulated = run_ps(shards, workers=2, batch=8, servers=2, accumulate=2)
+    plain = run_plain_torch(32)
+    assert (accumulated - plain).abs().max() < 1e-5

@@ -1,0 +1,130 @@
+"""End to end: `psgd run` starts real server and worker processes on 127.0.0.1."""
+
+import hashlib
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from tests.helpers import ENV, events, processes_mentioning, psgd, summary
+
+COMMON = ["--dataset", "synthetic", "--num-samples", "3000", "--model", "mlp", "--batch-size", "16"]
+
+SUMMARY_KEYS = {"mode", "workers", "servers", "staleness_bound", "model", "dataset", "params", "global_updates",
+                "worker_steps", "wall_time_s", "updates_per_s", "samples_per_s", "final_train_loss",
+                "final_test_loss", "final_test_accuracy", "staleness", "max_clock_gap", "bytes_pushed",
+                "bytes_pulled", "time_breakdown_s", "params_sha256"}
+
+
+def test_sync_run_writes_everything(tmp_path):
+    out = tmp_path / "sync"
+    r = psgd("run", "--mode", "sync", "--workers", "4", "--servers", "2", "--steps", "30", "--eval-every", "10",
+             "--out", str(out), *COMMON)
+    assert r.returncode == 0, r.stderr
+    s = summary(out)
+    assert SUMMARY_KEYS <= set(s)
+    assert s["global_updates"] == 30 and s["worker_steps"] == 120
+    assert s["staleness"]["max"] == 0 and s["max_clock_gap"] == 0
+    assert set(s["staleness"]) >= {"mean", "p50", "p99", "max", "hist"}
+    assert set(s["time_breakdown_s"]) == {"compute", "push", "pull", "wait"}
+    final = torch.load(out / "final_params.pt")
+    assert s["params"] == final.numel()
+    assert s["params_sha256"] == hashlib.sha256(final.numpy().tobytes()).hexdigest()
+    # Each worker pulls and pushes the whole model once per step (fp32).
+    assert s["bytes_pushed"] == s["bytes_pulled"] == 120 * 4 * s["params"]
+    kinds = [e["event"] for e in events(out)]
+    assert kinds.count("worker_end") == 4 and kinds.count("shard_end") == 2
+    assert [e["version"] for e in events(out) if e["event"] == "eval"] == [0, 10, 20, 30]
+    assert (out / "config.json").exists()
+    assert s["final_test_accuracy"] > 0.3  # 10 classes: well above chance after 30 steps
+    assert processes_mentioning(str(out)) == []
+
+
+def test_ssp_bounds_the_clock_gap_where_async_does_not(tmp_path):
+    gaps = {}
+    for mode in ("ssp", "async"):
+        out = tmp_path / mode
+        r = psgd("run", "--mode", mode, "--staleness", "1", "--workers", "3", "--servers", "1", "--steps", "30",
+                 "--straggler", "0=60", "--out", str(out), *COMMON)
+        assert r.returncode == 0, r.stderr
+        gaps[mode] = summary(out)["max_clock_gap"]
+        steps = summary(out)["per_worker_steps"]
+        assert sum(steps.values()) == 90
+    assert gaps["ssp"] <= 1
+    assert gaps["async"] > 1
+    # Under async the fast workers did most of the work; the straggler fewer steps.
+    assert steps["0"] < min(steps["1"], steps["2"])
+
+
+def test_async_staleness_is_about_n_minus_1(tmp_path):
+    out = tmp_path / "async"
+    r = psgd("run", "--mode", "async", "--workers", "4", "--servers", "2", "--steps", "40", "--out", str(out),
+             *COMMON)
+    assert r.returncode == 0, r.stderr
+    st = summary(out)["staleness"]
+    assert 1.5 <= st["mean"] <= 4.5, st   # N - 1 = 3, give or take the scheduler
+
+
+def test_killed_worker_fails_the_run_and_leaves_no_process(tmp_path):
+    out = tmp_path / "killed"
+    r = psgd("run", "--mode", "sync", "--workers", "3", "--servers", "2", "--steps", "200", "--fail-at", "1=5",
+             "--out", str(out), *COMMON)
+    assert r.returncode == 1
+    assert "worker 1" in r.stderr and "SIGKILL" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert processes_mentioning(str(out)) == []
+
+
+def test_ctrl_c_stops_everything(tmp_path):
+    out = tmp_path / "interrupted"
+    proc = subprocess.Popen([sys.executable, "-m", "psgd", "run", "--mode", "ssp", "--workers", "2", "--steps",
+                             "100000", "--out", str(out), *COMMON], env=ENV, stderr=subprocess.PIPE, text=True)
+    try:
+        # Wait for training to be under way: the first step event (bounded by the timeout).
+        metrics = out / "metrics.jsonl"
+        for _ in range(1200):  # at most 120 s
+            if metrics.exists() and '"step"' in metrics.read_text():
+                break
+            with pytest.raises(subprocess.TimeoutExpired):
+                proc.wait(timeout=0.1)  # the run must still be going
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and "interrupted" in err
+    assert processes_mentioning(str(out)) == []
+
+
+@pytest.mark.parametrize("args,message", [
+    (["run", "--workers", "0"], "--workers must be >= 1"),
+    (["run", "--straggler", "5=10"], "--straggler"),
+    (["run", "--straggler", "x"], "RANK=NUMBER"),
+    (["run", "--mode", "bogus"], "invalid choice"),
+    (["run", "--no-such-flag"], "unrecognized arguments"),
+    (["run", "--servers", "h:1"], "count"),
+    (["run", "--lr", "-1"], "--lr must be > 0"),
+    (["worker", "--rank", "0"], "--servers HOST:PORT"),
+    (["server", "--shard", "3", "--num-shards", "2"], "--shard must be"),
+])
+def test_usage_errors_are_one_line_exit_2(args, message):
+    r = psgd(*args, timeout=60)
+    assert r.returncode == 2
+    assert message in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_unreachable_server_is_one_line(tmp_path):
+    r = psgd("worker", "--rank", "0", "--workers", "1", "--servers", "127.0.0.1:9", "--rpc-timeout", "1",
+             "--out", str(tmp_path), timeout=60)
+    assert r.returncode == 1
+    assert "shard 0 at 127.0.0.1:9" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_port_in_use_is_one_line(shards, tmp_path):
+    from psgd.config import RunConfig
+
+    (address,), _ = shards(RunConfig(servers=1))
+    r = psgd("server", "--shard", "0", "--port", address.rsplit(":", 1)[1], "--out", str(tmp_path), timeout=60)
+    assert r.returncode == 1 and "in use" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -1,0 +1,119 @@
+"""A real shard over gRPC on 127.0.0.1:0: bad requests are refused and change nothing."""
+
+import grpc
+import pytest
+import torch
+
+from psgd import codec
+from psgd._proto import parameter_server_pb2 as pb
+from psgd._proto import parameter_server_pb2_grpc as pb_grpc
+from psgd.client import PSClient
+from psgd.config import RunConfig
+
+
+def chunks(header: pb.TensorHeader, values: torch.Tensor, dtype="fp32"):
+    yield pb.TensorChunk(header=header)
+    for c in codec.iter_chunks(codec.encode(values, dtype)):
+        yield pb.TensorChunk(data=c)
+
+
+@pytest.fixture
+def shard(shards):
+    cfg = RunConfig(mode="async", workers=2, servers=1, steps=100)
+    (address,), (servicer,) = shards(cfg)
+    client = PSClient([address], 0, 10)
+    client.wait_ready()
+    client.init(torch.arange(10, dtype=torch.float32))
+    channel = grpc.insecure_channel(address)
+    yield pb_grpc.ParameterShardStub(channel), servicer, client
+    channel.close()
+    client.close()
+
+
+def snapshot(servicer) -> bytes:
+    return servicer.param.detach().numpy().tobytes()
+
+
+@pytest.mark.parametrize("header,values,message", [
+    (pb.TensorHeader(worker_id=0, dtype=pb.FP32, shard=0, num_elements=9), torch.ones(9), "has 10 elements"),
+    (pb.TensorHeader(worker_id=0, dtype=pb.FP32, shard=0, num_elements=10), torch.ones(9), "too short"),
+    (pb.TensorHeader(worker_id=0, dtype=pb.FP32, shard=0, num_elements=10), torch.ones(11), "too long"),
+    (pb.TensorHeader(worker_id=0, dtype=pb.FP32, shard=1, num_elements=10), torch.ones(10), "shard 1"),
+    (pb.TensorHeader(worker_id=7, dtype=pb.FP32, shard=0, num_elements=10), torch.ones(10), "worker id 7"),
+    (pb.TensorHeader(worker_id=0, dtype=pb.WIRE_DTYPE_UNSPECIFIED, shard=0, num_elements=10), torch.ones(10),
+     "unknown wire dtype"),
+    (pb.TensorHeader(worker_id=0, dtype=pb.FP32, shard=0, num_elements=10, clock=3), torch.ones(10), "clock 3"),
+    (pb.TensorHeader(worker_id=0, dtype=pb.FP32, shard=0, num_elements=10, base_version=9), torch.ones(10),
+     "base_version"),
+    (pb.TensorHeader(worker_id=0, dtype=pb.FP32, shard=0, num_elements=10),
+     torch.tensor([0, 1, float("nan")] + [0] * 7), "non-finite"),
+    (pb.TensorHeader(worker_id=0, dtype=pb.FP16, shard=0, num_elements=10),
+     torch.tensor([1e6] + [0.0] * 9), "non-finite"),  # overflows fp16 to inf on the wire
+])
+def test_bad_push_is_rejected_and_changes_nothing(shard, header, values, message):
+    stub, servicer, _ = shard
+    before, version = snapshot(servicer), servicer.policy.version
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Push(chunks(header, values, "fp16" if header.dtype == pb.FP16 else "fp32"), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert message in err.value.details()
+    assert snapshot(servicer) == before and servicer.policy.version == version
+    assert servicer.policy.clocks == [0, 0]
+
+
+def test_stream_without_header_is_rejected(shard):
+    stub, servicer, _ = shard
+    with pytest.raises(grpc.RpcError) as err:
+        stub.Push(iter([pb.TensorChunk(data=b"\0" * 40)]), timeout=10)
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+
+def test_good_push_applies_sgd_and_pull_returns_it(shard):
+    stub, servicer, client = shard
+    out = torch.empty(10)
+    assert not client.pull(0, out).done
+    assert torch.equal(out, torch.arange(10, dtype=torch.float32))
+    done, refused, sent = client.push(0, torch.ones(10))
+    assert not done and not refused and sent == 40
+    client.pull(1, out)
+    # One SGD step with lr 0.05, momentum 0.9 (first step: buffer = grad).
+    assert torch.allclose(out, torch.arange(10, dtype=torch.float32) - 0.05)
+    assert servicer.policy.version == 1
+
+
+def test_pull_in_half_precision(shard):
+    _, _, client = shard
+    client.dtype = "bf16"
+    out = torch.empty(10)
+    client.pull(0, out)
+    assert torch.equal(out, torch.arange(10, dtype=torch.float32).bfloat16().float())
+
+
+def test_push_before_init_is_refused(shards):
+    (address,), _ = shards(RunConfig(mode="sync", workers=1, servers=1))
+    with grpc.insecure_channel(address) as ch:
+        stub = pb_grpc.ParameterShardStub(ch)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Push(chunks(pb.TensorHeader(worker_id=0, dtype=pb.FP32, shard=0, num_elements=1), torch.ones(1)),
+                      timeout=10)
+        assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+
+
+def test_skip_nonfinite_counts_and_never_applies(shards):
+    cfg = RunConfig(mode="async", workers=1, servers=1, skip_nonfinite=True)
+    (address,), (servicer,) = shards(cfg)
+    client = PSClient([address], 0, 4)
+    client.init(torch.zeros(4))
+    before = snapshot(servicer)
+    client.push(0, torch.tensor([1.0, float("inf"), 0.0, 0.0]))
+    assert snapshot(servicer) == before and servicer.policy.stats.skipped_nonfinite == 1
+    client.close()
+
+
+def test_port_in_use_is_a_clear_error(shards):
+    from psgd import server as server_mod
+
+    (address,), _ = shards(RunConfig(servers=1))
+    port = int(address.rsplit(":", 1)[1])
+    with pytest.raises(OSError, match="in use"):
+        server_mod.create_server(RunConfig(servers=1), 0, "127.0.0.1", port)
