@@ -90,6 +90,15 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rpc-timeout", type=float, default=d.rpc_timeout, help="deadline of every RPC, seconds")
     g.add_argument("--fail-at", type=_pair, action="append", default=[], metavar="RANK=STEP",
                    help="fault injection: worker RANK kills itself (SIGKILL) at STEP")
+    g.add_argument("--allreduce-impl", default=d.allreduce_impl, choices=C.ALLREDUCE_IMPLS,
+                   help="allreduce: torch.distributed's all_reduce, or the hand-written ring (psgd/ring.py)")
+    g.add_argument("--bucket-mb", type=float, default=d.bucket_mb,
+                   help="allreduce: gradients are reduced in flat buckets of this many MiB")
+    g.add_argument("--backend", default=d.backend, choices=C.BACKENDS,
+                   help="allreduce: torch.distributed backend (auto: nccl with one CUDA device per rank, else gloo)")
+    g.add_argument("--check-every", type=int, default=d.check_every,
+                   help="allreduce: compare a hash of every replica's parameters every this many updates "
+                        "(and at the end; 0: end only)")
     g.add_argument("--out", default=d.out, help="run folder: metrics.jsonl, summary.json, logs/")
     g = p.add_argument_group("data and model")
     g.add_argument("--dataset", default=dd.dataset, choices=C.DATASETS, help="training data")
@@ -114,7 +123,8 @@ def config_from_args(a: argparse.Namespace) -> C.RunConfig:
         epochs=a.epochs, batch_size=a.batch_size, accumulate=a.accumulate, seed=a.seed,
         eval_every=a.eval_every, device=a.device, wire_dtype=a.wire_dtype,
         straggler=tuple(a.straggler), jitter=a.jitter, skip_nonfinite=a.skip_nonfinite,
-        rpc_timeout=a.rpc_timeout, fail_at=tuple(a.fail_at), out=a.out,
+        rpc_timeout=a.rpc_timeout, fail_at=tuple(a.fail_at), out=a.out, allreduce_impl=a.allreduce_impl,
+        bucket_mb=a.bucket_mb, backend=a.backend, check_every=a.check_every,
         data=C.DataConfig(dataset=a.dataset, data_dir=a.data_dir, num_samples=a.num_samples,
                           data_seed=a.data_seed, shard_data=a.shard_data),
         model=C.ModelConfig(model=a.model, width=a.width),
@@ -200,6 +210,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
         summary = launch.run(cfg)
+    except UsageError:
+        raise  # e.g. --backend nccl without a GPU per worker: exit 2 like any usage error
     except (launch.RunFailed, FileNotFoundError, ValueError) as e:
         print(f"psgd run: failed: {e}", file=sys.stderr)
         return 1

@@ -18,6 +18,8 @@ DATASETS = ("synthetic", "mnist1d", "mnist")
 MODELS = ("logreg", "mlp", "cnn", "wide_mlp")
 WIRE_DTYPES = ("fp32", "fp16", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
+ALLREDUCE_IMPLS = ("library", "ring")
+BACKENDS = ("auto", "gloo", "nccl")
 
 
 @dataclass(frozen=True)
@@ -62,6 +64,10 @@ class RunConfig:
     skip_nonfinite: bool = False    # skip (and count) non-finite gradients instead of rejecting them
     rpc_timeout: float = 60.0       # seconds; deadline of every RPC, including a pull held by SSP/sync
     fail_at: tuple[tuple[int, int], ...] = ()     # (rank, step): fault injection, rank kills itself
+    allreduce_impl: str = "library"  # allreduce: library (torch.distributed) | ring (psgd/ring.py, by hand)
+    bucket_mb: float = 25.0         # allreduce: gradient bucket size in MiB (PyTorch DDP's default, 25)
+    backend: str = "auto"           # allreduce: auto (nccl with one GPU per rank, else gloo) | gloo | nccl
+    check_every: int = 50           # allreduce: compare replica hashes every this many updates (0 = end only)
     out: str = "results/runs/latest"
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -94,6 +100,12 @@ def validate(cfg: RunConfig) -> RunConfig:
         (cfg.wire_dtype in WIRE_DTYPES, f"--wire-dtype must be one of {', '.join(WIRE_DTYPES)}"),
         (cfg.jitter >= 0, f"--jitter must be >= 0 ms, got {cfg.jitter}"),
         (cfg.rpc_timeout > 0, f"--rpc-timeout must be > 0, got {cfg.rpc_timeout}"),
+        (cfg.allreduce_impl in ALLREDUCE_IMPLS, f"--allreduce-impl must be one of {', '.join(ALLREDUCE_IMPLS)}"),
+        (cfg.bucket_mb > 0 and math.isfinite(cfg.bucket_mb), f"--bucket-mb must be > 0, got {cfg.bucket_mb}"),
+        (cfg.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}, got {cfg.backend!r}"),
+        (cfg.check_every >= 0, f"--check-every must be >= 0, got {cfg.check_every}"),
+        (cfg.mode != "allreduce" or cfg.wire_dtype == "fp32",
+         "--wire-dtype is a parameter-server option: --mode allreduce reduces fp32 gradients"),
         (all(0 <= r < cfg.workers and ms >= 0 for r, ms in cfg.straggler),
          f"--straggler needs RANK=MS with 0 <= RANK < {cfg.workers} and MS >= 0"),
         (all(0 <= r < cfg.workers and s >= 0 for r, s in cfg.fail_at),

@@ -115,7 +115,7 @@ def prepare_out(out: Path) -> None:
         for name in ("metrics.jsonl", "summary.json", "config.json", "final_params.pt", "logs"):
             p = out / name
             shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
-        for p in out.glob("shard-*"):
+        for p in [*out.glob("shard-*"), *out.glob("replica-*")]:
             p.unlink()
     (out / "logs").mkdir(parents=True, exist_ok=True)
 
@@ -198,4 +198,9 @@ def finish(cfg: RunConfig, ds: data_mod.Dataset) -> dict:
     torch.save(final, out / "final_params.pt")
     sha = hashlib.sha256(final.contiguous().numpy().tobytes()).hexdigest()
     final_eval = dict(test_loss=test_loss, test_accuracy=test_acc, train_loss=train_loss)
-    return summarize(out, cfg, evals + [final_eval], models.num_params(model), sha, shard_stats)
+    extra = None
+    if cfg.mode == "allreduce":
+        from psgd.collective import summary_extra  # noqa: PLC0415 - only the collective mode needs it
+
+        extra = summary_extra(out, sha)
+    return summarize(out, cfg, evals + [final_eval], models.num_params(model), sha, shard_stats, extra)

@@ -1,0 +1,329 @@
+"""All-reduce mode: the workers average their gradients among themselves; no parameter servers.
+
+Contract: `CollectiveExchange` is the `worker.Exchange` of `--mode allreduce`, so the worker loop
+(stragglers, budget, metrics) is the same as in the PS modes.
+- setup: join the process group, broadcast rank 0's parameters (every rank built the same seeded
+  model, but another host's build need not agree), and build a real `torch.optim.SGD` over the
+  flat parameter buffer. Rank 0 snapshots version 0.
+- before_compute: nothing to fetch; every replica already holds the current parameters.
+- after_compute: the flat gradient is cut into buckets of `--bucket-mb` MiB, each all-reduced
+  (SUM) by torch.distributed (`--allreduce-impl library`) or by the hand-written ring
+  (`ring`, psgd/ring.py), divided by N, and every replica takes the same optimizer step (with
+  the linear warmup exactly as psgd/server.py applies it). `done` after the `--steps`-th update.
+- Replica consistency: every `--check-every` updates and after the last one the ranks compare a
+  SHA-256 of their parameters; if any differs every rank raises CollectiveError (exit 1).
+- close: rank 0 writes OUT/replica-0.pt (its snapshots, every `--eval-every` updates, at 0 and
+  at the end; `psgd run` evaluates them) and every rank writes OUT/replica-R.json (traffic,
+  times, checks, final hash), which `summary_extra` folds into summary.json.
+- Rendezvous uses the standard variables RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+  MASTER_ADDR, MASTER_PORT (env://), which torchrun sets; `launch_args` sets them for `psgd run`.
+- Backend: nccl when each rank on a host has its own CUDA device, gloo otherwise; `--backend`
+  overrides, and nccl without one GPU per rank is a UsageError (exit 2) before any rendezvous.
+- Every collective carries `--rpc-timeout` as its deadline: a dead or stuck peer is a
+  one-line CollectiveError, never a hang.
+- Timing: the all-reduce counts as `push_s`. A collective cannot tell waiting for the slowest
+  rank apart from moving bytes, so a straggler shows up there. `bytes_pushed` / `bytes_pulled`
+  are what this rank sent / received: exact for the ring; for the library the textbook ring
+  amount 2(N-1)/N x size, an estimate, since torch.distributed does not report its traffic.
+
+Run it:
+    psgd run --mode allreduce --workers 4 --model mlp --dataset mnist1d --steps 300 --out results/runs/ar4
+    psgd run --mode allreduce --allreduce-impl ring --workers 4 --model mlp --dataset mnist1d --steps 300
+    torchrun --nproc-per-node 4 --master-addr 127.0.0.1 -m psgd worker --mode allreduce --workers 4 ...
+    torchrun --nnodes 2 --node-rank K --nproc-per-node 4 --master-addr HOST0 --master-port 29500 \\
+        -m psgd worker --mode allreduce --workers 8 ...          # on each of two hosts
+Under torchrun nobody evaluates the snapshots; rank 0 still writes OUT/replica-0.pt.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import socket
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+import torch
+import torch.distributed as dist
+
+from psgd import data as data_mod
+from psgd import models
+from psgd.cli import UsageError
+from psgd.config import RunConfig, with_epochs_resolved
+from psgd.ring import Traffic, ring_all_reduce, ring_bytes
+from psgd.worker import StepReport
+
+MIB = 1 << 20
+T = TypeVar("T")
+
+
+class CollectiveError(RuntimeError):
+    """A collective failed (dead peer, timeout, diverged replicas); the message is one line."""
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    """Where this process sits in the group, and how the group finds itself."""
+    rank: int                    # global rank 0..world_size-1 ($RANK or --rank)
+    world_size: int              # ranks in the group ($WORLD_SIZE), always equal to --workers
+    local_rank: int              # rank on this host ($LOCAL_RANK): nccl uses cuda:LOCAL_RANK
+    local_world_size: int        # ranks on this host ($LOCAL_WORLD_SIZE): GPUs nccl needs here
+    init_method: str = "env://"  # env:// reads MASTER_ADDR / MASTER_PORT (and torchrun's agent store)
+
+    @classmethod
+    def from_env(cls, rank: int, workers: int, env: Mapping[str, str]) -> Rendezvous:
+        """Read the standard variables (what torchrun sets); UsageError if they do not fit."""
+        def number(name: str, default: int) -> int:
+            text = env.get(name)
+            if text is None or text == "":
+                return default
+            if not text.isdigit():
+                raise UsageError(f"${name} must be a number, got {text!r}")
+            return int(text)
+
+        world = number("WORLD_SIZE", workers)
+        if world != workers:
+            raise UsageError(f"WORLD_SIZE={world} but --workers {workers}: they must agree "
+                             "(torchrun: --nnodes x --nproc-per-node = --workers)")
+        missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not env.get(v)]
+        if missing:
+            raise UsageError(f"the all-reduce rendezvous needs ${' and $'.join(missing)} "
+                             "(torchrun and psgd run set them; by hand: MASTER_ADDR=host0 MASTER_PORT=29500)")
+        local_world = number("LOCAL_WORLD_SIZE", workers)
+        local_rank = number("LOCAL_RANK", rank)
+        if not 0 <= local_rank < local_world:
+            raise UsageError(f"LOCAL_RANK={local_rank} must be in 0..{local_world - 1} (LOCAL_WORLD_SIZE)")
+        return cls(rank, world, local_rank, local_world)
+
+
+def usable_cuda_devices() -> int:
+    """CUDA devices NCCL could use on this host (0 on a CPU-only build of torch)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() and dist.is_nccl_available() else 0
+
+
+def choose_backend(requested: str, device: str, local_world_size: int, cuda_devices: int) -> str:
+    """nccl when every rank on this host gets its own CUDA device, gloo otherwise (pure).
+
+    NCCL needs one device per rank: two ranks on one GPU is unsupported and may hang, so asking
+    for it without enough devices is a usage error here, before any process waits for another.
+    """
+    one_gpu_each = device != "cpu" and cuda_devices >= local_world_size
+    if requested == "nccl" and not one_gpu_each:
+        why = "--device cpu was asked for" if device == "cpu" else \
+            f"this host runs {local_world_size} ranks and torch sees {cuda_devices} CUDA device(s) for NCCL"
+        raise UsageError(f"--backend nccl needs one CUDA device per rank, but {why}; use --backend gloo or auto")
+    if requested == "auto":
+        return "nccl" if one_gpu_each else "gloo"
+    return requested
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now (the rendezvous store binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch_args(cfg: RunConfig, env: dict) -> tuple[list[str], dict]:
+    """For `psgd run`: the extra worker flags and the environment of a local group, as torchrun
+    would set it (the launcher adds RANK and LOCAL_RANK per worker). Fails fast on a bad backend."""
+    choose_backend(cfg.backend, cfg.device, cfg.workers, usable_cuda_devices())
+    env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(cfg.workers),
+               LOCAL_WORLD_SIZE=str(cfg.workers))
+    return [], env
+
+
+def params_sha256(params: torch.Tensor) -> str:
+    """SHA-256 of the fp32 bytes of a flat parameter vector (the same as summary.json's)."""
+    return hashlib.sha256(params.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
+
+
+class CollectiveExchange:
+    """worker.Exchange for --mode allreduce: one per process, driven by the worker's one thread.
+
+    It owns the optimizer, the update counter, rank 0's snapshots and the traffic counters.
+    """
+
+    def __init__(self, cfg: RunConfig, rdv: Rendezvous, backend: str) -> None:
+        self.cfg, self.rdv, self.backend = cfg, rdv, backend
+        self.n = rdv.world_size
+        # nccl reduces on the rank's own GPU; gloo on the CPU (a CUDA model is staged through it).
+        self.comm_device = torch.device("cuda", rdv.local_rank) if backend == "nccl" else torch.device("cpu")
+        if backend == "nccl":
+            torch.cuda.set_device(rdv.local_rank)  # the worker's "cuda" tensors land on this device
+        elif cfg.device != "cpu" and torch.cuda.is_available():
+            torch.cuda.set_device(rdv.local_rank % torch.cuda.device_count())
+        self.bucket_numel = max(1, int(cfg.bucket_mb * MIB) // 4)  # fp32 elements per bucket
+        self.opt: torch.optim.Optimizer | None = None
+        self.version = 0
+        self.snapshots: list[tuple[int, float, torch.Tensor]] = []  # rank 0: (version, unix time, params)
+        self.stats = dict(bytes_sent=0, bytes_received=0, allreduce_s=0.0, optimizer_s=0.0, check_s=0.0,
+                          checks=0)
+        self.final_sha256 = ""
+
+    @classmethod
+    def from_env(cls, cfg: RunConfig, rank: int, env: Mapping[str, str] | None = None) -> CollectiveExchange:
+        """The exchange of `psgd worker --mode allreduce` (also under torchrun): reads the
+        environment here, at the edge, and nowhere else. Raises UsageError."""
+        rdv = Rendezvous.from_env(rank, cfg.workers, os.environ if env is None else env)
+        backend = choose_backend(cfg.backend, cfg.device, rdv.local_world_size, usable_cuda_devices())
+        # `psgd run` resolves --epochs itself; under torchrun the worker is the first to know.
+        cfg = with_epochs_resolved(cfg, data_mod.train_size(cfg.data))
+        return cls(cfg, rdv, backend)
+
+    # -- worker.Exchange -------------------------------------------------------------------------
+    def setup(self, flat: models.FlatParams, rank: int) -> None:
+        assert rank == self.rdv.rank, f"worker rank {rank} != rendezvous rank {self.rdv.rank}"
+        timeout = datetime.timedelta(seconds=self.cfg.rpc_timeout)
+        extra = {"device_id": self.comm_device} if self.backend == "nccl" else {}
+        self._guard(f"rendezvous ({self.backend}, {self.n} ranks)", lambda: dist.init_process_group(
+            self.backend, init_method=self.rdv.init_method, rank=self.rdv.rank, world_size=self.n,
+            timeout=timeout, **extra))
+        buf = self._on_comm_device(flat.params)
+        self._guard("broadcast of the initial parameters", lambda: dist.broadcast(buf, src=0))
+        if buf is not flat.params:
+            flat.params.copy_(buf)
+        o = self.cfg.optim
+        # One tensor parameter, the flat buffer every model parameter is a view of: one SGD step
+        # updates the whole model, with the same arithmetic as a shard server's optimizer.
+        self.opt = torch.optim.SGD([flat.params], lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+        flat.params.grad = flat.grads
+        self._snapshot(flat)
+
+    def before_compute(self, clock: int, flat: models.FlatParams) -> StepReport:
+        return StepReport()  # the replica is current: the last step was applied everywhere
+
+    def after_compute(self, clock: int, flat: models.FlatParams) -> StepReport:
+        assert self.opt is not None, "setup() must run first"
+        t0 = time.perf_counter()
+        traffic = self._guard(f"all-reduce of update {self.version + 1}", lambda: self._all_reduce_mean(flat.grads))
+        t1 = time.perf_counter()
+        self._step()
+        self.version += 1
+        self.stats["allreduce_s"] += t1 - t0
+        self.stats["optimizer_s"] += time.perf_counter() - t1
+        self.stats["bytes_sent"] += traffic.sent
+        self.stats["bytes_received"] += traffic.received
+        done = self.version >= self.cfg.steps
+        if done or (self.cfg.eval_every and self.version % self.cfg.eval_every == 0):
+            self._snapshot(flat)
+        if done or (self.cfg.check_every and self.version % self.cfg.check_every == 0):
+            self.final_sha256 = self.check_replicas(flat.params)
+        return StepReport(done=done, push_s=t1 - t0, bytes_pushed=traffic.sent, bytes_pulled=traffic.received)
+
+    def close(self) -> None:
+        if self.opt is not None:
+            out = Path(self.cfg.out)
+            out.mkdir(parents=True, exist_ok=True)
+            if self.rdv.rank == 0:
+                torch.save({"snapshots": self.snapshots}, out / "replica-0.pt")
+            (out / f"replica-{self.rdv.rank}.json").write_text(json.dumps(self.report(), indent=1))
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+    # -- the parts -------------------------------------------------------------------------------
+    def _all_reduce_mean(self, grads: torch.Tensor) -> Traffic:
+        """Average `grads` in place across the group, bucket by bucket."""
+        buf = self._on_comm_device(grads)
+        # Buckets, as DDP makes them: bounded message sizes (and memory for staging), and the
+        # library may overlap one bucket's reduction with the next one's transfer.
+        buckets = buf.split(self.bucket_numel)
+        if self.cfg.allreduce_impl == "ring":
+            parts = [ring_all_reduce(b) for b in buckets]
+            traffic = Traffic(sum(p.sent for p in parts), sum(p.received for p in parts))
+        else:
+            works = [dist.all_reduce(b, op=dist.ReduceOp.SUM, async_op=True) for b in buckets]
+            for w in works:
+                w.wait()
+            # An estimate: the library does not report its traffic, and its ring moves this much.
+            moved = sum(ring_bytes(b.numel(), self.n, b.element_size()) for b in buckets)
+            traffic = Traffic(moved, moved)
+        # SUM then divide once, as the sync PS does: the mean stays within float rounding of a
+        # single process computing the whole global batch.
+        buf.div_(self.n)
+        if buf is not grads:
+            grads.copy_(buf)
+        return traffic
+
+    def _step(self) -> None:
+        o = self.cfg.optim
+        if o.warmup:
+            # Linear warmup from lr/warmup to lr over `warmup` updates (Goyal et al. 2017), exactly
+            # as psgd/server.py `_apply` does it, so sync PS and all-reduce agree step by step.
+            for group in self.opt.param_groups:
+                group["lr"] = o.lr * min(1.0, (self.version + 1) / o.warmup)
+        self.opt.step()
+
+    def check_replicas(self, params: torch.Tensor) -> str:
+        """Compare every rank's parameter hash; return the common hash or raise CollectiveError.
+
+        After an all-reduce every rank holds bit-identical averaged gradients (each chunk is
+        summed by one rank and copied to the rest), and the same optimizer step on the same
+        inputs gives the same bits: any difference is a bug, or a corrupted replica.
+        """
+        t0 = time.perf_counter()
+        digest = bytes.fromhex(params_sha256(params))
+        mine = torch.tensor(list(digest), dtype=torch.uint8, device=self.comm_device)
+        everyone = [torch.empty_like(mine) for _ in range(self.n)]
+        self._guard(f"replica check after update {self.version}", lambda: dist.all_gather(everyone, mine))
+        hashes = [bytes(t.cpu().tolist()).hex() for t in everyone]
+        self.stats["check_s"] += time.perf_counter() - t0
+        differ = [r for r, h in enumerate(hashes) if h != hashes[0]]
+        if differ:
+            raise CollectiveError(
+                f"replicas differ after update {self.version}: rank(s) {', '.join(map(str, differ))} hold "
+                f"parameters different from rank 0's (sha256 {hashes[differ[0]][:12]} vs {hashes[0][:12]}); "
+                "after an all-reduce step every copy must be identical")
+        self.stats["checks"] += 1
+        return hashes[0]
+
+    def report(self) -> dict:
+        """This rank's OUT/replica-R.json."""
+        return dict(self.stats, rank=self.rdv.rank, world_size=self.n, backend=self.backend,
+                    allreduce_impl=self.cfg.allreduce_impl, bucket_mb=self.cfg.bucket_mb, updates=self.version,
+                    bytes_estimated=self.cfg.allreduce_impl == "library", final_sha256=self.final_sha256,
+                    replicas_consistent=bool(self.final_sha256))
+
+    def _snapshot(self, flat: models.FlatParams) -> None:
+        if self.rdv.rank == 0 and (not self.snapshots or self.snapshots[-1][0] != self.version):
+            self.snapshots.append((self.version, time.time(), flat.params.detach().to("cpu", copy=True)))
+
+    def _on_comm_device(self, t: torch.Tensor) -> torch.Tensor:
+        return t if t.device == self.comm_device else t.to(self.comm_device)
+
+    def _guard(self, what: str, fn: Callable[[], T]) -> T:
+        """Run one collective; a backend failure becomes a one-line CollectiveError."""
+        try:
+            return fn()
+        except CollectiveError:
+            raise
+        except (RuntimeError, ValueError) as e:  # DistBackendError, DistNetworkError, timeouts: RuntimeError
+            first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+            raise CollectiveError(f"{what} failed on rank {self.rdv.rank} (a peer died or did not answer "
+                                  f"within --rpc-timeout {self.cfg.rpc_timeout:g}s): {first[:300]}") from None
+
+
+def summary_extra(out: Path, final_sha256: str) -> dict:
+    """summary.json fields of an all-reduce run, from the replica-R.json files in `out`.
+
+    `replicas_consistent`: every rank's last check agreed, and on that hash, which is the one
+    of the parameters rank 0 saved. `bytes_sent`: per worker (estimated for the library).
+    """
+    reports = sorted((json.loads(p.read_text()) for p in out.glob("replica-*.json")), key=lambda r: r["rank"])
+    if not reports:
+        raise FileNotFoundError(f"no replica-R.json in {out}: did the all-reduce workers finish?")
+    first = reports[0]
+    return {
+        "allreduce_impl": first["allreduce_impl"], "backend": first["backend"], "bucket_mb": first["bucket_mb"],
+        "replicas_consistent": all(r["replicas_consistent"] and r["final_sha256"] == final_sha256 for r in reports),
+        "consistency_checks": first["checks"],
+        "bytes_sent": {str(r["rank"]): r["bytes_sent"] for r in reports},
+        "bytes_sent_estimated": first["bytes_estimated"],
+        "allreduce_s": sum(r["allreduce_s"] for r in reports) / len(reports),
+        "optimizer_s": sum(r["optimizer_s"] for r in reports) / len(reports),
+    }
