@@ -1,0 +1,243 @@
+"""`psgd bench transport`: psgd's push / pull against a raw TCP socket moving the same bytes.
+
+Contract: one run measures, side by side on 127.0.0.1,
+- the ceiling: a plain TCP socket (`sendall` of the whole buffer, `recv_into` a preallocated one),
+- psgd's `PSClient.push` and `PSClient.pull` of `--size-mb` MiB of fp32 against K = 1, 2, 4 shard
+  processes (`psgd server --mode async --workers 1`, so nothing ever blocks on a policy),
+- the shards' optimizer step (`apply`), reported apart: in async mode it runs inside the Push
+  RPC, so `push_net` = push time minus the slowest shard's apply time is the transport alone,
+- small messages: one full step's exchange (pull + push) of a `--small-params` model over 2
+  shards against one bare unary gRPC round trip (`Info`) on the same channel.
+Every figure is a median over `--repeat` timed runs after one warm-up; rates are reported as
+ratios to the raw socket measured in the same run, because this machine is shared and noisy.
+Server processes bind 127.0.0.1:0 and are always stopped (SIGTERM, then their stats are read).
+
+    psgd bench transport --size-mb 64 --json
+    psgd bench transport --size-mb 4 --shards 1,2 --repeat 3      # quick look
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+from psgd import launch
+from psgd.config import RunConfig, to_argv
+
+MIB = 1 << 20
+
+
+def parse_int_list(text: str, flag: str) -> list[int]:
+    """"1,2,4" -> [1, 2, 4]; raises UsageError naming the flag."""
+    from psgd.cli import UsageError
+
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"{flag} expects comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise UsageError(f"{flag} expects integers >= 1, got {text!r}")
+    return values
+
+
+def raw_socket_seconds(nbytes: int, repeat: int) -> list[float]:
+    """Seconds to move nbytes over a loopback TCP socket and get a 1-byte ack, `repeat` times.
+
+    The receiver is a thread: `recv_into` and `sendall` release the GIL inside the syscall, so
+    the two ends run in parallel as two processes would.
+    """
+    payload = memoryview(bytearray(nbytes))
+    sink = memoryview(bytearray(nbytes))
+    times: list[float] = []
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        port = listener.getsockname()[1]
+
+        def receive() -> None:
+            conn, _ = listener.accept()
+            with conn:
+                for _ in range(repeat + 1):
+                    got = 0
+                    while got < nbytes:
+                        n = conn.recv_into(sink[got:], nbytes - got)
+                        assert n > 0, "raw-socket sender closed early"
+                        got += n
+                    conn.sendall(b"k")
+
+        thread = threading.Thread(target=receive, daemon=True)
+        thread.start()
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for _ in range(repeat + 1):
+                t0 = time.perf_counter()
+                s.sendall(payload)
+                assert s.recv(1) == b"k"
+                times.append(time.perf_counter() - t0)
+        thread.join()
+    return times[1:]  # the first one warms the socket buffers up
+
+
+@contextlib.contextmanager
+def shard_servers(num_shards: int, out: Path, workers: int = 1, mode: str = "async",
+                  extra: list[str] | None = None) -> Iterator[list[str]]:
+    """Start K `psgd server` processes on 127.0.0.1:0; yield their addresses; always stop them.
+
+    After the block the shards have written `out/shard-K.json` (their stats) on SIGTERM.
+    """
+    cfg = RunConfig(mode=mode, workers=workers, servers=num_shards, steps=10**9, eval_every=0, out=str(out))
+    exe = [sys.executable, "-m", "psgd", "server", *to_argv(cfg), *(extra or [])]
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+    children: list[launch.Child] = []
+    try:
+        env = launch.child_env()
+        for k in range(num_shards):
+            children.append(launch.Child(f"server {k}", exe + ["--shard", str(k), "--port", "0"],
+                                         out / "logs" / f"server-{k}.log", env, capture_stdout=True))
+        yield [launch._read_ready(c, launch.READY_TIMEOUT_S) for c in children]
+    finally:
+        launch._stop(children)
+
+
+def shard_stats(out: Path, num_shards: int) -> list[dict]:
+    return [json.loads((out / f"shard-{k}.json").read_text()) for k in range(num_shards)]
+
+
+def measure_push_pull(num_shards: int, num_elements: int, repeat: int) -> dict:
+    """Median push / pull seconds of num_elements fp32 over K shards, and the shards' apply time."""
+    from psgd.client import PSClient
+
+    grad = torch.randn(num_elements) * 1e-3
+    out_buf = torch.empty(num_elements)
+    with tempfile.TemporaryDirectory(prefix="psgd-bench-") as tmp:
+        with shard_servers(num_shards, Path(tmp)) as addresses:
+            client = PSClient(addresses, 0, num_elements)
+            try:
+                client.wait_ready()
+                client.init(torch.zeros(num_elements))
+                push_s, pull_s = [], []
+                for clock in range(repeat + 1):
+                    t0 = time.perf_counter()
+                    client.push(clock, grad)
+                    t1 = time.perf_counter()
+                    client.pull(clock + 1, out_buf)
+                    t2 = time.perf_counter()
+                    if clock:  # the first round trip is a warm-up
+                        push_s.append(t1 - t0)
+                        pull_s.append(t2 - t1)
+            finally:
+                client.close()
+        stats = shard_stats(Path(tmp), num_shards)
+    # Pushes are sequential, so the slowest shard's mean apply is inside every push's time.
+    apply_s = max(s["apply_s"] / max(1, s["version"]) for s in stats)
+    return {"push_s": statistics.median(push_s), "pull_s": statistics.median(pull_s), "apply_s": apply_s}
+
+
+def measure_small(num_shards: int, num_elements: int, repeat: int) -> dict:
+    """Median seconds of one step's exchange (pull + push) and of one bare unary Info round trip."""
+    from psgd._proto import parameter_server_pb2 as pb
+    from psgd.client import PSClient
+
+    grad = torch.randn(num_elements) * 1e-3
+    out_buf = torch.empty(num_elements)
+    with tempfile.TemporaryDirectory(prefix="psgd-bench-") as tmp:
+        with shard_servers(num_shards, Path(tmp)) as addresses:
+            client = PSClient(addresses, 0, num_elements)
+            try:
+                client.wait_ready()
+                client.init(torch.zeros(num_elements))
+                warm = max(5, repeat // 10)
+                exchange, rtt = [], []
+                for clock in range(repeat + warm):
+                    t0 = time.perf_counter()
+                    client.pull(clock, out_buf)
+                    client.push(clock, grad)
+                    t1 = time.perf_counter()
+                    client.stubs[0].Info(pb.InfoRequest(), timeout=10)
+                    t2 = time.perf_counter()
+                    if clock >= warm:
+                        exchange.append(t1 - t0)
+                        rtt.append(t2 - t1)
+            finally:
+                client.close()
+    return {"exchange_s": statistics.median(exchange), "unary_rtt_s": statistics.median(rtt)}
+
+
+def run(size_mb: float, shards: list[int], repeat: int, small_params: int, small_repeat: int) -> dict:
+    torch.set_num_threads(1)  # like a worker process (launch.child_env sets OMP_NUM_THREADS=1)
+    num_elements = int(size_mb * MIB) // 4
+    nbytes = num_elements * 4
+    raw_samples: list[float] = []
+    rows = []
+    for k in shards:
+        # Raw socket right before each psgd measurement: drift on a shared machine hits both.
+        raw_samples += raw_socket_seconds(nbytes, repeat)
+        m = measure_push_pull(k, num_elements, repeat)
+        rows.append({"shards": k, **m})
+    raw_s = statistics.median(raw_samples)
+    for r in rows:
+        r["push_gbps"] = nbytes / r["push_s"] / 1e9
+        r["pull_gbps"] = nbytes / r["pull_s"] / 1e9
+        r["push_ratio"] = raw_s / r["push_s"]
+        r["pull_ratio"] = raw_s / r["pull_s"]
+        net = max(r["push_s"] - r["apply_s"], 1e-9)
+        r["push_net_ratio"] = raw_s / net
+        r["apply_gbps"] = nbytes / r["shards"] / max(r["apply_s"], 1e-9) / 1e9  # per shard, in parallel
+    result: dict = {
+        "size_mb": size_mb, "bytes": nbytes, "repeat": repeat,
+        "raw_socket": {"seconds": raw_s, "gbps": nbytes / raw_s / 1e9},
+        "psgd": rows,
+    }
+    if small_params:
+        small = measure_small(2, small_params, small_repeat)
+        small["ratio"] = small["exchange_s"] / small["unary_rtt_s"]
+        result["small"] = {"params": small_params, "shards": 2, **small}
+    return result
+
+
+def format_table(r: dict) -> str:
+    lines = [f"raw TCP socket, {r['size_mb']:g} MiB: {r['raw_socket']['gbps']:.2f} GB/s "
+             f"(median of {r['repeat']}, {r['raw_socket']['seconds'] * 1e3:.1f} ms)",
+             "shards  push GB/s  x raw  push-apply x raw  pull GB/s  x raw  apply ms (GB/s per shard)"]
+    for row in r["psgd"]:
+        lines.append(f"{row['shards']:>6}  {row['push_gbps']:>9.2f}  {row['push_ratio']:>5.2f}  "
+                     f"{row['push_net_ratio']:>16.2f}  {row['pull_gbps']:>9.2f}  {row['pull_ratio']:>5.2f}  "
+                     f"{row['apply_s'] * 1e3:>8.1f} ({row['apply_gbps']:.2f})")
+    if "small" in r:
+        s = r["small"]
+        lines.append(f"small: exchange (pull + push) of {s['params']} params over {s['shards']} shards "
+                     f"{s['exchange_s'] * 1e3:.2f} ms = {s['ratio']:.2f} x a bare unary round trip "
+                     f"({s['unary_rtt_s'] * 1e3:.2f} ms)")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    from psgd.cli import Parser, UsageError
+
+    p = Parser(prog="psgd bench transport", description=__doc__.split("\n\n")[0])
+    p.add_argument("--size-mb", type=float, default=64.0, help="MiB of fp32 per push / pull (default 64)")
+    p.add_argument("--shards", default="1,2,4", help="shard counts to measure, comma-separated")
+    p.add_argument("--repeat", type=int, default=5, help="timed repetitions per figure (median reported)")
+    p.add_argument("--small-params", type=int, default=100_000,
+                   help="parameters of the small-message exchange (0: skip it)")
+    p.add_argument("--small-repeat", type=int, default=200, help="timed small-message exchanges")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
+    p.add_argument("--out", default="", help="also write the JSON result to this file")
+    a = p.parse_args(argv)
+    if a.size_mb <= 0 or a.repeat < 1 or a.small_params < 0 or a.small_repeat < 1:
+        raise UsageError("--size-mb must be > 0, --repeat and --small-repeat >= 1, --small-params >= 0")
+    result = run(a.size_mb, parse_int_list(a.shards, "--shards"), a.repeat, a.small_params, a.small_repeat)
+    result["command"] = "psgd bench transport " + " ".join(argv)
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps(result, indent=1) if a.json else format_table(result))
+    return 0
