@@ -1,0 +1,57 @@
+"""Figures are checked for content (series, labels, bands), not pixels."""
+
+from pathlib import Path
+
+from psgd import plots
+from tests.helpers import psgd
+
+
+def fake_run(mode: str, scale: float, seed: int) -> plots.RunData:
+    evals = [dict(version=v, elapsed_s=v * 0.1 * (1 + seed * 0.05), samples=v * 32,
+                  test_accuracy=min(1.0, scale * v / 100 + 0.01 * seed), test_loss=2.3 - scale * v / 100,
+                  train_loss=2.2) for v in range(0, 101, 10)]
+    return plots.RunData({"mode": mode}, evals)
+
+
+def test_curves_have_one_line_per_series_a_band_for_seeds_and_labels(tmp_path):
+    series = [plots.Series("sync", "sync", [fake_run("sync", 0.8, s) for s in range(3)]),
+              plots.Series("async", "async", [fake_run("async", 0.6, 0)]),
+              plots.Series("ssp s=1", "ssp", [fake_run("ssp", 0.7, 0)]),
+              plots.Series("ssp s=3", "ssp", [fake_run("ssp", 0.65, 0)])]
+    fig = plots.curves(series, "elapsed_s", "test_accuracy", tmp_path / "f.png", "title")
+    ax = fig.axes[0]
+    assert ax.get_xlabel() == "wall time (s)" and ax.get_ylabel() == "test accuracy"
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["sync (3 seeds)", "async", "ssp s=1", "ssp s=3"]
+    lines = ax.get_lines()
+    assert len(lines) == 4
+    assert lines[0].get_color() == plots.MODE_COLORS["sync"] and lines[1].get_color() == plots.MODE_COLORS["async"]
+    assert lines[2].get_color() == lines[3].get_color() and lines[2].get_linestyle() != lines[3].get_linestyle()
+    assert len(ax.collections) == 1   # the seed band of sync only
+    assert (tmp_path / "f.png").stat().st_size > 0
+    csv = (tmp_path / "f.csv").read_text().splitlines()
+    assert csv[0] == "series,mode,elapsed_s,test_accuracy_mean,test_accuracy_min,test_accuracy_max"
+    assert {row.split(",")[0] for row in csv[1:]} == {"sync", "async", "ssp s=1", "ssp s=3"}
+
+
+def test_bars_and_histograms(tmp_path):
+    fig = plots.bars(["a", "b"], {"sync": ("sync", [1.0, 2.0], None), "async": ("async", [3.0, 4.0], [0.1, 0.1])},
+                     "samples/s", tmp_path / "b.png")
+    ax = fig.axes[0]
+    assert ax.get_ylabel() == "samples/s" and len(ax.patches) == 4
+    fig = plots.histograms({"N=2": ("async", {"0": 5, "1": 15}), "N=4": ("async", {"2": 1, "3": 3})},
+                           tmp_path / "h.png")
+    ax = fig.axes[0]
+    assert [list(line.get_ydata()) for line in ax.get_lines()] == [[0.25, 0.75], [0.25, 0.75]]
+    assert ax.get_xlabel() == "staleness (updates)"
+
+
+def test_psgd_plot_cli(tmp_path):
+    out = tmp_path / "run"
+    r = psgd("run", "--mode", "sync", "--workers", "1", "--steps", "4", "--eval-every", "2", "--model", "logreg",
+             "--num-samples", "300", "--batch-size", "8", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    r = psgd("plot", str(out), "--x", "version", "--y", "test_loss", "--out", str(tmp_path / "p.png"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "p.png").exists() and Path(tmp_path / "p.csv").read_text().count("\n") == 4
+    r = psgd("plot", str(tmp_path / "nothing"))
+    assert r.returncode == 2 and "no summary.json" in r.stderr
