@@ -41,6 +41,7 @@ import datetime
 import hashlib
 import json
 import os
+import re
 import socket
 import time
 from collections.abc import Callable, Mapping
@@ -303,9 +304,15 @@ class CollectiveExchange:
         except CollectiveError:
             raise
         except (RuntimeError, ValueError) as e:  # DistBackendError, DistNetworkError, timeouts: RuntimeError
-            first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
             raise CollectiveError(f"{what} failed on rank {self.rdv.rank} (a peer died or did not answer "
-                                  f"within --rpc-timeout {self.cfg.rpc_timeout:g}s): {first[:300]}") from None
+                                  f"within --rpc-timeout {self.cfg.rpc_timeout:g}s): {_one_line(e)}") from None
+
+
+def _one_line(e: BaseException) -> str:
+    """The gist of a backend error: its first line, less gloo's source location and advice."""
+    first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
+    first = re.sub(r"^\[[^\]]*\]\s*", "", first)  # "[.../gloo/transport/tcp/pair.cc:553] "
+    return first.split(" This is typically")[0][:300]
 
 
 def summary_extra(out: Path, final_sha256: str) -> dict:

@@ -1,0 +1,60 @@
+"""`psgd bench allreduce`: runs, checks its sums, reports nccl-tests' algbw / busbw; bad flags exit 2."""
+
+import json
+import re
+
+import pytest
+
+from psgd.bench import allreduce as bench
+from psgd.cli import main
+from tests.helpers import processes_mentioning, psgd
+
+
+def test_bench_measures_both_implementations_as_json():
+    r = psgd("bench", "allreduce", "--size-mb", "0.01,0.1", "--workers", "2,3", "--impl", "library,ring",
+             "--iters", "2", "--json", timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    rows = out["rows"]
+    assert {(x["impl"], x["workers"], x["size_mb"]) for x in rows} == {
+        (i, n, s) for i in ("library", "ring") for n in (2, 3) for s in (0.01, 0.1)}
+    for x in rows:
+        assert x["correct"] and x["backend"] == "gloo" and x["time_ms"] > 0
+        assert x["bytes"] == int(x["size_mb"] * 2**20) // 4 * 4
+        assert x["algbw_GBps"] == pytest.approx(x["bytes"] / (x["time_ms"] / 1e3) / 1e9)
+        assert x["busbw_GBps"] == pytest.approx(x["algbw_GBps"] * 2 * (x["workers"] - 1) / x["workers"])
+        # Ring traffic per rank: 2(N-1)/N x size, to within a rounding element per chunk.
+        textbook = 2 * (x["workers"] - 1) * x["bytes"] / x["workers"]
+        assert abs(x["sent_bytes_per_rank"] - textbook) <= 2 * x["workers"] * 4
+    assert len(out["ratios"]) == 4 and all(q["ring_over_library"] > 0 for q in out["ratios"])
+    assert processes_mentioning("psgd-bench-") == []
+
+
+def test_table_has_a_row_per_point_and_the_ratios():
+    rows = [dict(impl=i, workers=2, backend="gloo", size_mb=100.0, bytes=100 * 2**20, time_ms=t,
+                 algbw_GBps=100 * 2**20 / t / 1e6, busbw_GBps=100 * 2**20 / t / 1e6, sent_bytes_per_rank=100 * 2**20,
+                 sent_estimated=i == "library", correct=True) for i, t in (("library", 80.0), ("ring", 240.0))]
+    table = bench.format_table(rows, iters=5)
+    assert "busbw = algbw x 2(N-1)/N" in table
+    assert "ring / library time, N=2, 100 MiB: 3.00x" in table
+    assert len([ln for ln in table.splitlines() if re.match(r"(library|ring)\s+2\s+100\s", ln)]) == 2
+    assert bench.bus_bandwidth(1.0, 4) == 1.5
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--workers", "1"], "--workers needs group sizes >= 2"),
+    (["--impl", "library,nope"], "--impl must be"),
+    (["--size-mb", "0"], "--size-mb must be > 0"),
+    (["--iters", "0"], "--iters must be >= 1"),
+    (["--backend", "nccl"], "--backend nccl needs one CUDA device per rank"),
+])
+def test_bad_flags_are_one_line_exit_2(capsys, argv, message):
+    assert main(["bench", "allreduce", *argv]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_unparsable_list_is_an_argparse_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "allreduce", "--size-mb", "ten"])
+    assert e.value.code == 2 and "comma-separated" in capsys.readouterr().err
