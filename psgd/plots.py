@@ -162,6 +162,10 @@ def histograms(hists: dict[str, tuple[str, dict[str, int]]], path: Path, title: 
         fractions = [hist[str(k)] / total for k in keys]
         ax.plot(keys, fractions, style, marker="o", markersize=3, color=color(mode), label=name)
         rows += [[name, mode, k, hist[str(k)], f] for k, f in zip(keys, fractions, strict=True)]
+    # The long tail (a worker descheduled for a while) would squash the body: show up to the p99.5.
+    tail = [k for _, (_, h) in hists.items() for k in _quantile_keys(h, 0.995)]
+    if tail:
+        ax.set_xlim(-0.5, max(tail) + 0.5)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("fraction of applied gradients")
     ax.set_title(title)
@@ -170,6 +174,16 @@ def histograms(hists: dict[str, tuple[str, dict[str, int]]], path: Path, title: 
     _save(fig, path, ["series", "mode", "value", "count", "fraction"], rows)
     plt.close(fig)
     return fig
+
+
+def _quantile_keys(hist: dict[str, int], q: float) -> list[int]:
+    keys = sorted(int(k) for k in hist)
+    total, acc = sum(hist.values()), 0
+    for k in keys:
+        acc += hist[str(k)]
+        if acc >= q * total:
+            return [k]
+    return keys[-1:]
 
 
 def lines(xs: list[float], ys: dict[str, tuple[str, list[float]]], xlabel: str, ylabel: str, path: Path,
@@ -182,7 +196,9 @@ def lines(xs: list[float], ys: dict[str, tuple[str, list[float]]], xlabel: str, 
         ax.plot(xs, values, style, marker="o", color=color(mode), label=name)
         rows += [[name, mode, x, v] for x, v in zip(xs, values, strict=True)]
     if logx:
-        ax.set_xscale("log", base=2)
+        ax.set_xscale("log")
+        ax.set_xticks(xs, [f"{x:g}" for x in xs])  # label the measured points, not powers of 10
+        ax.minorticks_off()
     if logy:
         ax.set_yscale("log")
     ax.set_xlabel(xlabel)

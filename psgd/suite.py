@@ -7,7 +7,9 @@ Contract:
   run settings, `[[runs]]` (each a `label` plus settings that override base), optional
   `[params]` for the analysis, and `[profiles.quick]` / `[profiles.full]` overrides of base (and
   of `seeds`; they win over base and runs). A benchmark experiment has `bench = "NAME"` and
-  `[bench_args]` instead of runs.
+  `[bench_args]` (flags; true = a bare flag, "{out}" = the experiment's results folder) instead
+  of runs; what the benchmark prints is kept as `RESULTS/<id>/bench.json` (with `json = true`)
+  or `bench.txt`.
   Settings are RunConfig field names (`workers`, `lr`, `straggler = ["0=40"]`, ...); a bad key
   or value is a one-line error naming the file and the key.
 - Runs go to `RESULTS/runs/<id>/<label>-s<seed>/`; a run whose config.json matches and that has a
@@ -20,7 +22,9 @@ Contract:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import json
 import re
 import shlex
@@ -176,8 +180,12 @@ def load_experiment(path: Path, profile: str, results: Path) -> Experiment:
         args = {**doc.get("bench_args", {}), **bench_override}
         argv = []
         for k, v in args.items():
-            argv += [f"--{k.replace('_', '-')}", ",".join(map(str, v)) if isinstance(v, list) else str(v)]
-        argv += ["--out", str(results / exp_id)]
+            flag = f"--{k.replace('_', '-')}"
+            if v is True:
+                argv.append(flag)
+            elif v is not False:
+                text = ",".join(map(str, v)) if isinstance(v, list) else str(v)
+                argv += [flag, text.replace("{out}", str(results / exp_id))]  # "{out}": the experiment's folder
         return _experiment(common, bench=str(doc["bench"]), bench_args=tuple(argv))
     runs_doc = doc.get("runs")
     if not isinstance(runs_doc, list) or not runs_doc:
@@ -312,9 +320,13 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
 
             where = f"[{overall.n + 1}/{overall.total}] {exp.id}"
             tqdm.write(f"{where}: psgd bench {exp.bench} {shlex.join(exp.bench_args)}")
-            rc = bench.main([exp.bench, *exp.bench_args])
+            printed = io.StringIO()
+            with contextlib.redirect_stdout(printed):
+                rc = bench.main([exp.bench, *exp.bench_args])
             if rc:
                 raise SuiteError(f"{exp.id}: psgd bench {exp.bench} exited with {rc}")
+            name = "bench.json" if "--json" in exp.bench_args else "bench.txt"
+            (out / name).write_text(printed.getvalue())
             overall.update(1)
         commands = [f"psgd bench {exp.bench} {shlex.join(exp.bench_args)}"] if exp.bench else \
             [s.command for s, _ in summaries]
