@@ -11,13 +11,13 @@ from tests.helpers import processes_mentioning, psgd
 
 
 def test_bench_measures_both_implementations_as_json():
-    r = psgd("bench", "allreduce", "--size-mb", "0.01,0.1", "--workers", "2,3", "--impl", "library,ring",
+    r = psgd("bench", "allreduce", "--size-mb", "0.01,0.1", "--workers", "3", "--impl", "library,ring",
              "--iters", "2", "--json", timeout=300)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     rows = out["rows"]
     assert {(x["impl"], x["workers"], x["size_mb"]) for x in rows} == {
-        (i, n, s) for i in ("library", "ring") for n in (2, 3) for s in (0.01, 0.1)}
+        (i, 3, s) for i in ("library", "ring") for s in (0.01, 0.1)}
     for x in rows:
         assert x["correct"] and x["backend"] == "gloo" and x["time_ms"] > 0
         assert x["bytes"] == int(x["size_mb"] * 2**20) // 4 * 4
@@ -26,7 +26,7 @@ def test_bench_measures_both_implementations_as_json():
         # Ring traffic per rank: 2(N-1)/N x size, to within a rounding element per chunk.
         textbook = 2 * (x["workers"] - 1) * x["bytes"] / x["workers"]
         assert abs(x["sent_bytes_per_rank"] - textbook) <= 2 * x["workers"] * 4
-    assert len(out["ratios"]) == 4 and all(q["ring_over_library"] > 0 for q in out["ratios"])
+    assert len(out["ratios"]) == 2 and all(q["ring_over_library"] > 0 for q in out["ratios"])
     assert processes_mentioning("psgd-bench-") == []
 
 
