@@ -11,6 +11,9 @@ Contract (ps-lite's worker API, in Python):
   last pull returned; returns True when the server says the budget is spent.
 All methods block the caller and are not thread-safe (one worker thread drives one client).
 Every RPC has `rpc_timeout` as its deadline; failures raise `ExchangeError` with one line.
+
+Copies (see codec.py): a push copies each chunk of the gradient once, into a ready-serialised
+frame; a pull writes each received chunk once, straight into `out` (the model's flat buffer).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch
 from psgd import codec
 from psgd._proto import parameter_server_pb2 as pb
 from psgd._proto import parameter_server_pb2_grpc as pb_grpc
-from psgd.server import DTYPE_ENUMS
+from psgd.server import CHANNEL_OPTIONS, DTYPE_ENUMS, SERVICE, reuse_freed_memory
 from psgd.sharding import shard_ranges
 from psgd.worker import StepReport
 
@@ -51,8 +54,16 @@ class PSClient:
         self.dtype = wire_dtype
         self.timeout = rpc_timeout
         self.ranges = shard_ranges(num_elements, len(addresses))
-        self.channels = [grpc.insecure_channel(a) for a in addresses]
+        reuse_freed_memory()
+        self.channels = [grpc.insecure_channel(a, options=CHANNEL_OPTIONS) for a in addresses]
         self.stubs = [pb_grpc.ParameterShardStub(c) for c in self.channels]
+        # The tensor streams with frame-aware (de)serialisers (same messages on the wire).
+        self._push_rpc = [c.stream_unary(f"/{SERVICE}/Push", request_serializer=_serialize_chunk,
+                                         response_deserializer=pb.PushReply.FromString) for c in self.channels]
+        self._init_rpc = [c.stream_unary(f"/{SERVICE}/Init", request_serializer=_serialize_chunk,
+                                         response_deserializer=pb.InitReply.FromString) for c in self.channels]
+        self._pull_rpc = [c.unary_stream(f"/{SERVICE}/Pull", request_serializer=pb.PullRequest.SerializeToString,
+                                         response_deserializer=_parse_pull_chunk) for c in self.channels]
         self.versions = [0] * len(addresses)
         # One thread per shard so the K transfers overlap (gRPC releases the GIL while waiting).
         self.pool = ThreadPoolExecutor(max_workers=len(addresses)) if len(addresses) > 1 else None
@@ -85,14 +96,13 @@ class PSClient:
         yield pb.TensorChunk(header=pb.TensorHeader(
             worker_id=self.worker_id, clock=clock, base_version=base_version, dtype=DTYPE_ENUMS[self.dtype],
             shard=k, num_elements=stop - start))
-        for chunk in codec.iter_chunks(buf):
-            yield pb.TensorChunk(data=chunk)
+        yield from codec.frames(buf)
 
     def init(self, flat: torch.Tensor) -> None:
         """Offer initial values, always as exact fp32 (the wire dtype is for gradients and pulls)."""
         saved, self.dtype = self.dtype, "fp32"
         try:
-            self._map(lambda k: self._call(k, "init", lambda: self.stubs[k].Init(
+            self._map(lambda k: self._call(k, "init", lambda: self._init_rpc[k](
                 self._tensor_stream(k, flat, 0, 0), timeout=self.timeout)), [(k,) for k in range(len(self.stubs))])
         finally:
             self.dtype = saved
@@ -102,18 +112,24 @@ class PSClient:
             start, stop = self.ranges[k]
 
             def rpc():
-                stream = self.stubs[k].Pull(pb.PullRequest(worker_id=self.worker_id, clock=clock,
-                                                           dtype=DTYPE_ENUMS[self.dtype], shard=k),
-                                            timeout=self.timeout)
-                header = next(stream).header
+                stream = self._pull_rpc[k](pb.PullRequest(worker_id=self.worker_id, clock=clock,
+                                                          dtype=DTYPE_ENUMS[self.dtype], shard=k),
+                                           timeout=self.timeout)
+                first = next(stream)
+                if isinstance(first, memoryview) or first.WhichOneof("kind") != "header":
+                    raise ExchangeError(f"shard {k} did not start its pull stream with a header")
+                header = first.header
                 if header.done:
                     return header, 0
                 if header.num_elements != stop - start:
                     raise ExchangeError(f"shard {k} sent {header.num_elements} elements, expected {stop - start}")
-                asm = codec.Assembler(header.num_elements, self.dtype)
-                for msg in stream:
-                    asm.add(msg.data)
-                out[start:stop].copy_(asm.finish())
+                asm = codec.Assembler(header.num_elements, self.dtype, out=out[start:stop])
+                try:
+                    for msg in stream:
+                        asm.add(msg if isinstance(msg, memoryview) else msg.data)
+                    asm.finish()
+                except ValueError as e:
+                    raise ExchangeError(f"pull from shard {k}: {e}") from None
                 return header, asm.received
             return self._call(k, "pull from", rpc)
 
@@ -127,7 +143,7 @@ class PSClient:
     def push(self, clock: int, grad: torch.Tensor) -> tuple[bool, bool, int]:
         """Send each shard its slice; returns (budget spent, refused by any shard, bytes sent)."""
         grad = grad.detach().to("cpu")
-        replies = self._map(lambda k: self._call(k, "push to", lambda: self.stubs[k].Push(
+        replies = self._map(lambda k: self._call(k, "push to", lambda: self._push_rpc[k](
             self._tensor_stream(k, grad, clock, self.versions[k]), timeout=self.timeout)),
             [(k,) for k in range(len(self.stubs))])
         sent = sum((stop - start) * codec.itemsize(self.dtype) for start, stop in self.ranges)
@@ -138,6 +154,17 @@ class PSClient:
             self.pool.shutdown(wait=True)
         for c in self.channels:
             c.close()
+
+
+def _serialize_chunk(message) -> bytes:
+    """Push / Init request serialiser: frames from codec.frames go out as they are."""
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+def _parse_pull_chunk(message: bytes):
+    """Pull response deserialiser: a data frame as a zero-copy view, anything else parsed."""
+    view = codec.data_view(message)
+    return view if view is not None else pb.PullChunk.FromString(message)
 
 
 def wait_for_servers(addresses: list[str], timeout: float) -> None:

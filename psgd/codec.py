@@ -3,15 +3,22 @@
 Contract:
 - `encode(flat, dtype)` returns the tensor's bytes in the wire dtype (fp32, fp16 or bf16);
   `iter_chunks(buf)` cuts them into chunks of at most `CHUNK_BYTES` (1 MiB, a multiple of every
-  element size) without copying; `Assembler` puts received chunks back into one preallocated
-  buffer and `finish()` returns an fp32 tensor. Decoding is exact for fp32 and equals
-  `x.to(dtype).to(float32)` for the half types: the server always accumulates in fp32.
-- A wrong total length raises ValueError before any state is touched (the server maps it to
-  INVALID_ARGUMENT).
+  element size); `frames(buf)` cuts them the same way into ready-serialised `{data: chunk}`
+  messages (`TensorChunk` and `PullChunk` share that encoding), one copy each, which gRPC sends
+  as they are; `data_view(message)` gives the payload of such a message back without a copy
+  (None for any other message). `Assembler` writes received chunks straight into a destination
+  fp32 tensor (given, e.g. the model's own buffer, or new) and `finish()` returns it. Decoding is
+  exact for fp32 and equals `x.to(dtype).to(float32)` for the half types: the server always
+  accumulates in fp32.
+- A wrong total length raises ValueError (the server maps it to INVALID_ARGUMENT); the server
+  assembles into a scratch buffer, so no state is touched.
 
 Why raw bytes in ~1 MiB chunks: on the reference machine one 64 MiB protobuf message moved at
 0.39 GB/s and took 169 ms just to serialise, while 1 MiB chunks streamed at 1.1 GB/s
-(docs/architecture.md). `repeated float` would be slower still. Pure module: no gRPC here.
+(docs/architecture.md). `repeated float` would be slower still. Why hand-built frames: building
+a protobuf message copies the payload into it and serialising copies it again; the frame is the
+same bytes on the wire with one copy (tensor -> bytes), and on receipt protobuf would copy the
+payload out once more, where `data_view` copies nothing. Pure module: no gRPC here.
 """
 
 from __future__ import annotations
@@ -19,9 +26,11 @@ from __future__ import annotations
 import sys
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 
 CHUNK_BYTES = 1 << 20
+MAX_MESSAGE_BYTES = CHUNK_BYTES + (1 << 16)  # a data frame plus its tag and length, with room
 
 # Name on the command line -> torch dtype on the wire.
 WIRE_DTYPES: dict[str, torch.dtype] = {
@@ -66,28 +75,106 @@ def iter_chunks(buf: memoryview, chunk_bytes: int = CHUNK_BYTES) -> Iterator[byt
         yield bytes(buf[start:start + chunk_bytes])
 
 
-class Assembler:
-    """Collects the chunks of one tensor of known length into one preallocated buffer."""
+# Protobuf wire format of a message whose only field is `bytes data = 2` (TensorChunk and
+# PullChunk both): tag (field 2 << 3 | wire type 2, length-delimited), varint length, payload.
+_DATA_TAG = 0x12
 
-    def __init__(self, num_elements: int, dtype: str) -> None:
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while n >= 0x80:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+def frame(chunk: memoryview | bytes) -> bytes:
+    """The serialised `{data: chunk}` message, built with exactly one copy of the payload."""
+    return b"".join((bytes((_DATA_TAG,)), _varint(len(chunk)), chunk))
+
+
+def frames(buf: memoryview, chunk_bytes: int = CHUNK_BYTES) -> Iterator[bytes]:
+    """`iter_chunks`, but each chunk already serialised as a `{data: chunk}` message."""
+    assert chunk_bytes > 0
+    for start in range(0, len(buf), chunk_bytes):
+        yield frame(buf[start:start + chunk_bytes])
+
+
+def data_view(message: bytes) -> memoryview | None:
+    """The payload of a serialised `{data: ...}` message as a view (no copy); None otherwise.
+
+    Anything else (a header, an empty message, fields in another order) returns None and is
+    left to the protobuf parser, so this shortcut never changes what a message means.
+    """
+    if len(message) < 2 or message[0] != _DATA_TAG:
+        return None
+    length, shift, pos = 0, 0, 1
+    while pos < len(message) and pos <= 10:
+        byte = message[pos]
+        length |= (byte & 0x7F) << shift
+        pos += 1
+        if not byte & 0x80:
+            return memoryview(message)[pos:] if pos + length == len(message) else None
+        shift += 7
+    return None
+
+
+class Assembler:
+    """Writes the chunks of one tensor of known length, in order, into one fp32 tensor.
+
+    `out` (1-D, fp32, CPU, contiguous, `num_elements` long) receives the values, e.g. the
+    model's own parameter buffer or a reused scratch buffer; without it a new tensor is made.
+    Each chunk is copied (and widened from fp16 / bf16) exactly once, straight to its place.
+    """
+
+    def __init__(self, num_elements: int, dtype: str, out: torch.Tensor | None = None) -> None:
         self.dtype = dtype
         self.num_elements = num_elements
-        self.expected = num_elements * itemsize(dtype)
-        self._buf = bytearray(self.expected)
+        self.width = itemsize(dtype)
+        self.expected = num_elements * self.width
+        if out is None:
+            out = torch.empty(num_elements, dtype=torch.float32)
+        assert out.dtype == torch.float32 and out.is_contiguous() and out.device.type == "cpu", \
+            "Assembler writes into a contiguous fp32 CPU tensor"
+        assert out.numel() == num_elements, f"out has {out.numel()} elements, expected {num_elements}"
+        self.out = out
+        self._values = out.numpy()
+        self._carry = b""  # a half-type element split across two chunks (never for our senders)
+        self._widened = 0  # elements written so far (half types)
         self.received = 0
 
-    def add(self, chunk: bytes) -> None:
+    def add(self, chunk: bytes | memoryview) -> None:
         end = self.received + len(chunk)
         if end > self.expected:
             raise ValueError(f"tensor data too long: got more than the {self.expected} bytes announced")
-        self._buf[self.received:end] = chunk
+        if self.width == 4:
+            self._values.view(np.uint8)[self.received:end] = np.frombuffer(chunk, np.uint8)
+        else:
+            if self._carry or len(chunk) % 2:
+                joined = self._carry + bytes(chunk)
+                cut = len(joined) - len(joined) % 2
+                chunk, self._carry = joined[:cut], joined[cut:]
+            self._widen(chunk, self._widened)
+            self._widened += len(chunk) // 2
         self.received = end
+
+    def _widen(self, chunk: bytes | memoryview, first: int) -> None:
+        count = len(chunk) // 2
+        if self.dtype == "fp16":
+            self._values[first:first + count] = np.frombuffer(chunk, "<f2")
+        else:
+            # bfloat16 is the top half of a float32's bits (numpy has no bf16): shifting the
+            # 16-bit patterns into the high half is the exact widening torch does.
+            bits = self._values.view(np.uint32)[first:first + count]
+            bits[...] = np.frombuffer(chunk, "<u2")
+            bits <<= 16
 
     def finish(self) -> torch.Tensor:
         """The fp32 tensor; raises ValueError when fewer bytes arrived than announced."""
         if self.received != self.expected:
             raise ValueError(f"tensor data too short: got {self.received} of {self.expected} bytes")
-        return decode(self._buf, self.dtype)
+        return self.out
 
 
 def decode(data: bytes | bytearray | memoryview, dtype: str) -> torch.Tensor:
@@ -95,13 +182,6 @@ def decode(data: bytes | bytearray | memoryview, dtype: str) -> torch.Tensor:
     width = itemsize(dtype)
     if len(data) % width:
         raise ValueError(f"{len(data)} bytes is not a whole number of {dtype} elements")
-    if len(data) == 0:
-        return torch.empty(0, dtype=torch.float32)
-    if not isinstance(data, bytearray):
-        data = bytearray(data)  # torch.frombuffer wants a writable buffer
-    raw_dtype = torch.int16 if width == 2 else torch.float32
-    raw = torch.frombuffer(data, dtype=raw_dtype)
-    if width == 2:
-        raw = raw.view(_torch_dtype(dtype))
-    # .to() copies for the half types; clone() makes fp32 independent of the buffer too.
-    return raw.to(torch.float32) if width == 2 else raw.clone()
+    asm = Assembler(len(data) // width, dtype)
+    asm.add(data)
+    return asm.finish()

@@ -15,14 +15,24 @@ Contract (service `psgd.v1.ParameterShard`, see protos/):
 
 Locking: the policy's condition (`self.policy.cond`) is the one lock of the servicer; it guards
 the parameters, the optimizer, the snapshots and the counters. The policy calls `_apply` and
-the pull's read callback with it held. Decoding and streaming happen outside it.
+the pull's read callback with it held. Decoding and streaming happen outside it. The pool of
+receive buffers is a `queue.SimpleQueue`, thread-safe on its own.
+
+Data path (each copy counted, see docs/architecture.md): a push is written chunk by chunk into a
+reused fp32 scratch buffer straight from gRPC's bytes (`codec.data_view`, no protobuf copy),
+checked for finiteness, handed to the policy, and the buffer goes back to the pool. A pull
+copies the parameters once, under the lock, into ready-serialised frames (`codec.frames`) that
+gRPC sends as they are. `create_server` registers the servicer with these frame-aware
+(de)serialisers; the bytes on the wire are exactly the protobuf messages of the .proto.
 
 Run one by hand:  psgd server --port 50051 --shard 0 --servers 2 --workers 4 --mode sync
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
+import queue
 import threading
 import time
 from concurrent import futures
@@ -39,6 +49,11 @@ from psgd.consistency import PolicyError, PullTimeout, make_policy
 
 DTYPE_NAMES = {pb.FP32: "fp32", pb.FP16: "fp16", pb.BF16: "bf16"}
 DTYPE_ENUMS = {v: k for k, v in DTYPE_NAMES.items()}
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc <malloc.h>
+SERVICE = pb.DESCRIPTOR.services_by_name["ParameterShard"].full_name
+# Both ends: admit one data frame (gRPC's default cap is 4 MiB per message).
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", codec.MAX_MESSAGE_BYTES),
+                   ("grpc.max_send_message_length", codec.MAX_MESSAGE_BYTES)]
 
 
 class ShardServicer(pb_grpc.ParameterShardServicer):
@@ -53,6 +68,11 @@ class ShardServicer(pb_grpc.ParameterShardServicer):
         self.bytes_in = 0
         self.bytes_out = 0
         self.apply_s = 0.0
+        # Scratch buffers (received gradients, pull snapshots) per dtype, reused across RPCs: a
+        # fresh 64 MiB tensor costs ~3x a copy into a warm one here (page faults), and
+        # concurrent RPCs each need their own.
+        self._pools: dict[torch.dtype, queue.SimpleQueue[torch.Tensor]] = {
+            dt: queue.SimpleQueue() for dt in codec.WIRE_DTYPES.values()}
 
     # -- state changes (policy lock held) ----------------------------------------------------
     def _apply(self, grad: torch.Tensor) -> None:
@@ -65,6 +85,7 @@ class ShardServicer(pb_grpc.ParameterShardServicer):
                 group["lr"] = self.cfg.optim.lr * min(1.0, (self.policy.version + 1) / warmup)
         self.param.grad = grad
         self.opt.step()
+        self.param.grad = None  # the gradient's buffer goes back to the pool after the push
         version = self.policy.version + 1  # the policy bumps its counter right after we return
         if self.cfg.eval_every and version % self.cfg.eval_every == 0:
             self.snapshots.append((version, time.time(), self.param.detach().clone()))
@@ -76,8 +97,7 @@ class ShardServicer(pb_grpc.ParameterShardServicer):
         with self.policy.cond:
             if self.param is None:
                 self.param = data
-                self.opt = torch.optim.SGD([self.param], lr=self.cfg.optim.lr, momentum=self.cfg.optim.momentum,
-                                           weight_decay=self.cfg.optim.weight_decay)
+                self.opt = make_optimizer(self.param, self.cfg)
                 self.snapshots.append((0, time.time(), data.clone()))
                 self.ready.set()
                 return pb.InitReply(version=self.policy.version, initialized_by_caller=True)
@@ -89,18 +109,24 @@ class ShardServicer(pb_grpc.ParameterShardServicer):
     def Push(self, request_iterator, context):
         if not self.ready.is_set():
             context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"shard {self.shard} is not initialised yet")
-        header, grad = self._receive(request_iterator, context, expected_len=self.param.numel())
-        skipped = False
-        if not bool(torch.isfinite(grad).all()):
-            if not self.cfg.skip_nonfinite:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"non-finite gradient from worker {header.worker_id} at clock {header.clock} "
-                              "refused (run servers with --skip-nonfinite to skip such gradients)")
-            skipped = True
+        buf = self._borrow(torch.float32)
         try:
-            out = self.policy.push(header.worker_id, header.clock, header.base_version, None if skipped else grad)
-        except PolicyError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+            header, grad = self._receive(request_iterator, context, expected_len=self.param.numel(), out=buf)
+            skipped = False
+            if not all_finite(grad):
+                if not self.cfg.skip_nonfinite:
+                    context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"non-finite gradient from worker {header.worker_id} at clock {header.clock} "
+                                  "refused (run servers with --skip-nonfinite to skip such gradients)")
+                skipped = True
+            try:
+                out = self.policy.push(header.worker_id, header.clock, header.base_version,
+                                       None if skipped else grad)
+            except PolicyError as e:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
+        finally:
+            # The policy has applied, summed or cloned the gradient by now: the buffer is free.
+            self._pools[torch.float32].put(buf)
         return pb.PushReply(version=out.version, applied=out.applied, skipped=out.skipped, done=out.done,
                             staleness=out.staleness, refused=out.refused)
 
@@ -114,11 +140,14 @@ class ShardServicer(pb_grpc.ParameterShardServicer):
         timeout = context.time_remaining()
         if not self.ready.wait(timeout):
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"shard {self.shard} was never initialised")
-        wire = codec.WIRE_DTYPES[dtype]
+        # The copy under the lock goes into a reused snapshot buffer (converting for fp16 / bf16);
+        # framing it outside the lock, one chunk at a time, overlaps the copy with sending and
+        # lets malloc reuse one frame's memory for the next (measured: ~30% less server CPU than
+        # framing all chunks under the lock).
+        snap = self._borrow(codec.WIRE_DTYPES[dtype])
 
         def read() -> torch.Tensor:
-            # Copy under the lock (a conversion for fp16/bf16 is the copy); encode outside it.
-            return self.param.detach().to(wire) if wire != torch.float32 else self.param.detach().clone()
+            return snap.copy_(self.param.detach())
 
         try:
             out = self.policy.pull(request.worker_id, request.clock, read, context.time_remaining())
@@ -126,14 +155,22 @@ class ShardServicer(pb_grpc.ParameterShardServicer):
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
         except PullTimeout as e:
             context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(e))
-        n = 0 if out.value is None else out.value.numel()
+        n = 0 if out.value is None else self.param.numel()
         yield pb.PullChunk(header=pb.PullHeader(version=out.version, num_elements=n, dtype=request.dtype,
                                                 done=out.done, wait_s=out.wait_s, clock_gap=out.clock_gap))
-        if out.value is not None:
-            buf = codec.encode(out.value, dtype)
-            self.bytes_out += len(buf)  # approximate under concurrency; reported, not relied on
-            for chunk in codec.iter_chunks(buf):
-                yield pb.PullChunk(data=chunk)
+        try:
+            if out.value is not None:
+                self.bytes_out += n * codec.itemsize(dtype)  # approximate under concurrency; reported, not relied on
+                yield from codec.frames(codec.encode(out.value, dtype))
+        finally:
+            self._pools[snap.dtype].put(snap)
+
+    def _borrow(self, dtype: torch.dtype) -> torch.Tensor:
+        """A scratch tensor of the shard's length from the pool (new when all are in use)."""
+        try:
+            return self._pools[dtype].get_nowait()
+        except queue.Empty:
+            return torch.empty(self.param.numel(), dtype=dtype)
 
     def Info(self, request, context):
         return pb.InfoReply(shard=self.shard, num_shards=self.cfg.servers, num_workers=self.cfg.workers,
@@ -141,10 +178,10 @@ class ShardServicer(pb_grpc.ParameterShardServicer):
                             num_elements=0 if self.param is None else self.param.numel())
 
     # -- helpers ---------------------------------------------------------------------------------
-    def _receive(self, request_iterator, context, expected_len: int | None):
-        """Read header + data chunks; validate everything before any state changes."""
+    def _receive(self, request_iterator, context, expected_len: int | None, out: torch.Tensor | None = None):
+        """Read header + data chunks into `out` (or a new tensor); validate before any state changes."""
         first = next(request_iterator, None)
-        if first is None or first.WhichOneof("kind") != "header":
+        if first is None or isinstance(first, memoryview) or first.WhichOneof("kind") != "header":
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "stream must start with a header")
         h = first.header
         dtype = DTYPE_NAMES.get(h.dtype)
@@ -158,12 +195,15 @@ class ShardServicer(pb_grpc.ParameterShardServicer):
         for bad, message in problems:
             if bad:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
-        asm = codec.Assembler(h.num_elements, dtype)
+        asm = codec.Assembler(h.num_elements, dtype, out=out)
         try:
             for msg in request_iterator:
-                if msg.WhichOneof("kind") != "data":
+                if isinstance(msg, memoryview):  # a data frame, parsed without a copy
+                    asm.add(msg)
+                elif msg.WhichOneof("kind") == "data":
+                    asm.add(msg.data)
+                else:
                     raise ValueError("a second header inside one stream")
-                asm.add(msg.data)
             data = asm.finish()
         except ValueError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
@@ -194,13 +234,75 @@ class ShardServicer(pb_grpc.ParameterShardServicer):
         (out / f"shard-{self.shard}.json").write_text(json.dumps(self.stats(), indent=1))
 
 
+def reuse_freed_memory() -> None:
+    """Ask glibc to keep freed multi-MiB blocks for reuse instead of returning them to the OS.
+
+    Every chunk gRPC hands us (and every frame we build) is a fresh 1 MiB `bytes`; by default
+    glibc serves blocks that size with mmap and unmaps them on free, so each one page-faults
+    afresh. Raising the mmap threshold to its maximum (32 MiB) and the trim threshold keeps them
+    in the heap: the client's CPU per 64 MiB pull fell from ~52 to ~40 ms here. Process-wide
+    and idempotent; a no-op where libc has no mallopt (not glibc).
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, 32 << 20)
+        libc.mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+    except (OSError, AttributeError):
+        pass
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """True when no element is NaN or +-inf.
+
+    A finite sum implies finite elements (NaN and inf propagate through addition), and a sum
+    costs one pass without temporaries where `isfinite(t).all()` builds a bool tensor: 5 ms vs
+    100 ms for 64 MiB here. Only a non-finite sum (or one that overflowed) takes the exact test.
+    """
+    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
+
+
+def make_optimizer(param: torch.Tensor, cfg: RunConfig) -> torch.optim.Optimizer:
+    """torch.optim.SGD over the shard; the fused CPU kernel (one pass, 14 vs 22 ms for 16M
+    elements here) where this torch has it, the same update up to float rounding."""
+    kw = dict(lr=cfg.optim.lr, momentum=cfg.optim.momentum, weight_decay=cfg.optim.weight_decay)
+    try:
+        return torch.optim.SGD([param], fused=True, **kw)
+    except (RuntimeError, TypeError, ValueError):
+        return torch.optim.SGD([param], **kw)
+
+
+def _parse_tensor_chunk(message: bytes):
+    """Push / Init request deserialiser: a data frame as a zero-copy view, anything else parsed."""
+    view = codec.data_view(message)
+    return view if view is not None else pb.TensorChunk.FromString(message)
+
+
+def _serialize_pull_chunk(message) -> bytes:
+    """Pull response serialiser: frames from codec.frames are sent as they are."""
+    return message if isinstance(message, bytes) else message.SerializeToString()
+
+
+def rpc_handlers(servicer: ShardServicer) -> grpc.GenericRpcHandler:
+    """The ParameterShard service with frame-aware (de)serialisers for the tensor streams."""
+    replies = {"Init": pb.InitReply, "Push": pb.PushReply}
+    methods = {name: grpc.stream_unary_rpc_method_handler(getattr(servicer, name), _parse_tensor_chunk,
+                                                          reply.SerializeToString)
+               for name, reply in replies.items()}
+    methods["Pull"] = grpc.unary_stream_rpc_method_handler(servicer.Pull, pb.PullRequest.FromString,
+                                                           _serialize_pull_chunk)
+    methods["Info"] = grpc.unary_unary_rpc_method_handler(servicer.Info, pb.InfoRequest.FromString,
+                                                          pb.InfoReply.SerializeToString)
+    return grpc.method_handlers_generic_handler(SERVICE, methods)
+
+
 def create_server(cfg: RunConfig, shard: int, host: str = "127.0.0.1", port: int = 0):
     """Start a shard server; returns (grpc server, servicer, bound port). Raises OSError if the port is taken."""
+    reuse_freed_memory()
     servicer = ShardServicer(cfg, shard)
     # Pulls may be held by the policy, one thread each: leave room for every worker's pull and push.
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4 * cfg.workers + 8),
-                         options=[("grpc.so_reuseport", 0)])
-    pb_grpc.add_ParameterShardServicer_to_server(servicer, server)
+                         options=[("grpc.so_reuseport", 0), *CHANNEL_OPTIONS])
+    server.add_generic_rpc_handlers((rpc_handlers(servicer),))
     try:
         bound = server.add_insecure_port(f"{host}:{port}")
     except RuntimeError:
