@@ -160,6 +160,9 @@ def build_parser() -> Parser:
                        epilog=MODES_HELP, formatter_class=fmt)
     add_run_flags(p)
     p.add_argument("--rank", type=int, default=None, help="worker id 0..N-1 (default: $RANK, for torchrun)")
+    p.add_argument("--rendezvous", default="env://",
+                   help="all-reduce group rendezvous: env:// ($MASTER_ADDR:$MASTER_PORT, torchrun), tcp://H:P or "
+                        "file://PATH (psgd run uses a file in the run folder)")
 
     # These commands own their flags (each module builds its own Parser); the CLI only routes.
     for name, helptext in DELEGATED.items():
@@ -273,7 +276,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if cfg.mode == "allreduce":
         from psgd.collective import CollectiveError, CollectiveExchange
 
-        exchange, errors = CollectiveExchange.from_env(cfg, rank), (CollectiveError,)
+        exchange, errors = CollectiveExchange.from_env(cfg, rank, init_method=args.rendezvous), (CollectiveError,)
     else:
         if isinstance(args.servers, int):
             raise UsageError("psgd worker needs --servers HOST:PORT,... (the running shards, in shard order)")

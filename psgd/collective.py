@@ -77,8 +77,11 @@ class Rendezvous:
     init_method: str = "env://"  # env:// reads MASTER_ADDR / MASTER_PORT (and torchrun's agent store)
 
     @classmethod
-    def from_env(cls, rank: int, workers: int, env: Mapping[str, str]) -> Rendezvous:
-        """Read the standard variables (what torchrun sets); UsageError if they do not fit."""
+    def from_env(cls, rank: int, workers: int, env: Mapping[str, str], init_method: str = "env://") -> Rendezvous:
+        """Read the standard variables (what torchrun sets); UsageError if they do not fit.
+
+        `init_method` file://PATH (what `psgd run` uses) needs no MASTER_ADDR / MASTER_PORT: a
+        shared file is the whole rendezvous, and no TCP store makes reverse-DNS queries."""
         def number(name: str, default: int) -> int:
             text = env.get(name)
             if text is None or text == "":
@@ -92,14 +95,16 @@ class Rendezvous:
             raise UsageError(f"WORLD_SIZE={world} but --workers {workers}: they must agree "
                              "(torchrun: --nnodes x --nproc-per-node = --workers)")
         missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not env.get(v)]
-        if missing:
+        if not init_method.startswith(("env://", "tcp://", "file://")):
+            raise UsageError(f"--rendezvous must be env://, tcp://HOST:PORT or file://PATH, got {init_method!r}")
+        if missing and init_method == "env://":
             raise UsageError(f"the all-reduce rendezvous needs ${' and $'.join(missing)} "
                              "(torchrun and psgd run set them; by hand: MASTER_ADDR=host0 MASTER_PORT=29500)")
         local_world = number("LOCAL_WORLD_SIZE", workers)
         local_rank = number("LOCAL_RANK", rank)
         if not 0 <= local_rank < local_world:
             raise UsageError(f"LOCAL_RANK={local_rank} must be in 0..{local_world - 1} (LOCAL_WORLD_SIZE)")
-        return cls(rank, world, local_rank, local_world)
+        return cls(rank, world, local_rank, local_world, init_method)
 
 
 def usable_cuda_devices() -> int:
@@ -136,7 +141,11 @@ def launch_args(cfg: RunConfig, env: dict) -> tuple[list[str], dict]:
     choose_backend(cfg.backend, cfg.device, cfg.workers, usable_cuda_devices())
     env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(cfg.workers),
                LOCAL_WORLD_SIZE=str(cfg.workers))
-    return [], env
+    # A file rendezvous in the run folder: local runs then make no TCP-store connection (whose
+    # address lookups leave loopback as reverse-DNS queries). The file must not survive a run.
+    store = Path(cfg.out).resolve() / "rendezvous"
+    store.unlink(missing_ok=True)
+    return ["--rendezvous", f"file://{store}"], env
 
 
 def params_sha256(params: torch.Tensor) -> str:
@@ -168,10 +177,11 @@ class CollectiveExchange:
         self.final_sha256 = ""
 
     @classmethod
-    def from_env(cls, cfg: RunConfig, rank: int, env: Mapping[str, str] | None = None) -> CollectiveExchange:
+    def from_env(cls, cfg: RunConfig, rank: int, env: Mapping[str, str] | None = None,
+                 init_method: str = "env://") -> CollectiveExchange:
         """The exchange of `psgd worker --mode allreduce` (also under torchrun): reads the
         environment here, at the edge, and nowhere else. Raises UsageError."""
-        rdv = Rendezvous.from_env(rank, cfg.workers, os.environ if env is None else env)
+        rdv = Rendezvous.from_env(rank, cfg.workers, os.environ if env is None else env, init_method)
         backend = choose_backend(cfg.backend, cfg.device, rdv.local_world_size, usable_cuda_devices())
         # `psgd run` resolves --epochs itself; under torchrun the worker is the first to know.
         cfg = with_epochs_resolved(cfg, data_mod.train_size(cfg.data))
