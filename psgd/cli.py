@@ -99,6 +99,12 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--check-every", type=int, default=d.check_every,
                    help="allreduce: compare a hash of every replica's parameters every this many updates "
                         "(and at the end; 0: end only)")
+    g.add_argument("--overlap", action="store_true",
+                   help="PS: push each shard's gradient as soon as backward produced it, pull while the batch "
+                        "loads and forward runs (psgd/overlap.py)")
+    g.add_argument("--link", default=d.link, metavar="BANDWIDTH[,LATENCY]",
+                   help="PS: pace each worker's traffic to an EMULATED link, e.g. 1gbit,200us or 100mbit,1ms "
+                        "(psgd/link.py; loopback is still what carries the bytes)")
     g.add_argument("--out", default=d.out, help="run folder: metrics.jsonl, summary.json, logs/")
     g = p.add_argument_group("data and model")
     g.add_argument("--dataset", default=dd.dataset, choices=C.DATASETS, help="training data")
@@ -124,7 +130,7 @@ def config_from_args(a: argparse.Namespace) -> C.RunConfig:
         eval_every=a.eval_every, device=a.device, wire_dtype=a.wire_dtype,
         straggler=tuple(a.straggler), jitter=a.jitter, skip_nonfinite=a.skip_nonfinite,
         rpc_timeout=a.rpc_timeout, fail_at=tuple(a.fail_at), out=a.out, allreduce_impl=a.allreduce_impl,
-        bucket_mb=a.bucket_mb, backend=a.backend, check_every=a.check_every,
+        bucket_mb=a.bucket_mb, backend=a.backend, check_every=a.check_every, overlap=a.overlap, link=a.link,
         data=C.DataConfig(dataset=a.dataset, data_dir=a.data_dir, num_samples=a.num_samples,
                           data_seed=a.data_seed, shard_data=a.shard_data),
         model=C.ModelConfig(model=a.model, width=a.width),
@@ -280,7 +286,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     else:
         if isinstance(args.servers, int):
             raise UsageError("psgd worker needs --servers HOST:PORT,... (the running shards, in shard order)")
-        exchange, errors = PSExchange(args.servers, cfg.wire_dtype, cfg.rpc_timeout), (ExchangeError,)
+        exchange, errors = PSExchange.from_config(cfg, args.servers), (ExchangeError,)
     metrics = Metrics(Path(cfg.out) / "metrics.jsonl")
     try:
         worker.train(cfg, rank, exchange, metrics)

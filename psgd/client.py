@@ -7,25 +7,32 @@ Contract (ps-lite's worker API, in Python):
 - `init(flat)` offers initial values to every shard (the first worker to call wins).
 - `pull(clock, out)` fills `out` with the parameters from all shards in parallel; blocks while
   a shard's consistency policy holds it; returns a `PullResult` (done once the budget is spent).
+  `start_pull(clock, out)` does the same in the background and returns a `PullStreams` to wait
+  on: for the headers, for a range of `out`, or for the result (psgd/overlap.py uses it).
 - `push(clock, grad)` sends each shard its slice in parallel, tagged with the versions the
-  last pull returned; returns True when the server says the budget is spent.
-All methods block the caller and are not thread-safe (one worker thread drives one client).
-Every RPC has `rpc_timeout` as its deadline; failures raise `ExchangeError` with one line.
+  last pull returned; `start_push(k, clock, grad)` sends one shard's slice in the background
+  (a Future of its reply). Both read `grad` while sending: do not change it until they return.
+All methods but those of `PullStreams` are for one thread (one worker thread drives one client);
+they block the caller unless named start_*. Every RPC has `rpc_timeout` as its deadline;
+failures raise `ExchangeError` with one line.
 
 Copies (see codec.py): a push copies each chunk of the gradient once, into a ready-serialised
 frame; a pull writes each received chunk once, straight into `out` (the model's flat buffer).
+With a `link` (psgd/link.py, `--link`) every stream is paced to that emulated wire.
 """
 
 from __future__ import annotations
 
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 import grpc
 import torch
 
 from psgd import codec
+from psgd import link as link_mod
 from psgd._proto import parameter_server_pb2 as pb
 from psgd._proto import parameter_server_pb2_grpc as pb_grpc
 from psgd.server import CHANNEL_OPTIONS, DTYPE_ENUMS, SERVICE, reuse_freed_memory
@@ -48,7 +55,7 @@ class PullResult:
 
 class PSClient:
     def __init__(self, addresses: list[str], worker_id: int, num_elements: int,
-                 wire_dtype: str = "fp32", rpc_timeout: float = 60.0) -> None:
+                 wire_dtype: str = "fp32", rpc_timeout: float = 60.0, link: link_mod.Link | None = None) -> None:
         self.addresses = addresses
         self.worker_id = worker_id
         self.dtype = wire_dtype
@@ -65,8 +72,14 @@ class PSClient:
         self._pull_rpc = [c.unary_stream(f"/{SERVICE}/Pull", request_serializer=pb.PullRequest.SerializeToString,
                                          response_deserializer=_parse_pull_chunk) for c in self.channels]
         self.versions = [0] * len(addresses)
-        # One thread per shard so the K transfers overlap (gRPC releases the GIL while waiting).
-        self.pool = ThreadPoolExecutor(max_workers=len(addresses)) if len(addresses) > 1 else None
+        # Full duplex: sends and receives are paced apart, each shared by the K streams.
+        self.send = link_mod.Pacer(link) if link else None
+        self.recv = link_mod.Pacer(link) if link else None
+        # One thread per shard so the K transfers overlap (gRPC releases the GIL while waiting);
+        # start_pull / start_push run on a second pool, so K pulls and K pushes fit at once.
+        k = len(addresses)
+        self.pool = ThreadPoolExecutor(max_workers=k) if k > 1 else None
+        self.background = ThreadPoolExecutor(max_workers=2 * k, thread_name_prefix="psgd-exchange")
 
     def _map(self, fn, items):
         if self.pool is None:
@@ -90,70 +103,166 @@ class PSClient:
                                     f"expected shard {k} of {len(self.stubs)}: check the order of --servers")
         return infos
 
-    def _tensor_stream(self, k: int, flat: torch.Tensor, clock: int, base_version: int):
+    def _tensor_stream(self, k: int, flat: torch.Tensor, clock: int, base_version: int, paced: bool = True):
         start, stop = self.ranges[k]
         buf = codec.encode(flat[start:stop], self.dtype)
+        pacer = self.send if paced else None
+        if pacer:
+            pacer.start()
         yield pb.TensorChunk(header=pb.TensorHeader(
             worker_id=self.worker_id, clock=clock, base_version=base_version, dtype=DTYPE_ENUMS[self.dtype],
             shard=k, num_elements=stop - start))
-        yield from codec.frames(buf)
+        for frame in codec.frames(buf):
+            if pacer:
+                pacer.pace(len(frame))
+            yield frame
 
     def init(self, flat: torch.Tensor) -> None:
         """Offer initial values, always as exact fp32 (the wire dtype is for gradients and pulls)."""
         saved, self.dtype = self.dtype, "fp32"
         try:
             self._map(lambda k: self._call(k, "init", lambda: self._init_rpc[k](
-                self._tensor_stream(k, flat, 0, 0), timeout=self.timeout)), [(k,) for k in range(len(self.stubs))])
+                self._tensor_stream(k, flat, 0, 0, paced=False), timeout=self.timeout)),
+                [(k,) for k in range(len(self.stubs))])
         finally:
             self.dtype = saved
 
-    def pull(self, clock: int, out: torch.Tensor) -> PullResult:
-        def one(k: int):
-            start, stop = self.ranges[k]
+    def _pull_one(self, k: int, clock: int, out: torch.Tensor, on_header=None, on_progress=None):
+        """One shard's pull into out[range]; returns (header, bytes received)."""
+        start, stop = self.ranges[k]
+        if self.send:
+            self.send.start()  # the request's way out
+        stream = self._pull_rpc[k](pb.PullRequest(worker_id=self.worker_id, clock=clock,
+                                                  dtype=DTYPE_ENUMS[self.dtype], shard=k), timeout=self.timeout)
+        first = next(stream)
+        if isinstance(first, memoryview) or first.WhichOneof("kind") != "header":
+            raise ExchangeError(f"shard {k} did not start its pull stream with a header")
+        header = first.header
+        if self.recv:
+            self.recv.start()  # the reply's way back
+        if on_header:
+            on_header(k, header)
+        if header.done:
+            return header, 0
+        if header.num_elements != stop - start:
+            raise ExchangeError(f"shard {k} sent {header.num_elements} elements, expected {stop - start}")
+        asm = codec.Assembler(header.num_elements, self.dtype, out=out[start:stop])
+        try:
+            for msg in stream:
+                data = msg if isinstance(msg, memoryview) else msg.data
+                if self.recv:
+                    self.recv.pace(len(data))
+                asm.add(data)
+                if on_progress:
+                    on_progress(k, asm.elements)
+            asm.finish()
+        except ValueError as e:
+            raise ExchangeError(f"pull from shard {k}: {e}") from None
+        return header, asm.received
 
-            def rpc():
-                stream = self._pull_rpc[k](pb.PullRequest(worker_id=self.worker_id, clock=clock,
-                                                          dtype=DTYPE_ENUMS[self.dtype], shard=k),
-                                           timeout=self.timeout)
-                first = next(stream)
-                if isinstance(first, memoryview) or first.WhichOneof("kind") != "header":
-                    raise ExchangeError(f"shard {k} did not start its pull stream with a header")
-                header = first.header
-                if header.done:
-                    return header, 0
-                if header.num_elements != stop - start:
-                    raise ExchangeError(f"shard {k} sent {header.num_elements} elements, expected {stop - start}")
-                asm = codec.Assembler(header.num_elements, self.dtype, out=out[start:stop])
-                try:
-                    for msg in stream:
-                        asm.add(msg if isinstance(msg, memoryview) else msg.data)
-                    asm.finish()
-                except ValueError as e:
-                    raise ExchangeError(f"pull from shard {k}: {e}") from None
-                return header, asm.received
-            return self._call(k, "pull from", rpc)
-
-        results = self._map(one, [(k,) for k in range(len(self.stubs))])
+    def _pull_result(self, results: list) -> PullResult:
         done = any(h.done for h, _ in results)
         if not done:
             self.versions = [h.version for h, _ in results]
         return PullResult(done=done, versions=list(self.versions), wait_s=max(h.wait_s for h, _ in results),
                           clock_gap=max(h.clock_gap for h, _ in results), bytes=sum(b for _, b in results))
 
+    def pull(self, clock: int, out: torch.Tensor) -> PullResult:
+        results = self._map(lambda k: self._call(k, "pull from", lambda: self._pull_one(k, clock, out)),
+                            [(k,) for k in range(len(self.stubs))])
+        return self._pull_result(results)
+
+    def start_pull(self, clock: int, out: torch.Tensor) -> PullStreams:
+        return PullStreams(self, clock, out)
+
+    def push_one(self, k: int, clock: int, grad: torch.Tensor) -> pb.PushReply:
+        reply = self._call(k, "push to", lambda: self._push_rpc[k](
+            self._tensor_stream(k, grad, clock, self.versions[k]), timeout=self.timeout))
+        if self.recv:
+            self.recv.start()  # the reply's way back
+        return reply
+
+    def start_push(self, k: int, clock: int, grad: torch.Tensor) -> Future:
+        return self.background.submit(self.push_one, k, clock, grad)
+
     def push(self, clock: int, grad: torch.Tensor) -> tuple[bool, bool, int]:
         """Send each shard its slice; returns (budget spent, refused by any shard, bytes sent)."""
         grad = grad.detach().to("cpu")
-        replies = self._map(lambda k: self._call(k, "push to", lambda: self._push_rpc[k](
-            self._tensor_stream(k, grad, clock, self.versions[k]), timeout=self.timeout)),
-            [(k,) for k in range(len(self.stubs))])
+        replies = self._map(lambda k: self.push_one(k, clock, grad), [(k,) for k in range(len(self.stubs))])
+        return self.push_outcome(replies)
+
+    def push_outcome(self, replies: list[pb.PushReply]) -> tuple[bool, bool, int]:
         sent = sum((stop - start) * codec.itemsize(self.dtype) for start, stop in self.ranges)
         return any(r.done for r in replies), any(r.refused for r in replies), sent
 
     def close(self) -> None:
         if self.pool is not None:
             self.pool.shutdown(wait=True)
+        self.background.shutdown(wait=True)
         for c in self.channels:
             c.close()
+
+
+class PullStreams:
+    """A pull in flight (`PSClient.start_pull`): K streams fill `out` in the background.
+
+    Thread-safe: `cond` guards `headers`, `filled` (elements of each shard written so far) and
+    `error`; the stream threads notify it on every chunk.
+    """
+
+    def __init__(self, client: PSClient, clock: int, out: torch.Tensor) -> None:
+        self.client = client
+        self.cond = threading.Condition()
+        k = len(client.ranges)
+        self.headers: list = [None] * k
+        self.filled = [0] * k
+        self.error: BaseException | None = None
+        self.futures = [client.background.submit(self._run, i, clock, out) for i in range(k)]
+
+    def _run(self, k: int, clock: int, out: torch.Tensor):
+        try:
+            return self.client._call(k, "pull from", lambda: self.client._pull_one(
+                k, clock, out, self._on_header, self._on_progress))
+        except BaseException as e:
+            with self.cond:
+                self.error = e
+                self.cond.notify_all()
+            raise
+
+    def _on_header(self, k: int, header) -> None:
+        with self.cond:
+            self.headers[k] = header
+            self.cond.notify_all()
+
+    def _on_progress(self, k: int, elements: int) -> None:
+        with self.cond:
+            self.filled[k] = elements
+            self.cond.notify_all()
+
+    def _wait(self, ready) -> None:
+        with self.cond:
+            self.cond.wait_for(lambda: self.error is not None or ready(), self.client.timeout)
+            if self.error is not None:
+                raise self.error
+            if not ready():
+                raise ExchangeError(f"pull still incomplete after the {self.client.timeout:.0f}s deadline")
+
+    def wait_headers(self) -> list:
+        """Block until every shard's header arrived (the policy released the pull)."""
+        self._wait(lambda: all(h is not None for h in self.headers))
+        return list(self.headers)
+
+    def wait_range(self, start: int, stop: int) -> None:
+        """Block until out[start:stop] holds the pulled values (or a shard said done)."""
+        need = []
+        for k, (a, b) in enumerate(self.client.ranges):
+            if a < stop and start < b:
+                need.append((k, min(stop, b) - a))
+        self._wait(lambda: all(self.filled[k] >= n or (self.headers[k] is not None and self.headers[k].done)
+                               for k, n in need))
+
+    def result(self) -> PullResult:
+        return self.client._pull_result([f.result() for f in self.futures])
 
 
 def _serialize_chunk(message) -> bytes:
@@ -177,19 +286,41 @@ def wait_for_servers(addresses: list[str], timeout: float) -> None:
 
 
 class PSExchange:
-    """The parameter-server step of the worker loop: pull before compute, push after."""
+    """The parameter-server step of the worker loop: pull before compute, push after.
 
-    def __init__(self, addresses: list[str], wire_dtype: str = "fp32", rpc_timeout: float = 60.0) -> None:
+    With `overlap` (psgd/overlap.py) the pull streams in while the batch loads and forward
+    runs, and each shard's push starts as soon as backward has produced its gradients; `watch`
+    (called by the worker loop with the model) installs the hooks that does this. With `link`
+    ("1gbit,200us", psgd/link.py) every stream is paced to that emulated wire.
+    """
+
+    def __init__(self, addresses: list[str], wire_dtype: str = "fp32", rpc_timeout: float = 60.0,
+                 link: str = "", overlap: bool = False, accumulate: int = 1) -> None:
         self.addresses, self.wire_dtype, self.rpc_timeout = addresses, wire_dtype, rpc_timeout
+        self.link, self.overlap, self.accumulate = link_mod.parse(link), overlap, accumulate
         self.client: PSClient | None = None
+        self._overlap = None
+
+    @classmethod
+    def from_config(cls, cfg, addresses: list[str]) -> PSExchange:
+        return cls(addresses, cfg.wire_dtype, cfg.rpc_timeout, cfg.link, cfg.overlap, cfg.accumulate)
 
     def setup(self, flat, rank: int) -> None:
-        self.client = PSClient(self.addresses, rank, flat.params.numel(), self.wire_dtype, self.rpc_timeout)
+        self.client = PSClient(self.addresses, rank, flat.params.numel(), self.wire_dtype, self.rpc_timeout,
+                               self.link)
         self.client.wait_ready()
         if rank == 0:
             self.client.init(flat.params)  # the chief's seeded init becomes the shards' start
 
+    def watch(self, model, flat) -> None:
+        if self.overlap:
+            from psgd.overlap import Overlap  # noqa: PLC0415 - overlap imports this module
+
+            self._overlap = Overlap(model, flat, self.client, self._staging(flat), self.accumulate)
+
     def before_compute(self, clock: int, flat):
+        if self._overlap is not None:
+            return self._overlap.before_compute(clock)
         t0 = time.perf_counter()
         r = self.client.pull(clock, self._staging(flat))
         if not r.done and self._host is not flat.params:
@@ -199,6 +330,8 @@ class PSExchange:
                           bytes_pulled=r.bytes, clock_gap=r.clock_gap)
 
     def after_compute(self, clock: int, flat):
+        if self._overlap is not None:
+            return self._overlap.after_compute(clock)
         t0 = time.perf_counter()
         done, refused, sent = self.client.push(clock, flat.grads)
         return StepReport(done=done, counted=not refused, push_s=time.perf_counter() - t0,
@@ -212,5 +345,7 @@ class PSExchange:
         return self._host
 
     def close(self) -> None:
+        if self._overlap is not None:
+            self._overlap.close()
         if self.client is not None:
             self.client.close()

@@ -159,6 +159,11 @@ class Assembler:
             self._widened += len(chunk) // 2
         self.received = end
 
+    @property
+    def elements(self) -> int:
+        """Elements of `out` written so far (complete ones), for readers that overlap with receipt."""
+        return self.received // 4 if self.width == 4 else self._widened
+
     def _widen(self, chunk: bytes | memoryview, first: int) -> None:
         count = len(chunk) // 2
         if self.dtype == "fp16":

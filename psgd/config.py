@@ -12,6 +12,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from psgd import link
+
 PS_MODES = ("sync", "async", "ssp")
 MODES = PS_MODES + ("allreduce",)
 DATASETS = ("synthetic", "mnist1d", "mnist")
@@ -68,6 +70,8 @@ class RunConfig:
     bucket_mb: float = 25.0         # allreduce: gradient bucket size in MiB (PyTorch DDP's default, 25)
     backend: str = "auto"           # allreduce: auto (nccl with one GPU per rank, else gloo) | gloo | nccl
     check_every: int = 50           # allreduce: compare replica hashes every this many updates (0 = end only)
+    overlap: bool = False           # PS: push a shard once backward produced it, pull while the batch loads
+    link: str = ""                  # PS: emulated worker link BANDWIDTH[,LATENCY], e.g. 1gbit,200us ("" = as is)
     out: str = "results/runs/latest"
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -104,6 +108,9 @@ def validate(cfg: RunConfig) -> RunConfig:
         (cfg.bucket_mb > 0 and math.isfinite(cfg.bucket_mb), f"--bucket-mb must be > 0, got {cfg.bucket_mb}"),
         (cfg.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}, got {cfg.backend!r}"),
         (cfg.check_every >= 0, f"--check-every must be >= 0, got {cfg.check_every}"),
+        (_link_error(cfg.link) is None, _link_error(cfg.link) or ""),
+        (cfg.mode != "allreduce" or not (cfg.overlap or cfg.link),
+         "--overlap and --link are parameter-server options (the worker's gRPC client), not --mode allreduce"),
         (cfg.mode != "allreduce" or cfg.wire_dtype == "fp32",
          "--wire-dtype is a parameter-server option: --mode allreduce reduces fp32 gradients"),
         (all(0 <= r < cfg.workers and ms >= 0 for r, ms in cfg.straggler),
@@ -124,6 +131,14 @@ def validate(cfg: RunConfig) -> RunConfig:
         if not ok:
             raise ValueError(message)
     return cfg
+
+
+def _link_error(text: str) -> str | None:
+    try:
+        link.parse(text)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def with_epochs_resolved(cfg: RunConfig, train_size: int) -> RunConfig:

@@ -44,6 +44,8 @@ class StepReport:
     bytes_pulled: int = 0
     bytes_pushed: int = 0
     clock_gap: int = 0
+    overlapped_s: float = 0.0  # after_compute: exchange time spent blocked inside forward / backward
+                               # (--overlap); already in pull_s / push_s, so not counted as compute
 
 
 class Exchange(Protocol):
@@ -58,6 +60,9 @@ class Exchange(Protocol):
 
     def close(self) -> None:
         ...
+
+    # Optional: `watch(model, flat)`, called once after setup, for an exchange that overlaps
+    # with compute through hooks on the model (PS `--overlap`, psgd/overlap.py).
 
 
 def resolve_device(name: str) -> torch.device:
@@ -83,6 +88,8 @@ def train(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None
     fail_step = dict(cfg.fail_at).get(rank)
 
     exchange.setup(flat, rank)
+    if hasattr(exchange, "watch"):
+        exchange.watch(model, flat)
     totals = dict(steps=0, compute_s=0.0, pull_s=0.0, push_s=0.0, wait_s=0.0, bytes_pulled=0, bytes_pushed=0)
     train_start = time.time()
     clock = 0
@@ -94,6 +101,11 @@ def train(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None
         if before.done:
             break
         t0 = time.perf_counter()
+        # The emulated slow device delays the whole step's compute, before forward, so that a
+        # gradient pushed during backward (--overlap) is not ready sooner than on such a device.
+        extra_ms = delay_ms + (jitter.expovariate(1.0 / cfg.jitter) if cfg.jitter > 0 else 0.0)
+        if extra_ms:
+            time.sleep(extra_ms / 1000.0)  # emulated slow device, not synchronisation
         flat.zero_grad()
         idx = plan.indices(rank, clock).to(device)
         loss_sum = 0.0
@@ -103,17 +115,15 @@ def train(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None
             loss = F.cross_entropy(model(x[micro]), y[micro]) / cfg.accumulate
             loss.backward()
             loss_sum += float(loss.detach())
-        extra_ms = delay_ms + (jitter.expovariate(1.0 / cfg.jitter) if cfg.jitter > 0 else 0.0)
-        if extra_ms:
-            time.sleep(extra_ms / 1000.0)  # emulated slow device, not synchronisation
         compute_s = time.perf_counter() - t0
-        totals["compute_s"] += compute_s
         after = exchange.after_compute(clock, flat)
+        compute_s = max(0.0, compute_s - after.overlapped_s)
+        totals["compute_s"] += compute_s
         _add(totals, after)
         if metrics is not None:
             metrics.write(event="step", rank=rank, clock=clock, loss=loss_sum, compute_s=compute_s,
-                          pull_s=before.pull_s, wait_s=before.wait_s + after.wait_s, push_s=after.push_s,
-                          clock_gap=before.clock_gap)
+                          pull_s=before.pull_s + after.pull_s, wait_s=before.wait_s + after.wait_s,
+                          push_s=after.push_s, clock_gap=before.clock_gap)
         clock += 1
         totals["steps"] += int(after.counted)
         if after.done:

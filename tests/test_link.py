@@ -1,0 +1,93 @@
+"""The emulated link: parsing, the alpha-beta arithmetic, the pacing schedule, and real runs with --link."""
+
+import pytest
+import torch
+
+from psgd import link
+from psgd.client import PSClient
+from psgd.config import RunConfig, validate
+from tests.helpers import processes_mentioning, psgd, summary
+
+
+@pytest.mark.parametrize("text,bits,latency", [
+    ("1gbit,200us", 1e9, 200e-6),
+    ("10gbit", 1e10, 0.0),
+    ("100mbit,1ms", 1e8, 1e-3),
+    (" 2.5Gbit , 0.5ms ", 2.5e9, 5e-4),
+    ("400gbit,2us", 4e11, 2e-6),
+    ("56kbit,1s", 56e3, 1.0),
+])
+def test_parse(text, bits, latency):
+    got = link.parse(text)
+    assert got.bits_per_s == pytest.approx(bits) and got.latency_s == pytest.approx(latency)
+
+
+@pytest.mark.parametrize("text", ["fast", "1gbit,", "0gbit", "1gb", "1gbit,200", "1gbit,1ms,2ms", "-1gbit"])
+def test_parse_rejects_with_the_accepted_forms(text):
+    with pytest.raises(ValueError, match="--link expects BANDWIDTH"):
+        link.parse(text)
+
+
+def test_empty_means_no_emulation():
+    assert link.parse("") is None
+
+
+def test_alpha_beta_arithmetic():
+    one_gbit = link.parse("1gbit,200us")
+    assert one_gbit.seconds_per_byte == pytest.approx(8e-9)
+    assert one_gbit.transfer_s(0) == pytest.approx(200e-6)
+    # 64 MiB at 1 Gbit/s: 0.537 s on the wire plus one latency.
+    assert one_gbit.transfer_s(64 << 20) == pytest.approx(200e-6 + (64 << 20) * 8 / 1e9)
+
+
+def test_schedule_queues_chunks_on_a_busy_wire_and_banks_no_idle_time():
+    lk = link.parse("8mbit")  # 1 byte per microsecond
+    free_at, sleep = link.schedule(free_at=0.0, now=10.0, nbytes=1000, link=lk)
+    assert free_at == pytest.approx(10.001) and sleep == pytest.approx(0.001)
+    # A second chunk right away waits for the first one, then its own time.
+    free_at, sleep = link.schedule(free_at, now=10.0, nbytes=1000, link=lk)
+    assert free_at == pytest.approx(10.002) and sleep == pytest.approx(0.002)
+    # After idling, the wire starts at `now`: no burst above the rate.
+    free_at, sleep = link.schedule(free_at, now=20.0, nbytes=500, link=lk)
+    assert free_at == pytest.approx(20.0005) and sleep == pytest.approx(0.0005)
+
+
+def test_config_validates_link():
+    with pytest.raises(ValueError, match="--link expects"):
+        validate(RunConfig(link="fast"))
+    with pytest.raises(ValueError, match="parameter-server options"):
+        validate(RunConfig(mode="allreduce", link="1gbit"))
+    assert validate(RunConfig(link="10gbit,5us")).link == "10gbit,5us"
+
+
+def test_paced_client_accounts_at_least_the_links_time(shards):
+    (address,), _ = shards(RunConfig(mode="async", workers=1, servers=1))
+    lk = link.parse("200mbit,1ms")
+    n = 300_000  # 1.2 MB: two chunks
+    client = PSClient([address], 0, n, link=lk)
+    try:
+        client.init(torch.zeros(n))
+        client.push(0, torch.ones(n))
+        out = torch.empty(n)
+        client.pull(1, out)
+    finally:
+        client.close()
+    assert torch.all(out < 0)  # the paced push really arrived and was applied
+    # Each direction carried one push or pull of 4n bytes plus one latency per message.
+    assert client.send.slept_s >= lk.transfer_s(4 * n) + lk.latency_s
+    assert client.recv.slept_s >= lk.transfer_s(4 * n) + lk.latency_s
+
+
+def test_run_with_link(tmp_path):
+    out = tmp_path / "linked"
+    r = psgd("run", "--mode", "sync", "--workers", "2", "--servers", "2", "--steps", "6", "--link", "100mbit,1ms",
+             "--dataset", "synthetic", "--num-samples", "1000", "--model", "mlp", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    s = summary(out)
+    assert s["global_updates"] == 6 and s["config"]["link"] == "100mbit,1ms"
+    assert processes_mentioning(str(out)) == []
+
+
+def test_bad_link_is_a_one_line_usage_error():
+    r = psgd("run", "--link", "1gb", timeout=60)
+    assert r.returncode == 2 and "--link expects" in r.stderr and len(r.stderr.strip().splitlines()) == 1
