@@ -39,12 +39,14 @@ WIRE_DTYPES: dict[str, torch.dtype] = {
     "bf16": torch.bfloat16,
 }
 
+_ITEMSIZE = {dt: torch.empty((), dtype=dt).element_size() for dt in WIRE_DTYPES.values()}
+
 assert sys.byteorder == "little", "psgd's wire format is little-endian; big-endian hosts are unsupported"
 
 
 def itemsize(dtype: str) -> int:
     """Bytes per element of a wire dtype."""
-    return torch.empty((), dtype=_torch_dtype(dtype)).element_size()
+    return _ITEMSIZE[_torch_dtype(dtype)]
 
 
 def _torch_dtype(dtype: str) -> torch.dtype:

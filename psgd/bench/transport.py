@@ -7,7 +7,10 @@ Contract: one run measures, side by side on 127.0.0.1,
 - the shards' optimizer step (`apply`), reported apart: in async mode it runs inside the Push
   RPC, so `push_net` = push time minus the slowest shard's apply time is the transport alone,
 - small messages: one full step's exchange (pull + push) of a `--small-params` model over 2
-  shards against one bare unary gRPC round trip (`Info`) on the same channel.
+  shards against one bare unary gRPC round trip (`Info`) on the same channel,
+- gRPC's own floor, to tell gRPC's cost from psgd's: a bare gRPC service (`serve_bare`, identity
+  serialisers, no psgd code, in its own process) streaming the same 1 MiB frames pre-built, and
+  the same small-message pattern (2 parallel server-streaming + 2 client-streaming calls).
 Every figure is a median over `--repeat` timed runs after one warm-up; rates are reported as
 ratios to the raw socket measured in the same run, because this machine is shared and noisy.
 Server processes bind 127.0.0.1:0 and are always stopped (SIGTERM, then their stats are read).
@@ -171,6 +174,109 @@ def measure_small(num_shards: int, num_elements: int, repeat: int) -> dict:
     return {"exchange_s": statistics.median(exchange), "unary_rtt_s": statistics.median(rtt)}
 
 
+BARE_SERVICE = "psgd.bench.Bare"
+
+
+def serve_bare() -> None:
+    """A bare gRPC service on 127.0.0.1:0 (prints its port; stops when stdin closes).
+
+    Sink (client-streaming) drops what it gets; Source (server-streaming) streams back the
+    frames the request asks for: `count,size`. No protobuf, no copies of ours.
+    """
+    import grpc
+
+    from psgd.server import CHANNEL_OPTIONS
+
+    def sink(requests, context):
+        for _ in requests:
+            pass
+        return b""
+
+    def source(request: bytes, context):
+        count, size = (int(v) for v in request.decode().split(","))
+        frame = bytes(size)
+        yield b"header"
+        for _ in range(count):
+            yield frame
+
+    handler = grpc.method_handlers_generic_handler(BARE_SERVICE, {
+        "Sink": grpc.stream_unary_rpc_method_handler(sink),
+        "Source": grpc.unary_stream_rpc_method_handler(source)})
+    from concurrent import futures
+
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=CHANNEL_OPTIONS)
+    server.add_generic_rpc_handlers((handler,))
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    print(port, flush=True)
+    sys.stdin.read()
+    server.stop(0)
+
+
+@contextlib.contextmanager
+def bare_servers(count: int) -> Iterator[list]:
+    """Start `count` bare gRPC servers (own processes); yield a (Sink, Source) pair per server."""
+    import subprocess
+
+    import grpc
+
+    from psgd.server import CHANNEL_OPTIONS
+
+    procs, channels = [], []
+    try:
+        for _ in range(count):
+            procs.append(subprocess.Popen(
+                [sys.executable, "-c", "from psgd.bench.transport import serve_bare; serve_bare()"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=launch.child_env()))
+        calls = []
+        for proc in procs:
+            channels.append(grpc.insecure_channel(f"127.0.0.1:{int(proc.stdout.readline())}", CHANNEL_OPTIONS))
+            calls.append((channels[-1].stream_unary(f"/{BARE_SERVICE}/Sink"),
+                          channels[-1].unary_stream(f"/{BARE_SERVICE}/Source")))
+        yield calls
+    finally:
+        for c in channels:
+            c.close()
+        for proc in procs:
+            proc.stdin.close()
+            proc.wait(timeout=30)
+
+
+def measure_bare(nbytes: int, repeat: int, small_bytes: int, small_repeat: int) -> dict:
+    """gRPC alone: bulk push / pull of nbytes in pre-built 1 MiB frames, and the small pattern."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from psgd import codec
+
+    frames = [bytes(min(codec.CHUNK_BYTES, nbytes - i)) for i in range(0, nbytes, codec.CHUNK_BYTES)]
+    result: dict = {}
+    with bare_servers(2) as calls:
+        (sink, source), _ = calls
+        push_s, pull_s = [], []
+        for _ in range(repeat + 1):
+            t0 = time.perf_counter()
+            sink(iter([b"header", *frames]))
+            t1 = time.perf_counter()
+            for _ in source(f"{len(frames)},{codec.CHUNK_BYTES}".encode()):
+                pass
+            push_s.append(t1 - t0)
+            pull_s.append(time.perf_counter() - t1)
+        result.update(push_s=statistics.median(push_s[1:]), pull_s=statistics.median(pull_s[1:]))
+        if small_bytes:
+            half = bytes(small_bytes // 2)
+            pool = ThreadPoolExecutor(max_workers=2)
+            ask = f"1,{len(half)}".encode()
+            times = []
+            for _ in range(small_repeat + 10):
+                t0 = time.perf_counter()
+                list(pool.map(lambda c: list(c[1](ask)), calls))
+                list(pool.map(lambda c: c[0](iter([b"header", half])), calls))
+                times.append(time.perf_counter() - t0)
+            pool.shutdown()
+            result["small_exchange_s"] = statistics.median(times[10:])
+    return result
+
+
 def run(size_mb: float, shards: list[int], repeat: int, small_params: int, small_repeat: int) -> dict:
     torch.set_num_threads(1)  # like a worker process (launch.child_env sets OMP_NUM_THREADS=1)
     num_elements = int(size_mb * MIB) // 4
@@ -182,6 +288,8 @@ def run(size_mb: float, shards: list[int], repeat: int, small_params: int, small
         raw_samples += raw_socket_seconds(nbytes, repeat)
         m = measure_push_pull(k, num_elements, repeat)
         rows.append({"shards": k, **m})
+    raw_samples += raw_socket_seconds(nbytes, repeat)
+    bare = measure_bare(nbytes, repeat, small_params * 4, small_repeat)
     raw_s = statistics.median(raw_samples)
     for r in rows:
         r["push_gbps"] = nbytes / r["push_s"] / 1e9
@@ -194,11 +302,15 @@ def run(size_mb: float, shards: list[int], repeat: int, small_params: int, small
     result: dict = {
         "size_mb": size_mb, "bytes": nbytes, "repeat": repeat,
         "raw_socket": {"seconds": raw_s, "gbps": nbytes / raw_s / 1e9},
+        "grpc_bare": {"push_s": bare["push_s"], "pull_s": bare["pull_s"], "push_ratio": raw_s / bare["push_s"],
+                      "pull_ratio": raw_s / bare["pull_s"]},
         "psgd": rows,
     }
     if small_params:
         small = measure_small(2, small_params, small_repeat)
         small["ratio"] = small["exchange_s"] / small["unary_rtt_s"]
+        small["bare_exchange_s"] = bare["small_exchange_s"]
+        small["bare_ratio"] = bare["small_exchange_s"] / small["unary_rtt_s"]
         result["small"] = {"params": small_params, "shards": 2, **small}
     return result
 
@@ -206,6 +318,8 @@ def run(size_mb: float, shards: list[int], repeat: int, small_params: int, small
 def format_table(r: dict) -> str:
     lines = [f"raw TCP socket, {r['size_mb']:g} MiB: {r['raw_socket']['gbps']:.2f} GB/s "
              f"(median of {r['repeat']}, {r['raw_socket']['seconds'] * 1e3:.1f} ms)",
+             f"bare gRPC, same 1 MiB frames pre-built: push {r['grpc_bare']['push_ratio']:.2f} x raw, "
+             f"pull {r['grpc_bare']['pull_ratio']:.2f} x raw (gRPC's own ceiling)",
              "shards  push GB/s  x raw  push-apply x raw  pull GB/s  x raw  apply ms (GB/s per shard)"]
     for row in r["psgd"]:
         lines.append(f"{row['shards']:>6}  {row['push_gbps']:>9.2f}  {row['push_ratio']:>5.2f}  "
@@ -215,7 +329,8 @@ def format_table(r: dict) -> str:
         s = r["small"]
         lines.append(f"small: exchange (pull + push) of {s['params']} params over {s['shards']} shards "
                      f"{s['exchange_s'] * 1e3:.2f} ms = {s['ratio']:.2f} x a bare unary round trip "
-                     f"({s['unary_rtt_s'] * 1e3:.2f} ms)")
+                     f"({s['unary_rtt_s'] * 1e3:.2f} ms); bare gRPC, same calls: {s['bare_exchange_s'] * 1e3:.2f} ms "
+                     f"= {s['bare_ratio']:.2f} x")
     return "\n".join(lines)
 
 
