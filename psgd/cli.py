@@ -191,7 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     # gRPC's C core logs its own multi-line errors to stderr; ours are the one-line ones.
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
     parser = build_parser()
-    args = parser.parse_args(argv)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in DELEGATED:
+        # Hand everything after the name over untouched: argparse's REMAINDER would refuse a
+        # first argument that looks like a flag (`psgd model --workers 8..1024`).
+        args = argparse.Namespace(command=argv[0], rest=argv[1:])
+    else:
+        args = parser.parse_args(argv)
     try:
         if args.command == "run":
             return cmd_run(args)

@@ -1,0 +1,153 @@
+"""`psgd bench calibrate`: fit the cost model's numbers (psgd/costmodel.py) on this machine.
+
+Contract: measures, then writes `--out` (default results/bench/calibration.json) with the fitted
+`machine` and `workload` (what `psgd model` and `psgd bench scaling` read), every raw point and
+the exact command:
+- PS transport (psgd push / pull against one shard, psgd/bench/transport.py): alpha = median
+  one-way time of a tiny message (push and pull of 1 KiB); beta = least-squares slope of
+  one-way time vs bytes over `--sizes-mb` (push without the shard's optimizer step, and pull).
+- server apply: slope of the shard's optimizer-step time vs bytes (gamma).
+- ring: `psgd bench allreduce`'s library all-reduce, N = 2, at the same sizes: with N = 2 the
+  ring time is 2 alpha + S beta (Patarasuk & Yuan 2009), fitted by least squares.
+- compute: forward + backward of the scaling sweep's model (`--model wide_mlp --width W`) on
+  one thread, as a worker runs it, at batch 8, 32, 64: time = fixed + per_sample * batch.
+- cores: the CPUs this process may run on (all of psgd's processes share them here).
+
+    psgd bench calibrate                          # about a minute
+    psgd bench calibrate --sizes-mb 1,4,16 --repeat 3 --no-ring
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from psgd.bench import transport
+from psgd.bench.transport import MIB
+
+
+def fit_line(x: list[float], y: list[float]) -> tuple[float, float, float]:
+    """Least squares y = a + b x; returns (a, b, r^2)."""
+    xs, ys = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    b, a = np.polyfit(xs, ys, 1)
+    resid = ys - (a + b * xs)
+    total = float(((ys - ys.mean()) ** 2).sum())
+    return float(a), float(b), 1.0 - float((resid ** 2).sum()) / total if total > 0 else 1.0
+
+
+def measure_ps(sizes_mb: list[float], repeat: int) -> dict:
+    points = []
+    for mb in sizes_mb:
+        n = max(1, int(mb * MIB) // 4)
+        m = transport.measure_push_pull(1, n, repeat)
+        points.append({"bytes": 4 * n, "push_net_s": max(0.0, m["push_s"] - m["apply_s"]), **m})
+    tiny = transport.measure_push_pull(1, 256, max(20, repeat * 4))
+    x = [p["bytes"] for p in points] * 2
+    y = [p["push_net_s"] for p in points] + [p["pull_s"] for p in points]
+    _, beta, r2 = fit_line(x, y)
+    _, gamma, r2_apply = fit_line([p["bytes"] for p in points], [p["apply_s"] for p in points])
+    alpha = (tiny["push_s"] - tiny["apply_s"] + tiny["pull_s"]) / 2
+    return {"alpha_s": alpha, "beta_s_per_byte": beta, "r2": r2, "apply_s_per_byte": max(gamma, 0.0),
+            "r2_apply": r2_apply, "points": points, "tiny": tiny}
+
+
+def measure_ring(sizes_mb: list[float], repeat: int) -> dict:
+    from psgd.bench import allreduce
+
+    args = allreduce.build_parser().parse_args(
+        ["--workers", "2", "--impl", "library", "--iters", str(repeat),
+         "--size-mb", ",".join(str(s) for s in [0.001, *sizes_mb])])
+    allreduce.validate(args)
+    rows = allreduce.run_group(2, args)
+    big = [r for r in rows if r["size_mb"] >= min(sizes_mb)]
+    a, b, r2 = fit_line([r["bytes"] for r in big], [r["time_ms"] / 1e3 for r in big])
+    tiny = next(r for r in rows if r["size_mb"] == 0.001)["time_ms"] / 1e3
+    # N = 2: the ring moves S once each way in 2 steps, 2 alpha + S beta.
+    return {"ring_alpha_s": tiny / 2, "ring_beta_s_per_byte": b, "r2": r2, "intercept_s": a, "points": rows}
+
+
+def measure_compute(width: int, batches: tuple[int, ...] = (8, 32, 64), repeat: int = 5) -> dict:
+    from psgd import data, models
+    from psgd.config import DataConfig, ModelConfig
+
+    torch.set_num_threads(1)  # a worker process runs with OMP_NUM_THREADS=1 (launch.child_env)
+    ds = data.load(DataConfig())
+    model = models.build(ModelConfig(model="wide_mlp", width=width), ds.input_dim, ds.num_classes, seed=0)
+    models.FlatParams(model)
+    times = []
+    for b in batches:
+        x, y = ds.x_train[:b], ds.y_train[:b]
+        samples = []
+        for _ in range(repeat + 1):
+            t0 = time.perf_counter()
+            model.zero_grad(set_to_none=False)
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            samples.append(time.perf_counter() - t0)
+        times.append(statistics.median(samples[1:]))
+    fixed, per_sample, r2 = fit_line(list(batches), times)
+    return {"params": models.num_params(model), "compute_s_fixed": max(fixed, 0.0),
+            "compute_s_per_sample": per_sample, "r2": r2, "batches": list(batches), "seconds": times}
+
+
+def calibrate(sizes_mb: list[float], repeat: int, width: int, ring: bool) -> dict:
+    ps = measure_ps(sizes_mb, repeat)
+    rg = measure_ring(sizes_mb, repeat) if ring else None
+    comp = measure_compute(width)
+    machine = {"alpha_s": ps["alpha_s"], "beta_s_per_byte": ps["beta_s_per_byte"],
+               "apply_s_per_byte": ps["apply_s_per_byte"], "cores": len(os.sched_getaffinity(0))}
+    if rg:
+        machine.update(ring_alpha_s=rg["ring_alpha_s"], ring_beta_s_per_byte=rg["ring_beta_s_per_byte"])
+    workload = {"params": comp["params"], "wire_bytes": 4, "batch": 32,
+                "compute_s_fixed": comp["compute_s_fixed"], "compute_s_per_sample": comp["compute_s_per_sample"]}
+    return {"machine": machine, "workload": workload, "model": {"model": "wide_mlp", "width": width},
+            "fits": {"ps": ps, "ring": rg, "compute": comp}}
+
+
+def summary(c: dict) -> str:
+    m, w, f = c["machine"], c["workload"], c["fits"]
+    lines = [f"PS transport: alpha {m['alpha_s'] * 1e3:.3f} ms, beta {m['beta_s_per_byte'] * 1e9:.3f} ns/B "
+             f"({1 / m['beta_s_per_byte'] / 1e9:.2f} GB/s), r^2 {f['ps']['r2']:.3f}",
+             f"server apply: {m['apply_s_per_byte'] * 1e9:.3f} ns/B ({1 / max(m['apply_s_per_byte'], 1e-15) / 1e9:.2f}"
+             f" GB/s), r^2 {f['ps']['r2_apply']:.3f}"]
+    if f["ring"]:
+        lines.append(f"ring (library, N=2): alpha {m['ring_alpha_s'] * 1e3:.3f} ms, beta "
+                     f"{m['ring_beta_s_per_byte'] * 1e9:.3f} ns/B ({1 / m['ring_beta_s_per_byte'] / 1e9:.2f} GB/s), "
+                     f"r^2 {f['ring']['r2']:.3f}")
+    lines.append(f"compute (wide_mlp width {c['model']['width']}, {w['params'] / 1e6:.1f}M params, 1 thread): "
+                 f"{w['compute_s_fixed'] * 1e3:.1f} ms + {w['compute_s_per_sample'] * 1e3:.2f} ms/sample, "
+                 f"r^2 {f['compute']['r2']:.3f}; cores {m['cores']}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    from psgd.cli import Parser, UsageError
+
+    p = Parser(prog="psgd bench calibrate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes-mb", default="1,4,16,64", help="transfer sizes to fit beta on, MiB")
+    p.add_argument("--repeat", type=int, default=5, help="timed repetitions per point (median)")
+    p.add_argument("--width", type=int, default=3500, help="wide_mlp width of the compute fit (scaling's model)")
+    p.add_argument("--ring", action=argparse.BooleanOptionalAction, default=True,
+                   help="also fit the library all-reduce (N=2)")
+    p.add_argument("--out", default="results/bench/calibration.json", help="where to write the fit")
+    a = p.parse_args(argv)
+    try:
+        sizes = [float(v) for v in a.sizes_mb.split(",") if v.strip()]
+    except ValueError:
+        raise UsageError(f"--sizes-mb expects comma-separated numbers, got {a.sizes_mb!r}") from None
+    if len(sizes) < 2 or min(sizes) <= 0 or a.repeat < 1 or a.width < 1:
+        raise UsageError("--sizes-mb needs at least two sizes > 0; --repeat and --width must be >= 1")
+    result = calibrate(sizes, a.repeat, a.width, a.ring)
+    result["command"] = "psgd bench calibrate " + " ".join(argv)
+    out = Path(a.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(summary(result))
+    print(f"wrote {out}")
+    return 0

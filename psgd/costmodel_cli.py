@@ -1,0 +1,162 @@
+"""`psgd model`: the alpha-beta cost model (psgd/costmodel.py) on the command line.
+
+Contract: reads this machine's fitted numbers from `--calibration` (written by
+`psgd bench calibrate`; built-in defaults, said so, when the file is missing), predicts one step
+of PS sync (K shards) and the ring all-reduce for every `--bandwidth` and N in `--workers`, and
+writes OUT/model.csv, OUT/model.png (samples/s vs N, log-log) and OUT/command.txt. With
+`--validate CSV` (the scaling sweep's scaling.csv) it compares measured and predicted step times
+on this machine (one host, the calibrated cores) and lists every point off by more than 25%.
+
+    psgd model --bandwidth 10gbit,100gbit,400gbit --workers 8..1024
+    psgd model --validate results/bench/scaling/scaling.csv
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import sys
+from pathlib import Path
+
+from psgd import costmodel as cm
+from psgd import link
+
+DEFAULT_CALIBRATION = "results/bench/calibration.json"
+
+
+def load_calibration(path: str) -> tuple[cm.Machine, cm.Workload, dict]:
+    """(machine, workload, raw JSON) from a calibration file; defaults when path is "" or missing."""
+    if path and Path(path).exists():
+        raw = json.loads(Path(path).read_text())
+        return cm.machine_from_dict(raw["machine"]), cm.workload_from_dict(raw["workload"]), raw
+    return cm.Machine(), cm.Workload(), {}
+
+
+def validation_table(rows: list[dict], tolerance: float = 0.25) -> str:
+    lines = ["mode  N  K  measured s  predicted s  error   (compute, comm predicted)"]
+    for r in rows:
+        flag = "" if r["within"] else f"  <-- off by more than {tolerance:.0%}"
+        lines.append(f"{r['mode']:>4} {int(r['workers']):>2} {int(r['shards'] or 0):>2}  {r['step_s']:>10.3f}  "
+                     f"{r['predicted_s']:>11.3f}  {r['error']:>+6.0%}   ({r['predicted_compute_s']:.3f}, "
+                     f"{r['predicted_comm_s']:.3f}){flag}")
+    off = [r for r in rows if not r["within"]]
+    where = ", ".join(f"{r['mode']} N={r['workers']} K={r['shards']}" for r in off)
+    verdict = f"{len(rows) - len(off)} of {len(rows)} within {tolerance:.0%}"
+    lines.append(verdict + (f"; off at: {where}" if off else ""))
+    return "\n".join(lines)
+
+
+def read_measured(path: Path) -> list[dict]:
+    """Rows of a scaling CSV that ran: mode, workers, shards, batch, step_s."""
+    out = []
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            if r.get("status", "ok") != "ok" or not r.get("step_s"):
+                continue
+            out.append({"mode": r["mode"], "workers": int(r["workers"]), "shards": int(r["shards"] or 0),
+                        "batch": int(r["batch"]), "step_s": float(r["step_s"])})
+    return out
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def plot(rows: list[dict], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    bandwidths = list(dict.fromkeys(r["bandwidth"] for r in rows))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    def key(r: dict) -> tuple:
+        return r["bandwidth"], r["mode"], r["shards_label"]
+
+    for line in dict.fromkeys(key(r) for r in rows):
+        pts = [(r["workers"], r["samples_per_s"]) for r in rows if key(r) == line]
+        bw, mode, k = line
+        style = "-" if mode == "ring" else ("--" if k == "1" else ":")
+        label = f"{bw}: ring all-reduce" if mode == "ring" else f"{bw}: PS sync, K={k}"
+        ax.plot(*zip(*pts, strict=True), style, marker="o", ms=3, label=label,
+                color=colors[bandwidths.index(bw) % len(colors)])
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("workers N")
+    ax.set_ylabel("predicted throughput (samples / s)")
+    ax.set_title(title, fontsize=8)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str]) -> int:
+    from psgd.cli import Parser, UsageError
+
+    p = Parser(prog="psgd model", description="Predict PS vs ring all-reduce throughput with the alpha-beta model.")
+    p.add_argument("--bandwidth", default="10gbit,100gbit,400gbit", help="link speeds, comma-separated")
+    p.add_argument("--latency", default="5us", help="one-way wire latency added to the calibrated alpha")
+    p.add_argument("--workers", default="8..1024", help="N values: LO..HI (powers of two) or a comma list")
+    p.add_argument("--shards", default="1,8,N", help="PS shard counts K to model (N: one shard per worker)")
+    p.add_argument("--params", type=float, default=0, help="model parameters (default: the calibrated model's)")
+    p.add_argument("--batch", type=int, default=0, help="samples per worker per step (default: calibrated)")
+    p.add_argument("--jitter-ms", type=float, default=0.0, help="mean exponential straggler delay per step")
+    p.add_argument("--calibration", default=DEFAULT_CALIBRATION, help="psgd bench calibrate's JSON")
+    p.add_argument("--validate", default="", metavar="CSV", help="compare with a scaling sweep's measured steps")
+    p.add_argument("--out", default="results/model", help="folder for model.csv, model.png, command.txt")
+    a = p.parse_args(argv)
+    try:
+        bandwidths = [(b.strip(), link.parse(b).bits_per_s, link.parse(f"1gbit,{a.latency}").latency_s)
+                      for b in a.bandwidth.split(",") if b.strip()]
+        workers = cm.parse_workers(a.workers)
+    except ValueError as e:
+        raise UsageError(str(e).replace("--link", "--bandwidth / --latency")) from None
+    shards = [s.strip() for s in a.shards.split(",") if s.strip()]
+    if not bandwidths or not shards or not all(s == "N" or (s.isdigit() and int(s) >= 1) for s in shards):
+        raise UsageError("--bandwidth needs at least one speed; --shards takes integers >= 1 or N")
+    if a.params < 0 or a.batch < 0 or a.jitter_ms < 0:
+        raise UsageError("--params, --batch and --jitter-ms must be >= 0")
+    machine, work, raw = load_calibration(a.calibration)
+    if not raw:
+        print(f"psgd model: no calibration at {a.calibration!r}: using built-in defaults "
+              "(run `psgd bench calibrate` for this machine's numbers)", file=sys.stderr)
+    work = dataclasses.replace(work, params=int(a.params or work.params), batch=a.batch or work.batch,
+                               jitter_s=a.jitter_ms / 1000.0)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "command.txt").write_text("psgd model " + " ".join(argv) + "\n")
+
+    if a.validate:
+        measured = read_measured(Path(a.validate))
+        if not measured:
+            raise UsageError(f"no measured rows in {a.validate}")
+        rows = cm.validate(measured, machine, work)
+        write_csv(rows, out / "validation.csv")
+        print(validation_table(rows))
+        return 0
+
+    rows = cm.predict(machine, work, bandwidths, workers, shards)
+    write_csv(rows, out / "model.csv")
+    title = (f"alpha-beta model: {work.params / 1e6:.1f}M params, batch {work.batch}/worker, alpha "
+             f"{machine.alpha_s * 1e6:.0f} us + {a.latency}; software alone moves "
+             f"{1 / machine.beta_s_per_byte / 1e9:.2f} GB/s (PS), "
+             f"{1 / machine.ring_beta_s_per_byte / 1e9:.2f} GB/s (ring)")
+    plot(rows, out / "model.png", title)
+    print(title)
+    for bw, _, _ in bandwidths:
+        print(f"\n{bw}: samples/s")
+        cols = list(dict.fromkeys((r["mode"], r["shards_label"]) for r in rows if r["bandwidth"] == bw))
+        print("     N  " + "  ".join(f"{'ring' if m == 'ring' else 'PS K=' + k:>10}" for m, k in cols))
+        for n in workers:
+            vals = {(r["mode"], r["shards_label"]): r["samples_per_s"] for r in rows
+                    if r["bandwidth"] == bw and r["workers"] == n}
+            print(f"{n:>6}  " + "  ".join(f"{vals[c]:>10.0f}" for c in cols))
+    print(f"\nwrote {out / 'model.csv'}, {out / 'model.png'}")
+    return 0

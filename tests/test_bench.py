@@ -1,0 +1,80 @@
+"""Benchmarks run at tiny sizes and write well-formed output (speed itself is never asserted)."""
+
+import csv
+import json
+
+import pytest
+
+from psgd.bench import scaling, transport
+from tests.helpers import processes_mentioning, psgd
+
+
+def test_transport_json(tmp_path):
+    out = tmp_path / "transport.json"
+    r = psgd("bench", "transport", "--size-mb", "0.5", "--shards", "1,2", "--repeat", "1", "--small-params", "1000",
+             "--small-repeat", "3", "--json", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    assert result == json.loads(out.read_text())
+    assert result["bytes"] == 512 * 1024 and result["raw_socket"]["gbps"] > 0
+    assert [row["shards"] for row in result["psgd"]] == [1, 2]
+    for row in result["psgd"]:
+        assert {"push_ratio", "pull_ratio", "push_net_ratio", "apply_s", "push_gbps", "pull_gbps"} <= set(row)
+        assert row["push_s"] > 0 and row["pull_s"] > 0 and row["apply_s"] >= 0
+    assert result["grpc_bare"]["push_ratio"] > 0
+    assert result["small"]["ratio"] == pytest.approx(result["small"]["exchange_s"] / result["small"]["unary_rtt_s"])
+    assert processes_mentioning("psgd-bench-") == [] and processes_mentioning("serve_bare") == []
+    table = transport.format_table(result)
+    assert "raw TCP socket" in table and "bare gRPC" in table and "small: exchange" in table
+
+
+def test_transport_usage_errors():
+    for bad in (["--shards", "0"], ["--size-mb", "-1"]):
+        r = psgd("bench", "transport", *bad, timeout=60)
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_calibrate_then_model_then_scaling_with_validation(tmp_path):
+    cal = tmp_path / "calibration.json"
+    r = psgd("bench", "calibrate", "--sizes-mb", "0.25,0.5", "--repeat", "1", "--width", "16", "--no-ring",
+             "--out", str(cal))
+    assert r.returncode == 0, r.stderr
+    c = json.loads(cal.read_text())
+    assert c["machine"]["cores"] >= 1 and c["machine"]["beta_s_per_byte"] != 0
+    assert c["workload"]["params"] > 0 and c["model"]["width"] == 16 and c["command"].startswith("psgd bench")
+
+    model_out = tmp_path / "model"
+    r = psgd("model", "--calibration", str(cal), "--workers", "8..32", "--bandwidth", "10gbit,100gbit",
+             "--out", str(model_out))
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(open(model_out / "model.csv")))
+    assert len(rows) == 2 * 3 * 4  # bandwidths x N x (ring, K=1, K=8, K=N)
+    assert (model_out / "model.png").stat().st_size > 0 and "psgd model" in (model_out / "command.txt").read_text()
+
+    out = tmp_path / "scaling"
+    r = psgd("bench", "scaling", "--width", "16", "--workers", "1,2", "--shards", "1", "--steps", "3",
+             "--no-include-ring", "--calibration", str(cal), "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(open(out / "scaling.csv")))
+    assert [(r["mode"], r["workers"], r["shards"], r["status"]) for r in rows] == [
+        ("sync", "1", "1", "ok"), ("sync", "2", "1", "ok")]
+    for row in rows:
+        assert float(row["step_s"]) > 0 and float(row["busiest_bytes"]) > 0
+        assert float(row["compute_s"]) >= 0 and float(row["comm_s"]) > 0 and float(row["wait_s"]) >= 0
+    assert (out / "scaling.png").stat().st_size > 0 and "psgd bench scaling" in (out / "command.txt").read_text()
+    assert len(list(csv.DictReader(open(out / "validation.csv")))) == 2 and "within 25%" in r.stdout
+
+    r = psgd("model", "--calibration", str(cal), "--validate", str(out / "scaling.csv"), "--out", str(model_out))
+    assert r.returncode == 0 and "within 25%" in r.stdout, r.stderr
+    assert processes_mentioning(str(tmp_path)) == []
+
+
+def test_ring_rows_say_why_they_are_skipped(monkeypatch, tmp_path):
+    monkeypatch.setattr(scaling, "ring_available", lambda: False)
+    args = scaling.argparse.Namespace(workers=[1, 2], shards=[1], steps=3, batch_size=8, width=8,
+                                      include_ring=True, overlap=True)
+    todo = scaling.configs(args, tmp_path)
+    skipped = [t for t in todo if isinstance(t, dict)]
+    assert len(skipped) == 1 and skipped[0]["workers"] == 2 and "skipped" in skipped[0]["status"]
+    runs = [t for t in todo if not isinstance(t, dict)]
+    assert [(c.workers, c.overlap) for c in runs] == [(1, False), (1, True), (2, False), (2, True)]

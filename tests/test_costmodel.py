@@ -1,0 +1,88 @@
+"""The alpha-beta cost model against its formulas, written out by hand."""
+
+import dataclasses
+
+import pytest
+
+from psgd import costmodel as cm
+
+M = cm.Machine(alpha_s=1e-3, beta_s_per_byte=1e-9, ring_alpha_s=2e-3, ring_beta_s_per_byte=2e-9,
+               apply_s_per_byte=0.5e-9, cores=0)
+W = cm.Workload(params=1_000_000, wire_bytes=4, batch=10, compute_s_fixed=0.01, compute_s_per_sample=0.002)
+S = 4e6  # bytes
+
+
+def test_ring_is_patarasuk_yuan():
+    for n in (2, 4, 64):
+        st = cm.step_time("ring", n, 1, M, W)
+        assert st.comm_s == pytest.approx(2 * (n - 1) * 2e-3 + 2 * (n - 1) / n * S * 2e-9)
+        assert st.compute_s == pytest.approx(0.03)
+        assert st.apply_s == pytest.approx(S * 0.5e-9)
+        assert st.total_s == pytest.approx(st.compute_s + st.comm_s + st.apply_s)
+        assert st.samples_per_s == pytest.approx(n * 10 / st.total_s)
+    assert cm.step_time("ring", 1, 1, M, W).comm_s == 0
+
+
+def test_ps_busiest_shard_moves_2_n_size_over_k():
+    for n, k in ((8, 1), (8, 2), (8, 8), (4, 16)):
+        st = cm.step_time("sync", n, k, M, W)
+        one_way = 1e-3 + max(S, n * S / k) * 1e-9
+        assert st.comm_s == pytest.approx(2 * one_way)
+        assert st.apply_s == pytest.approx(S / k * 0.5e-9)
+        assert st.busiest_bytes == pytest.approx(max(2 * S, 2 * n * S / k))
+
+
+def test_sharding_helps_until_the_worker_link_is_the_bottleneck():
+    one, eight, many = (cm.step_time("sync", 8, k, M, W).comm_s for k in (1, 8, 64))
+    assert one > eight
+    assert eight == pytest.approx(many)  # K >= N: each worker's own link moves S each way
+
+
+def test_stragglers_hit_sync_by_the_expected_maximum_and_async_by_the_mean():
+    w = dataclasses.replace(W, jitter_s=0.1)
+    sync = cm.step_time("sync", 8, 8, M, w)
+    assert sync.compute_s == pytest.approx(0.03 + 0.1 * sum(1 / i for i in range(1, 9)))
+    assert cm.step_time("async", 8, 8, M, w).compute_s == pytest.approx(0.03 + 0.1)
+    assert cm.step_time("ring", 8, 1, M, w).compute_s == pytest.approx(sync.compute_s)
+
+
+def test_async_is_capped_by_the_busiest_shard():
+    w = dataclasses.replace(W, compute_s_fixed=0.0, compute_s_per_sample=0.0)
+    st = cm.step_time("async", 1000, 1, M, w)
+    assert st.samples_per_s == pytest.approx(10 / (S * (1e-9 + 0.5e-9)))
+
+
+def test_one_host_shares_the_copy_bandwidth_and_the_cores():
+    host = dataclasses.replace(M, cores=2)
+    st = cm.step_time("sync", 4, 2, host, W)
+    assert st.compute_s == pytest.approx(0.03 * 2)  # 4 workers on 2 cores
+    assert st.comm_s == pytest.approx(2 * (1e-3 + 4 * S * 1e-9))  # all pushes through one memory system
+    ring = cm.step_time("ring", 4, 1, host, W)
+    assert ring.comm_s == pytest.approx(6 * 2e-3 + 2 * 3 * S * 2e-9)
+
+
+def test_the_slower_of_wire_and_software_wins():
+    fast_wire = cm.at_bandwidth(M, 400e9, 5e-6)
+    assert fast_wire.beta_s_per_byte == 1e-9 and fast_wire.alpha_s == pytest.approx(1e-3 + 5e-6)
+    slow_wire = cm.at_bandwidth(M, 1e9, 0.0)
+    assert slow_wire.beta_s_per_byte == pytest.approx(8e-9) and slow_wire.cores == 0
+
+
+def test_predict_and_validate():
+    rows = cm.predict(M, W, [("10gbit", 10e9, 5e-6)], [8, 16], ["1", "N"])
+    assert {(r["mode"], r["workers"], r["shards"]) for r in rows} == {
+        ("ring", 8, 0), ("sync", 8, 1), ("sync", 8, 8), ("ring", 16, 0), ("sync", 16, 1), ("sync", 16, 16)}
+    true = cm.step_time("sync", 2, 1, M, W).total_s
+    checked = cm.validate([{"mode": "sync", "workers": 2, "shards": 1, "batch": 10, "step_s": true * 1.1},
+                           {"mode": "ring", "workers": 2, "shards": 0, "batch": 10, "step_s": 100.0}], M, W)
+    assert checked[0]["within"] and checked[0]["error"] == pytest.approx(1 / 1.1 - 1)
+    assert not checked[1]["within"]
+
+
+def test_parse_workers_and_bad_input():
+    assert cm.parse_workers("8..1024") == [8, 16, 32, 64, 128, 256, 512, 1024]
+    assert cm.parse_workers("1,2,4") == [1, 2, 4]
+    with pytest.raises(ValueError):
+        cm.parse_workers("8..4")
+    with pytest.raises(ValueError):
+        cm.step_time("bogus", 2, 1, M, W)
