@@ -9,8 +9,10 @@ their spread (max - min) is the noise floor a difference must clear.
 
 from __future__ import annotations
 
+import csv
 import json
 import math
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -447,3 +449,55 @@ def link(exp, summaries, out):
 
 
 ANALYSES["link"] = link
+
+
+# -- E4 ------------------------------------------------------------------------------------------
+def scaling_bench(exp, summaries, out):
+    with open(out / "scaling.csv") as f:
+        rows = [r for r in csv.DictReader(f) if r["status"] == "ok" and r.get("overlap", "False") in ("False", "0", "")]
+    if not rows:
+        return "depends", "the scaling benchmark produced no rows", "", []
+
+    def name(r: dict) -> str:
+        if r["mode"] in ("ring", "allreduce"):
+            return "ring all-reduce"
+        return f"PS, {r['shards']} shard{'s' * (r['shards'] != '1')}"
+
+    series: dict[str, dict[int, dict]] = defaultdict(dict)
+    for r in rows:
+        series[name(r)][int(r["workers"])] = r
+    ns = sorted({int(r["workers"]) for r in rows})
+
+    def col(key: str, scale: float = 1.0) -> dict:
+        return {s: ("allreduce" if s.startswith("ring") else "sync",
+                    [float(d[n][key]) * scale if n in d else float("nan") for n in ns]) for s, d in series.items()}
+
+    f1, f2 = out / "samples_per_s.png", out / "busiest_bytes.png"
+    params = int(rows[0]["params"])
+    plots.lines(ns, col("samples_per_s"), "workers N", "samples/s", f1,
+                f"{exp.id}: throughput, wide MLP ({params / 1e6:.1f}M parameters)", logx=True)
+    plots.lines(ns, col("busiest_bytes", 1 / 2**20), "workers N", "MiB per step through the busiest process", f2,
+                f"{exp.id}: the busiest process's traffic", logx=True)
+    body = table(["config", "N", "samples/s", "step s", "compute s", "comm s", "wait s", "busiest", "MiB/step"],
+                 [[name(r), r["workers"], f"{float(r['samples_per_s']):.0f}", f"{float(r['step_s']):.3f}",
+                   f"{float(r['compute_s']):.3f}", f"{float(r['comm_s']):.3f}", f"{float(r['wait_s']):.3f}",
+                   r["busiest"], f"{float(r['busiest_bytes']) / 2**20:.1f}"] for r in rows])
+    one = series.get("PS, 1 shard", {})
+    ring = series.get("ring all-reduce", {})
+    lo, hi = ns[0], ns[-1]
+    grow_ps = float(one[hi]["busiest_bytes"]) / float(one[lo]["busiest_bytes"]) if lo in one and hi in one else math.nan
+    grow_ring = float(ring[hi]["busiest_bytes"]) / float(ring[max(lo, 2)]["busiest_bytes"]) \
+        if hi in ring and max(lo, 2) in ring else math.nan
+    verdict = "confirmed" if grow_ps >= 0.75 * hi / lo and grow_ring <= 2.0 else "depends"
+    best = {s: float(d[hi]["samples_per_s"]) for s, d in series.items() if hi in d}
+    headline = (f"from N={lo} to N={hi} the single server's traffic grows {grow_ps:.1f}x, a ring worker's "
+                f"{grow_ring:.2f}x; samples/s at N={hi}: " + ", ".join(f"{s} {v:.0f}" for s, v in best.items()))
+    body += (f"\n\nRule: confirmed when the one-shard server's bytes per step grow at least 0.75x as fast as N while "
+             f"a ring worker's stay within 2x (2(N-1)/N x size tends to 2 x size). The throughput columns say whether "
+             f"that traffic is the bottleneck on this machine, where all processes share {os.cpu_count()} cores: "
+             f"here CPU time, not the link, is the scarce resource. Made by `psgd bench scaling`; its own three-panel "
+             f"figure is `scaling.png` in this folder.")
+    return verdict, headline, body, [f1, f2]
+
+
+ANALYSES["scaling_bench"] = scaling_bench
