@@ -103,8 +103,8 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                    help="PS: push each shard's gradient as soon as backward produced it, pull while the batch "
                         "loads and forward runs (psgd/overlap.py)")
     g.add_argument("--link", default=d.link, metavar="BANDWIDTH[,LATENCY]",
-                   help="PS: pace each worker's traffic to an EMULATED link, e.g. 1gbit,200us or 100mbit,1ms "
-                        "(psgd/link.py; loopback is still what carries the bytes)")
+                   help="PS: pace every worker's and shard's traffic to an EMULATED link, e.g. 1gbit,200us or "
+                        "100mbit,1ms (psgd/link.py; loopback is still what carries the bytes)")
     g.add_argument("--out", default=d.out, help="run folder: metrics.jsonl, summary.json, logs/")
     g = p.add_argument_group("data and model")
     g.add_argument("--dataset", default=dd.dataset, choices=C.DATASETS, help="training data")

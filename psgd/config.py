@@ -71,7 +71,7 @@ class RunConfig:
     backend: str = "auto"           # allreduce: auto (nccl with one GPU per rank, else gloo) | gloo | nccl
     check_every: int = 50           # allreduce: compare replica hashes every this many updates (0 = end only)
     overlap: bool = False           # PS: push a shard once backward produced it, pull while the batch loads
-    link: str = ""                  # PS: emulated worker link BANDWIDTH[,LATENCY], e.g. 1gbit,200us ("" = as is)
+    link: str = ""                  # PS: emulated link BANDWIDTH[,LATENCY] per process, e.g. 1gbit,200us ("" = as is)
     out: str = "results/runs/latest"
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)

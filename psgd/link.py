@@ -1,7 +1,8 @@
-"""An emulated network link: a worker's traffic paced as if it crossed a slower wire.
+"""An emulated network link: each worker's and shard's traffic paced as if it crossed a slower wire.
 
 EMULATED, not measured: everything still moves over loopback at loopback speed; the worker's
-client then sleeps so that each transfer takes what it would on the given link. Sleeping is the
+client and the shard's server then sleep so that each transfer takes what it would on the
+given link (`psgd run --link`, PS modes). Sleeping is the
 emulation itself here, never synchronisation.
 
 Contract:
@@ -10,11 +11,13 @@ Contract:
   latency in ns / us / ms / s: "10gbit", "100mbit,1ms", "1gbit,200us". "" means no emulation.
 - The alpha-beta (Hockney) model of one message of n bytes: `link.transfer_s(n)` =
   latency + 8n / bandwidth. psgd/costmodel.py uses the same two numbers.
-- `Pacer(link)` paces one direction of a worker's link (full duplex: one pacer for sends, one
-  for receives), shared by its K shard streams, which split the bandwidth as they would on
-  one NIC: `start()` once per message (a push or pull stream: the latency, paid by each
+- `Pacer(link)` paces one direction of a process's link (full duplex: one pacer for sends, one
+  for receives). A worker's is shared by its K shard streams, a shard's by its N workers'
+  pushes (or pulls), which split the bandwidth as they would on one NIC; the worker alone adds
+  the latency: `start()` once per message (a push or pull stream: the latency, paid by each
   stream in parallel), `pace(n)` per chunk (bandwidth: a virtual wire that is busy until
-  `free_at`, see `schedule`). Thread-safe.
+  `free_at`, see `schedule`). A message takes max(loopback time, latency + 8n / bandwidth).
+  Each RPC is two messages (request, reply), as on a real network. Thread-safe.
 
     psgd run --mode sync --workers 4 --servers 2 --model wide_mlp --link 1gbit,200us
 """
@@ -69,13 +72,15 @@ def parse(text: str) -> Link | None:
 
 
 def schedule(free_at: float, now: float, nbytes: int, link: Link) -> tuple[float, float]:
-    """One chunk on a shared virtual wire: returns (new free_at, seconds to sleep now).
+    """One chunk of a message on the virtual wire: returns (new free_at, seconds to sleep now).
 
-    The wire sends one chunk after another: this chunk starts when the wire is free (or now,
-    if it is idle) and ends 8n / bandwidth later; the sender waits until then. Idle time is
-    not banked, so there are no bursts above the link rate.
+    Within a message chunks go back to back: this one ends 8n / bandwidth after the previous
+    one, and the sender waits until then. When loopback itself was slower than the emulated
+    link, the wire is already past its end and nobody waits: a message takes the longer of the
+    real and the emulated time, never their sum. (`Pacer.start` moves an idle wire to now, so
+    idle time between messages is not banked: no bursts above the link rate.)
     """
-    end = max(free_at, now) + nbytes * link.seconds_per_byte
+    end = free_at + nbytes * link.seconds_per_byte
     return end, max(0.0, end - now)
 
 
@@ -84,20 +89,26 @@ class Pacer:
 
     def __init__(self, link: Link) -> None:
         self.link = link
-        self._lock = threading.Lock()  # guards _free_at, shared by the K shard streams
+        self._lock = threading.Lock()  # guards _free_at and the totals, shared by the K shard streams
         self._free_at = 0.0
-        self.slept_s = 0.0  # total emulated delay, for reports
+        self.wire_s = 0.0   # emulated time put on the wire: latencies + bytes x beta (accounting)
+        self.slept_s = 0.0  # time actually slept to match it (less when loopback was slower)
 
-    def start(self) -> None:
-        """A new message: its first byte arrives one latency later (streams wait in parallel)."""
-        if self.link.latency_s > 0:
-            with self._lock:
-                self.slept_s += self.link.latency_s
-            time.sleep(self.link.latency_s)
+    def start(self, latency: bool = True) -> None:
+        """A new message: an idle wire starts now; its first byte arrives one latency later
+        (latency=False: the other end of the message pays it)."""
+        wait = self.link.latency_s if latency else 0.0
+        with self._lock:
+            self._free_at = max(self._free_at, time.monotonic())
+            self.wire_s += wait
+            self.slept_s += wait
+        if wait > 0:
+            time.sleep(wait)  # streams wait out their latencies in parallel
 
     def pace(self, nbytes: int) -> None:
         with self._lock:
             self._free_at, delay = schedule(self._free_at, time.monotonic(), nbytes, self.link)
+            self.wire_s += nbytes * self.link.seconds_per_byte
             self.slept_s += delay
         if delay > 0:
             time.sleep(delay)

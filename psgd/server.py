@@ -41,7 +41,7 @@ from pathlib import Path
 import grpc
 import torch
 
-from psgd import codec
+from psgd import codec, link
 from psgd._proto import parameter_server_pb2 as pb
 from psgd._proto import parameter_server_pb2_grpc as pb_grpc
 from psgd.config import RunConfig
@@ -68,6 +68,11 @@ class ShardServicer(pb_grpc.ParameterShardServicer):
         self.bytes_in = 0
         self.bytes_out = 0
         self.apply_s = 0.0
+        # --link: the shard's own NIC, emulated (psgd/link.py): its pushes in and pulls out share
+        # the bandwidth, as N workers' traffic shares one server's link. Latency is the worker's.
+        lk = link.parse(cfg.link)
+        self.link_in = link.Pacer(lk) if lk else None
+        self.link_out = link.Pacer(lk) if lk else None
         # Scratch buffers (received gradients, pull snapshots) per dtype, reused across RPCs: a
         # fresh 64 MiB tensor costs ~3x a copy into a warm one here (page faults), and
         # concurrent RPCs each need their own.
@@ -161,7 +166,12 @@ class ShardServicer(pb_grpc.ParameterShardServicer):
         try:
             if out.value is not None:
                 self.bytes_out += n * codec.itemsize(dtype)  # approximate under concurrency; reported, not relied on
-                yield from codec.frames(codec.encode(out.value, dtype))
+                if self.link_out:
+                    self.link_out.start(latency=False)
+                for frame in codec.frames(codec.encode(out.value, dtype)):
+                    if self.link_out:
+                        self.link_out.pace(len(frame))
+                    yield frame
         finally:
             self._pools[snap.dtype].put(snap)
 
@@ -196,14 +206,19 @@ class ShardServicer(pb_grpc.ParameterShardServicer):
             if bad:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
         asm = codec.Assembler(h.num_elements, dtype, out=out)
+        if self.link_in:
+            self.link_in.start(latency=False)
         try:
             for msg in request_iterator:
                 if isinstance(msg, memoryview):  # a data frame, parsed without a copy
-                    asm.add(msg)
+                    data = msg
                 elif msg.WhichOneof("kind") == "data":
-                    asm.add(msg.data)
+                    data = msg.data
                 else:
                     raise ValueError("a second header inside one stream")
+                if self.link_in:
+                    self.link_in.pace(len(data))
+                asm.add(data)
             data = asm.finish()
         except ValueError as e:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))

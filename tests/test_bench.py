@@ -53,7 +53,7 @@ def test_calibrate_then_model_then_scaling_with_validation(tmp_path):
 
     out = tmp_path / "scaling"
     r = psgd("bench", "scaling", "--width", "16", "--workers", "1,2", "--shards", "1", "--steps", "3",
-             "--no-include-ring", "--calibration", str(cal), "--out", str(out))
+             "--no-include-ring", "--calibration", str(cal), "--out", str(out), "--runs", str(tmp_path / "runs"))
     assert r.returncode == 0, r.stderr
     rows = list(csv.DictReader(open(out / "scaling.csv")))
     assert [(r["mode"], r["workers"], r["shards"], r["status"]) for r in rows] == [

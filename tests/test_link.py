@@ -40,16 +40,16 @@ def test_alpha_beta_arithmetic():
     assert one_gbit.transfer_s(64 << 20) == pytest.approx(200e-6 + (64 << 20) * 8 / 1e9)
 
 
-def test_schedule_queues_chunks_on_a_busy_wire_and_banks_no_idle_time():
+def test_schedule_queues_chunks_back_to_back_and_takes_the_longer_of_real_and_emulated():
     lk = link.parse("8mbit")  # 1 byte per microsecond
-    free_at, sleep = link.schedule(free_at=0.0, now=10.0, nbytes=1000, link=lk)
+    free_at, sleep = link.schedule(free_at=10.0, now=10.0, nbytes=1000, link=lk)
     assert free_at == pytest.approx(10.001) and sleep == pytest.approx(0.001)
     # A second chunk right away waits for the first one, then its own time.
     free_at, sleep = link.schedule(free_at, now=10.0, nbytes=1000, link=lk)
     assert free_at == pytest.approx(10.002) and sleep == pytest.approx(0.002)
-    # After idling, the wire starts at `now`: no burst above the rate.
-    free_at, sleep = link.schedule(free_at, now=20.0, nbytes=500, link=lk)
-    assert free_at == pytest.approx(20.0005) and sleep == pytest.approx(0.0005)
+    # Loopback was slower than the link: the wire is behind, nobody waits.
+    free_at, sleep = link.schedule(free_at, now=10.5, nbytes=1000, link=lk)
+    assert free_at == pytest.approx(10.003) and sleep == 0.0
 
 
 def test_config_validates_link():
@@ -60,8 +60,8 @@ def test_config_validates_link():
     assert validate(RunConfig(link="10gbit,5us")).link == "10gbit,5us"
 
 
-def test_paced_client_accounts_at_least_the_links_time(shards):
-    (address,), _ = shards(RunConfig(mode="async", workers=1, servers=1))
+def test_paced_client_puts_every_byte_and_message_on_the_emulated_wire(shards):
+    (address,), (servicer,) = shards(RunConfig(mode="async", workers=1, servers=1, link="200mbit,1ms"))
     lk = link.parse("200mbit,1ms")
     n = 300_000  # 1.2 MB: two chunks
     client = PSClient([address], 0, n, link=lk)
@@ -73,9 +73,14 @@ def test_paced_client_accounts_at_least_the_links_time(shards):
     finally:
         client.close()
     assert torch.all(out < 0)  # the paced push really arrived and was applied
-    # Each direction carried one push or pull of 4n bytes plus one latency per message.
-    assert client.send.slept_s >= lk.transfer_s(4 * n) + lk.latency_s
-    assert client.recv.slept_s >= lk.transfer_s(4 * n) + lk.latency_s
+    # Each direction carried the 4n bytes of one push or pull (plus a few bytes of framing), and
+    # one latency per message: sent = push request + pull request, received = their replies.
+    assert client.send.wire_s == pytest.approx(lk.transfer_s(4 * n) + lk.latency_s, rel=1e-4)
+    assert client.recv.wire_s == pytest.approx(lk.transfer_s(4 * n) + lk.latency_s, rel=1e-4)
+    assert client.send.slept_s > 0 and client.recv.slept_s > 0
+    # The shard's own link carried init and push in, the pull out (the worker pays the latency).
+    assert servicer.link_in.wire_s == pytest.approx(2 * 4 * n * lk.seconds_per_byte, rel=1e-4)
+    assert servicer.link_out.wire_s == pytest.approx(4 * n * lk.seconds_per_byte, rel=1e-4)
 
 
 def test_run_with_link(tmp_path):

@@ -11,9 +11,11 @@ Per configuration, from the run's metrics (the first step, a warm-up, left out):
                     the collective), time held by the consistency policy (the barrier)
     busiest_bytes   bytes per step in + out of the busiest process (a shard, or a worker)
 Writes OUT/scaling.csv, OUT/scaling.png (three panels), OUT/command.txt, and the runs under
-OUT/runs/. With a calibration (`psgd bench calibrate`) of the same width it also compares the
-cost model's step times (psgd/costmodel.py, one host) with the measured ones: OUT/validation.csv.
-`--overlap` adds a PS row with `psgd run --overlap` for each (N, K).
+`--runs` (metrics, summaries and logs; their parameter snapshots only with `--keep-runs`).
+With a calibration (`psgd bench calibrate`) of the same width it also compares the cost model's
+step times (psgd/costmodel.py, one host) with the measured ones: OUT/validation.csv.
+`--overlap` adds a PS row with `psgd run --overlap` for each (N, K); `--link` runs the PS rows
+over an emulated link (psgd/link.py).
 
     psgd bench scaling                                     # default: a few minutes on 2 cores
     psgd bench scaling --width 3500 --workers 1,2,4,8 --shards 1,2,4 --steps 6 --include-ring
@@ -29,6 +31,7 @@ import statistics
 from pathlib import Path
 
 from psgd import costmodel as cm
+from psgd import link
 from psgd.bench.transport import parse_int_list
 from psgd.config import DataConfig, ModelConfig, RunConfig, to_argv
 from psgd.metrics import read_events
@@ -76,7 +79,7 @@ def measure(cfg: RunConfig, summary: dict) -> dict:
             "busiest_bytes": busiest, "busiest": who}
 
 
-def run_one(cfg: RunConfig, retries: int) -> dict:
+def run_one(cfg: RunConfig, retries: int, keep: bool = False) -> dict:
     """Run one configuration; a failed run is retried (and the failure kept in `note`)."""
     from psgd import launch
 
@@ -91,11 +94,17 @@ def run_one(cfg: RunConfig, retries: int) -> dict:
             failures.append(str(e))
             continue
         note = f"ok after a failed attempt: {failures[-1]}" if failures else ""
-        return {**row, "params": summary["params"], "status": "ok", "note": note, **measure(cfg, summary)}
+        measured = measure(cfg, summary)
+        if not keep:
+            # A 25M-parameter run leaves ~300 MB of snapshots; the sweep keeps its metrics and logs.
+            for pt in Path(cfg.out).glob("*.pt"):
+                pt.unlink()
+        return {**row, "params": summary["params"], "status": "ok", "note": note, **measured}
     return {**row, "status": f"failed: {failures[-1]}", "note": f"{len(failures)} attempts"}
 
 
 def configs(a: argparse.Namespace, out: Path) -> list[RunConfig | dict]:
+    link = getattr(a, "link", "")
     base = RunConfig(mode="sync", steps=a.steps, batch_size=a.batch_size, eval_every=0, device="cpu",
                      rpc_timeout=600.0, data=DataConfig(dataset="synthetic", num_samples=4000),
                      model=ModelConfig(model="wide_mlp", width=a.width))
@@ -104,9 +113,13 @@ def configs(a: argparse.Namespace, out: Path) -> list[RunConfig | dict]:
         for k in a.shards:
             for overlap in (False, True) if a.overlap else (False,):
                 name = f"ps-n{n}-k{k}" + ("-overlap" if overlap else "")
-                todo.append(dataclasses.replace(base, workers=n, servers=k, overlap=overlap, out=str(out / name)))
+                todo.append(dataclasses.replace(base, workers=n, servers=k, overlap=overlap, link=link,
+                                                out=str(out / name)))
         if a.include_ring and n >= 2:
-            if ring_available():
+            if link:
+                todo.append({"mode": "ring", "workers": n, "shards": 0, "width": a.width, "batch": a.batch_size,
+                             "steps": a.steps, "status": "skipped: --link paces the PS client only"})
+            elif ring_available():
                 todo.append(dataclasses.replace(base, mode="allreduce", workers=n, allreduce_impl="ring",
                                                 out=str(out / f"ring-n{n}")))
             else:
@@ -188,25 +201,33 @@ def main(argv: list[str]) -> int:
     p.add_argument("--include-ring", action=argparse.BooleanOptionalAction, default=True,
                    help="also run the ring all-reduce for each N >= 2")
     p.add_argument("--overlap", action="store_true", help="add a PS --overlap row for each (N, K)")
+    p.add_argument("--link", default="", help="run the PS rows over an emulated link, e.g. 1gbit,200us (psgd/link.py)")
+    p.add_argument("--keep-runs", action="store_true", help="keep each run's parameter snapshots (*.pt)")
     p.add_argument("--retries", type=int, default=1, help="rerun a failed configuration this many times")
     p.add_argument("--calibration", default="results/bench/calibration.json", help="cost model fit to validate")
-    p.add_argument("--out", default="results/bench/scaling", help="folder for the CSV, plot, command and runs")
+    p.add_argument("--out", default="results/bench/scaling", help="folder for the CSV, plot and command")
+    p.add_argument("--runs", default="results/runs/scaling", help="folder for the runs themselves")
     a = p.parse_args(argv)
     a.workers, a.shards = parse_int_list(a.workers, "--workers"), parse_int_list(a.shards, "--shards")
     if a.width < 1 or a.steps < 3 or a.batch_size < 1 or a.retries < 0:
         raise UsageError("--width and --batch-size must be >= 1, --steps >= 3 (one warm-up, two to time), "
                          "--retries >= 0")
+    try:
+        link.parse(a.link)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "command.txt").write_text("psgd bench scaling " + " ".join(argv) + "\n")
     rows = []
-    for item in configs(a, out / "runs"):
+    runs = Path(a.runs)
+    runs.mkdir(parents=True, exist_ok=True)
+    for item in configs(a, runs):
         if isinstance(item, dict):
             rows.append(item)
             print(f"{item['mode']} N={item['workers']}: {item['status']}", flush=True)
             continue
-        (out / "runs").mkdir(exist_ok=True)
-        row = run_one(item, a.retries)
+        row = run_one(item, a.retries, a.keep_runs)
         rows.append(row)
         shown = f"{row['step_s']:.3f} s/step" if row["status"] == "ok" else row["status"]
         print(f"{row['mode']} N={row['workers']} K={row['shards']}{' overlap' if row['overlap'] else ''}: {shown}"
@@ -218,7 +239,8 @@ def main(argv: list[str]) -> int:
     if any(r["status"] == "ok" for r in rows):
         plot(rows, out / "scaling.png", f"wide MLP width {a.width}, batch {a.batch_size}/worker, sync PS vs ring, "
                                         "one host (2 cores shared by every process)")
-    checked = validate_against_model(rows, Path(a.calibration), a.width)
+    checked = (validate_against_model(rows, Path(a.calibration), a.width) if not a.link
+               else "not validated: the one-host model has no emulated link")
     if isinstance(checked, str):
         print(f"cost model: {checked}")
     else:
