@@ -14,12 +14,14 @@ wire, N workers, K shards, gamma = server optimizer seconds per byte):
 - PS, K shards (ps-lite key ranges, Li et al. OSDI 2014): every worker pushes S and pulls S
   bytes, S/K to each shard in parallel; the busiest shard takes N*S/K in and sends N*S/K out
   (2*N*S/K per step). A phase ends when the slower of the worker's link (S) and the shard's
-  link (N*S/K) is done:  push = pull = alpha + max(S, N*S/K) * beta;  apply = (S/K) * gamma.
+  link (N*S/K) is done, and after the per-message software cost of the busier end (a worker
+  sends K messages, a shard takes N):
+  push = pull = latency + max(K, N) * alpha + max(S, N*S/K) * beta;  apply = (S/K) * gamma.
   sync:  step = compute_max(N) + push + apply + pull  (BSP: each phase waits for the last worker)
   async: no barrier; a worker cycles compute + push + pull, a shard serves one gradient per
          (S/K)(beta + gamma); gradients/s = min(N / cycle, 1 / ((S/K)(beta + gamma))).
-- Ring all-reduce (Patarasuk & Yuan 2009): 2(N-1) steps of S/N bytes per rank:
-  comm = 2(N-1) * alpha + 2(N-1)/N * S * beta;  apply = S * gamma on every replica.
+- Ring all-reduce (Patarasuk & Yuan 2009): 2(N-1) steps of S/N bytes per rank, one after another:
+  comm = 2(N-1) * (latency + alpha) + 2(N-1)/N * S * beta;  apply = S * gamma on every replica.
 - Stragglers: each worker's step gets an exponential delay of mean j. Sync PS and the ring wait
   for the slowest of N: E[max] = j * H_N (harmonic number); async waits for nobody: mean j.
 - One host (`cores` > 0, this machine): all processes share `cores` CPUs and every transfer is
@@ -28,7 +30,8 @@ wire, N workers, K shards, gamma = server optimizer seconds per byte):
   share the cores. Cluster (`cores` = 0): one process per host, full-duplex links, a
   non-blocking switch.
 - Beyond this machine, a link is as fast as the slower of the wire and the software feeding it:
-  beta = max(8 / bandwidth, calibrated software beta), alpha = wire latency + calibrated alpha.
+  beta = max(8 / bandwidth, calibrated software beta); alpha (software, per message) stays the
+  calibrated one and the wire adds its latency.
 """
 
 from __future__ import annotations
@@ -41,7 +44,8 @@ MODES = ("sync", "async", "ring")
 
 @dataclass(frozen=True)
 class Machine:
-    alpha_s: float = 300e-6            # per message: latency + software (gRPC) overhead
+    latency_s: float = 0.0             # one-way wire latency (0 on loopback)
+    alpha_s: float = 300e-6            # per message: software (gRPC) overhead
     beta_s_per_byte: float = 1e-9      # PS transfer, one direction (1 GB/s)
     ring_alpha_s: float = 100e-6       # collective library (gloo) per message
     ring_beta_s_per_byte: float = 1e-9
@@ -97,14 +101,14 @@ def step_time(mode: str, n: int, k: int, m: Machine, w: Workload) -> Step:
         else:
             per_rank = 2 * (n - 1) / n * s
             carried = per_rank * n if m.cores else per_rank  # one host: all ranks share one "link"
-            comm = 2 * (n - 1) * m.ring_alpha_s + carried * m.ring_beta_s_per_byte
+            comm = 2 * (n - 1) * (m.latency_s + m.ring_alpha_s) + carried * m.ring_beta_s_per_byte
             busiest = 2 * per_rank  # each rank sends and receives per_rank
         apply = s * m.apply_s_per_byte * share
         total = compute + comm + apply
         return Step(compute, comm, apply, total, n * w.batch / total, busiest)
     shard_bytes = n * s / k
     carried = n * s if m.cores else max(s, shard_bytes)
-    one_way = m.alpha_s + carried * m.beta_s_per_byte
+    one_way = m.latency_s + max(k, n) * m.alpha_s + carried * m.beta_s_per_byte
     apply = s / k * m.apply_s_per_byte * (max(1.0, k / m.cores) if m.cores else 1.0)
     if mode == "sync":
         compute = w.compute_s * share + slowest
@@ -114,7 +118,7 @@ def step_time(mode: str, n: int, k: int, m: Machine, w: Workload) -> Step:
     # async: every worker cycles on its own (on one host their transfers still share the CPUs);
     # the busiest shard serves one gradient at a time and may cap the gradient rate.
     compute = w.compute_s * share + w.jitter_s
-    cycle = compute + 2 * (m.alpha_s + (carried if m.cores else s) * m.beta_s_per_byte)
+    cycle = compute + 2 * (m.latency_s + k * m.alpha_s + (carried if m.cores else s) * m.beta_s_per_byte)
     shard_s = s / k * (m.beta_s_per_byte + m.apply_s_per_byte)
     grads_per_s = min(n / cycle, 1.0 / shard_s)
     total = n / grads_per_s  # seconds per round of n gradients, comparable to a sync step
@@ -122,12 +126,13 @@ def step_time(mode: str, n: int, k: int, m: Machine, w: Workload) -> Step:
                 max(2 * s, 2 * shard_bytes))
 
 
-def at_bandwidth(m: Machine, bits_per_s: float, latency_s: float) -> Machine:
-    """The machine's software on a wire of this speed: the slower of wire and software wins."""
-    return dataclasses.replace(
-        m, cores=0,
-        alpha_s=m.alpha_s + latency_s, beta_s_per_byte=max(8.0 / bits_per_s, m.beta_s_per_byte),
-        ring_alpha_s=m.ring_alpha_s + latency_s, ring_beta_s_per_byte=max(8.0 / bits_per_s, m.ring_beta_s_per_byte))
+def at_bandwidth(m: Machine, bits_per_s: float, latency_s: float, software_bound: bool = True) -> Machine:
+    """The machine's software on a wire of this speed: the slower of wire and software wins
+    (software_bound=False: the wire alone, as if the software kept up with any link)."""
+    wire = 8.0 / bits_per_s
+    return dataclasses.replace(m, cores=0, latency_s=latency_s,
+                               beta_s_per_byte=max(wire, m.beta_s_per_byte) if software_bound else wire,
+                               ring_beta_s_per_byte=max(wire, m.ring_beta_s_per_byte) if software_bound else wire)
 
 
 def validate(rows: list[dict], m: Machine, work: Workload, tolerance: float = 0.25) -> list[dict]:
@@ -164,11 +169,11 @@ def parse_workers(text: str) -> list[int]:
 
 
 def predict(m: Machine, w: Workload, bandwidths: list[tuple[str, float, float]], workers: list[int],
-            shards: list[str]) -> list[dict]:
+            shards: list[str], software_bound: bool = True) -> list[dict]:
     """Rows for every (bandwidth, N, mode/K): shards entries are ints or "N" (one shard per worker)."""
     rows = []
     for name, bits, latency in bandwidths:
-        mb = at_bandwidth(m, bits, latency)
+        mb = at_bandwidth(m, bits, latency, software_bound)
         for n in workers:
             configs = [("ring", 1, "-")] + [("sync", n if s == "N" else int(s), s) for s in shards]
             for mode, k, label in configs:

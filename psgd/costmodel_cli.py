@@ -5,7 +5,8 @@ Contract: reads this machine's fitted numbers from `--calibration` (written by
 of PS sync (K shards) and the ring all-reduce for every `--bandwidth` and N in `--workers`, and
 writes OUT/model.csv, OUT/model.png (samples/s vs N, log-log) and OUT/command.txt. With
 `--validate CSV` (the scaling sweep's scaling.csv) it compares measured and predicted step times
-on this machine (one host, the calibrated cores) and lists every point off by more than 25%.
+on this machine (one host, the calibrated cores), lists every point off by more than 25% and
+writes OUT/validation.csv and OUT/validation-command.txt.
 
     psgd model --bandwidth 10gbit,100gbit,400gbit --workers 8..1024
     psgd model --validate results/bench/scaling/scaling.csv
@@ -13,6 +14,7 @@ on this machine (one host, the calibrated cores) and lists every point off by mo
 
 from __future__ import annotations
 
+import argparse
 import csv
 import dataclasses
 import json
@@ -52,8 +54,8 @@ def read_measured(path: Path) -> list[dict]:
     out = []
     with open(path) as f:
         for r in csv.DictReader(f):
-            if r.get("status", "ok") != "ok" or not r.get("step_s"):
-                continue
+            if r.get("status", "ok") != "ok" or not r.get("step_s") or r.get("overlap") == "True":
+                continue  # the model has no --overlap
             out.append({"mode": r["mode"], "workers": int(r["workers"]), "shards": int(r["shards"] or 0),
                         "batch": int(r["batch"]), "step_s": float(r["step_s"])})
     return out
@@ -108,6 +110,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--params", type=float, default=0, help="model parameters (default: the calibrated model's)")
     p.add_argument("--batch", type=int, default=0, help="samples per worker per step (default: calibrated)")
     p.add_argument("--jitter-ms", type=float, default=0.0, help="mean exponential straggler delay per step")
+    p.add_argument("--software-bound", action=argparse.BooleanOptionalAction, default=True,
+                   help="a link moves no more than the calibrated software does (--no-software-bound: wire only)")
     p.add_argument("--calibration", default=DEFAULT_CALIBRATION, help="psgd bench calibrate's JSON")
     p.add_argument("--validate", default="", metavar="CSV", help="compare with a scaling sweep's measured steps")
     p.add_argument("--out", default="results/model", help="folder for model.csv, model.png, command.txt")
@@ -131,9 +135,9 @@ def main(argv: list[str]) -> int:
                                jitter_s=a.jitter_ms / 1000.0)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "command.txt").write_text("psgd model " + " ".join(argv) + "\n")
-
+    command = "psgd model " + " ".join(argv) + "\n"
     if a.validate:
+        (out / "validation-command.txt").write_text(command)
         measured = read_measured(Path(a.validate))
         if not measured:
             raise UsageError(f"no measured rows in {a.validate}")
@@ -142,12 +146,14 @@ def main(argv: list[str]) -> int:
         print(validation_table(rows))
         return 0
 
-    rows = cm.predict(machine, work, bandwidths, workers, shards)
+    (out / "command.txt").write_text(command)
+    rows = cm.predict(machine, work, bandwidths, workers, shards, a.software_bound)
     write_csv(rows, out / "model.csv")
     title = (f"alpha-beta model: {work.params / 1e6:.1f}M params, batch {work.batch}/worker, alpha "
              f"{machine.alpha_s * 1e6:.0f} us + {a.latency}; software alone moves "
              f"{1 / machine.beta_s_per_byte / 1e9:.2f} GB/s (PS), "
-             f"{1 / machine.ring_beta_s_per_byte / 1e9:.2f} GB/s (ring)")
+             f"{1 / machine.ring_beta_s_per_byte / 1e9:.2f} GB/s (ring)"
+             + ("" if a.software_bound else " (ignored: wire only)"))
     plot(rows, out / "model.png", title)
     print(title)
     for bw, _, _ in bandwidths:
@@ -158,5 +164,10 @@ def main(argv: list[str]) -> int:
             vals = {(r["mode"], r["shards_label"]): r["samples_per_s"] for r in rows
                     if r["bandwidth"] == bw and r["workers"] == n}
             print(f"{n:>6}  " + "  ".join(f"{vals[c]:>10.0f}" for c in cols))
+    capped = [bw for bw, bits, _ in bandwidths if a.software_bound and 8.0 / bits < machine.beta_s_per_byte]
+    if capped:
+        print(f"\nnote: at {', '.join(capped)} the wire outruns the software (psgd's PS moves "
+              f"{1 / machine.beta_s_per_byte / 1e9:.2f} GB/s per process here): those predictions are software-bound; "
+              "--no-software-bound shows the wire alone")
     print(f"\nwrote {out / 'model.csv'}, {out / 'model.png'}")
     return 0
