@@ -235,6 +235,9 @@ class CollectiveExchange:
                 torch.save({"snapshots": self.snapshots}, out / "replica-0.pt")
             (out / f"replica-{self.rdv.rank}.json").write_text(json.dumps(self.report(), indent=1))
         if dist.is_initialized():
+            # Tear down together: a rank that destroys its group while a peer's gloo threads still
+            # talk to it makes that peer abort at exit ("terminate called without an active exception").
+            self._guard("final barrier", dist.barrier)
             dist.destroy_process_group()
 
     # -- the parts -------------------------------------------------------------------------------
