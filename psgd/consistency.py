@@ -213,15 +213,21 @@ class Sync(Policy):
                               f"{self.version}")
         if grad is not None:
             # Accumulate in fp32 in arrival order; summing then dividing once keeps the mean
-            # within float rounding of a single process computing the 32-sample batch.
-            self._sum = grad.clone() if self._sum is None else self._sum.add_(grad)
+            # within float rounding of a single process computing the 32-sample batch. The sum
+            # buffer is reused across steps (the caller may reuse `grad`'s memory, so copy it).
+            if self._sum is None or self._sum.shape != grad.shape:
+                self._sum = torch.empty_like(grad)
+            if self._contributors == 0:
+                self._sum.copy_(grad)
+            else:
+                self._sum.add_(grad)
             self._contributors += 1
         self._arrived += 1
         if self._arrived < self.num_workers:
             return False
-        if self._sum is not None:
+        if self._contributors:
             self._apply(self._sum.div_(self._contributors))
-        self._sum, self._arrived, self._contributors = None, 0, 0
+        self._arrived, self._contributors = 0, 0
         self.version += 1
         return True
 
