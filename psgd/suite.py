@@ -357,17 +357,12 @@ def main(argv: list[str]) -> int:
         experiments = load_suite(a.suite, profile, only, a.results)
     except SuiteError as e:
         raise UsageError(str(e)) from None
+    from psgd.launch import RunFailed
+
     command = "psgd suite " + shlex.join(argv)
     try:
         run_suite(experiments, a.results, a.fresh, command)
-    except SuiteError as e:
-        print(f"psgd suite: error: {e}", file=sys.stderr)
+    except (SuiteError, RunFailed) as e:  # one line naming the experiment or the failed process
+        print(f"psgd suite: failed: {e}", file=sys.stderr)
         return 1
-    except Exception as e:  # a failed run: say which, keep the one-line contract
-        from psgd.launch import RunFailed
-
-        if isinstance(e, RunFailed):
-            print(f"psgd suite: a run failed: {e}", file=sys.stderr)
-            return 1
-        raise
     return 0
