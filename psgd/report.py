@@ -31,7 +31,7 @@ def machine() -> str:
             f"grpcio {grpc.__version__}, {platform.system()} {platform.release()}")
 
 
-def write(results: Path, sections: list, command: str, wall_s: float) -> Path:
+def write(results: Path, sections: list, command: str, wall_s: float, note: str = "") -> Path:
     lines = [
         "# psgd report: the claims of data-parallel training, measured",
         "",
@@ -39,7 +39,8 @@ def write(results: Path, sections: list, command: str, wall_s: float) -> Path:
         "",
         f"- Command: `{command}`",
         f"- Machine: {machine()}",
-        f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; suite wall time {wall_s / 60:.1f} min",
+        f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; this invocation took {wall_s / 60:.1f} min"
+        + (f" ({note})" if note else ""),
         "- All processes ran on one machine over loopback; numbers are ratios measured side by side in this run.",
         "",
         "| claim | verdict | key number |",

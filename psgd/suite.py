@@ -17,7 +17,7 @@ Contract:
   `commands.txt` with the exact commands) and the suite writes `RESULTS/REPORT.md`.
 
     psgd suite experiments/default.toml              # what `make experiments` runs
-    psgd suite experiments/default.toml --only E2,E3 --quick
+    psgd suite experiments/default.toml --only E2,E3   # rerun two; the report still covers all
 """
 
 from __future__ import annotations
@@ -228,7 +228,6 @@ def load_suite(path: Path, profile: str = "default", only: set[str] | None = Non
         missing = only - set(ids)
         if missing:
             raise SuiteError(f"--only names unknown experiments {sorted(missing)}; the suite has {', '.join(ids)}")
-        experiments = [e for e in experiments if e.id in only]
     return experiments
 
 
@@ -295,24 +294,43 @@ def execute(spec: RunSpec, fresh: bool, position: str) -> dict:
     return summary
 
 
-def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False, command: str = "") -> Path:
-    """Run everything, then analyse and write the report; returns the REPORT.md path."""
+def _has_results(exp: Experiment, results: Path) -> bool:
+    """Whether an experiment that is not being run has finished results to analyse."""
+    if exp.bench:
+        return any((results / exp.id / name).exists() for name in ("bench.json", "bench.txt"))
+    return all(is_cached(spec) for spec in exp.runs)
+
+
+def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False, command: str = "",
+              only: set[str] | None = None) -> Path:
+    """Run the experiments (all, or those in `only`), then analyse every experiment that has results
+    and write the whole report; returns the REPORT.md path."""
     from psgd import analyses, report
 
-    runs = [r for e in experiments for r in e.runs]
-    benches = [e for e in experiments if e.bench]
-    eta = estimate_s(experiments)
-    print(f"psgd suite: {len(experiments)} experiments, {len(runs)} runs and {len(benches)} benchmarks; "
+    chosen = [e for e in experiments if only is None or e.id in only]
+    runs = [r for e in chosen for r in e.runs]
+    benches = [e for e in chosen if e.bench]
+    eta = estimate_s(chosen)
+    print(f"psgd suite: {len(chosen)} experiments, {len(runs)} runs and {len(benches)} benchmarks; "
           f"about {eta / 60:.0f} min on a 2-core CPU machine (cached runs are reused; --fresh reruns them)",
           file=sys.stderr, flush=True)
     started = time.time()
-    sections = []
+    sections, reused = [], 0
     overall = tqdm(total=len(runs) + len(benches), desc="suite", unit="run", dynamic_ncols=True, file=sys.stderr)
     for exp in experiments:
         out = results / exp.id
+        if exp not in chosen:
+            # --only: the report still covers the whole suite, from the results already there.
+            if _has_results(exp, results):
+                summaries = [(s, json.loads((Path(s.cfg.out) / "summary.json").read_text())) for s in exp.runs]
+                sections.append(analyses.analyse(exp, summaries, out))
+            else:
+                tqdm.write(f"{exp.id}: not run yet, left out of the report (run the suite without --only)")
+            continue
         out.mkdir(parents=True, exist_ok=True)
         summaries = []
         for spec in exp.runs:
+            reused += int(not fresh and is_cached(spec))
             summaries.append((spec, execute(spec, fresh, f"[{overall.n + 1}/{overall.total}]")))
             overall.update(1)
         if exp.bench:
@@ -334,7 +352,8 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
             f"# made by: {command or 'psgd suite'}\n# experiment file: {exp.path}\n" + "\n".join(commands) + "\n")
         sections.append(analyses.analyse(exp, summaries, out))
     overall.close()
-    path = report.write(results, sections, command=command, wall_s=time.time() - started)
+    path = report.write(results, sections, command=command, wall_s=time.time() - started,
+                        note=f"{reused} of {len(runs)} runs reused from earlier invocations" if reused else "")
     print(f"psgd suite: wrote {path} ({(time.time() - started) / 60:.1f} min)", file=sys.stderr)
     return path
 
@@ -361,7 +380,7 @@ def main(argv: list[str]) -> int:
 
     command = "psgd suite " + shlex.join(argv)
     try:
-        run_suite(experiments, a.results, a.fresh, command)
+        run_suite(experiments, a.results, a.fresh, command, only)
     except (SuiteError, RunFailed) as e:  # one line naming the experiment or the failed process
         print(f"psgd suite: failed: {e}", file=sys.stderr)
         return 1

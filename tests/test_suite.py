@@ -100,5 +100,8 @@ def test_tiny_quick_suite_writes_figures_csvs_and_report(tmp_path):
     stamp = (results / "runs" / "M" / "sync-s0" / "summary.json").stat().st_mtime_ns
     r = psgd("suite", str(suite_file), "--quick", "--results", str(results), "--only", "M")
     assert r.returncode == 0 and "cached" in r.stderr
+    report = (results / "REPORT.md").read_text()
+    assert "## M" in report and "## W" in report   # --only reruns M; the report still covers W
+    assert "2 of 2 runs reused" in report
     assert (results / "runs" / "M" / "sync-s0" / "summary.json").stat().st_mtime_ns == stamp
     assert processes_mentioning(str(results)) == []
