@@ -38,3 +38,31 @@ def summary(out: Path) -> dict:
 
 def events(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+def train_in_threads(cfg, addresses: list[str], servicers: list):
+    """Run cfg.workers PS workers as threads against in-process shards; return the shards' joined
+    parameters after checking every worker finished cleanly and every shard reached cfg.steps."""
+    import threading
+
+    import torch
+
+    from psgd import worker
+    from psgd.client import PSExchange
+
+    errors = []
+
+    def work(rank: int) -> None:
+        try:
+            worker.train(cfg, rank, PSExchange.from_config(cfg, addresses), None)
+        except Exception as e:  # surfaced by the assertion below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(cfg.workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors, errors
+    assert all(s.policy.version == cfg.steps for s in servicers)
+    return torch.cat([s.param.detach().clone() for s in servicers])

@@ -1,13 +1,12 @@
 """Sync PS with N workers x batch b equals 1 worker x batch N*b equals a plain torch loop."""
 
-import threading
 
 import torch
 import torch.nn.functional as F
 
-from psgd import data, models, worker
-from psgd.client import PSExchange
+from psgd import data, models
 from psgd.config import DataConfig, ModelConfig, OptimConfig, RunConfig
+from tests.helpers import train_in_threads
 
 STEPS = 25
 OPTIM = OptimConfig(lr=0.1, momentum=0.9, weight_decay=1e-3)
@@ -18,20 +17,7 @@ def run_ps(shards, workers: int, batch: int, servers: int, **kw) -> torch.Tensor
     cfg = RunConfig(mode="sync", workers=workers, servers=servers, batch_size=batch, steps=STEPS, seed=3,
                     optim=OPTIM, data=DATA, model=ModelConfig(model="mlp", width=32), device="cpu", **kw)
     addresses, servicers = shards(cfg)
-    errors = []
-
-    def work(rank):
-        try:
-            worker.train(cfg, rank, PSExchange(addresses, cfg.wire_dtype, 30.0), None)
-        except Exception as e:  # surfaced by the assertion below
-            errors.append(e)
-
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(workers)]
-    [t.start() for t in threads]
-    [t.join(120) for t in threads]
-    assert not errors, errors
-    assert all(s.policy.version == STEPS for s in servicers)
-    return torch.cat([s.param.detach().clone() for s in servicers])
+    return train_in_threads(cfg, addresses, servicers)
 
 
 def run_plain_torch(batch: int) -> torch.Tensor:

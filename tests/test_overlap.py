@@ -1,14 +1,13 @@
 """--overlap: same weights as the plain exchange, pushes leave during backward, pulls stream in per range."""
 
-import threading
 
 import pytest
 import torch
 
-from psgd import data, models, worker
+from psgd import data, models
 from psgd.client import PSClient, PSExchange
 from psgd.config import DataConfig, ModelConfig, OptimConfig, RunConfig
-from tests.helpers import processes_mentioning, psgd, summary
+from tests.helpers import processes_mentioning, psgd, summary, train_in_threads
 from tests.test_equivalence import run_plain_torch
 
 STEPS = 25
@@ -21,20 +20,7 @@ def run_ps(shards, workers: int, batch: int, servers: int, overlap: bool, accumu
     cfg = RunConfig(mode="sync", workers=workers, servers=servers, batch_size=batch, steps=STEPS, seed=3,
                     optim=OPTIM, data=DATA, model=MODEL, device="cpu", overlap=overlap, accumulate=accumulate)
     addresses, servicers = shards(cfg)
-    errors = []
-
-    def work(rank):
-        try:
-            worker.train(cfg, rank, PSExchange.from_config(cfg, addresses), None)
-        except Exception as e:  # surfaced by the assertion below
-            errors.append(e)
-
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(workers)]
-    [t.start() for t in threads]
-    [t.join(120) for t in threads]
-    assert not errors, errors
-    assert all(s.policy.version == STEPS for s in servicers)
-    return torch.cat([s.param.detach().clone() for s in servicers])
+    return train_in_threads(cfg, addresses, servicers)
 
 
 @pytest.mark.parametrize("servers,accumulate", [(1, 1), (3, 1), (3, 2)])
