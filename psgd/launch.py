@@ -129,7 +129,7 @@ def child_env() -> dict:
     return env
 
 
-def run(cfg: RunConfig, progress: bool = True) -> dict:
+def run(cfg: RunConfig) -> dict:
     """Run one training job end to end; returns the summary. Raises RunFailed."""
     out = Path(cfg.out)
     prepare_out(out)
