@@ -114,31 +114,40 @@ def shard_stats(out: Path, num_shards: int) -> list[dict]:
     return [json.loads((out / f"shard-{k}.json").read_text()) for k in range(num_shards)]
 
 
-def measure_push_pull(num_shards: int, num_elements: int, repeat: int) -> dict:
-    """Median push / pull seconds of num_elements fp32 over K shards, and the shards' apply time."""
+@contextlib.contextmanager
+def fresh_client(num_shards: int, num_elements: int):
+    """Worker 0's PSClient on K fresh shard processes, initialised with zeros. Yields
+    (client, stats): `stats` is filled with the shards' shard-K.json once they have stopped."""
     from psgd.client import PSClient
 
-    grad = torch.randn(num_elements) * 1e-3
-    out_buf = torch.empty(num_elements)
+    stats: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="psgd-bench-") as tmp:
         with shard_servers(num_shards, Path(tmp)) as addresses:
             client = PSClient(addresses, 0, num_elements)
             try:
                 client.wait_ready()
                 client.init(torch.zeros(num_elements))
-                push_s, pull_s = [], []
-                for clock in range(repeat + 1):
-                    t0 = time.perf_counter()
-                    client.push(clock, grad)
-                    t1 = time.perf_counter()
-                    client.pull(clock + 1, out_buf)
-                    t2 = time.perf_counter()
-                    if clock:  # the first round trip is a warm-up
-                        push_s.append(t1 - t0)
-                        pull_s.append(t2 - t1)
+                yield client, stats
             finally:
                 client.close()
-        stats = shard_stats(Path(tmp), num_shards)
+        stats.extend(shard_stats(Path(tmp), num_shards))
+
+
+def measure_push_pull(num_shards: int, num_elements: int, repeat: int) -> dict:
+    """Median push / pull seconds of num_elements fp32 over K shards, and the shards' apply time."""
+    grad = torch.randn(num_elements) * 1e-3
+    out_buf = torch.empty(num_elements)
+    push_s, pull_s = [], []
+    with fresh_client(num_shards, num_elements) as (client, stats):
+        for clock in range(repeat + 1):
+            t0 = time.perf_counter()
+            client.push(clock, grad)
+            t1 = time.perf_counter()
+            client.pull(clock + 1, out_buf)
+            t2 = time.perf_counter()
+            if clock:  # the first round trip is a warm-up
+                push_s.append(t1 - t0)
+                pull_s.append(t2 - t1)
     # Pushes are sequential, so the slowest shard's mean apply is inside every push's time.
     apply_s = max(s["apply_s"] / max(1, s["version"]) for s in stats)
     return {"push_s": statistics.median(push_s), "pull_s": statistics.median(pull_s), "apply_s": apply_s}
@@ -147,30 +156,22 @@ def measure_push_pull(num_shards: int, num_elements: int, repeat: int) -> dict:
 def measure_small(num_shards: int, num_elements: int, repeat: int) -> dict:
     """Median seconds of one step's exchange (pull + push) and of one bare unary Info round trip."""
     from psgd._proto import parameter_server_pb2 as pb
-    from psgd.client import PSClient
 
     grad = torch.randn(num_elements) * 1e-3
     out_buf = torch.empty(num_elements)
-    with tempfile.TemporaryDirectory(prefix="psgd-bench-") as tmp:
-        with shard_servers(num_shards, Path(tmp)) as addresses:
-            client = PSClient(addresses, 0, num_elements)
-            try:
-                client.wait_ready()
-                client.init(torch.zeros(num_elements))
-                warm = max(5, repeat // 10)
-                exchange, rtt = [], []
-                for clock in range(repeat + warm):
-                    t0 = time.perf_counter()
-                    client.pull(clock, out_buf)
-                    client.push(clock, grad)
-                    t1 = time.perf_counter()
-                    client.stubs[0].Info(pb.InfoRequest(), timeout=10)
-                    t2 = time.perf_counter()
-                    if clock >= warm:
-                        exchange.append(t1 - t0)
-                        rtt.append(t2 - t1)
-            finally:
-                client.close()
+    warm = max(5, repeat // 10)
+    exchange, rtt = [], []
+    with fresh_client(num_shards, num_elements) as (client, _):
+        for clock in range(repeat + warm):
+            t0 = time.perf_counter()
+            client.pull(clock, out_buf)
+            client.push(clock, grad)
+            t1 = time.perf_counter()
+            client.stubs[0].Info(pb.InfoRequest(), timeout=10)
+            t2 = time.perf_counter()
+            if clock >= warm:
+                exchange.append(t1 - t0)
+                rtt.append(t2 - t1)
     return {"exchange_s": statistics.median(exchange), "unary_rtt_s": statistics.median(rtt)}
 
 
