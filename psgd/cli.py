@@ -105,6 +105,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--link", default=d.link, metavar="BANDWIDTH[,LATENCY]",
                    help="PS: pace every worker's and shard's traffic to an EMULATED link, e.g. 1gbit,200us or "
                         "100mbit,1ms (psgd/link.py; loopback is still what carries the bytes)")
+    g.add_argument("--transport", default=d.transport, choices=C.TRANSPORTS,
+                   help="PS: what carries pushes and pulls: grpc, or tcp (the shards' raw-socket data plane, "
+                        "psgd/tcp.py; gRPC still does Init and Info)")
     g.add_argument("--out", default=d.out, help="run folder: metrics.jsonl, summary.json, logs/")
     g = p.add_argument_group("data and model")
     g.add_argument("--dataset", default=dd.dataset, choices=C.DATASETS, help="training data")
@@ -131,6 +134,7 @@ def config_from_args(a: argparse.Namespace) -> C.RunConfig:
         straggler=tuple(a.straggler), jitter=a.jitter, skip_nonfinite=a.skip_nonfinite,
         rpc_timeout=a.rpc_timeout, fail_at=tuple(a.fail_at), out=a.out, allreduce_impl=a.allreduce_impl,
         bucket_mb=a.bucket_mb, backend=a.backend, check_every=a.check_every, overlap=a.overlap, link=a.link,
+        transport=a.transport,
         data=C.DataConfig(dataset=a.dataset, data_dir=a.data_dir, num_samples=a.num_samples,
                           data_seed=a.data_seed, shard_data=a.shard_data),
         model=C.ModelConfig(model=a.model, width=a.width),

@@ -138,14 +138,8 @@ class PSClient:
         if isinstance(first, memoryview) or first.WhichOneof("kind") != "header":
             raise ExchangeError(f"shard {k} did not start its pull stream with a header")
         header = first.header
-        if self.recv:
-            self.recv.start()  # the reply's way back
-        if on_header:
-            on_header(k, header)
-        if header.done:
+        if self._pull_header_in(k, header, on_header):
             return header, 0
-        if header.num_elements != stop - start:
-            raise ExchangeError(f"shard {k} sent {header.num_elements} elements, expected {stop - start}")
         asm = codec.Assembler(header.num_elements, self.dtype, out=out[start:stop])
         try:
             for msg in stream:
@@ -159,6 +153,19 @@ class PSClient:
         except ValueError as e:
             raise ExchangeError(f"pull from shard {k}: {e}") from None
         return header, asm.received
+
+    def _pull_header_in(self, k: int, header: pb.PullHeader, on_header=None) -> bool:
+        """A pull's header arrived (both transports): True when the run is done and no data follows."""
+        if self.recv:
+            self.recv.start()  # the reply's way back
+        if on_header:
+            on_header(k, header)
+        if header.done:
+            return True
+        start, stop = self.ranges[k]
+        if header.num_elements != stop - start:
+            raise ExchangeError(f"shard {k} sent {header.num_elements} elements, expected {stop - start}")
+        return False
 
     def _pull_result(self, results: list) -> PullResult:
         done = any(h.done for h, _ in results)
@@ -285,29 +292,41 @@ def wait_for_servers(addresses: list[str], timeout: float) -> None:
         client.close()
 
 
+def make_client(transport: str, *args, **kwargs) -> PSClient:
+    """A PSClient for `--transport grpc`, or its TCP data-plane subclass for `tcp` (psgd/tcp.py)."""
+    if transport == "tcp":
+        from psgd.tcp import TcpClient  # noqa: PLC0415 - tcp builds on this module
+
+        return TcpClient(*args, **kwargs)
+    assert transport == "grpc", f"unknown transport {transport!r}"
+    return PSClient(*args, **kwargs)
+
+
 class PSExchange:
     """The parameter-server step of the worker loop: pull before compute, push after.
 
     With `overlap` (psgd/overlap.py) the pull streams in while the batch loads and forward
     runs, and each shard's push starts as soon as backward has produced its gradients; `watch`
     (called by the worker loop with the model) installs the hooks that does this. With `link`
-    ("1gbit,200us", psgd/link.py) every stream is paced to that emulated wire.
+    ("1gbit,200us", psgd/link.py) every stream is paced to that emulated wire. `transport`
+    "tcp" moves the tensors on the shards' raw-TCP data planes (psgd/tcp.py) instead of gRPC.
     """
 
     def __init__(self, addresses: list[str], wire_dtype: str = "fp32", rpc_timeout: float = 60.0,
-                 link: str = "", overlap: bool = False, accumulate: int = 1) -> None:
+                 link: str = "", overlap: bool = False, accumulate: int = 1, transport: str = "grpc") -> None:
         self.addresses, self.wire_dtype, self.rpc_timeout = addresses, wire_dtype, rpc_timeout
         self.link, self.overlap, self.accumulate = link_mod.parse(link), overlap, accumulate
+        self.transport = transport
         self.client: PSClient | None = None
         self._overlap = None
 
     @classmethod
     def from_config(cls, cfg, addresses: list[str]) -> PSExchange:
-        return cls(addresses, cfg.wire_dtype, cfg.rpc_timeout, cfg.link, cfg.overlap, cfg.accumulate)
+        return cls(addresses, cfg.wire_dtype, cfg.rpc_timeout, cfg.link, cfg.overlap, cfg.accumulate, cfg.transport)
 
     def setup(self, flat, rank: int) -> None:
-        self.client = PSClient(self.addresses, rank, flat.params.numel(), self.wire_dtype, self.rpc_timeout,
-                               self.link)
+        self.client = make_client(self.transport, self.addresses, rank, flat.params.numel(), self.wire_dtype,
+                                  self.rpc_timeout, self.link)
         self.client.wait_ready()
         if rank == 0:
             self.client.init(flat.params)  # the chief's seeded init becomes the shards' start

@@ -22,6 +22,7 @@ WIRE_DTYPES = ("fp32", "fp16", "bf16")
 DEVICES = ("auto", "cpu", "cuda")
 ALLREDUCE_IMPLS = ("library", "ring")
 BACKENDS = ("auto", "gloo", "nccl")
+TRANSPORTS = ("grpc", "tcp")
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,7 @@ class RunConfig:
     backend: str = "auto"           # allreduce: auto (nccl with one GPU per rank, else gloo) | gloo | nccl
     check_every: int = 50           # allreduce: compare replica hashes every this many updates (0 = end only)
     overlap: bool = False           # PS: push a shard once backward produced it, pull while the batch loads
+    transport: str = "grpc"         # PS: grpc (every byte on gRPC) | tcp (tensors on raw sockets, psgd/tcp.py)
     link: str = ""                  # PS: emulated link BANDWIDTH[,LATENCY] per process, e.g. 1gbit,200us ("" = as is)
     out: str = "results/runs/latest"
     data: DataConfig = field(default_factory=DataConfig)
@@ -109,6 +111,9 @@ def validate(cfg: RunConfig) -> RunConfig:
         (cfg.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}, got {cfg.backend!r}"),
         (cfg.check_every >= 0, f"--check-every must be >= 0, got {cfg.check_every}"),
         (_link_error(cfg.link) is None, _link_error(cfg.link) or ""),
+        (cfg.transport in TRANSPORTS, f"--transport must be one of {', '.join(TRANSPORTS)}, got {cfg.transport!r}"),
+        (cfg.mode != "allreduce" or cfg.transport == "grpc",
+         "--transport is a parameter-server option: --mode allreduce talks through torch.distributed"),
         (cfg.mode != "allreduce" or not (cfg.overlap or cfg.link),
          "--overlap and --link are parameter-server options (the worker's gRPC client), not --mode allreduce"),
         (cfg.mode != "allreduce" or cfg.wire_dtype == "fp32",

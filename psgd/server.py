@@ -30,6 +30,7 @@ Run one by hand:  psgd server --port 50051 --shard 0 --servers 2 --workers 4 --m
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import json
 import queue
@@ -56,6 +57,23 @@ CHANNEL_OPTIONS = [("grpc.max_receive_message_length", codec.MAX_MESSAGE_BYTES),
                    ("grpc.max_send_message_length", codec.MAX_MESSAGE_BYTES)]
 
 
+class ShardError(Exception):
+    """A request refused by the shard: a gRPC status code and a one-line message (no state changed)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+@contextlib.contextmanager
+def aborts(context: grpc.ServicerContext):
+    """Turn a ShardError into the RPC's status: the client sees the code and the message."""
+    try:
+        yield
+    except ShardError as e:
+        context.abort(e.code, e.message)
+
+
 class ShardServicer(pb_grpc.ParameterShardServicer):
     def __init__(self, cfg: RunConfig, shard: int) -> None:
         assert 0 <= shard < cfg.servers, f"shard {shard} out of range for {cfg.servers} shards"
@@ -64,6 +82,8 @@ class ShardServicer(pb_grpc.ParameterShardServicer):
         self.param: torch.Tensor | None = None
         self.opt: torch.optim.Optimizer | None = None
         self.ready = threading.Event()
+        self.data_plane = None  # psgd.tcp.DataServer, started by create_server
+        self.data_port = 0      # its port, told to workers by Info
         self.snapshots: list[tuple[int, float, torch.Tensor]] = []  # (version, unix time, params)
         self.bytes_in = 0
         self.bytes_out = 0
@@ -96,104 +116,9 @@ class ShardServicer(pb_grpc.ParameterShardServicer):
             self.snapshots.append((version, time.time(), self.param.detach().clone()))
         self.apply_s += time.perf_counter() - start
 
-    # -- RPCs ----------------------------------------------------------------------------------
-    def Init(self, request_iterator, context):
-        header, data = self._receive(request_iterator, context, expected_len=None)
-        with self.policy.cond:
-            if self.param is None:
-                self.param = data
-                self.opt = make_optimizer(self.param, self.cfg)
-                self.snapshots.append((0, time.time(), data.clone()))
-                self.ready.set()
-                return pb.InitReply(version=self.policy.version, initialized_by_caller=True)
-            if data.numel() != self.param.numel():
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                              f"shard {self.shard} holds {self.param.numel()} elements; Init sent {data.numel()}")
-            return pb.InitReply(version=self.policy.version, initialized_by_caller=False)
-
-    def Push(self, request_iterator, context):
-        if not self.ready.is_set():
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION, f"shard {self.shard} is not initialised yet")
-        buf = self._borrow(torch.float32)
-        try:
-            header, grad = self._receive(request_iterator, context, expected_len=self.param.numel(), out=buf)
-            skipped = False
-            if not all_finite(grad):
-                if not self.cfg.skip_nonfinite:
-                    context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                  f"non-finite gradient from worker {header.worker_id} at clock {header.clock} "
-                                  "refused (run servers with --skip-nonfinite to skip such gradients)")
-                skipped = True
-            try:
-                out = self.policy.push(header.worker_id, header.clock, header.base_version,
-                                       None if skipped else grad)
-            except PolicyError as e:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        finally:
-            # The policy has applied, summed or cloned the gradient by now: the buffer is free.
-            self._pools[torch.float32].put(buf)
-        return pb.PushReply(version=out.version, applied=out.applied, skipped=out.skipped, done=out.done,
-                            staleness=out.staleness, refused=out.refused)
-
-    def Pull(self, request, context):
-        if request.shard != self.shard:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"pull for shard {request.shard} sent to shard {self.shard}")
-        dtype = DTYPE_NAMES.get(request.dtype)
-        if dtype is None:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"unknown wire dtype {request.dtype}")
-        timeout = context.time_remaining()
-        if not self.ready.wait(timeout):
-            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"shard {self.shard} was never initialised")
-        # The copy under the lock goes into a reused snapshot buffer (converting for fp16 / bf16);
-        # framing it outside the lock, one chunk at a time, overlaps the copy with sending and
-        # lets malloc reuse one frame's memory for the next (measured: ~30% less server CPU than
-        # framing all chunks under the lock).
-        snap = self._borrow(codec.WIRE_DTYPES[dtype])
-
-        def read() -> torch.Tensor:
-            return snap.copy_(self.param.detach())
-
-        try:
-            out = self.policy.pull(request.worker_id, request.clock, read, context.time_remaining())
-        except PolicyError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        except PullTimeout as e:
-            context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, str(e))
-        n = 0 if out.value is None else self.param.numel()
-        yield pb.PullChunk(header=pb.PullHeader(version=out.version, num_elements=n, dtype=request.dtype,
-                                                done=out.done, wait_s=out.wait_s, clock_gap=out.clock_gap))
-        try:
-            if out.value is not None:
-                self.bytes_out += n * codec.itemsize(dtype)  # approximate under concurrency; reported, not relied on
-                if self.link_out:
-                    self.link_out.start(latency=False)
-                for frame in codec.frames(codec.encode(out.value, dtype)):
-                    if self.link_out:
-                        self.link_out.pace(len(frame))
-                    yield frame
-        finally:
-            self._pools[snap.dtype].put(snap)
-
-    def _borrow(self, dtype: torch.dtype) -> torch.Tensor:
-        """A scratch tensor of the shard's length from the pool (new when all are in use)."""
-        try:
-            return self._pools[dtype].get_nowait()
-        except queue.Empty:
-            return torch.empty(self.param.numel(), dtype=dtype)
-
-    def Info(self, request, context):
-        return pb.InfoReply(shard=self.shard, num_shards=self.cfg.servers, num_workers=self.cfg.workers,
-                            mode=self.cfg.mode, version=self.policy.version, initialized=self.ready.is_set(),
-                            num_elements=0 if self.param is None else self.param.numel())
-
-    # -- helpers ---------------------------------------------------------------------------------
-    def _receive(self, request_iterator, context, expected_len: int | None, out: torch.Tensor | None = None):
-        """Read header + data chunks into `out` (or a new tensor); validate before any state changes."""
-        first = next(request_iterator, None)
-        if first is None or isinstance(first, memoryview) or first.WhichOneof("kind") != "header":
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "stream must start with a header")
-        h = first.header
+    # -- the transport-free core: gRPC (below) and the TCP data plane (psgd/tcp.py) call these --
+    def check_header(self, h: pb.TensorHeader, expected_len: int | None) -> str:
+        """Validate a Push / Init header before any byte of data is read; returns its dtype name."""
         dtype = DTYPE_NAMES.get(h.dtype)
         problems = [
             (dtype is None, f"unknown wire dtype {h.dtype}"),
@@ -204,7 +129,143 @@ class ShardServicer(pb_grpc.ParameterShardServicer):
         ]
         for bad, message in problems:
             if bad:
-                context.abort(grpc.StatusCode.INVALID_ARGUMENT, message)
+                raise ShardError(grpc.StatusCode.INVALID_ARGUMENT, message)
+        return dtype
+
+    def require_ready(self) -> int:
+        """The shard's length; FAILED_PRECONDITION before Init (pushes are refused until then)."""
+        if not self.ready.is_set():
+            raise ShardError(grpc.StatusCode.FAILED_PRECONDITION, f"shard {self.shard} is not initialised yet")
+        return self.param.numel()
+
+    def push_received(self, h: pb.TensorHeader, grad: torch.Tensor) -> pb.PushReply:
+        """Hand one received gradient (header already checked) to the policy; the caller owns `grad`."""
+        skipped = False
+        if not all_finite(grad):
+            if not self.cfg.skip_nonfinite:
+                raise ShardError(grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"non-finite gradient from worker {h.worker_id} at clock {h.clock} refused "
+                                 "(run servers with --skip-nonfinite to skip such gradients)")
+            skipped = True
+        try:
+            out = self.policy.push(h.worker_id, h.clock, h.base_version, None if skipped else grad)
+        except PolicyError as e:
+            raise ShardError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
+        self.bytes_in += h.num_elements * codec.itemsize(DTYPE_NAMES[h.dtype])  # approximate, reported only
+        return pb.PushReply(version=out.version, applied=out.applied, skipped=out.skipped, done=out.done,
+                            staleness=out.staleness, refused=out.refused)
+
+    def pull_values(self, request: pb.PullRequest, timeout: float | None) -> tuple[pb.PullHeader, torch.Tensor | None]:
+        """Wait for the policy, then (header, a snapshot of the parameters in the wire dtype).
+
+        The snapshot is None when the run is done; otherwise it is a pool buffer that the caller
+        sends and then hands back with `release`. The copy under the lock goes into it
+        (converting for fp16 / bf16), so a concurrent update never tears what a worker receives.
+        """
+        if request.shard != self.shard:
+            raise ShardError(grpc.StatusCode.INVALID_ARGUMENT,
+                             f"pull for shard {request.shard} sent to shard {self.shard}")
+        dtype = DTYPE_NAMES.get(request.dtype)
+        if dtype is None:
+            raise ShardError(grpc.StatusCode.INVALID_ARGUMENT, f"unknown wire dtype {request.dtype}")
+        if not self.ready.wait(timeout):
+            raise ShardError(grpc.StatusCode.DEADLINE_EXCEEDED, f"shard {self.shard} was never initialised")
+        snap = self.borrow(codec.WIRE_DTYPES[dtype])
+
+        def read() -> torch.Tensor:
+            return snap.copy_(self.param.detach())
+
+        try:
+            out = self.policy.pull(request.worker_id, request.clock, read, timeout)
+        except (PolicyError, PullTimeout) as e:
+            self.release(snap)
+            timed_out = isinstance(e, PullTimeout)
+            raise ShardError(grpc.StatusCode.DEADLINE_EXCEEDED if timed_out else grpc.StatusCode.INVALID_ARGUMENT,
+                             str(e)) from None
+        if out.value is None:
+            self.release(snap)
+            snap = None
+        else:
+            self.bytes_out += snap.numel() * snap.element_size()  # approximate under concurrency, reported only
+        header = pb.PullHeader(version=out.version, num_elements=0 if snap is None else snap.numel(),
+                               dtype=request.dtype, done=out.done, wait_s=out.wait_s, clock_gap=out.clock_gap)
+        return header, snap
+
+    def init_received(self, data: torch.Tensor) -> pb.InitReply:
+        """The first caller's values become the parameters; later calls only check the length."""
+        with self.policy.cond:
+            if self.param is None:
+                self.param = data
+                self.opt = make_optimizer(self.param, self.cfg)
+                self.snapshots.append((0, time.time(), data.clone()))
+                self.ready.set()
+                return pb.InitReply(version=self.policy.version, initialized_by_caller=True)
+            if data.numel() != self.param.numel():
+                raise ShardError(grpc.StatusCode.INVALID_ARGUMENT,
+                                 f"shard {self.shard} holds {self.param.numel()} elements; Init sent {data.numel()}")
+            return pb.InitReply(version=self.policy.version, initialized_by_caller=False)
+
+    def borrow(self, dtype: torch.dtype) -> torch.Tensor:
+        """A scratch tensor of the shard's length from the pool (new when all are in use)."""
+        try:
+            return self._pools[dtype].get_nowait()
+        except queue.Empty:
+            return torch.empty(self.param.numel(), dtype=dtype)
+
+    def release(self, buf: torch.Tensor) -> None:
+        """Hand a `borrow`ed buffer back for the next RPC."""
+        self._pools[buf.dtype].put(buf)
+
+    # -- RPCs: gRPC in and out around the core --------------------------------------------------
+    def Init(self, request_iterator, context):
+        with aborts(context):
+            _, data = self._receive(request_iterator, expected_len=None)
+            return self.init_received(data)
+
+    def Push(self, request_iterator, context):
+        with aborts(context):
+            n = self.require_ready()
+            buf = self.borrow(torch.float32)
+            try:
+                header, grad = self._receive(request_iterator, expected_len=n, out=buf)
+                return self.push_received(header, grad)
+            finally:
+                # The policy has applied, summed or cloned the gradient by now: the buffer is free.
+                self.release(buf)
+
+    def Pull(self, request, context):
+        with aborts(context):
+            header, snap = self.pull_values(request, context.time_remaining())
+        yield pb.PullChunk(header=header)
+        if snap is None:
+            return
+        # Framing outside the lock, one chunk at a time, overlaps the copy with sending and lets
+        # malloc reuse one frame's memory for the next (measured: ~30% less server CPU than
+        # framing all chunks under the lock).
+        try:
+            if self.link_out:
+                self.link_out.start(latency=False)
+            for frame in codec.frames(codec.encode(snap, DTYPE_NAMES[request.dtype])):
+                if self.link_out:
+                    self.link_out.pace(len(frame))
+                yield frame
+        finally:
+            self.release(snap)
+
+    def Info(self, request, context):
+        return pb.InfoReply(shard=self.shard, num_shards=self.cfg.servers, num_workers=self.cfg.workers,
+                            mode=self.cfg.mode, version=self.policy.version, initialized=self.ready.is_set(),
+                            num_elements=0 if self.param is None else self.param.numel(),
+                            data_port=self.data_port)
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def _receive(self, request_iterator, expected_len: int | None, out: torch.Tensor | None = None):
+        """Read header + data chunks into `out` (or a new tensor); validate before any state changes."""
+        first = next(request_iterator, None)
+        if first is None or isinstance(first, memoryview) or first.WhichOneof("kind") != "header":
+            raise ShardError(grpc.StatusCode.INVALID_ARGUMENT, "stream must start with a header")
+        h = first.header
+        dtype = self.check_header(h, expected_len)
         asm = codec.Assembler(h.num_elements, dtype, out=out)
         if self.link_in:
             self.link_in.start(latency=False)
@@ -221,8 +282,7 @@ class ShardServicer(pb_grpc.ParameterShardServicer):
                 asm.add(data)
             data = asm.finish()
         except ValueError as e:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(e))
-        self.bytes_in += asm.received
+            raise ShardError(grpc.StatusCode.INVALID_ARGUMENT, str(e)) from None
         return h, data
 
     def stats(self) -> dict:
@@ -311,7 +371,8 @@ def rpc_handlers(servicer: ShardServicer) -> grpc.GenericRpcHandler:
 
 
 def create_server(cfg: RunConfig, shard: int, host: str = "127.0.0.1", port: int = 0):
-    """Start a shard server; returns (grpc server, servicer, bound port). Raises OSError if the port is taken."""
+    """Start a shard server and its TCP data plane (psgd/tcp.py, a port of its own on `host`);
+    returns (grpc server, servicer, bound gRPC port). Raises OSError if the port is taken."""
     reuse_freed_memory()
     servicer = ShardServicer(cfg, shard)
     # Pulls may be held by the policy, one thread each: leave room for every worker's pull and push.
@@ -325,10 +386,20 @@ def create_server(cfg: RunConfig, shard: int, host: str = "127.0.0.1", port: int
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}: the port is in use or the address is not this host's")
     server.start()
+    from psgd.tcp import DataServer  # noqa: PLC0415 - tcp builds on this module
+
+    try:
+        servicer.data_plane = DataServer(servicer, host)
+    except OSError as e:
+        server.stop(0)
+        raise OSError(f"cannot open the TCP data plane on {host}: {e}") from None
+    servicer.data_port = servicer.data_plane.port
     return server, servicer, bound
 
 
 def stop(server: grpc.Server, servicer: ShardServicer, grace: float = 1.0) -> None:
-    """Release held pulls (they return done), then stop serving."""
+    """Release held pulls (they return done), then stop serving on both transports."""
     servicer.policy.close()
+    if servicer.data_plane is not None:
+        servicer.data_plane.stop()
     server.stop(grace).wait()

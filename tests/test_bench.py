@@ -17,19 +17,22 @@ def test_transport_json(tmp_path):
     result = json.loads(r.stdout)
     assert result == json.loads(out.read_text())
     assert result["bytes"] == 512 * 1024 and result["raw_socket"]["gbps"] > 0
-    assert [row["shards"] for row in result["psgd"]] == [1, 2]
+    assert [(row["transport"], row["shards"]) for row in result["psgd"]] == [
+        ("grpc", 1), ("grpc", 2), ("tcp", 1), ("tcp", 2)]
     for row in result["psgd"]:
         assert {"push_ratio", "pull_ratio", "push_net_ratio", "apply_s", "push_gbps", "pull_gbps"} <= set(row)
         assert row["push_s"] > 0 and row["pull_s"] > 0 and row["apply_s"] >= 0
     assert result["grpc_bare"]["push_ratio"] > 0
-    assert result["small"]["ratio"] == pytest.approx(result["small"]["exchange_s"] / result["small"]["unary_rtt_s"])
+    assert [s["transport"] for s in result["small"]] == ["grpc", "tcp"]
+    for small in result["small"]:
+        assert small["ratio"] == pytest.approx(small["exchange_s"] / small["unary_rtt_s"])
     assert processes_mentioning("psgd-bench-") == [] and processes_mentioning("serve_bare") == []
     table = transport.format_table(result)
-    assert "raw TCP socket" in table and "bare gRPC" in table and "small: exchange" in table
+    assert "raw TCP socket" in table and "bare gRPC" in table and "small, tcp: exchange" in table
 
 
 def test_transport_usage_errors():
-    for bad in (["--shards", "0"], ["--size-mb", "-1"]):
+    for bad in (["--shards", "0"], ["--size-mb", "-1"], ["--transports", "udp"]):
         r = psgd("bench", "transport", *bad, timeout=60)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
 

@@ -46,3 +46,8 @@ def test_accumulation_equals_a_bigger_batch(shards):
     accumulated = run_ps(shards, workers=2, batch=8, servers=2, accumulate=2)
     plain = run_plain_torch(32)
     assert (accumulated - plain).abs().max() < 1e-5
+
+
+def test_sync_over_tcp_equals_torch(shards):
+    over_tcp = run_ps(shards, workers=4, batch=8, servers=2, transport="tcp")
+    assert (over_tcp - run_plain_torch(32)).abs().max() < 1e-5

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from psgd import link
-from psgd.client import PSClient
+from psgd.client import make_client
 from psgd.config import RunConfig, validate
 from tests.helpers import processes_mentioning, psgd, summary
 
@@ -60,11 +60,12 @@ def test_config_validates_link():
     assert validate(RunConfig(link="10gbit,5us")).link == "10gbit,5us"
 
 
-def test_paced_client_puts_every_byte_and_message_on_the_emulated_wire(shards):
+@pytest.mark.parametrize("transport", ["grpc", "tcp"])
+def test_paced_client_puts_every_byte_and_message_on_the_emulated_wire(shards, transport):
     (address,), (servicer,) = shards(RunConfig(mode="async", workers=1, servers=1, link="200mbit,1ms"))
     lk = link.parse("200mbit,1ms")
     n = 300_000  # 1.2 MB: two chunks
-    client = PSClient([address], 0, n, link=lk)
+    client = make_client(transport, [address], 0, n, link=lk)
     try:
         client.init(torch.zeros(n))
         client.push(0, torch.ones(n))

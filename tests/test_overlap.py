@@ -16,17 +16,20 @@ DATA = DataConfig(dataset="synthetic", num_samples=2000)
 OPTIM = OptimConfig(lr=0.1, momentum=0.9, weight_decay=1e-3)
 
 
-def run_ps(shards, workers: int, batch: int, servers: int, overlap: bool, accumulate: int = 1) -> torch.Tensor:
+def run_ps(shards, workers: int, batch: int, servers: int, overlap: bool, accumulate: int = 1,
+           transport: str = "grpc") -> torch.Tensor:
     cfg = RunConfig(mode="sync", workers=workers, servers=servers, batch_size=batch, steps=STEPS, seed=3,
-                    optim=OPTIM, data=DATA, model=MODEL, device="cpu", overlap=overlap, accumulate=accumulate)
+                    optim=OPTIM, data=DATA, model=MODEL, device="cpu", overlap=overlap, accumulate=accumulate,
+                    transport=transport)
     addresses, servicers = shards(cfg)
     return train_in_threads(cfg, addresses, servicers)
 
 
-@pytest.mark.parametrize("servers,accumulate", [(1, 1), (3, 1), (3, 2)])
-def test_overlap_gives_the_same_weights_as_plain_training(shards, servers, accumulate):
+@pytest.mark.parametrize("servers,accumulate,transport", [(1, 1, "grpc"), (3, 1, "grpc"), (3, 2, "grpc"),
+                                                       (3, 1, "tcp")])
+def test_overlap_gives_the_same_weights_as_plain_training(shards, servers, accumulate, transport):
     overlapped = run_ps(shards, workers=2, batch=16 // accumulate, servers=servers, overlap=True,
-                        accumulate=accumulate)
+                        accumulate=accumulate, transport=transport)
     assert (overlapped - run_plain_torch(32)).abs().max() < 1e-5
 
 

@@ -2,12 +2,13 @@
 
 Contract: one run measures, side by side on 127.0.0.1,
 - the ceiling: a plain TCP socket (`sendall` of the whole buffer, `recv_into` a preallocated one),
-- psgd's `PSClient.push` and `PSClient.pull` of `--size-mb` MiB of fp32 against K = 1, 2, 4 shard
-  processes (`psgd server --mode async --workers 1`, so nothing ever blocks on a policy),
+- psgd's push and pull of `--size-mb` MiB of fp32 against K = 1, 2, 4 shard processes
+  (`psgd server --mode async --workers 1`, so nothing ever blocks on a policy), on each of
+  `--transports`: grpc (`PSClient`) and tcp (`TcpClient`, the raw-socket data plane, psgd/tcp.py),
 - the shards' optimizer step (`apply`), reported apart: in async mode it runs inside the Push
   RPC, so `push_net` = push time minus the slowest shard's apply time is the transport alone,
 - small messages: one full step's exchange (pull + push) of a `--small-params` model over 2
-  shards against one bare unary gRPC round trip (`Info`) on the same channel,
+  shards, on each transport, against one bare unary gRPC round trip (`Info`) on the same channel,
 - gRPC's own floor, to tell gRPC's cost from psgd's: a bare gRPC service (`serve_bare`, identity
   serialisers, no psgd code, in its own process) streaming the same 1 MiB frames pre-built, and
   the same small-message pattern (2 parallel server-streaming + 2 client-streaming calls).
@@ -115,15 +116,15 @@ def shard_stats(out: Path, num_shards: int) -> list[dict]:
 
 
 @contextlib.contextmanager
-def fresh_client(num_shards: int, num_elements: int):
-    """Worker 0's PSClient on K fresh shard processes, initialised with zeros. Yields
-    (client, stats): `stats` is filled with the shards' shard-K.json once they have stopped."""
-    from psgd.client import PSClient
+def fresh_client(num_shards: int, num_elements: int, transport: str = "grpc"):
+    """Worker 0's client (of `transport`) on K fresh shard processes, initialised with zeros.
+    Yields (client, stats): `stats` is filled with the shards' shard-K.json once they stopped."""
+    from psgd.client import make_client
 
     stats: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="psgd-bench-") as tmp:
         with shard_servers(num_shards, Path(tmp)) as addresses:
-            client = PSClient(addresses, 0, num_elements)
+            client = make_client(transport, addresses, 0, num_elements)
             try:
                 client.wait_ready()
                 client.init(torch.zeros(num_elements))
@@ -133,12 +134,12 @@ def fresh_client(num_shards: int, num_elements: int):
         stats.extend(shard_stats(Path(tmp), num_shards))
 
 
-def measure_push_pull(num_shards: int, num_elements: int, repeat: int) -> dict:
+def measure_push_pull(num_shards: int, num_elements: int, repeat: int, transport: str = "grpc") -> dict:
     """Median push / pull seconds of num_elements fp32 over K shards, and the shards' apply time."""
     grad = torch.randn(num_elements) * 1e-3
     out_buf = torch.empty(num_elements)
     push_s, pull_s = [], []
-    with fresh_client(num_shards, num_elements) as (client, stats):
+    with fresh_client(num_shards, num_elements, transport) as (client, stats):
         for clock in range(repeat + 1):
             t0 = time.perf_counter()
             client.push(clock, grad)
@@ -153,7 +154,7 @@ def measure_push_pull(num_shards: int, num_elements: int, repeat: int) -> dict:
     return {"push_s": statistics.median(push_s), "pull_s": statistics.median(pull_s), "apply_s": apply_s}
 
 
-def measure_small(num_shards: int, num_elements: int, repeat: int) -> dict:
+def measure_small(num_shards: int, num_elements: int, repeat: int, transport: str = "grpc") -> dict:
     """Median seconds of one step's exchange (pull + push) and of one bare unary Info round trip."""
     from psgd._proto import parameter_server_pb2 as pb
 
@@ -161,7 +162,7 @@ def measure_small(num_shards: int, num_elements: int, repeat: int) -> dict:
     out_buf = torch.empty(num_elements)
     warm = max(5, repeat // 10)
     exchange, rtt = [], []
-    with fresh_client(num_shards, num_elements) as (client, _):
+    with fresh_client(num_shards, num_elements, transport) as (client, _):
         for clock in range(repeat + warm):
             t0 = time.perf_counter()
             client.pull(clock, out_buf)
@@ -278,17 +279,19 @@ def measure_bare(nbytes: int, repeat: int, small_bytes: int, small_repeat: int) 
     return result
 
 
-def run(size_mb: float, shards: list[int], repeat: int, small_params: int, small_repeat: int) -> dict:
+def run(size_mb: float, shards: list[int], repeat: int, small_params: int, small_repeat: int,
+        transports: tuple[str, ...] = ("grpc", "tcp")) -> dict:
     torch.set_num_threads(1)  # like a worker process (launch.child_env sets OMP_NUM_THREADS=1)
     num_elements = int(size_mb * MIB) // 4
     nbytes = num_elements * 4
     raw_samples: list[float] = []
     rows = []
-    for k in shards:
-        # Raw socket right before each psgd measurement: drift on a shared machine hits both.
-        raw_samples += raw_socket_seconds(nbytes, repeat)
-        m = measure_push_pull(k, num_elements, repeat)
-        rows.append({"shards": k, **m})
+    for transport in transports:
+        for k in shards:
+            # Raw socket right before each psgd measurement: drift on a shared machine hits both.
+            raw_samples += raw_socket_seconds(nbytes, repeat)
+            m = measure_push_pull(k, num_elements, repeat, transport)
+            rows.append({"transport": transport, "shards": k, **m})
     raw_samples += raw_socket_seconds(nbytes, repeat)
     bare = measure_bare(nbytes, repeat, small_params * 4, small_repeat)
     raw_s = statistics.median(raw_samples)
@@ -306,13 +309,16 @@ def run(size_mb: float, shards: list[int], repeat: int, small_params: int, small
         "grpc_bare": {"push_s": bare["push_s"], "pull_s": bare["pull_s"], "push_ratio": raw_s / bare["push_s"],
                       "pull_ratio": raw_s / bare["pull_s"]},
         "psgd": rows,
+        "small": [],
     }
     if small_params:
-        small = measure_small(2, small_params, small_repeat)
-        small["ratio"] = small["exchange_s"] / small["unary_rtt_s"]
-        small["bare_exchange_s"] = bare["small_exchange_s"]
-        small["bare_ratio"] = bare["small_exchange_s"] / small["unary_rtt_s"]
-        result["small"] = {"params": small_params, "shards": 2, **small}
+        result["grpc_bare"]["small_exchange_s"] = bare["small_exchange_s"]
+        for transport in transports:
+            small = measure_small(2, small_params, small_repeat, transport)
+            small["ratio"] = small["exchange_s"] / small["unary_rtt_s"]
+            # The bare pattern against the round trip measured beside this transport's exchanges.
+            small["bare_ratio"] = bare["small_exchange_s"] / small["unary_rtt_s"]
+            result["small"].append({"transport": transport, "params": small_params, "shards": 2, **small})
     return result
 
 
@@ -321,17 +327,18 @@ def format_table(r: dict) -> str:
              f"(median of {r['repeat']}, {r['raw_socket']['seconds'] * 1e3:.1f} ms)",
              f"bare gRPC, same 1 MiB frames pre-built: push {r['grpc_bare']['push_ratio']:.2f} x raw, "
              f"pull {r['grpc_bare']['pull_ratio']:.2f} x raw (gRPC's own ceiling)",
-             "shards  push GB/s  x raw  push-apply x raw  pull GB/s  x raw  apply ms (GB/s per shard)"]
+             "transport  shards  push GB/s  x raw  push-apply x raw  pull GB/s  x raw  apply ms (GB/s per shard)"]
     for row in r["psgd"]:
-        lines.append(f"{row['shards']:>6}  {row['push_gbps']:>9.2f}  {row['push_ratio']:>5.2f}  "
+        lines.append(f"{row['transport']:>9}  {row['shards']:>6}  {row['push_gbps']:>9.2f}  {row['push_ratio']:>5.2f}  "
                      f"{row['push_net_ratio']:>16.2f}  {row['pull_gbps']:>9.2f}  {row['pull_ratio']:>5.2f}  "
                      f"{row['apply_s'] * 1e3:>8.1f} ({row['apply_gbps']:.2f})")
-    if "small" in r:
-        s = r["small"]
-        lines.append(f"small: exchange (pull + push) of {s['params']} params over {s['shards']} shards "
-                     f"{s['exchange_s'] * 1e3:.2f} ms = {s['ratio']:.2f} x a bare unary round trip "
-                     f"({s['unary_rtt_s'] * 1e3:.2f} ms); bare gRPC, same calls: {s['bare_exchange_s'] * 1e3:.2f} ms "
-                     f"= {s['bare_ratio']:.2f} x")
+    for s in r["small"]:
+        lines.append(f"small, {s['transport']}: exchange (pull + push) of {s['params']} params over {s['shards']} "
+                     f"shards {s['exchange_s'] * 1e3:.2f} ms = {s['ratio']:.2f} x a bare unary gRPC round trip "
+                     f"({s['unary_rtt_s'] * 1e3:.2f} ms)")
+    if r["small"]:
+        lines.append(f"small, bare gRPC making the same calls: {r['grpc_bare']['small_exchange_s'] * 1e3:.2f} ms "
+                     f"= {r['small'][0]['bare_ratio']:.2f} x")
     return "\n".join(lines)
 
 
@@ -345,12 +352,18 @@ def main(argv: list[str]) -> int:
     p.add_argument("--small-params", type=int, default=100_000,
                    help="parameters of the small-message exchange (0: skip it)")
     p.add_argument("--small-repeat", type=int, default=200, help="timed small-message exchanges")
+    p.add_argument("--transports", default="grpc,tcp",
+                   help="psgd transports to measure, comma-separated: grpc, tcp (default both)")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--out", default="", help="also write the JSON result to this file")
     a = p.parse_args(argv)
     if a.size_mb <= 0 or a.repeat < 1 or a.small_params < 0 or a.small_repeat < 1:
         raise UsageError("--size-mb must be > 0, --repeat and --small-repeat >= 1, --small-params >= 0")
-    result = run(a.size_mb, parse_int_list(a.shards, "--shards"), a.repeat, a.small_params, a.small_repeat)
+    transports = tuple(t.strip() for t in a.transports.split(",") if t.strip())
+    if not transports or not set(transports) <= {"grpc", "tcp"}:
+        raise UsageError(f"--transports takes grpc and / or tcp, comma-separated; got {a.transports!r}")
+    result = run(a.size_mb, parse_int_list(a.shards, "--shards"), a.repeat, a.small_params, a.small_repeat,
+                 transports)
     result["command"] = "psgd bench transport " + " ".join(argv)
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
