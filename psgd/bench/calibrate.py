@@ -3,7 +3,8 @@
 Contract: measures, then writes `--out` (default results/bench/calibration.json) with the fitted
 `machine` and `workload` (what `psgd model` and `psgd bench scaling` read), every raw point and
 the exact command:
-- PS transport (psgd push / pull against one shard, psgd/bench/transport.py): alpha = median
+- PS transport (psgd push / pull against one shard over `--transport`, grpc or tcp,
+  psgd/bench/transport.py): alpha = median
   one-way time of a tiny message (push and pull of 1 KiB); beta = least-squares slope of
   one-way time vs bytes over `--sizes-mb` (push without the shard's optimizer step, and pull).
 - server apply: slope of the shard's optimizer-step time vs bytes (gamma).
@@ -42,13 +43,13 @@ def fit_line(x: list[float], y: list[float]) -> tuple[float, float, float]:
     return float(a), float(b), 1.0 - float((resid ** 2).sum()) / total if total > 0 else 1.0
 
 
-def measure_ps(sizes_mb: list[float], repeat: int) -> dict:
+def measure_ps(sizes_mb: list[float], repeat: int, transport_name: str = "grpc") -> dict:
     points = []
     for mb in sizes_mb:
         n = max(1, int(mb * MIB) // 4)
-        m = transport.measure_push_pull(1, n, repeat)
+        m = transport.measure_push_pull(1, n, repeat, transport_name)
         points.append({"bytes": 4 * n, "push_net_s": max(0.0, m["push_s"] - m["apply_s"]), **m})
-    tiny = transport.measure_push_pull(1, 256, max(20, repeat * 4))
+    tiny = transport.measure_push_pull(1, 256, max(20, repeat * 4), transport_name)
     x = [p["bytes"] for p in points] * 2
     y = [p["push_net_s"] for p in points] + [p["pull_s"] for p in points]
     _, beta, r2 = fit_line(x, y)
@@ -96,8 +97,8 @@ def measure_compute(width: int, batches: tuple[int, ...] = (8, 32, 64), repeat: 
             "compute_s_per_sample": per_sample, "r2": r2, "batches": list(batches), "seconds": times}
 
 
-def calibrate(sizes_mb: list[float], repeat: int, width: int, ring: bool) -> dict:
-    ps = measure_ps(sizes_mb, repeat)
+def calibrate(sizes_mb: list[float], repeat: int, width: int, ring: bool, transport_name: str = "grpc") -> dict:
+    ps = measure_ps(sizes_mb, repeat, transport_name)
     rg = measure_ring(sizes_mb, repeat) if ring else None
     comp = measure_compute(width)
     machine = {"alpha_s": ps["alpha_s"], "beta_s_per_byte": ps["beta_s_per_byte"],
@@ -107,12 +108,14 @@ def calibrate(sizes_mb: list[float], repeat: int, width: int, ring: bool) -> dic
     workload = {"params": comp["params"], "wire_bytes": 4, "batch": 32,
                 "compute_s_fixed": comp["compute_s_fixed"], "compute_s_per_sample": comp["compute_s_per_sample"]}
     return {"machine": machine, "workload": workload, "model": {"model": "wide_mlp", "width": width},
+            "transport": transport_name,
             "fits": {"ps": ps, "ring": rg, "compute": comp}}
 
 
 def summary(c: dict) -> str:
     m, w, f = c["machine"], c["workload"], c["fits"]
-    lines = [f"PS transport: alpha {m['alpha_s'] * 1e3:.3f} ms, beta {m['beta_s_per_byte'] * 1e9:.3f} ns/B "
+    lines = [f"PS transport ({c.get('transport', 'grpc')}): alpha {m['alpha_s'] * 1e3:.3f} ms, "
+             f"beta {m['beta_s_per_byte'] * 1e9:.3f} ns/B "
              f"({1 / m['beta_s_per_byte'] / 1e9:.2f} GB/s), r^2 {f['ps']['r2']:.3f}",
              f"server apply: {m['apply_s_per_byte'] * 1e9:.3f} ns/B ({1 / max(m['apply_s_per_byte'], 1e-15) / 1e9:.2f}"
              f" GB/s), r^2 {f['ps']['r2_apply']:.3f}"]
@@ -135,6 +138,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--width", type=int, default=3500, help="wide_mlp width of the compute fit (scaling's model)")
     p.add_argument("--ring", action=argparse.BooleanOptionalAction, default=True,
                    help="also fit the library all-reduce (N=2)")
+    p.add_argument("--transport", default="grpc", choices=("grpc", "tcp"),
+                   help="the PS transport whose alpha and beta to fit (psgd/tcp.py for tcp)")
     p.add_argument("--out", default="results/bench/calibration.json", help="where to write the fit")
     a = p.parse_args(argv)
     try:
@@ -143,7 +148,7 @@ def main(argv: list[str]) -> int:
         raise UsageError(f"--sizes-mb expects comma-separated numbers, got {a.sizes_mb!r}") from None
     if len(sizes) < 2 or min(sizes) <= 0 or a.repeat < 1 or a.width < 1:
         raise UsageError("--sizes-mb needs at least two sizes > 0; --repeat and --width must be >= 1")
-    result = calibrate(sizes, a.repeat, a.width, a.ring)
+    result = calibrate(sizes, a.repeat, a.width, a.ring, a.transport)
     result["command"] = "psgd bench calibrate " + " ".join(argv)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,8 @@ Writes OUT/scaling.csv, OUT/scaling.png (three panels), OUT/command.txt, and the
 With a calibration (`psgd bench calibrate`) of the same width it also compares the cost model's
 step times (psgd/costmodel.py, one host) with the measured ones: OUT/validation.csv.
 `--overlap` adds a PS row with `psgd run --overlap` for each (N, K); `--link` runs the PS rows
-over an emulated link (psgd/link.py).
+over an emulated link (psgd/link.py); `--transports grpc,tcp` runs every PS row on each
+transport (psgd/tcp.py), side by side in one sweep.
 
     psgd bench scaling                                     # default: a few minutes on 2 cores
     psgd bench scaling --width 3500 --workers 1,2,4,8 --shards 1,2,4 --steps 6 --include-ring
@@ -36,7 +37,7 @@ from psgd.bench.transport import parse_int_list
 from psgd.config import DataConfig, ModelConfig, RunConfig, to_argv
 from psgd.metrics import read_events
 
-FIELDS = ["mode", "workers", "shards", "overlap", "width", "params", "batch", "steps", "status", "step_s",
+FIELDS = ["mode", "workers", "shards", "overlap", "transport", "width", "params", "batch", "steps", "status", "step_s",
           "updates_per_s", "samples_per_s", "compute_s", "comm_s", "wait_s", "busiest_bytes", "busiest", "note"]
 
 
@@ -85,6 +86,7 @@ def run_one(cfg: RunConfig, retries: int, keep: bool = False) -> dict:
 
     row = {"mode": "ring" if cfg.mode == "allreduce" else cfg.mode, "workers": cfg.workers,
            "shards": cfg.servers if cfg.mode != "allreduce" else 0, "overlap": cfg.overlap,
+           "transport": cfg.transport if cfg.mode != "allreduce" else "torch.distributed",
            "width": cfg.model.width, "batch": cfg.batch_size, "steps": cfg.steps}
     failures = []
     for _ in range(retries + 1):
@@ -111,10 +113,11 @@ def configs(a: argparse.Namespace, out: Path) -> list[RunConfig | dict]:
     todo: list[RunConfig | dict] = []
     for n in a.workers:
         for k in a.shards:
-            for overlap in (False, True) if a.overlap else (False,):
-                name = f"ps-n{n}-k{k}" + ("-overlap" if overlap else "")
-                todo.append(dataclasses.replace(base, workers=n, servers=k, overlap=overlap, link=link,
-                                                out=str(out / name)))
+            for transport in getattr(a, "transports", ["grpc"]):
+                for overlap in (False, True) if a.overlap else (False,):
+                    name = f"ps-n{n}-k{k}" + ("-overlap" if overlap else "") + ("" if transport == "grpc" else "-tcp")
+                    todo.append(dataclasses.replace(base, workers=n, servers=k, overlap=overlap, link=link,
+                                                    transport=transport, out=str(out / name)))
         if a.include_ring and n >= 2:
             if link:
                 todo.append({"mode": "ring", "workers": n, "shards": 0, "width": a.width, "batch": a.batch_size,
@@ -136,23 +139,24 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     import matplotlib.pyplot as plt
 
     ok = [r for r in rows if r["status"] == "ok"]
-    series = list(dict.fromkeys((r["mode"], r["shards"], r["overlap"]) for r in ok))
+    series = list(dict.fromkeys((r["mode"], r["shards"], r["overlap"], r.get("transport", "grpc")) for r in ok))
 
     def label(key) -> str:
-        mode, k, overlap = key
-        return "ring all-reduce" if mode == "ring" else f"PS sync, K={k}" + (", overlap" if overlap else "")
+        mode, k, overlap, transport = key
+        return "ring all-reduce" if mode == "ring" else (
+            f"PS sync, K={k}" + (", overlap" if overlap else "") + (", tcp" if transport == "tcp" else ""))
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     for key in series:
         pts = sorted((r["workers"], r["updates_per_s"], r["busiest_bytes"]) for r in ok
-                     if (r["mode"], r["shards"], r["overlap"]) == key)
+                     if (r["mode"], r["shards"], r["overlap"], r.get("transport", "grpc")) == key)
         ns = [p[0] for p in pts]
         axes[0].plot(ns, [p[1] for p in pts], marker="o", label=label(key))
         axes[2].plot(ns, [p[2] / 1e6 for p in pts], marker="o", label=label(key))
     names, bottoms = [], []
     for i, r in enumerate(ok):
         names.append(f"{'ring' if r['mode'] == 'ring' else 'K=' + str(r['shards'])}{'+ov' if r['overlap'] else ''}"
-                     f"\nN={r['workers']}")
+                     f"{'/tcp' if r.get('transport') == 'tcp' else ''}\nN={r['workers']}")
         bottom = 0.0
         for part, color in (("compute_s", "tab:blue"), ("comm_s", "tab:orange"), ("wait_s", "tab:gray")):
             axes[1].bar(i, r[part], bottom=bottom, color=color, label=part[:-2] if i == 0 else None)
@@ -183,7 +187,10 @@ def validate_against_model(rows: list[dict], calibration: Path, width: int) -> l
         return f"no calibration at {calibration}: run `psgd bench calibrate --width {width}` to validate the model"
     if raw.get("model", {}).get("width") != width:
         return f"calibration is for width {raw.get('model', {}).get('width')}, not {width}: recalibrate"
-    measured = [r for r in rows if r["status"] == "ok" and r["mode"] in ("sync", "ring") and not r["overlap"]]
+    # The model's PS figures are fitted on one transport: validate the rows that used it.
+    fitted = raw.get("transport", "grpc")
+    measured = [r for r in rows if r["status"] == "ok" and r["mode"] in ("sync", "ring") and not r["overlap"]
+                and r.get("transport") in (fitted, "torch.distributed")]
     return cm.validate(measured, machine, dataclasses.replace(work, params=int(measured[0]["params"]))) \
         if measured else "no measured rows"
 
@@ -202,6 +209,7 @@ def main(argv: list[str]) -> int:
                    help="also run the ring all-reduce for each N >= 2")
     p.add_argument("--overlap", action="store_true", help="add a PS --overlap row for each (N, K)")
     p.add_argument("--link", default="", help="run the PS rows over an emulated link, e.g. 1gbit,200us (psgd/link.py)")
+    p.add_argument("--transports", default="grpc", help="PS transports, comma-separated: grpc, tcp (psgd/tcp.py)")
     p.add_argument("--keep-runs", action="store_true", help="keep each run's parameter snapshots (*.pt)")
     p.add_argument("--retries", type=int, default=1, help="rerun a failed configuration this many times")
     p.add_argument("--calibration", default="results/bench/calibration.json", help="cost model fit to validate")
@@ -216,6 +224,9 @@ def main(argv: list[str]) -> int:
         link.parse(a.link)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    a.transports = [t.strip() for t in a.transports.split(",") if t.strip()]
+    if not a.transports or not set(a.transports) <= {"grpc", "tcp"}:
+        raise UsageError("--transports takes grpc and / or tcp, comma-separated")
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "command.txt").write_text("psgd bench scaling " + " ".join(argv) + "\n")
@@ -230,7 +241,8 @@ def main(argv: list[str]) -> int:
         row = run_one(item, a.retries, a.keep_runs)
         rows.append(row)
         shown = f"{row['step_s']:.3f} s/step" if row["status"] == "ok" else row["status"]
-        print(f"{row['mode']} N={row['workers']} K={row['shards']}{' overlap' if row['overlap'] else ''}: {shown}"
+        print(f"{row['mode']} N={row['workers']} K={row['shards']}{' overlap' if row['overlap'] else ''}"
+              f"{' tcp' if row['transport'] == 'tcp' else ''}: {shown}"
               f"   ({'psgd run ' + ' '.join(to_argv(item))})", flush=True)
         with open(out / "scaling.csv", "w", newline="") as f:  # rewritten after every run: partial results survive
             w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
