@@ -1,4 +1,4 @@
-"""gRPC servicer for one parameter shard: stores and moves bytes; `consistency.py` decides when.
+"""One parameter shard: stores and moves bytes; `consistency.py` decides when.
 
 Contract (service `psgd.v1.ParameterShard`, see protos/):
 - `Init`: the first caller's values become the shard's parameters (later calls are no-ops);
@@ -12,6 +12,12 @@ Contract (service `psgd.v1.ParameterShard`, see protos/):
   linear warmup), so a sync run reproduces single-process training.
 - Snapshots of the parameters are kept every `--eval-every` updates (and at 0 and the end);
   they are evaluated after the run (psgd/evaluate.py), so evaluation never disturbs timing.
+
+Two transports, one core: `check_header`, `require_ready`, `push_received`, `pull_values` and
+`init_received` hold every check and state change and raise `ShardError(status, message)`; the
+gRPC methods below (`aborts` turns a ShardError into the RPC's status) and the raw-TCP data
+plane (psgd/tcp.py, started by `create_server` on a port of its own, told to workers by `Info`)
+only move bytes in and out around them.
 
 Locking: the policy's condition (`self.policy.cond`) is the one lock of the servicer; it guards
 the parameters, the optimizer, the snapshots and the counters. The policy calls `_apply` and
