@@ -19,6 +19,8 @@ failures raise `ExchangeError` with one line.
 Copies (see codec.py): a push copies each chunk of the gradient once, into a ready-serialised
 frame; a pull writes each received chunk once, straight into `out` (the model's flat buffer).
 With a `link` (psgd/link.py, `--link`) every stream is paced to that emulated wire.
+`make_client("tcp", ...)` gives `tcp.TcpClient`, this class with push and pull moved to the
+shards' raw-socket data planes (`--transport tcp`); everything above holds for it too.
 """
 
 from __future__ import annotations

@@ -166,7 +166,8 @@ class DataServer(socketserver.ThreadingTCPServer):
     def __init__(self, servicer: ShardServicer, host: str = "127.0.0.1") -> None:
         self.servicer = servicer
         self.connections: set[socket.socket] = set()
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # guards connections and stopping
+        self.stopping = False
         super().__init__((host, 0), _Connection)
         self.port = self.server_address[1]
         self.thread = threading.Thread(target=self.serve_forever, name=f"psgd-tcp-{servicer.shard}", daemon=True)
@@ -177,6 +178,9 @@ class DataServer(socketserver.ThreadingTCPServer):
         Call after `policy.close()`, so that no pull is still held."""
         self.shutdown()
         with self.lock:
+            # A connection accepted just before shutdown() registers itself in setup(), after
+            # this: the flag makes it cut itself, so that server_close() never waits on it.
+            self.stopping = True
             for conn in self.connections:
                 with contextlib.suppress(OSError):
                     conn.shutdown(socket.SHUT_RDWR)
@@ -190,6 +194,9 @@ class _Connection(socketserver.BaseRequestHandler):
     def setup(self) -> None:
         self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         with self.server.lock:
+            if self.server.stopping:
+                with contextlib.suppress(OSError):
+                    self.request.shutdown(socket.SHUT_RDWR)  # handle() then reads EOF and returns
             self.server.connections.add(self.request)
 
     def finish(self) -> None:
@@ -254,6 +261,7 @@ class _Connection(socketserver.BaseRequestHandler):
             if payload_len:
                 raise ShardError(grpc.StatusCode.INVALID_ARGUMENT, "a pull request carries no payload")
             request = _parse(pb.PullRequest, header)
+            # A frame carries no deadline: the shard's own --rpc-timeout bounds a held pull.
             reply, snap = shard.pull_values(request, shard.cfg.rpc_timeout)
         except ShardError as e:
             self._refuse(e, payload_len)
