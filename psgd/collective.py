@@ -170,6 +170,7 @@ class CollectiveExchange:
             torch.cuda.set_device(rdv.local_rank % torch.cuda.device_count())
         self.bucket_numel = max(1, int(cfg.bucket_mb * MIB) // 4)  # fp32 elements per bucket
         self.opt: torch.optim.Optimizer | None = None
+        self.joined = False  # a process group was set up (then `psgd worker` leaves by os._exit)
         self.version = 0
         self.snapshots: list[tuple[int, float, torch.Tensor]] = []  # rank 0: (version, unix time, params)
         self.stats = dict(bytes_sent=0, bytes_received=0, allreduce_s=0.0, optimizer_s=0.0, check_s=0.0,
@@ -195,6 +196,7 @@ class CollectiveExchange:
         self._guard(f"rendezvous ({self.backend}, {self.n} ranks)", lambda: dist.init_process_group(
             self.backend, init_method=self.rdv.init_method, rank=self.rdv.rank, world_size=self.n,
             timeout=timeout, **extra))
+        self.joined = True
         buf = self._on_comm_device(flat.params)
         self._guard("broadcast of the initial parameters", lambda: dist.broadcast(buf, src=0))
         if buf is not flat.params:
