@@ -19,7 +19,9 @@ The headers are the .proto's own messages, and the server runs the same core as 
 servicer (`ShardServicer.check_header / push_received / pull_values`): one schema, one set of
 checks, one consistency policy, whichever transport carries the bytes. A connection carries one
 request at a time; a client keeps a small pool of connections per shard, so an overlapped push
-and pull (psgd/overlap.py) each get one.
+and pull (psgd/overlap.py) each get one. `push` / `pull` to K shards of at most ROUND_MAX_BYTES
+each send every request from the calling thread before reading any reply (one round trip, no
+thread hand-offs); larger shards get a thread each, so that the K copies use several cores.
 
 Copies: a payload goes from the tensor's memory to the socket (`sendmsg` of a memoryview) and
 from the socket straight into the destination tensor (`recv_into`): the kernel's copy is the only
