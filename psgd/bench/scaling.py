@@ -113,7 +113,7 @@ def configs(a: argparse.Namespace, out: Path) -> list[RunConfig | dict]:
     todo: list[RunConfig | dict] = []
     for n in a.workers:
         for k in a.shards:
-            for transport in a.transports:
+            for transport in getattr(a, "transports", ["grpc"]):
                 for overlap in (False, True) if a.overlap else (False,):
                     name = f"ps-n{n}-k{k}" + ("-overlap" if overlap else "") + ("" if transport == "grpc" else "-tcp")
                     todo.append(dataclasses.replace(base, workers=n, servers=k, overlap=overlap, link=link,
