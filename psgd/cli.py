@@ -75,6 +75,9 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--epochs", type=float, default=d.epochs, help="budget in epochs instead of --steps (if > 0)")
     g.add_argument("--batch-size", type=int, default=d.batch_size, help="samples per worker per micro-batch")
     g.add_argument("--accumulate", type=int, default=d.accumulate, help="micro-batches accumulated per push")
+    g.add_argument("--local-steps", type=int, default=d.local_steps, metavar="H",
+                   help="local SGD: H optimizer steps on each worker's replica between synchronous averagings "
+                        "(sync PS or allreduce; 1 = average every step)")
     g.add_argument("--seed", type=int, default=d.seed, help="seed of model init and batch order")
     g.add_argument("--eval-every", type=int, default=d.eval_every,
                    help="snapshot parameters every this many updates, evaluated after the run (0: end only)")
@@ -114,8 +117,13 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--data-dir", default=dd.data_dir, help="MNIST IDX files; mnist1d cache (default ~/.cache/psgd)")
     g.add_argument("--num-samples", type=int, default=dd.num_samples, help="samples to generate (80%% train)")
     g.add_argument("--data-seed", type=int, default=dd.data_seed, help="seed of the generated dataset")
-    g.add_argument("--shard-data", default=dd.shard_data, choices=("iid", "noniid"),
-                   help="noniid: sort by label, worker r trains on part r only")
+    g.add_argument("--shard-data", default=dd.shard_data, choices=C.SHARD_DATA,
+                   help="noniid: sort by label, worker r trains on part r only; dirichlet: each class split "
+                        "among workers in Dir(alpha) shares (Hsu et al. 2019)")
+    g.add_argument("--dirichlet-alpha", type=float, default=dd.dirichlet_alpha, metavar="ALPHA",
+                   help="dirichlet label skew: 100 is nearly IID, 0.1 gives most workers a few classes")
+    g.add_argument("--val-fraction", type=float, default=dd.val_fraction,
+                   help="hold this fraction of the training set out as a validation split (LR tuning)")
     g.add_argument("--model", default=dm.model, choices=C.MODELS, help="model to train")
     g.add_argument("--width", type=int, default=dm.width, help="hidden width (0: model default)")
     g = p.add_argument_group("optimizer (torch.optim.SGD, applied by the servers or every replica)")
@@ -129,14 +137,15 @@ def config_from_args(a: argparse.Namespace) -> C.RunConfig:
     servers = a.servers if isinstance(a.servers, int) else len(a.servers)
     cfg = C.RunConfig(
         mode=a.mode, workers=a.workers, servers=servers, staleness=a.staleness, steps=a.steps,
-        epochs=a.epochs, batch_size=a.batch_size, accumulate=a.accumulate, seed=a.seed,
+        epochs=a.epochs, batch_size=a.batch_size, accumulate=a.accumulate, local_steps=a.local_steps, seed=a.seed,
         eval_every=a.eval_every, device=a.device, wire_dtype=a.wire_dtype,
         straggler=tuple(a.straggler), jitter=a.jitter, skip_nonfinite=a.skip_nonfinite,
         rpc_timeout=a.rpc_timeout, fail_at=tuple(a.fail_at), out=a.out, allreduce_impl=a.allreduce_impl,
         bucket_mb=a.bucket_mb, backend=a.backend, check_every=a.check_every, overlap=a.overlap, link=a.link,
         transport=a.transport,
         data=C.DataConfig(dataset=a.dataset, data_dir=a.data_dir, num_samples=a.num_samples,
-                          data_seed=a.data_seed, shard_data=a.shard_data),
+                          data_seed=a.data_seed, shard_data=a.shard_data,
+                          dirichlet_alpha=a.dirichlet_alpha, val_fraction=a.val_fraction),
         model=C.ModelConfig(model=a.model, width=a.width),
         optim=C.OptimConfig(lr=a.lr, momentum=a.momentum, weight_decay=a.weight_decay, warmup=a.warmup),
     )

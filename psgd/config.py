@@ -23,6 +23,7 @@ DEVICES = ("auto", "cpu", "cuda")
 ALLREDUCE_IMPLS = ("library", "ring")
 BACKENDS = ("auto", "gloo", "nccl")
 TRANSPORTS = ("grpc", "tcp")
+SHARD_DATA = ("iid", "noniid", "dirichlet")
 
 
 @dataclass(frozen=True)
@@ -31,7 +32,9 @@ class DataConfig:
     data_dir: str = ""              # where MNIST IDX files live; also the mnist1d cache ("" = ~/.cache/psgd)
     num_samples: int = 5000         # synthetic / mnist1d: samples generated, split 80% train / 20% test
     data_seed: int = 42             # seed of the generated dataset (kept apart from --seed)
-    shard_data: str = "iid"         # iid: worker r takes slice r of each global batch; noniid: label-sorted shards
+    shard_data: str = "iid"         # iid: slice r of each global batch | noniid: label-sorted parts | dirichlet
+    dirichlet_alpha: float = 1.0    # dirichlet: label skew, class shares per worker ~ Dir(alpha) (small = skewed)
+    val_fraction: float = 0.0       # held out of the training set as a validation split (for LR tuning)
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,7 @@ class RunConfig:
     epochs: float = 0.0             # if > 0, overrides steps: epochs over the training set
     batch_size: int = 32            # per worker, per micro-batch
     accumulate: int = 1             # local micro-batches per push (gradient accumulation)
+    local_steps: int = 1            # local SGD: H optimizer steps on the replica between averagings (sync, allreduce)
     seed: int = 0                   # model init and batch order
     eval_every: int = 20            # servers snapshot parameters every this many updates (0 = end only)
     device: str = "auto"            # auto | cpu | cuda
@@ -124,7 +128,14 @@ def validate(cfg: RunConfig) -> RunConfig:
          f"--fail-at needs RANK=STEP with 0 <= RANK < {cfg.workers}"),
         (cfg.data.dataset in DATASETS, f"--dataset must be one of {', '.join(DATASETS)}"),
         (cfg.data.num_samples >= 10, f"--num-samples must be >= 10, got {cfg.data.num_samples}"),
-        (cfg.data.shard_data in ("iid", "noniid"), "--shard-data must be iid or noniid"),
+        (cfg.data.shard_data in SHARD_DATA, f"--shard-data must be one of {', '.join(SHARD_DATA)}"),
+        (cfg.data.dirichlet_alpha > 0 and math.isfinite(cfg.data.dirichlet_alpha),
+         f"--dirichlet-alpha must be > 0, got {cfg.data.dirichlet_alpha}"),
+        (0 <= cfg.data.val_fraction < 1, f"--val-fraction must be in [0, 1), got {cfg.data.val_fraction}"),
+        (cfg.local_steps >= 1, f"--local-steps must be >= 1, got {cfg.local_steps}"),
+        (cfg.local_steps == 1 or cfg.mode in ("sync", "allreduce"),
+         "--local-steps is local SGD with synchronous averaging: use it with --mode sync or allreduce"),
+        (cfg.local_steps == 1 or cfg.accumulate == 1, "--local-steps and --accumulate exclude each other"),
         (cfg.model.model in MODELS, f"--model must be one of {', '.join(MODELS)}"),
         (cfg.model.width >= 0, f"--width must be >= 0, got {cfg.model.width}"),
         (cfg.optim.lr > 0 and math.isfinite(cfg.optim.lr), f"--lr must be > 0, got {cfg.optim.lr}"),
