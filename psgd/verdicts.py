@@ -1,0 +1,171 @@
+"""Verdict rules: pure functions from measured numbers (with their intervals) to an outcome.
+
+Contract: every rule returns one of five outcomes, and a rule can reach each of its outcomes
+from some input (tests/test_verdicts.py feeds synthetic numbers for every one):
+
+- confirmed      the interval of the effect lies on the claimed side and the effect is large
+                 enough to matter (its estimate beyond the rule's margin);
+- refuted        the interval lies wholly below the margin: the effect is reversed or too small
+                 to matter;
+- depends        parts of the claim come out opposite ways (say on what: the rule's reason does);
+- inconclusive   the interval straddles the margin: these seeds cannot tell;
+- not testable here   the claim needs hardware this run did not have (say which).
+
+The margins are the smallest differences worth a sentence (1 accuracy point for accuracy, 0.2x
+for a slowdown ratio); they are arguments, stated in the report next to every verdict. Accounting
+facts (fp16 moves half the bytes, k-fold accumulation pushes k times less) are not claims: they
+are tests of the code (tests/test_accounting.py) and a line in the report.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from psgd.stats import Interval
+
+CONFIRMED, REFUTED, DEPENDS, INCONCLUSIVE, NOT_TESTABLE = (
+    "confirmed", "refuted", "depends", "inconclusive", "not testable here")
+OUTCOMES = (CONFIRMED, REFUTED, DEPENDS, INCONCLUSIVE, NOT_TESTABLE)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    outcome: str
+    reason: str          # one sentence: which numbers decided it
+
+
+def effect(ci: Interval, margin: float) -> str:
+    """Claim "the effect is positive and matters": confirmed when the interval excludes 0 and the
+    estimate exceeds `margin`; refuted when even the interval's top is below `margin`."""
+    if ci.lo > 0 and ci.estimate > margin:
+        return CONFIRMED
+    if ci.hi < margin:
+        return REFUTED
+    return INCONCLUSIVE
+
+
+def no_worse(ci: Interval, margin: float) -> str:
+    """Claim "the change costs less than `margin`" (ci = new - old): confirmed when the whole
+    interval is above -margin, refuted when it is wholly below."""
+    if ci.lo > -margin:
+        return CONFIRMED
+    if ci.hi < -margin:
+        return REFUTED
+    return INCONCLUSIVE
+
+
+def combine(parts: Sequence[str]) -> str:
+    """All parts agree -> that outcome; any inconclusive -> inconclusive; a mix -> depends."""
+    parts = list(parts)
+    if not parts:
+        return INCONCLUSIVE
+    if NOT_TESTABLE in parts:
+        return NOT_TESTABLE
+    if INCONCLUSIVE in parts:
+        return INCONCLUSIVE
+    if all(p == parts[0] for p in parts):
+        return parts[0]
+    return DEPENDS
+
+
+# -- one rule per claim -------------------------------------------------------------------------
+def baseline(mlp_minus_logreg: Interval, cnn_minus_mlp: Interval, margin: float = 0.02) -> Verdict:
+    """E0: the paper's ranking on MNIST-1D, logistic regression < MLP < CNN."""
+    parts = [effect(mlp_minus_logreg, margin), effect(cnn_minus_mlp, margin)]
+    return Verdict(combine(parts), f"MLP - logreg {mlp_minus_logreg.fmt(signed=True)}, CNN - MLP "
+                                   f"{cnn_minus_mlp.fmt(signed=True)} (margin {margin})")
+
+
+def sync_beats_async(sync_minus_async: Interval, margin: float = 0.01) -> Verdict:
+    """E1: at each mode's tuned rate and equal samples, sync ends more accurate than async."""
+    return Verdict(effect(sync_minus_async, margin),
+                   f"sync - async accuracy {sync_minus_async.fmt(signed=True)} (margin {margin})")
+
+
+def straggler_hurts_sync_more(sync_minus_async_slowdown: Interval, margin: float = 0.2) -> Verdict:
+    """E2: one slow worker slows sync down by more (ratio of throughputs) than async."""
+    return Verdict(effect(sync_minus_async_slowdown, margin),
+                   f"sync's slowdown - async's {sync_minus_async_slowdown.fmt(2, signed=True)}x (margin {margin}x)")
+
+
+@dataclass(frozen=True)
+class StabilityCell:
+    lr: float
+    control_diverged: float    # fraction of seeds that diverged without staleness (N=1, same update batch)
+    async_diverged: float      # fraction of seeds of async with N workers that diverged
+
+
+def staleness_destabilises(cells: Sequence[StabilityCell]) -> Verdict:
+    """E3: some rate where async with N workers diverges in every seed while the stale-free
+    control (one worker, the same batch per update, the same samples) converges in every seed.
+    Refuted when async's edge of stability coincides with the control's inside the grid;
+    inconclusive when seeds disagree or the grid never reaches an edge."""
+    shown = [c.lr for c in cells if c.async_diverged == 1.0 and c.control_diverged == 0.0]
+    if shown:
+        return Verdict(CONFIRMED, f"async diverges in every seed at lr {', '.join(f'{x:g}' for x in shown)} "
+                                  f"where the stale-free control converges in every seed")
+    same = all(c.async_diverged == c.control_diverged and c.async_diverged in (0.0, 1.0) for c in cells)
+    edge = any(c.control_diverged == 1.0 for c in cells)
+    if same and edge:
+        return Verdict(REFUTED, "async diverges exactly where the stale-free control does")
+    if not edge and all(c.async_diverged == 0.0 for c in cells):
+        return Verdict(INCONCLUSIVE, "nothing diverged: the rate grid does not reach the edge of stability")
+    return Verdict(INCONCLUSIVE, "seeds disagree at the edge of stability")
+
+
+def retuning_pays(tuned_minus_fixed: Interval, lr_changed: bool, margin: float = 0.01) -> Verdict:
+    """E6: at the largest batch, its own tuned rate beats the small batch's rate."""
+    outcome = effect(tuned_minus_fixed, margin)
+    if outcome == CONFIRMED and not lr_changed:
+        outcome = INCONCLUSIVE  # the "tuned" rate is the small batch's: the gain is seed noise
+    return Verdict(outcome, f"tuned - small-batch rate at the largest batch {tuned_minus_fixed.fmt(signed=True)} "
+                            f"(margin {margin})")
+
+
+def skew_hurts(local_drop: Interval, sync_drop: Interval, margin: float = 0.01) -> Verdict:
+    """E7: label skew costs accuracy. Expected to depend on how often replicas are averaged:
+    local SGD (H steps apart) drifts; averaging every step keeps the mean gradient unbiased."""
+    local, every = effect(local_drop, margin), effect(sync_drop, margin)
+    outcome = combine([local, every])
+    reason = (f"drop with skew: local SGD {local_drop.fmt(signed=True)}, averaging every step "
+              f"{sync_drop.fmt(signed=True)} (margin {margin})")
+    if outcome == DEPENDS:
+        reason += "; it depends on how often the replicas are averaged"
+    return Verdict(outcome, reason)
+
+
+def keeps_accuracy(diffs: dict[str, Interval], margin: float = 0.01) -> Verdict:
+    """E8 / E9: each variant's accuracy minus the baseline's stays above -margin."""
+    outcome = combine([no_worse(ci, margin) for ci in diffs.values()])
+    return Verdict(outcome, ", ".join(f"{k}: {ci.fmt(signed=True)}" for k, ci in diffs.items())
+                   + f" (margin -{margin})")
+
+
+def communication_wall(fast_minus_slow_speedup: Interval, margin: float = 0.2) -> Verdict:
+    """E10: the speedup from adding workers is smaller on a slow link than on a fast one."""
+    return Verdict(effect(fast_minus_slow_speedup, margin),
+                   f"speedup on the fast link - on the slow one {fast_minus_slow_speedup.fmt(2, signed=True)}x "
+                   f"(margin {margin}x)")
+
+
+def library_far_faster(backend: str, ring_over_library: Interval, factor: float = 10.0) -> Verdict:
+    """E5: the seed's claim is about NCCL on GPUs; gloo on CPUs cannot test it."""
+    if backend != "nccl":
+        return Verdict(NOT_TESTABLE, f"the claim is about NCCL on GPUs; this run had {backend} on CPUs "
+                                     f"(needs 2+ CUDA GPUs with NCCL)")
+    shifted = Interval(ring_over_library.estimate - factor, ring_over_library.lo - factor,
+                       ring_over_library.hi - factor, ring_over_library.n)
+    return Verdict(effect(shifted, 0.0), f"ring / NCCL time {ring_over_library.fmt(2)}x (claim: > {factor:g}x)")
+
+
+def server_bottleneck(hosts: int, ring_minus_ps_speedup: Interval, margin: float = 0.2) -> Verdict:
+    """E4: from 1 to N workers the ring's throughput grows more than a one-shard PS's. A server's
+    link as the bottleneck needs processes on separate hosts (separate NICs): on one host every
+    process shares the cores and loopback, and the rule does not apply."""
+    if hosts <= 1:
+        return Verdict(NOT_TESTABLE, "every process shares one host's cores and loopback, so CPU, not the "
+                                     "server's link, is the scarce resource; needs workers and servers on "
+                                     "separate hosts")
+    return Verdict(effect(ring_minus_ps_speedup, margin),
+                   f"ring speedup - PS speedup {ring_minus_ps_speedup.fmt(2, signed=True)}x (margin {margin}x)")

@@ -1,0 +1,137 @@
+"""Verdict rules and intervals on synthetic numbers: every rule reaches every outcome it has."""
+
+import pytest
+
+from psgd import stats
+from psgd import verdicts as V
+from psgd.stats import Interval
+
+
+def iv(est: float, lo: float, hi: float) -> Interval:
+    return Interval(est, lo, hi, 3)
+
+
+# -- intervals ----------------------------------------------------------------------------------
+def test_bootstrap_of_two_values_is_their_range():
+    # Resampled means of {0, 1} take 0, 0.5, 1 with probabilities 1/4, 1/2, 1/4: the 95% percentile
+    # interval spans the whole range.
+    ci = stats.mean_ci([0.0, 1.0])
+    assert ci.estimate == 0.5 and ci.lo == 0.0 and ci.hi == 1.0
+
+
+def test_bootstrap_of_a_large_normal_sample_matches_the_normal_interval():
+    import numpy as np
+
+    x = np.random.default_rng(1).normal(10.0, 2.0, size=400)
+    ci = stats.mean_ci(x)
+    half = 1.96 * x.std(ddof=1) / len(x) ** 0.5
+    assert ci.lo == pytest.approx(x.mean() - half, abs=0.05)
+    assert ci.hi == pytest.approx(x.mean() + half, abs=0.05)
+
+
+def test_constant_values_and_single_seeds_give_a_point():
+    assert stats.mean_ci([0.3, 0.3, 0.3]) == Interval(pytest.approx(0.3), pytest.approx(0.3), pytest.approx(0.3), 3)
+    one = stats.diff_ci([0.7], [0.5])
+    assert (one.lo, one.hi, one.n) == (pytest.approx(0.2), pytest.approx(0.2), 1)
+    assert one.fmt() == "0.200"
+
+
+def test_difference_and_ratio_of_separated_groups_exclude_the_null():
+    d = stats.diff_ci([0.70, 0.71, 0.72], [0.50, 0.51, 0.52])
+    assert d.lo > 0.17 and d.hi < 0.23 and d.estimate == pytest.approx(0.2)
+    r = stats.ratio_ci([4.0, 4.2, 3.8], [1.0, 1.1, 0.9])
+    assert r.lo > 3 and r.hi < 5
+
+
+def test_intervals_are_reproducible():
+    assert stats.mean_ci([0.1, 0.5, 0.9]) == stats.mean_ci([0.1, 0.5, 0.9])
+
+
+# -- building blocks ----------------------------------------------------------------------------
+@pytest.mark.parametrize("ci,outcome", [
+    (iv(0.05, 0.02, 0.08), V.CONFIRMED),
+    (iv(0.005, 0.001, 0.009), V.REFUTED),      # real but smaller than the margin
+    (iv(-0.05, -0.08, -0.02), V.REFUTED),      # reversed
+    (iv(0.02, -0.01, 0.05), V.INCONCLUSIVE),   # straddles
+])
+def test_effect(ci, outcome):
+    assert V.effect(ci, 0.01) == outcome
+
+
+@pytest.mark.parametrize("ci,outcome", [
+    (iv(0.0, -0.005, 0.005), V.CONFIRMED),
+    (iv(-0.05, -0.08, -0.02), V.REFUTED),
+    (iv(-0.01, -0.03, 0.01), V.INCONCLUSIVE),
+])
+def test_no_worse(ci, outcome):
+    assert V.no_worse(ci, 0.01) == outcome
+
+
+@pytest.mark.parametrize("parts,outcome", [
+    ([V.CONFIRMED, V.CONFIRMED], V.CONFIRMED), ([V.REFUTED, V.REFUTED], V.REFUTED),
+    ([V.CONFIRMED, V.REFUTED], V.DEPENDS), ([V.CONFIRMED, V.INCONCLUSIVE], V.INCONCLUSIVE),
+    ([V.CONFIRMED, V.NOT_TESTABLE], V.NOT_TESTABLE), ([], V.INCONCLUSIVE),
+])
+def test_combine(parts, outcome):
+    assert V.combine(parts) == outcome
+
+
+# -- one test per claim, every outcome ------------------------------------------------------------
+GOOD, NONE, UNSURE = iv(0.1, 0.05, 0.15), iv(0.0, -0.005, 0.005), iv(0.03, -0.02, 0.08)
+
+
+@pytest.mark.parametrize("a,b,outcome", [(GOOD, GOOD, V.CONFIRMED), (NONE, NONE, V.REFUTED),
+                                         (GOOD, NONE, V.DEPENDS), (GOOD, UNSURE, V.INCONCLUSIVE)])
+def test_e0_baseline(a, b, outcome):
+    assert V.baseline(a, b).outcome == outcome
+
+
+@pytest.mark.parametrize("ci,outcome", [(GOOD, V.CONFIRMED), (NONE, V.REFUTED), (UNSURE, V.INCONCLUSIVE)])
+def test_e1_e6_e10(ci, outcome):
+    assert V.sync_beats_async(ci).outcome == outcome
+    assert V.retuning_pays(ci, lr_changed=True).outcome == outcome
+    assert V.communication_wall(iv(ci.estimate * 10, ci.lo * 10, ci.hi * 10)).outcome == outcome
+    assert V.straggler_hurts_sync_more(iv(ci.estimate * 10, ci.lo * 10, ci.hi * 10)).outcome == outcome
+
+
+def test_e6_a_gain_at_the_same_rate_is_noise():
+    assert V.retuning_pays(GOOD, lr_changed=False).outcome == V.INCONCLUSIVE
+
+
+@pytest.mark.parametrize("cells,outcome", [
+    ([V.StabilityCell(0.1, 0, 0), V.StabilityCell(0.5, 0, 1), V.StabilityCell(2, 1, 1)], V.CONFIRMED),
+    ([V.StabilityCell(0.1, 0, 0), V.StabilityCell(0.5, 0, 0), V.StabilityCell(2, 1, 1)], V.REFUTED),
+    ([V.StabilityCell(0.1, 0, 0), V.StabilityCell(0.5, 0, 0)], V.INCONCLUSIVE),           # no edge in the grid
+    ([V.StabilityCell(0.1, 0, 0), V.StabilityCell(0.5, 0, 2 / 3), V.StabilityCell(2, 1, 1)], V.INCONCLUSIVE),
+])
+def test_e3_stability(cells, outcome):
+    assert V.staleness_destabilises(cells).outcome == outcome
+
+
+@pytest.mark.parametrize("local,every,outcome", [(GOOD, NONE, V.DEPENDS), (GOOD, GOOD, V.CONFIRMED),
+                                                 (NONE, NONE, V.REFUTED), (UNSURE, NONE, V.INCONCLUSIVE)])
+def test_e7_skew(local, every, outcome):
+    v = V.skew_hurts(local, every)
+    assert v.outcome == outcome
+    assert ("how often" in v.reason) == (outcome == V.DEPENDS)
+
+
+@pytest.mark.parametrize("diffs,outcome", [
+    ({"fp16": NONE, "bf16": NONE}, V.CONFIRMED), ({"fp16": iv(-0.1, -0.15, -0.05)}, V.REFUTED),
+    ({"fp16": NONE, "bf16": iv(-0.1, -0.15, -0.05)}, V.DEPENDS), ({"fp16": iv(-0.01, -0.05, 0.03)}, V.INCONCLUSIVE),
+])
+def test_e8_e9_keep_accuracy(diffs, outcome):
+    assert V.keeps_accuracy(diffs).outcome == outcome
+
+
+def test_e5_needs_nccl():
+    assert V.library_far_faster("gloo", iv(1.0, 0.8, 1.2)).outcome == V.NOT_TESTABLE
+    assert V.library_far_faster("nccl", iv(15, 12, 18)).outcome == V.CONFIRMED
+    assert V.library_far_faster("nccl", iv(3, 2, 4)).outcome == V.REFUTED
+    assert V.library_far_faster("nccl", iv(10, 8, 13)).outcome == V.INCONCLUSIVE
+
+
+def test_e4_needs_separate_hosts():
+    assert V.server_bottleneck(1, GOOD).outcome == V.NOT_TESTABLE
+    assert V.server_bottleneck(3, iv(1.0, 0.5, 1.5)).outcome == V.CONFIRMED
+    assert V.server_bottleneck(3, iv(0.0, -0.1, 0.1)).outcome == V.REFUTED
