@@ -1,73 +1,189 @@
 """Per-claim analyses: the figures, the numbers and the verdict of each experiment.
 
-Contract: `analyse(exp, summaries, out)` dispatches on `exp.analysis` to one function here (the
-learning claims, E1-E3 and E6-E9) or in psgd/analyses_systems.py (the systems claims: E4, E5, E10);
-it draws the figures into `out` (PNG + CSV each, psgd/plots.py), and returns a `Section` with a
-verdict — confirmed, refuted or depends — computed from the measured numbers by a rule stated
-in the section text, never written by hand. Runs of the same label (several seeds) are averaged;
-their spread (max - min) is the noise floor a difference must clear.
+Contract: `analyse(exp, summaries, out, chosen, scores)` dispatches on `exp.analysis` to one
+function here (E0-E3), in psgd/analyses_data.py (E6-E9) or in psgd/analyses_systems.py (E4, E5,
+E10). Each draws its figures into `out` (PNG + CSV each, psgd/plots.py), and returns a `Section`
+whose verdict comes from a rule in psgd/verdicts.py applied to the measured numbers and their
+bootstrap intervals over seeds (psgd/stats.py) — never written by hand. Final figures are the
+mean of the last LAST_K evaluations of each seed (psgd/results.py), taken on the suite's common
+grid of training samples; "chosen" holds the learning rates picked on the validation split.
 """
 
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
-from psgd import analyses_systems, plots
-from psgd.results import Group, Section, diverged, groups_of, roughness, table, time_to
+from psgd import plots, stats
+from psgd import verdicts as V
+from psgd.results import LAST_K, PLATEAU, Figure, Group, Section, diverged, groups_of, roughness, setup, table, time_to
+
+CHANCE_LOSS = math.log(10)  # cross-entropy of a uniform guess over 10 classes
 
 
-def analyse(exp, summaries: list, out: Path) -> Section:
-    fn = ANALYSES.get(exp.analysis)
+def analyse(exp, summaries: list, out: Path, chosen: dict | None = None, scores: dict | None = None) -> Section:
+    from psgd import analyses_data, analyses_systems
+
+    table_ = {**ANALYSES, **analyses_data.ANALYSES, **analyses_systems.ANALYSES}
+    fn = table_.get(exp.analysis)
     if fn is None:
-        raise ValueError(f"{exp.path}: unknown analysis {exp.analysis!r}; known: {', '.join(sorted(ANALYSES))}")
-    verdict, headline, body, figures = fn(exp, summaries, out)
-    return Section(exp.id, exp.title, exp.claim, exp.quote, verdict, headline, body, figures)
+        raise ValueError(f"{exp.path}: unknown analysis {exp.analysis!r}; known: {', '.join(sorted(table_))}")
+    ctx = Context(exp, summaries, out, chosen or {}, scores or {})
+    verdict, headline, body, figures, key = fn(ctx)
+    return Section(exp.id, exp.title, exp.claim, exp.quote, verdict.outcome, headline,
+                   _body(ctx, body, verdict), figures, key, exp.why)
+
+
+class Context:
+    """What every analysis gets: the experiment, its runs by label, and the tuning."""
+
+    def __init__(self, exp, summaries: list, out: Path, chosen: dict, scores: dict) -> None:
+        self.exp, self.summaries, self.out, self.chosen, self.scores = exp, summaries, out, chosen, scores
+        self.groups: dict[str, Group] = groups_of(summaries) if summaries else {}
+        self.params = exp.params
+
+    def group(self, label: str) -> Group:
+        if label not in self.groups:
+            raise ValueError(f"{self.exp.path}: the analysis needs a run labelled {label!r}; the experiment has "
+                             f"{', '.join(self.groups) or 'none'}")
+        return self.groups[label]
+
+    def seeds_note(self) -> str:
+        n = sorted({len(g.runs) for g in self.groups.values()})
+        return f"{'/'.join(map(str, n))} seed{'s' * (n != [1])}" if n else ""
+
+    def caption(self, what: str) -> str:
+        return f"{what} {plots.BAND.capitalize()} ({self.seeds_note()}); each point the mean over seeds."
+
+
+def _body(ctx: Context, body: str, verdict: V.Verdict) -> str:
+    parts = []
+    if ctx.groups:
+        first = next(iter(ctx.groups.values()))
+        parts.append(f"**Setup** (from the run configs): {setup(first.cfg, ctx.params.get('vary', ()))}. "
+                     f"Final figures: mean of the last {LAST_K} evaluations per seed, on one grid of training samples "
+                     f"for every run; intervals: bootstrap 95% over seeds. Converged: the last {LAST_K} evaluations "
+                     f"moved less than {PLATEAU} from the {LAST_K} before.")
+    if ctx.chosen:
+        parts.append(tuning_table(ctx))
+    parts.append(body)
+    parts.append(f"**Verdict rule.** {verdict.reason}.")
+    return "\n\n".join(parts)
+
+
+def tuning_table(ctx: Context) -> str:
+    """Validation accuracy of every point of every sweep, and the rate chosen."""
+    exp = ctx.exp
+    rows = []
+    for t in exp.templates:
+        if not t.lr_grid:
+            continue
+        cells = []
+        for lr in t.lr_grid:
+            v = [x for x in ctx.scores.get((t.label, lr), []) if x == x]
+            text = f"{np.mean(v):.3f}" if v else "diverged"
+            cells.append(f"**{lr:g}: {text}**" if ctx.chosen.get(t.label) == lr else f"{lr:g}: {text}")
+        rows.append([t.label, ", ".join(cells), f"{ctx.chosen[t.label]:g}"])
+    derived = [f"{t.label} uses {t.lr_from}'s rate" + (f" x {t.lr_factor:g}" if t.lr_factor != 1 else "")
+               for t in exp.templates if t.lr_from]
+    text = (f"**Learning rates**, tuned per run on the validation split (mean validation accuracy of the last "
+            f"{exp.tune_last_k} evaluations, tuning seed{'s' * (len(exp.tune_seeds) > 1)} "
+            f"{', '.join(map(str, exp.tune_seeds))}; the test set is not used):\n\n"
+            + table(["run", "lr: validation accuracy", "chosen"], rows))
+    if derived:
+        text += "\n\n" + "; ".join(derived) + "."
+    return text
+
+
+def acc_ci(g: Group) -> stats.Interval:
+    return g.ci("test_accuracy")
+
+
+def diff(a: Group, b: Group, key: str = "test_accuracy") -> stats.Interval:
+    return stats.diff_ci(a.finals(key), b.finals(key))
+
+
+def series_of(groups: list[Group], names: list[str] | None = None) -> list[plots.Series]:
+    return [plots.Series(names[i] if names else g.label, g.mode if g.cfg.get("local_steps", 1) == 1 else "local",
+                         g.runs) for i, g in enumerate(groups)]
+
+
+def variant_series(groups: list[Group]) -> list[plots.Series]:
+    return [plots.Series(g.label, "", g.runs, variant=i) for i, g in enumerate(groups)]
+
+
+# -- E0 ------------------------------------------------------------------------------------------
+def baseline(ctx: Context):
+    paper = {k: float(v) for k, v in ctx.params.get("paper", {}).items()}
+    order = [g for m in ("logreg", "mlp", "cnn") for g in ctx.groups.values() if g.cfg["model"]["model"] == m]
+    out = ctx.out
+    f1 = out / "accuracy_vs_samples.png"
+    refs = [(v, f"paper: {k} {v:.0%}") for k, v in paper.items()]
+    plots.curves(variant_series(order), "samples", "test_accuracy", f1, f"{ctx.exp.id}: test accuracy", refs=refs)
+    cis = {g.cfg["model"]["model"]: acc_ci(g) for g in order}
+    f2 = out / "final_accuracy.png"
+    plots.bars([g.label for g in order], {"this run (sync PS)": ("variant:0", [c.estimate for c in cis.values()],
+                                                                 [(c.lo, c.hi) for c in cis.values()]),
+                                          "paper (Greydanus 2020)": ("variant:3", [paper.get(m, float("nan"))
+                                                                                   for m in cis], None)},
+               "final test accuracy", f2, f"{ctx.exp.id}: MNIST-1D baselines", xlabel="model")
+    rows = [[g.label, f"{g.lr:g}", acc_ci(g).fmt(), f"{paper.get(m, float('nan')):.2f}",
+             f"{acc_ci(g).estimate - paper.get(m, float('nan')):+.3f}", g.converged()]
+            for g, m in zip(order, cis, strict=True)]
+    body = table(["model", "lr", "test accuracy [95% CI]", "paper", "gap to paper", "converged"], rows)
+    by = {g.cfg["model"]["model"]: g for g in order}
+    verdict = V.baseline(diff(by["mlp"], by["logreg"]), diff(by["cnn"], by["mlp"]))
+    headline = ", ".join(f"{g.label} {cis[m].fmt()}" for g, m in zip(order, cis, strict=True)) + \
+        " test accuracy (paper: " + " / ".join(f"{paper[m]:.2f}" for m in cis if m in paper) + ")"
+    body += ("\n\nThe paper's numbers (Greydanus 2020, MNIST-1D, Table 1) are single figures from its own training "
+             "recipe (Adam, 6,000 steps); ours train through the sync parameter server with SGD + momentum at the rate "
+             "tuned on our validation split, with 20% of the paper's training set held out for it.")
+    figs = [Figure(f1, ctx.caption("Test accuracy against training samples, grey lines the paper's figures.")),
+            Figure(f2, "Final test accuracy (mean of the last evaluations) with its 95% bootstrap interval, beside "
+                       "the paper's.")]
+    return verdict, headline, body, figs, {m: cis[m].estimate for m in cis}
 
 
 # -- E1 ------------------------------------------------------------------------------------------
-def modes(exp, summaries, out):
-    gs = groups_of(summaries)
-    series = [plots.Series(g.label, g.mode, g.runs) for g in gs.values()]
-    figs = []
-    for x in ("elapsed_s", "version", "samples"):
-        path = out / f"accuracy_vs_{x}.png"
-        plots.curves(series, x, "test_accuracy", path, f"{exp.id}: test accuracy")
-        figs.append(path)
-    path = out / "loss_vs_samples.png"
-    plots.curves(series, "samples", "test_loss", path, f"{exp.id}: test loss", logy=True)
-    figs.append(path)
-    rows = [[g.label, g.fmt("final_test_accuracy"), g.fmt("final_test_loss"), f"{g.mean('samples_per_s'):.0f}",
-             f"{g.mean('updates_per_s'):.1f}", f"{g.mean('staleness.mean'):.2f}",
-             f"{np.mean([roughness(r) for r in g.runs]):.4f}"] for g in gs.values()]
-    body = table(["run", "final test acc", "final test loss", "samples/s", "updates/s", "mean staleness",
-                  "loss roughness"], rows)
-    sync, asyn = gs.get("sync"), gs.get("async")
-    if not sync or not asyn:
-        return "depends", "needs runs labelled sync and async", body, figs
-    gap = sync.mean("final_test_accuracy") - asyn.mean("final_test_accuracy")
-    noise = max(sync.spread("final_test_accuracy"), asyn.spread("final_test_accuracy"), 0.01)
-    rough_s = np.mean([roughness(r) for r in sync.runs])
-    rough_a = np.mean([roughness(r) for r in asyn.runs])
-    if gap > noise and rough_a > rough_s:
-        verdict = "confirmed"
-    elif gap < -noise and rough_a <= rough_s:
-        verdict = "refuted"
-    else:
-        verdict = "depends"
-    headline = (f"at equal samples sync reaches {sync.mean('final_test_accuracy'):.3f} test accuracy vs async "
-                f"{asyn.mean('final_test_accuracy'):.3f} (mean staleness {asyn.mean('staleness.mean'):.1f}); "
-                f"async's loss curve is {rough_a / rough_s:.2f}x as rough; async processes "
-                f"{asyn.mean('samples_per_s') / sync.mean('samples_per_s'):.2f}x the samples/s")
-    body += (f"\n\nRule: confirmed when sync's final accuracy beats async's by more than the seed spread "
-             f"(here {noise:.3f}) and async's loss curve is rougher; refuted when async is better by that much and "
-             f"no rougher; depends otherwise. Loss roughness = mean |change of test loss| between evaluations after "
-             f"the first third. At one learning rate async applies N updates where sync applies one mean update, "
-             f"so async can be ahead at equal samples and still be the less stable one (see E3 for higher rates).")
-    return verdict, headline, body, figs
+def modes(ctx: Context):
+    gs = list(ctx.groups.values())
+    out, exp = ctx.out, ctx.exp
+    series = series_of(gs)
+    f1, f2, f3 = out / "accuracy_vs_samples.png", out / "accuracy_vs_elapsed_s.png", out / "loss_vs_samples.png"
+    plots.curves(series, "samples", "test_accuracy", f1, f"{exp.id}: test accuracy at equal samples")
+    plots.curves(series, "elapsed_s", "test_accuracy", f2, f"{exp.id}: test accuracy at equal wall time")
+    plots.curves(series, "samples", "test_loss", f3, f"{exp.id}: test loss", logy=True,
+                 refs=[(CHANCE_LOSS, "chance (ln 10)")])
+    sync, asyn = ctx.group("sync"), ctx.group("async")
+    target = float(ctx.params.get("target_accuracy", 0.5))
+    rows = []
+    for g in gs:
+        tt = [time_to(r, target) for r in g.runs]
+        finite = [t for t in tt if math.isfinite(t)]
+        rows.append([g.label, f"{g.lr:g}", acc_ci(g).fmt(), f"{np.mean(g.finals('test_loss')):.3f}",
+                     f"{g.mean('samples_per_s'):.0f}", f"{g.mean('staleness.mean'):.2f}",
+                     f"{np.mean([roughness(r) for r in g.runs]):.4f}",
+                     f"{np.mean(finite):.1f}" + (f" ({len(finite)}/{len(tt)})" if len(finite) < len(tt) else "")
+                     if finite else "not reached", g.converged()])
+    body = table(["run", "lr (tuned)", "test accuracy [95% CI]", "test loss", "samples/s", "mean staleness",
+                  "loss roughness", f"s to {target:.0%}", "converged"], rows)
+    d = diff(sync, asyn)
+    verdict = V.sync_beats_async(d)
+    rough = np.mean([roughness(r) for r in asyn.runs]) / max(1e-12, np.mean([roughness(r) for r in sync.runs]))
+    speed = stats.ratio_ci(asyn.values("samples_per_s"), sync.values("samples_per_s"))
+    headline = (f"at each mode's tuned rate and equal samples, sync {acc_ci(sync).fmt()} vs async {acc_ci(asyn).fmt()} "
+                f"test accuracy (difference {d.fmt(signed=True)}); async's loss {rough:.2f}x as rough; async runs "
+                f"{speed.fmt(2)}x sync's samples/s")
+    body += ("\n\nLoss roughness: mean |change of test loss| between consecutive evaluations after the first third, "
+             "on the same sample grid for every mode. Wall time is steady state: every worker starts on a barrier "
+             "after a warm-up step. Sync and all-reduce compute the same numbers by design (their curves coincide; "
+             "all-reduce is drawn dashed).")
+    figs = [Figure(f1, ctx.caption("Test accuracy against training samples, each mode at its own tuned rate.")),
+            Figure(f2, ctx.caption("The same runs against steady-state wall time.")),
+            Figure(f3, ctx.caption("Test loss; dotted: chance level ln 10."))]
+    return verdict, headline, body, figs, {"sync_minus_async": d.estimate, "ci": [d.lo, d.hi]}
 
 
 # -- E2 ------------------------------------------------------------------------------------------
@@ -79,204 +195,102 @@ def _condition(cfg: dict) -> str:
     return "no straggler"
 
 
-def stragglers(exp, summaries, out):
-    gs = groups_of(summaries)
-    target = float(exp.params.get("target_accuracy", 0.5))
-    conditions = sorted({_condition(g.cfg) for g in gs.values()}, key=["no straggler", "persistent straggler",
-                                                                       "random jitter"].index)
-    by_mode: dict[str, dict[str, Group]] = defaultdict(dict)
-    for g in gs.values():
-        by_mode[g.mode][_condition(g.cfg)] = g
-    bars_tp, bars_tt, rows = {}, {}, []
-    for mode, conds in by_mode.items():
-        tp = [conds[c].mean("samples_per_s") if c in conds else 0.0 for c in conditions]
-        tt = [float(np.mean([time_to(r, target) for r in conds[c].runs])) if c in conds else float("nan")
-              for c in conditions]
-        bars_tp[mode] = (mode, tp, None)
-        bars_tt[mode] = (mode, [t if math.isfinite(t) else 0.0 for t in tt], None)
-        for c, a, b in zip(conditions, tp, tt, strict=True):
+def stragglers(ctx: Context):
+    exp, out = ctx.exp, ctx.out
+    by: dict[str, dict[str, Group]] = {}
+    for g in ctx.groups.values():
+        by.setdefault(g.mode, {})[_condition(g.cfg)] = g
+    conditions = [c for c in ("no straggler", "persistent straggler", "random jitter")
+                  if any(c in d for d in by.values())]
+    target = float(ctx.params.get("target_accuracy", 0.5))
+    slow, rows = {}, []
+    for mode, conds in by.items():
+        if "no straggler" in conds and "persistent straggler" in conds:
+            slow[mode] = stats.ratio_ci(conds["no straggler"].values("samples_per_s"),
+                                        conds["persistent straggler"].values("samples_per_s"))
+        for c in conditions:
             if c in conds:
-                rows.append([mode, c, f"{a:.0f}", f"{b:.1f}" if math.isfinite(b) else "not reached",
-                             conds[c].fmt("final_test_accuracy")])
-    f1, f2 = out / "throughput.png", out / "time_to_target.png"
-    plots.bars(conditions, bars_tp, "samples/s", f1, f"{exp.id}: throughput")
-    plots.bars(conditions, bars_tt, f"seconds to {target:.0%} test accuracy", f2,
-               f"{exp.id}: time to target (0 = not reached)")
-    body = table(["mode", "condition", "samples/s", f"s to {target:.0%} acc", "final test acc"], rows)
-
-    def slowdown(mode: str) -> float:
-        c = by_mode.get(mode, {})
-        if "no straggler" not in c or "persistent straggler" not in c:
-            return float("nan")
-        return c["no straggler"].mean("samples_per_s") / c["persistent straggler"].mean("samples_per_s")
-
-    s_sync, s_async = slowdown("sync"), slowdown("async")
-    verdict = "confirmed" if s_sync > 1.5 * s_async else "refuted" if s_sync <= s_async else "depends"
-    headline = (f"one slow worker cuts sync throughput {s_sync:.2f}x but async only {s_async:.2f}x"
-                + (f", SSP {slowdown('ssp'):.2f}x" if "ssp" in by_mode else ""))
-    body += ("\n\nRule: confirmed when the persistent straggler slows sync by more than 1.5x what it does to async "
-             "(sync must wait for the slowest worker every step; async does not).")
-    return verdict, headline, body, [f1, f2]
+                g = conds[c]
+                tt = [time_to(r, target) for r in g.runs]
+                rows.append([mode, c, f"{g.lr:g}", g.summary_ci("samples_per_s").fmt(0),
+                             f"{np.mean(tt):.1f}" if all(map(math.isfinite, tt)) else "not reached by all",
+                             acc_ci(g).fmt()])
+    f1 = out / "throughput.png"
+    plots.bars(conditions, {m: (m, [by[m][c].mean("samples_per_s") if c in by[m] else 0.0 for c in conditions],
+                                [(by[m][c].summary_ci("samples_per_s").lo, by[m][c].summary_ci("samples_per_s").hi)
+                                 if c in by[m] else (0.0, 0.0) for c in conditions]) for m in by},
+               "samples/s (steady state)", f1, f"{exp.id}: throughput")
+    series = series_of([g for d in by.values() for g in d.values()],
+                       [f"{g.mode}, {_condition(g.cfg)}" for d in by.values() for g in d.values()])
+    f2 = out / "accuracy_vs_elapsed_s.png"
+    plots.curves(series, "elapsed_s", "test_accuracy", f2, f"{exp.id}: accuracy at equal wall time",
+                 refs=[(target, f"target {target:.0%}")])
+    body = table(["mode", "condition", "lr", "samples/s [95% CI]", f"s to {target:.0%} test acc", "test accuracy"],
+                 rows)
+    s, a = slow["sync"], slow["async"]
+    # Conservative interval of the difference: the ends of the two intervals combined.
+    d = stats.Interval(s.estimate - a.estimate, s.lo - a.hi, s.hi - a.lo, min(s.n, a.n))
+    verdict = V.straggler_hurts_sync_more(d)
+    delay = max((ms for g in ctx.groups.values() for _, ms in g.cfg.get("straggler", [])), default=0)
+    headline = (f"one worker {delay} ms slower per step cuts sync's throughput {s.fmt(2)}x but async's only "
+                f"{a.fmt(2)}x" + "".join(f", {m} {v.fmt(2)}x" for m, v in slow.items() if m not in ("sync", "async")))
+    body += ("\n\nSlowdown = samples/s without the straggler / with it (bootstrap over seeds); the interval of the "
+             "difference joins the ends of the two intervals (conservative). Each mode runs at the rate tuned for it "
+             "in E1.")
+    figs = [Figure(f1, "Steady-state samples/s per mode and condition; error bars: 95% bootstrap interval over seeds."),
+            Figure(f2, ctx.caption("Test accuracy against steady-state wall time; dotted: the target."))]
+    return verdict, headline, body, figs, {f"slowdown_{m}": v.estimate for m, v in slow.items()}
 
 
 # -- E3 ------------------------------------------------------------------------------------------
-def staleness(exp, summaries, out):
-    gs = groups_of(summaries)
-    asyn = [g for g in gs.values() if g.mode == "async"]
-    base_lr = min(g.cfg["optim"]["lr"] for g in asyn)
+def staleness(ctx: Context):
+    exp, out = ctx.exp, ctx.out
+    gs = list(ctx.groups.values())
+    lrs = sorted({g.lr for g in gs})
+
+    def row_name(g: Group) -> str:
+        n = g.cfg["workers"]
+        return "N=1 (no staleness)" if n == 1 else f"{g.mode} N={n}"
+
+    names = sorted({row_name(g) for g in gs}, key=lambda r: (not r.startswith("N=1"), r.split()[0] != "sync",
+                                                             int(r.split("N=")[1].split()[0])))
+    cell: dict[tuple[str, float], Group] = {(row_name(g), g.lr): g for g in gs}
+    frac = [[np.mean([diverged(r) for r in cell[(n, lr)].runs]) if (n, lr) in cell else float("nan")
+             for lr in lrs] for n in names]
+    texts = [[(f"{np.mean(cell[(n, lr)].finals('test_loss')):.2f}" if all(
+        math.isfinite(x) for x in cell[(n, lr)].finals('test_loss')) else "inf") if (n, lr) in cell else ""
+        for lr in lrs] for n in names]
+    f1 = out / "stability_map.png"
+    plots.grid_map(names, [f"{lr:g}" for lr in lrs], frac, texts, f1,
+                   f"{exp.id}: where training diverges", xlabel="learning rate", cbar="fraction of seeds diverged")
+    asyn = sorted([g for g in gs if g.mode == "async" and g.cfg["workers"] > 1], key=lambda g: (g.cfg["workers"], g.lr))
     hists = {f"async N={g.cfg['workers']}": ("async", g.runs[0].summary["staleness"]["hist"])
-             for g in sorted(asyn, key=lambda g: g.cfg["workers"]) if g.cfg["optim"]["lr"] == base_lr}
-    f1 = out / "staleness_hist.png"
-    plots.histograms(hists, f1, f"{exp.id}: staleness of applied gradients (lr {base_lr})")
-    lrs = sorted({g.cfg["optim"]["lr"] for g in gs.values()})
-    ys, rows = {}, []
-    for g in sorted(gs.values(), key=lambda g: (g.mode, g.cfg["workers"], g.cfg["optim"]["lr"])):
-        name = f"{g.mode} N={g.cfg['workers']}"
-        loss = g.mean("final_test_loss")
-        ys.setdefault(name, (g.mode, [float("nan")] * len(lrs)))[1][lrs.index(g.cfg["optim"]["lr"])] = \
-            loss if math.isfinite(loss) else float("nan")
-        rows.append([g.mode, g.cfg["workers"], g.cfg["optim"]["lr"], f"{g.mean('staleness.mean'):.2f}",
-                     g.fmt("final_test_accuracy"), f"{loss:.3f}", "yes" if any(diverged(r) for r in g.runs) else "no",
-                     f"{np.mean([roughness(r) for r in g.runs]):.4f}"])
-    f2 = out / "final_loss_vs_lr.png"
-    plots.lines(lrs, ys, "learning rate", "final test loss (start: ln 10 = 2.30)", f2, f"{exp.id}: loss vs LR",
-                logx=True, logy=True)
-    body = table(["mode", "N", "lr", "mean staleness", "final test acc", "final test loss", "diverged",
-                  "loss roughness"], rows)
-    unstable_async = [(g.cfg["workers"], g.cfg["optim"]["lr"]) for g in asyn if any(diverged(r) for r in g.runs)]
-    sync_ok_lrs = {g.cfg["optim"]["lr"] for g in gs.values()
-                   if g.mode == "sync" and not any(diverged(r) for r in g.runs)}
-    shown = [(n, lr) for n, lr in unstable_async if lr in sync_ok_lrs]
-    stale = {g.cfg["workers"]: g.mean("staleness.mean") for g in asyn if g.cfg["optim"]["lr"] == base_lr}
-    verdict = "confirmed" if shown else "depends"
+             for g in asyn if g.lr == lrs[0]}
+    f2 = out / "staleness_hist.png"
+    plots.histograms(hists, f2, f"{exp.id}: staleness of applied gradients (lr {lrs[0]:g}, seed {ctx.exp.seeds[0]})")
+    control = {g.lr: g for g in gs if g.cfg["workers"] == 1}
+    cells = []
+    for g in asyn:
+        if g.lr in control:
+            cells.append(V.StabilityCell(g.lr, float(np.mean([diverged(r) for r in control[g.lr].runs])),
+                                         float(np.mean([diverged(r) for r in g.runs]))))
+    verdict = V.staleness_destabilises(cells)
+    rows = [[row_name(g), f"{g.lr:g}", f"{g.mean('staleness.mean'):.2f}", acc_ci(g).fmt(),
+             f"{np.mean(g.finals('test_loss')):.3f}", f"{sum(diverged(r) for r in g.runs)}/{len(g.runs)}"]
+            for g in sorted(gs, key=lambda g: (names.index(row_name(g)), g.lr))]
+    body = table(["run", "lr", "mean staleness", "test accuracy", "test loss", "diverged"], rows)
+    stale = {g.cfg["workers"]: g.mean("staleness.mean") for g in asyn if g.lr == lrs[0]}
     headline = (f"mean staleness {', '.join(f'{v:.1f} at N={n}' for n, v in sorted(stale.items()))}; "
-                + (f"async diverges at (N, lr) = {', '.join(map(str, sorted(shown)))} where sync converges"
-                   if shown else "no async run diverged where sync converged at these learning rates"))
-    body += ("\n\nRule: confirmed when some async run diverges (final test loss above the initial one, or not finite) "
-             "at a learning rate where the sync control converges. Staleness grows with N: about N-1 updates. "
-             "Note that at one lr async takes N steps of that size where sync takes one step with the mean.")
-    return verdict, headline, body, [f1, f2]
+                + verdict.reason)
+    body += ("\n\nDiverged (failed to converge): final test loss not finite or above 0.95x the initial loss. "
+             "The control is one worker with the same batch per update and the same samples: async with N workers "
+             "differs from it only in staleness (about N-1 updates). Sync with N workers averages N batches per "
+             "update (a larger batch) and is shown for reference.")
+    figs = [Figure(f1, f"Fraction of seeds ({ctx.seeds_note()}) that diverged per learning rate; cell text: mean "
+                       f"final test loss (chance: {CHANCE_LOSS:.2f})."),
+            Figure(f2, "Distribution of staleness (updates between a gradient's pull and its apply), one seed.")]
+    return verdict, headline, body, figs, {"cells": [c.__dict__ for c in cells]}
 
 
-# -- E6 ------------------------------------------------------------------------------------------
-def batch(exp, summaries, out):
-    gs = groups_of(summaries)
-    base_lr = float(exp.params.get("base_lr", min(g.cfg["optim"]["lr"] for g in gs.values())))
-    curves_: dict[str, dict[int, Group]] = defaultdict(dict)
-    for g in gs.values():
-        scaled = g.cfg["optim"]["lr"] != base_lr or g.cfg["optim"]["warmup"] > 0
-        curves_["linear LR scaling + warmup" if scaled else "fixed LR"][g.runs[0].summary["global_batch"]] = g
-    batches = sorted({b for c in curves_.values() for b in c})
-    for c in curves_.values():  # the smallest batch is the same run with and without the rule
-        for b in batches:
-            if b not in c and b == batches[0]:
-                c[b] = next(cc[b] for cc in curves_.values() if b in cc)
-    ys = {name: ("sync", [c[b].mean("final_test_accuracy") if b in c else float("nan") for b in batches])
-          for name, c in curves_.items()}
-    f1 = out / "accuracy_vs_global_batch.png"
-    plots.lines(batches, ys, "global batch (samples)", "final test accuracy (equal epochs)", f1,
-                f"{exp.id}: large batches", logx=True)
-    rows = [[name, b, c[b].cfg["optim"]["lr"], c[b].cfg["optim"]["warmup"], c[b].mean("global_updates"),
-             c[b].fmt("final_test_accuracy")] for name, c in curves_.items() for b in sorted(c)]
-    body = table(["schedule", "global batch", "lr", "warmup updates", "updates", "final test acc"], rows)
-    fixed, scaled = curves_.get("fixed LR", {}), curves_.get("linear LR scaling + warmup", {})
-    small, big = batches[0], batches[-1]
-    if small not in fixed or big not in fixed or big not in scaled:
-        return "depends", "needs fixed-LR runs at the smallest and largest batch and a scaled run", body, [f1]
-    drop = fixed[small].mean("final_test_accuracy") - fixed[big].mean("final_test_accuracy")
-    recovered = scaled[big].mean("final_test_accuracy") - fixed[big].mean("final_test_accuracy")
-    verdict = "confirmed" if drop > 0.05 and recovered > drop / 2 else "refuted" if drop <= 0.01 else "depends"
-    headline = (f"at equal epochs, batch {big} with the batch-{small} LR loses {drop:.3f} accuracy; "
-                f"the linear scaling rule + warmup wins back {recovered:.3f}")
-    body += ("\n\nRule: confirmed when the largest batch at the small-batch learning rate loses more than 0.05 "
-             "accuracy and the linear scaling rule (lr x batch/base batch, with warmup; Goyal et al. 2017) wins back "
-             "at least half of it.")
-    return verdict, headline, body, [f1]
+ANALYSES = {"baseline": baseline, "modes": modes, "stragglers": stragglers, "staleness": staleness}
 
-
-# -- E7 ------------------------------------------------------------------------------------------
-def noniid(exp, summaries, out):
-    gs = groups_of(summaries)
-    modes_ = sorted({g.mode for g in gs.values()})
-    by = {(g.mode, g.cfg["data"]["shard_data"]): g for g in gs.values()}
-    bars_ = {sd: ("sync" if sd == "iid" else "async", [by[(m, sd)].mean("final_test_accuracy") if (m, sd) in by
-                                                        else 0.0 for m in modes_], None) for sd in ("iid", "noniid")}
-    f1 = out / "accuracy_iid_vs_noniid.png"
-    plots.bars(modes_, bars_, "final test accuracy", f1, f"{exp.id}: IID vs non-IID shards", xlabel="mode")
-    series = [plots.Series(f"{g.mode} {g.cfg['data']['shard_data']}", g.mode, g.runs) for g in gs.values()]
-    f2 = out / "accuracy_vs_samples.png"
-    plots.curves(series, "samples", "test_accuracy", f2, f"{exp.id}: test accuracy")
-    rows, drops = [], {}
-    for m in modes_:
-        if (m, "iid") in by and (m, "noniid") in by:
-            a, b = by[(m, "iid")], by[(m, "noniid")]
-            drops[m] = a.mean("final_test_accuracy") - b.mean("final_test_accuracy")
-            rows.append([m, a.fmt("final_test_accuracy"), b.fmt("final_test_accuracy"), f"{drops[m]:.3f}",
-                         f"{np.mean([roughness(r) for r in b.runs]):.4f}"])
-    body = table(["mode", "IID acc", "non-IID acc", "drop", "non-IID loss roughness"], rows)
-    hurt = [m for m, d in drops.items() if d > 0.02]
-    verdict = "confirmed" if drops and len(hurt) == len(drops) else "refuted" if not hurt else "depends"
-    headline = "; ".join(f"{m}: non-IID costs {d:.3f} accuracy" for m, d in drops.items())
-    body += ("\n\nRule: confirmed when every mode loses more than 0.02 accuracy with label-sorted shards; "
-             "depends when only some do. Sync averages the N gradients of one step, which together still cover "
-             "all labels; async applies each worker's one-sided gradient on its own.")
-    return verdict, headline, body, [f1, f2]
-
-
-# -- E8 ------------------------------------------------------------------------------------------
-def wire(exp, summaries, out):
-    gs = groups_of(summaries)
-    order = [g for d in ("fp32", "fp16", "bf16") for g in gs.values() if g.cfg["wire_dtype"] == d]
-    labels = [g.cfg["wire_dtype"] for g in order]
-    per_step = [g.mean("bytes_pushed") / max(1.0, g.mean("worker_steps")) / 2**20 for g in order]
-    f1 = out / "bytes_per_step.png"
-    plots.bars(labels, {"pushed per worker step": ("sync", per_step, None)}, "MiB pushed per worker step", f1,
-               f"{exp.id}: bytes on the wire", xlabel="wire dtype")
-    f2 = out / "accuracy.png"
-    plots.bars(labels, {"final test accuracy": ("sync", [g.mean("final_test_accuracy") for g in order],
-                                                [g.spread("final_test_accuracy") / 2 for g in order])},
-               "final test accuracy", f2, f"{exp.id}: accuracy", xlabel="wire dtype")
-    rows = [[g.cfg["wire_dtype"], f"{b:.3f}", g.fmt("final_test_accuracy"), f"{g.mean('samples_per_s'):.0f}"]
-            for g, b in zip(order, per_step, strict=True)]
-    body = table(["wire dtype", "MiB pushed / step", "final test acc", "samples/s"], rows)
-    base = order[0]
-    noise = max([g.spread("final_test_accuracy") for g in order] + [0.01])
-    halves = [g for g in order[1:] if per_step[order.index(g)] / per_step[0] <= 0.51
-              and base.mean("final_test_accuracy") - g.mean("final_test_accuracy") <= noise]
-    verdict = "confirmed" if len(halves) == len(order) - 1 and len(order) > 1 else "depends"
-    headline = ", ".join(f"{g.cfg['wire_dtype']}: {per_step[i] / per_step[0]:.2f}x bytes, accuracy "
-                         f"{g.mean('final_test_accuracy') - base.mean('final_test_accuracy'):+.3f}"
-                         for i, g in enumerate(order) if i)
-    body += (f"\n\nRule: confirmed when each half type moves at most 0.51x the fp32 bytes and loses no more "
-             f"accuracy than the seed spread ({noise:.3f}). Servers keep and update fp32 parameters.")
-    return verdict, headline, body, [f1, f2]
-
-
-# -- E9 ------------------------------------------------------------------------------------------
-def accumulate(exp, summaries, out):
-    gs = sorted(groups_of(summaries).values(), key=lambda g: g.cfg["accumulate"])
-    ks = [g.cfg["accumulate"] for g in gs]
-    pushes_per_1k = [1000 * g.mean("worker_steps") / (g.mean("samples_per_s") * g.mean("wall_time_s")) for g in gs]
-    f1 = out / "pushes_per_1000_samples.png"
-    plots.lines(ks, {"pushes per 1000 samples": ("sync", pushes_per_1k)}, "micro-batches accumulated per push (k)",
-                "pushes per 1000 samples", f1, f"{exp.id}: communication frequency", logx=True)
-    series = [plots.Series(f"k={g.cfg['accumulate']}", g.mode, g.runs) for g in gs]
-    f2 = out / "accuracy_vs_samples.png"
-    plots.curves(series, "samples", "test_accuracy", f2, f"{exp.id}: accuracy at equal samples")
-    rows = [[k, f"{p:.1f}", g.mean("global_updates"), g.fmt("final_test_accuracy"), f"{g.mean('samples_per_s'):.0f}"]
-            for k, p, g in zip(ks, pushes_per_1k, gs, strict=True)]
-    body = table(["k", "pushes / 1000 samples", "updates", "final test acc", "samples/s"], rows)
-    cut = pushes_per_1k[0] / pushes_per_1k[-1]
-    cost = gs[0].mean("final_test_accuracy") - gs[-1].mean("final_test_accuracy")
-    verdict = "confirmed" if cut >= 0.9 * ks[-1] / ks[0] else "refuted"
-    speed = gs[-1].mean("samples_per_s") / gs[0].mean("samples_per_s")
-    headline = (f"k={ks[-1]} sends {cut:.1f}x fewer pushes per sample than k={ks[0]} and runs {speed:.2f}x the "
-                f"samples/s, but ends {cost:.3f} {'lower' if cost >= 0 else 'higher'} in accuracy at equal samples")
-    body += ("\n\nRule: confirmed when pushes per sample fall by the accumulation factor (within 10%). The accuracy "
-             "cost is reported, not judged: k times fewer updates of a k times larger batch.")
-    return verdict, headline, body, [f1, f2]
-
-
-ANALYSES = {"modes": modes, "stragglers": stragglers, "staleness": staleness, "batch": batch, "noniid": noniid,
-            "wire": wire, "accumulate": accumulate,
-            **analyses_systems.ANALYSES}

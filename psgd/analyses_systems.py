@@ -12,12 +12,14 @@ import os
 from collections import defaultdict
 
 from psgd import link as link_mod
-from psgd import plots
-from psgd.results import Group, groups_of, table
+from psgd import plots, stats
+from psgd import verdicts as V
+from psgd.results import Figure, Group, table
 
 
 # -- E5 ------------------------------------------------------------------------------------------
-def allreduce_bench(exp, summaries, out):
+def allreduce_bench(ctx):
+    exp, out = ctx.exp, ctx.out
     result = json.loads((out / "bench.json").read_text())
     rows = result["rows"]
     keys = sorted({(r["workers"], r["size_mb"]) for r in rows})
@@ -33,24 +35,24 @@ def allreduce_bench(exp, summaries, out):
                  [[r["impl"], r["workers"], f"{r['size_mb']:g}", f"{r['time_ms']:.1f}", f"{r['algbw_GBps']:.3f}",
                    f"{r['busbw_GBps']:.3f}"] for r in rows])
     ratio = [q["ring_over_library"] for q in result["ratios"]]
-    if not ratio:
-        return "depends", "needs both implementations", body, [f1, f2]
-    worst = max(ratio)
-    verdict = "confirmed" if worst >= 10 else "refuted" if worst < 1.5 else "depends"
     backend = rows[0]["backend"]
-    headline = (f"the hand-written ring takes {min(ratio):.2f}x-{worst:.2f}x the time of {backend}'s all-reduce "
+    figs = [Figure(f1, "Milliseconds per all-reduce of the same buffer, the library's and the hand-written ring "
+                       "(one benchmark run, median of its iterations)."),
+            Figure(f2, "Bus bandwidth, the NCCL-tests convention: algbw x 2(N-1)/N.")]
+    if not ratio:
+        return V.Verdict(V.INCONCLUSIVE, "needs both implementations"), "needs both implementations", body, figs, {}
+    verdict = V.library_far_faster(backend, stats.Interval(max(ratio), min(ratio), max(ratio), 1))
+    headline = (f"the hand-written ring takes {min(ratio):.2f}x-{max(ratio):.2f}x the time of {backend}'s all-reduce "
                 f"(the seed: more than 10x slower than NCCL)")
     note = (" on CPU processes over loopback, not NCCL on GPUs: both move the same bytes through the same kernel, "
             "so the gap measures per-chunk Python and scheduling overhead, not the link") if backend == "gloo" else ""
-    body += (f"\n\nRule: confirmed at 10x or more, refuted below 1.5x, depends in between. The library here is "
-             f"{backend}{note}.")
-    return verdict, headline, body, [f1, f2]
-
+    body += f"\n\nThe library here is {backend}{note}."
+    return verdict, headline, body, figs, {"ring_over_library": ratio, "backend": backend}
 
 
 # -- E10 -----------------------------------------------------------------------------------------
-def link(exp, summaries, out):
-    gs = groups_of(summaries)
+def link(ctx):
+    exp, out, gs = ctx.exp, ctx.out, ctx.groups
     by: dict[str, dict[int, Group]] = defaultdict(dict)
     for g in gs.values():
         by[g.cfg.get("link") or "loopback (no pacing)"][g.cfg["workers"]] = g
@@ -82,29 +84,37 @@ def link(exp, summaries, out):
             link_mod.parse(name).bits_per_s
 
     slowest, fastest = min(names, key=bandwidth), max(names, key=bandwidth)
-    s_slow, s_fast = speedup[slowest][1][-1], speedup[fastest][1][-1]
-    comm_slow = share.get((slowest, ns[-1]), 0.0)
-    verdict = "confirmed" if s_slow < 0.7 * s_fast and comm_slow > 0.5 else \
-        "refuted" if s_slow >= 0.95 * s_fast else "depends"
+    lo_n, hi_n = ns[0], ns[-1]
+
+    def speedup_ci(name: str) -> stats.Interval:
+        return stats.ratio_ci(by[name][hi_n].values("samples_per_s"), by[name][lo_n].values("samples_per_s"))
+
+    s_slow, s_fast = speedup_ci(slowest), speedup_ci(fastest)
+    d = stats.Interval(s_fast.estimate - s_slow.estimate, s_fast.lo - s_slow.hi, s_fast.hi - s_slow.lo,
+                       min(s_fast.n, s_slow.n))
+    verdict = V.communication_wall(d)
+    comm_slow = share.get((slowest, hi_n), 0.0)
     compute_ms = exp.params.get("emulated_compute_ms")
-    headline = (f"at N={ns[-1]} the speedup is {s_fast:.2f}x on {fastest} but {s_slow:.2f}x on {slowest}, where "
-                f"{comm_slow:.0%} of each step is communication")
-    body += ("\n\nRule: confirmed when, at the largest N, the slowest link keeps less than 0.7x the speedup of the "
-             "fastest and spends more than half of each step communicating. EMULATED: psgd/link.py paces each "
-             "worker's sends and receives on loopback (bandwidth and a per-message latency); nothing crossed a real "
-             "network, and the server's own link is not paced"
+    headline = (f"at N={hi_n} the speedup is {s_fast.fmt(2)}x on {fastest} but {s_slow.fmt(2)}x on {slowest} "
+                f"(EMULATED links), where {comm_slow:.0%} of each step is communication")
+    body += ("\n\nSpeedup = samples/s at N over samples/s at N=1 (bootstrap over seeds; the interval of the difference "
+             "joins the ends of the two intervals). EMULATED: psgd/link.py paces every worker's and every shard's "
+             "sends and receives on loopback (bandwidth and a per-message latency); nothing crossed a real network"
              + (f"; every worker's compute is a fixed {compute_ms} ms per step standing in for an accelerator, "
                 "since real compute on two shared CPU cores cannot scale with N" if compute_ms else "") + ".")
-    return verdict, headline, body, [f1, f2]
-
+    figs = [Figure(f1, f"Speedup over N={lo_n} per emulated link; dotted: ideal. One point per N, mean over seeds "
+                       f"({ctx.seeds_note()})."),
+            Figure(f2, "Share of each step spent in push, pull and wait, first seed.")]
+    return verdict, headline, body, figs, {"speedup_fast": s_fast.estimate, "speedup_slow": s_slow.estimate}
 
 
 # -- E4 ------------------------------------------------------------------------------------------
-def scaling_bench(exp, summaries, out):
+def scaling_bench(ctx):
+    exp, out = ctx.exp, ctx.out
     with open(out / "scaling.csv") as f:
         rows = [r for r in csv.DictReader(f) if r["status"] == "ok" and r.get("overlap", "False") in ("False", "0", "")]
     if not rows:
-        return "depends", "the scaling benchmark produced no rows", "", []
+        return V.Verdict(V.INCONCLUSIVE, "the scaling benchmark produced no rows"), "no rows", "", [], {}
 
     def name(r: dict) -> str:
         if r["mode"] in ("ring", "allreduce"):
@@ -136,16 +146,23 @@ def scaling_bench(exp, summaries, out):
     grow_ps = float(one[hi]["busiest_bytes"]) / float(one[lo]["busiest_bytes"]) if lo in one and hi in one else math.nan
     grow_ring = float(ring[hi]["busiest_bytes"]) / float(ring[max(lo, 2)]["busiest_bytes"]) \
         if hi in ring and max(lo, 2) in ring else math.nan
-    verdict = "confirmed" if grow_ps >= 0.75 * hi / lo and grow_ring <= 2.0 else "depends"
     best = {s: float(d[hi]["samples_per_s"]) for s, d in series.items() if hi in d}
-    headline = (f"from N={lo} to N={hi} the single server's traffic grows {grow_ps:.1f}x, a ring worker's "
-                f"{grow_ring:.2f}x; samples/s at N={hi}: " + ", ".join(f"{s} {v:.0f}" for s, v in best.items()))
-    body += (f"\n\nRule: confirmed when the one-shard server's bytes per step grow at least 0.75x as fast as N while "
-             f"a ring worker's stay within 2x (2(N-1)/N x size tends to 2 x size). The throughput columns say whether "
-             f"that traffic is the bottleneck on this machine, where all processes share {os.cpu_count()} cores: "
-             f"here CPU time, not the link, is the scarce resource. Made by `psgd bench scaling`; its own three-panel "
-             f"figure is `scaling.png` in this folder.")
-    return verdict, headline, body, [f1, f2]
+    ps_speed = best.get("PS, 1 shard", math.nan) / float(one[lo]["samples_per_s"]) if lo in one else math.nan
+    ring_lo = min(ring) if ring else None
+    ring_speed = best.get("ring all-reduce", math.nan) / float(ring[ring_lo]["samples_per_s"]) if ring else math.nan
+    verdict = V.server_bottleneck(1, stats.Interval(ring_speed - ps_speed, ring_speed - ps_speed,
+                                                    ring_speed - ps_speed, 1))
+    headline = (f"not testable on one host; the accounting holds: from N={lo} to N={hi} the single server's traffic "
+                f"grows {grow_ps:.1f}x, a ring worker's {grow_ring:.2f}x; samples/s at N={hi}: "
+                + ", ".join(f"{s} {v:.0f}" for s, v in best.items()))
+    body += (f"\n\nAccounting, not a finding: a one-shard server moves N x the model per step, a ring worker "
+             f"2(N-1)/N x; the bytes above follow it. Whether that traffic is the bottleneck needs the server's own "
+             f"link: here all processes share {os.cpu_count()} cores and loopback, so CPU time is the scarce "
+             f"resource. Made by `psgd bench scaling` (one run per point); its own three-panel figure is `scaling.png` "
+             f"in this folder.")
+    figs = [Figure(f1, "Samples/s against workers for a one- and two-shard PS and the ring (one benchmark run)."),
+            Figure(f2, "MiB per step through the busiest process (accounting: N x model for one shard).")]
+    return verdict, headline, body, figs, {"server_bytes_growth": grow_ps, "ring_bytes_growth": grow_ring}
 
 
 ANALYSES = {"scaling_bench": scaling_bench, "allreduce_bench": allreduce_bench, "link": link}

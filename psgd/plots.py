@@ -2,12 +2,18 @@
 
 Contract:
 - `Series(label, mode, runs)`: one line on a figure, drawn from one or more runs (seeds); with
-  several seeds the line is the mean and the shaded band spans min..max.
-- `curves(series, x, y, path)` plots eval metrics (`test_accuracy`, `test_loss`, `train_loss`)
-  against `elapsed_s`, `version` (global updates) or `samples`; `bars(...)` and `histograms(...)`
-  cover the rest. Every function returns the matplotlib Figure (tests inspect its content) and
-  writes `path` (.png) and the same name with .csv.
-- One colour per mode in every figure (`MODE_COLORS`); variants of a mode differ by line style.
+  several seeds the line is the mean and the shaded band spans min..max over the seeds (`BAND`,
+  which every caption quotes).
+- `curves(series, x, y, path)` plots eval metrics (`test_accuracy`, `test_loss`, `val_accuracy`,
+  ...) against `elapsed_s`, `version` (global updates) or `samples`; `bars(...)`, `lines(...)`
+  and `histograms(...)` cover the rest. Every function returns the matplotlib Figure (tests
+  inspect its content) and writes `path` (.png) and the same name with .csv.
+- One palette everywhere (Okabe & Ito 2008, colour-blind safe): a colour per mode
+  (`MODE_COLORS`) that nothing else uses; other variables (dtype, skew, batch, link) take
+  `VARIANT_COLORS`. Every line has a marker, and modes that can coincide (sync and all-reduce
+  compute the same numbers) differ in marker and style, so both stay visible. `refs` draws
+  reference lines (chance loss, the paper's accuracy, ideal speedup) in grey. Legends sit
+  outside the axes, so they never cover data.
 
     psgd plot results/runs/E1/sync-s0 results/runs/E1/async-s0 --x elapsed_s --y test_accuracy --out fig.png
 """
@@ -15,7 +21,6 @@ Contract:
 from __future__ import annotations
 
 import csv
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -25,8 +30,19 @@ matplotlib.use("Agg")  # files only: no display needed, safe in CI
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-MODE_COLORS = {"sync": "#1f77b4", "async": "#d62728", "ssp": "#2ca02c", "allreduce": "#9467bd",
-               "ps": "#1f77b4", "ring": "#9467bd", "library": "#ff7f0e"}
+from psgd.results import RunData, load_run  # noqa: E402
+
+__all__ = ["RunData", "load_run", "Series", "curves", "bars", "lines", "histograms", "color", "marker"]
+
+MODE_COLORS = {"sync": "#0072B2", "async": "#D55E00", "ssp": "#009E73", "allreduce": "#CC79A7",
+               "ps": "#0072B2", "ring": "#CC79A7", "library": "#E69F00", "local": "#E69F00"}
+MODE_MARKERS = {"sync": "o", "async": "s", "ssp": "^", "allreduce": "x", "ps": "o", "ring": "x", "library": "D",
+                "local": "v"}
+# For anything that is not a mode: greys, a brown, a sky blue and yellow, none of them a mode's colour.
+VARIANT_COLORS = ["#000000", "#8C6D31", "#56B4E9", "#999999", "#F0E442", "#5A5A5A"]
+VARIANT_MARKERS = ["o", "s", "^", "D", "v", "P"]
+REF_COLOR = "#777777"
+BAND = "band: min-max over seeds"
 LINESTYLES = ["-", "--", ":", "-."]
 AXIS_LABELS = {
     "elapsed_s": "wall time (s)", "version": "global updates", "samples": "training samples processed",
@@ -36,48 +52,47 @@ AXIS_LABELS = {
 
 
 @dataclass
-class RunData:
-    summary: dict
-    evals: list[dict]
-
-    @property
-    def mode(self) -> str:
-        return self.summary["mode"]
-
-
-def load_run(out: str | Path) -> RunData:
-    out = Path(out)
-    summary_path = out / "summary.json"
-    if not summary_path.exists():
-        raise FileNotFoundError(f"{out}: no summary.json (is this a finished run folder?)")
-    summary = json.loads(summary_path.read_text())
-    evals = []
-    for line in (out / "metrics.jsonl").read_text().splitlines():
-        e = json.loads(line)
-        if e.get("event") == "eval":
-            evals.append(e)
-    evals.sort(key=lambda e: e["version"])
-    return RunData(summary, evals)
-
-
-@dataclass
 class Series:
     label: str
-    mode: str
+    mode: str                 # a mode (coloured by MODE_COLORS), or "" with `variant` set
     runs: list[RunData] = field(default_factory=list)
+    variant: int = -1         # index into VARIANT_COLORS for series that are not modes
 
 
-def color(mode: str) -> str:
-    return MODE_COLORS.get(mode, "#7f7f7f")
+def color(mode: str, variant: int = -1) -> str:
+    if variant >= 0:
+        return VARIANT_COLORS[variant % len(VARIANT_COLORS)]
+    return MODE_COLORS.get(mode, REF_COLOR)
+
+
+def marker(mode: str, variant: int = -1) -> str:
+    if variant >= 0:
+        return VARIANT_MARKERS[variant % len(VARIANT_MARKERS)]
+    return MODE_MARKERS.get(mode, "o")
 
 
 def _styles(series: list[Series]) -> list[str]:
     seen: dict[str, int] = {}
     styles = []
     for s in series:
-        styles.append(LINESTYLES[seen.get(s.mode, 0) % len(LINESTYLES)])
-        seen[s.mode] = seen.get(s.mode, 0) + 1
+        key = s.mode if s.variant < 0 else f"variant{s.variant}"
+        # All-reduce draws dashed: it coincides with sync by design, and both must stay visible.
+        first = "--" if s.mode == "allreduce" and s.variant < 0 else "-"
+        styles.append(first if seen.get(key, 0) == 0 else LINESTYLES[seen[key] % len(LINESTYLES)])
+        seen[key] = seen.get(key, 0) + 1
     return styles
+
+
+def _refs(ax, refs: list[tuple[float, str]] | None, horizontal: bool = True) -> None:
+    for value, text in refs or []:
+        if horizontal:
+            ax.axhline(value, color=REF_COLOR, linestyle=":", linewidth=1.2, label=text)
+
+
+def _legend(ax) -> None:
+    # Outside the axes, to the right: a legend never covers data (bbox_inches="tight" keeps it).
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
 
 def _band(runs: list[RunData], x: str, y: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -103,48 +118,63 @@ def _save(fig, path: Path, header: list[str], rows: list[list]) -> None:
         w.writerows(rows)
 
 
-def curves(series: list[Series], x: str, y: str, path: Path, title: str = "", logy: bool = False):
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+def curves(series: list[Series], x: str, y: str, path: Path, title: str = "", logy: bool = False,
+           refs: list[tuple[float, str]] | None = None):
+    fig, ax = plt.subplots(figsize=(7.4, 4.2))
     rows = []
     for s, style in zip(series, _styles(series), strict=True):
         grid, mean, lo, hi = _band(s.runs, x, y)
         n = len(s.runs)
-        ax.plot(grid, mean, style, color=color(s.mode), label=s.label + (f" ({n} seeds)" if n > 1 else ""))
+        c = color(s.mode, s.variant)
+        ax.plot(grid, mean, style, color=c, marker=marker(s.mode, s.variant), markersize=4,
+                markevery=max(1, len(grid) // 12), label=s.label + (f" ({n} seeds)" if n > 1 else ""))
         if n > 1:
-            ax.fill_between(grid, lo, hi, color=color(s.mode), alpha=0.15, linewidth=0)
+            ax.fill_between(grid, lo, hi, color=c, alpha=0.15, linewidth=0)
         rows += [[s.label, s.mode, float(g), float(m), float(a), float(b)] for g, m, a, b in zip(grid, mean, lo, hi,
                                                                                                  strict=True)]
+    _refs(ax, refs)
     ax.set_xlabel(AXIS_LABELS.get(x, x))
     ax.set_ylabel(AXIS_LABELS.get(y, y))
     if logy:
         ax.set_yscale("log")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(ax)
     _save(fig, path, ["series", "mode", x, f"{y}_mean", f"{y}_min", f"{y}_max"], rows)
     plt.close(fig)
     return fig
 
 
 def bars(groups: list[str], bars_: dict[str, tuple[str, list[float], list[float] | None]], ylabel: str,
-         path: Path, title: str = "", xlabel: str = ""):
-    """Grouped bars: bars_[name] = (mode, values per group, optional error half-widths)."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+         path: Path, title: str = "", xlabel: str = "", refs: list[tuple[float, str]] | None = None):
+    """Grouped bars: bars_[name] = (mode, values per group, optional error bars). A mode of the form
+    "variant:I" colours the bar with VARIANT_COLORS[I]. Errors are half-widths, or (lo, hi) pairs
+    of an interval around each value."""
+    fig, ax = plt.subplots(figsize=(7.4, 4.2))
     width = 0.8 / max(1, len(bars_))
     rows = []
     for i, (name, (mode, values, errors)) in enumerate(bars_.items()):
         pos = np.arange(len(groups)) + (i - (len(bars_) - 1) / 2) * width
         hatch = ["", "//", "..", "xx"][i % 4] if list(m for m, _, _ in bars_.values()).count(mode) > 1 else ""
-        ax.bar(pos, values, width, yerr=errors, color=color(mode), hatch=hatch, label=name, edgecolor="white",
-               capsize=3)
+        variant = int(mode.split(":")[1]) if mode.startswith("variant:") else -1
+        yerr = None
+        if errors is not None:
+            if errors and isinstance(errors[0], tuple):
+                yerr = np.array([[max(0.0, v - lo) for (lo, _), v in zip(errors, values, strict=True)],
+                                 [max(0.0, hi - v) for (_, hi), v in zip(errors, values, strict=True)]])
+            else:
+                yerr = errors
+        ax.bar(pos, values, width, yerr=yerr, color=color(mode, variant), hatch=hatch, label=name,
+               edgecolor="white", capsize=3)
         rows += [[name, mode, g, v, (errors[j] if errors else "")] for j, (g, v) in enumerate(zip(groups, values,
                                                                                                  strict=True))]
+    _refs(ax, refs)
     ax.set_xticks(np.arange(len(groups)), groups)
     ax.set_ylabel(ylabel)
     ax.set_xlabel(xlabel)
     ax.set_title(title)
     ax.grid(alpha=0.3, axis="y")
-    ax.legend(fontsize=8)
+    _legend(ax)
     _save(fig, path, ["bar", "mode", "group", "value", "error"], rows)
     plt.close(fig)
     return fig
@@ -153,14 +183,15 @@ def bars(groups: list[str], bars_: dict[str, tuple[str, list[float], list[float]
 def histograms(hists: dict[str, tuple[str, dict[str, int]]], path: Path, title: str = "",
                xlabel: str = "staleness (updates)"):
     """Normalised histograms (fraction of gradients) of value -> count maps, one line each."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    fig, ax = plt.subplots(figsize=(7.4, 4.2))
     rows = []
-    for (name, (mode, hist)), style in zip(hists.items(), _styles([Series(n, m) for n, (m, _) in hists.items()]),
-                                           strict=True):
+    for i, ((name, (mode, hist)), style) in enumerate(zip(hists.items(), _styles([Series(n, m) for n, (m, _)
+                                                                                   in hists.items()]), strict=True)):
         keys = sorted(int(k) for k in hist)
         total = sum(hist.values()) or 1
         fractions = [hist[str(k)] / total for k in keys]
-        ax.plot(keys, fractions, style, marker="o", markersize=3, color=color(mode), label=name)
+        ax.plot(keys, fractions, style, marker=VARIANT_MARKERS[i % len(VARIANT_MARKERS)], markersize=3,
+                color=color(mode), label=name)
         rows += [[name, mode, k, hist[str(k)], f] for k, f in zip(keys, fractions, strict=True)]
     # The long tail (a worker descheduled for a while) would squash the body: show up to the p99.5.
     tail = [k for _, (_, h) in hists.items() for k in _quantile_keys(h, 0.995)]
@@ -170,7 +201,7 @@ def histograms(hists: dict[str, tuple[str, dict[str, int]]], path: Path, title: 
     ax.set_ylabel("fraction of applied gradients")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(ax)
     _save(fig, path, ["series", "mode", "value", "count", "fraction"], rows)
     plt.close(fig)
     return fig
@@ -186,15 +217,26 @@ def _quantile_keys(hist: dict[str, int], q: float) -> list[int]:
     return keys[-1:]
 
 
-def lines(xs: list[float], ys: dict[str, tuple[str, list[float]]], xlabel: str, ylabel: str, path: Path,
-          title: str = "", logx: bool = False, logy: bool = False):
-    """Simple x-y lines sharing one x axis: ys[name] = (mode, values)."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+def lines(xs: list[float], ys: dict[str, tuple], xlabel: str, ylabel: str, path: Path,
+          title: str = "", logx: bool = False, logy: bool = False, refs: list[tuple[float, str]] | None = None):
+    """Simple x-y lines sharing one x axis: ys[name] = (mode, values) or (mode, values, (lo, hi) per
+    point) for an interval band. Mode "ideal" is a grey reference line; "variant:I" a variant colour."""
+    fig, ax = plt.subplots(figsize=(7.4, 4.2))
     rows = []
-    for (name, (mode, values)), style in zip(ys.items(), _styles([Series(n, m) for n, (m, _) in ys.items()]),
-                                             strict=True):
-        ax.plot(xs, values, style, marker="o", color=color(mode), label=name)
+    styled = [Series(n, v[0] if not v[0].startswith("variant:") else "", variant=int(v[0].split(":")[1])
+                     if v[0].startswith("variant:") else -1) for n, v in ys.items()]
+    for (name, spec), st, style in zip(ys.items(), styled, _styles(styled), strict=True):
+        mode, values = spec[0], spec[1]
+        if mode == "ideal":
+            ax.plot(xs, values, ":", color=REF_COLOR, label=name)
+        else:
+            ax.plot(xs, values, style, marker=marker(st.mode, st.variant), color=color(st.mode, st.variant),
+                    label=name)
+        if len(spec) > 2 and spec[2] is not None:
+            ax.fill_between(xs, [a for a, _ in spec[2]], [b for _, b in spec[2]], color=color(st.mode, st.variant),
+                            alpha=0.15, linewidth=0)
         rows += [[name, mode, x, v] for x, v in zip(xs, values, strict=True)]
+    _refs(ax, refs)
     if logx:
         ax.set_xscale("log")
         ax.set_xticks(xs, [f"{x:g}" for x in xs])  # label the measured points, not powers of 10
@@ -205,7 +247,7 @@ def lines(xs: list[float], ys: dict[str, tuple[str, list[float]]], xlabel: str, 
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    _legend(ax)
     _save(fig, path, ["series", "mode", "x", "y"], rows)
     plt.close(fig)
     return fig
@@ -231,3 +273,24 @@ def main(argv: list[str]) -> int:
     curves(series, a.x, a.y, a.out, a.title)
     print(f"wrote {a.out} and {a.out.with_suffix('.csv')}")
     return 0
+
+
+def grid_map(rows: list[str], cols: list[str], values: list[list[float]], texts: list[list[str]], path: Path,
+             title: str = "", xlabel: str = "", cbar: str = ""):
+    """A table of cells shaded by value in [0, 1] (greys: no mode colour), each with its text."""
+    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(cols), 0.9 + 0.55 * len(rows)))
+    data = np.array(values, dtype=float)
+    im = ax.imshow(data, cmap="Greys", vmin=0.0, vmax=1.0, aspect="auto")
+    for i, row in enumerate(texts):
+        for j, text in enumerate(row):
+            dark = data[i, j] > 0.55
+            ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white" if dark else "black")
+    ax.set_xticks(range(len(cols)), cols)
+    ax.set_yticks(range(len(rows)), rows)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    fig.colorbar(im, ax=ax, label=cbar, fraction=0.05)
+    _save(fig, path, ["row", "column", "value", "text"],
+          [[r, c, data[i, j], texts[i][j]] for i, r in enumerate(rows) for j, c in enumerate(cols)])
+    plt.close(fig)
+    return fig

@@ -1,13 +1,22 @@
-"""Reading run results for the analyses: one labelled run's seeds, small tables, curve statistics.
+"""Reading run results for the analyses: runs, seeds grouped by label, final figures, setups.
 
-Contract: `groups_of(summaries)` loads every run of an experiment (summary.json + eval events) and
-groups the seeds of each label into a `Group` (mean / spread / formatted "mean ± half-spread" of any
-summary field, dotted keys allowed); `Section` is what an analysis returns for REPORT.md. Pure
-reading and arithmetic: no plotting, no process.
+Contract:
+- `load_run(out)` reads one finished run (summary.json + its eval events, ordered by version).
+- `groups_of(summaries)` groups the seeds of each label into a `Group`. `Group.finals(key)` is,
+  per seed, the mean of the last `LAST_K` evaluations of `key` (test_accuracy, test_loss, ...):
+  one evaluation is noisy, the mean of a plateau is not. `Group.ci(key)` is its bootstrap
+  interval over seeds (psgd/stats.py); `Group.summary_ci(field)` the same for a summary field.
+- `converged(run)` states the plateau criterion: the mean accuracy of the last LAST_K evaluations
+  differs from the LAST_K before by less than PLATEAU (validation accuracy when the run has a
+  validation split, else test). The report counts converged seeds per run.
+- `setup(cfg)` is the sentence that describes a run's configuration, built from the config (never
+  typed), and `Section` is what an analysis returns for REPORT.md.
+Pure reading and arithmetic: no plotting, no process.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -15,26 +24,93 @@ from pathlib import Path
 
 import numpy as np
 
-from psgd import plots
+from psgd import stats
+
+LAST_K = 3          # evaluations averaged into a final figure
+PLATEAU = 0.01      # accuracy change between the last two windows of LAST_K that counts as converged
+DATASET_NAMES = {"mnist1d": "MNIST-1D", "synthetic": "synthetic teacher data", "mnist": "MNIST"}
+MODEL_NAMES = {"logreg": "logistic regression", "mlp": "MLP", "cnn": "1-D CNN", "wide_mlp": "wide MLP"}
 
 
 @dataclass
-class Section:
-    id: str
-    title: str
-    claim: str
-    quote: str
-    verdict: str                 # confirmed | refuted | depends
-    headline: str                # one line with the key number
-    body: str                    # markdown: table and reasoning
-    figures: list[Path] = field(default_factory=list)
+class RunData:
+    summary: dict
+    evals: list[dict]
+
+    @property
+    def mode(self) -> str:
+        return self.summary["mode"]
+
+    @property
+    def cfg(self) -> dict:
+        return self.summary["config"]
+
+
+def load_run(out: str | Path) -> RunData:
+    out = Path(out)
+    summary_path = out / "summary.json"
+    if not summary_path.exists():
+        raise FileNotFoundError(f"{out}: no summary.json (is this a finished run folder?)")
+    summary = json.loads(summary_path.read_text())
+    evals = []
+    for line in (out / "metrics.jsonl").read_text().splitlines():
+        e = json.loads(line)
+        if e.get("event") == "eval" and "version" in e:
+            evals.append(e)
+    evals.sort(key=lambda e: e["version"])
+    return RunData(summary, evals)
+
+
+def final(run: RunData, key: str = "test_accuracy", k: int = LAST_K) -> float:
+    """Mean of `key` over the last k evaluations (nan when the run has none or it is not finite)."""
+    tail = [e.get(key) for e in run.evals[-k:]]
+    tail = [float(v) for v in tail if v is not None]
+    if not tail:
+        return float("nan")
+    return float(np.mean(tail)) if all(math.isfinite(v) for v in tail) else float("nan")
+
+
+def converged(run: RunData, k: int = LAST_K, tol: float = PLATEAU) -> bool:
+    key = "val_accuracy" if run.evals and run.evals[-1].get("val_accuracy") is not None else "test_accuracy"
+    acc = [e[key] for e in run.evals]
+    if len(acc) < 2 * k:
+        return False
+    return abs(float(np.mean(acc[-k:])) - float(np.mean(acc[-2 * k:-k]))) < tol
+
+
+FAILED_LOSS = 0.95   # a final loss above this fraction of the initial loss: no progress
+
+
+def diverged(run: RunData) -> bool:
+    """Failed to converge: the final test loss is not finite, or the run ended no better than it
+    started (above FAILED_LOSS x the initial loss; a model that collapsed to one class sits at
+    ln 10, the initial loss, not above it)."""
+    last = final(run, "test_loss", 1)
+    return not math.isfinite(last) or (bool(run.evals) and last > FAILED_LOSS * run.evals[0]["test_loss"])
+
+
+def time_to(run: RunData, target: float, key: str = "test_accuracy") -> float:
+    """Seconds of steady-state training until `key` first reached `target` (inf: never)."""
+    for e in run.evals:
+        if e[key] >= target:
+            return e["elapsed_s"]
+    return float("inf")
+
+
+def roughness(run: RunData, key: str = "test_loss") -> float:
+    """Mean |change of `key`| between consecutive evaluations after the first third (oscillation).
+    Only comparable between runs evaluated on the same grid of samples (the suite's eval_samples)."""
+    v = [e[key] for e in run.evals]
+    if len(v) < 3 or not all(math.isfinite(x) for x in v):
+        return float("inf")
+    return float(np.mean(np.abs(np.diff(v[len(v) // 3:]))))
 
 
 @dataclass
 class Group:
     """All seeds of one labelled run."""
     label: str
-    runs: list[plots.RunData]
+    runs: list[RunData]
 
     @property
     def mode(self) -> str:
@@ -42,9 +118,14 @@ class Group:
 
     @property
     def cfg(self) -> dict:
-        return self.runs[0].summary["config"]
+        return self.runs[0].cfg
+
+    @property
+    def lr(self) -> float:
+        return float(self.cfg["optim"]["lr"])
 
     def values(self, key: str) -> list[float]:
+        """A summary field per seed (dotted keys allowed: staleness.mean)."""
         out = []
         for r in self.runs:
             v = r.summary
@@ -56,19 +137,23 @@ class Group:
     def mean(self, key: str) -> float:
         return float(np.mean(self.values(key)))
 
-    def spread(self, key: str) -> float:
-        v = self.values(key)
-        return float(max(v) - min(v)) if len(v) > 1 else 0.0
+    def finals(self, key: str = "test_accuracy") -> list[float]:
+        return [final(r, key) for r in self.runs]
 
-    def fmt(self, key: str, digits: int = 3) -> str:
-        m, s = self.mean(key), self.spread(key)
-        return f"{m:.{digits}f}" + (f" ± {s / 2:.{digits}f}" if len(self.runs) > 1 else "")
+    def ci(self, key: str = "test_accuracy") -> stats.Interval:
+        return stats.mean_ci(self.finals(key))
+
+    def summary_ci(self, key: str) -> stats.Interval:
+        return stats.mean_ci(self.values(key))
+
+    def converged(self) -> str:
+        return f"{sum(converged(r) for r in self.runs)}/{len(self.runs)}"
 
 
 def groups_of(summaries: list) -> dict[str, Group]:
     grouped: dict[str, list] = defaultdict(list)
     for spec, _ in summaries:
-        grouped[spec.label].append(plots.load_run(spec.cfg.out))
+        grouped[spec.label].append(load_run(spec.cfg.out))
     return {label: Group(label, runs) for label, runs in grouped.items()}
 
 
@@ -78,21 +163,56 @@ def table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines)
 
 
-def roughness(run: plots.RunData) -> float:
-    """Mean absolute change of test loss between consecutive evaluations (oscillation)."""
-    losses = [e["test_loss"] for e in run.evals]
-    if len(losses) < 3 or not all(math.isfinite(x) for x in losses):
-        return float("inf")
-    return float(np.mean(np.abs(np.diff(losses[len(losses) // 3:]))))  # after the initial descent
+def setup(cfg: dict, vary: tuple[str, ...] = ()) -> str:
+    """One sentence describing a run's configuration, from its config; `vary` names what the
+    experiment varies (left out of the sentence)."""
+    d, m, o = cfg["data"], cfg["model"], cfg["optim"]
+    n = d["num_samples"]
+    test = n - int(n * 0.8) if d["dataset"] in ("mnist1d", "synthetic") else None
+    train = int(n * 0.8) if test is not None else None
+    parts = []
+    model = MODEL_NAMES.get(m["model"], m["model"]) + (f" (width {m['width']})" if m["width"] else "")
+    if train is not None:
+        val = round(train * d.get("val_fraction", 0.0))
+        split = f"{train - val:,} train" + (f" / {val:,} validation" if val else "") + f" / {test:,} test samples"
+        parts.append(f"{model} on {DATASET_NAMES.get(d['dataset'], d['dataset'])} ({split})")
+    else:
+        parts.append(f"{model} on {DATASET_NAMES.get(d['dataset'], d['dataset'])}")
+    if "mode" not in vary:
+        parts.append(f"mode {cfg['mode']}")
+    if "workers" not in vary:
+        parts.append(f"{cfg['workers']} worker{'s' * (cfg['workers'] != 1)}")
+    if cfg["mode"] != "allreduce" and "servers" not in vary:
+        parts.append(f"{cfg['servers']} shard{'s' * (cfg['servers'] != 1)} over {cfg['transport']}")
+    if "batch_size" not in vary:
+        parts.append(f"batch {cfg['batch_size']} per worker")
+    budget = f"{cfg['epochs']:g} epochs" if cfg["epochs"] else f"{cfg['steps']} steps per worker"
+    if "epochs" not in vary:
+        parts.append(budget)
+    opt = f"SGD, momentum {o['momentum']:g}" + (f", weight decay {o['weight_decay']:g}" if o["weight_decay"] else "")
+    if "lr" not in vary:
+        opt += f", lr {o['lr']:g}"
+    parts.append(opt)
+    if d.get("shard_data", "iid") != "iid" and "shard_data" not in vary:
+        parts.append(f"{d['shard_data']} shards")
+    return "; ".join(parts)
 
 
-def diverged(run: plots.RunData) -> bool:
-    first, last = run.evals[0]["test_loss"], run.summary["final_test_loss"]
-    return last is None or not math.isfinite(last) or last > first
+@dataclass
+class Figure:
+    path: Path
+    caption: str
 
 
-def time_to(run: plots.RunData, target: float) -> float:
-    for e in run.evals:
-        if e["test_accuracy"] >= target:
-            return e["elapsed_s"]
-    return float("inf")
+@dataclass
+class Section:
+    id: str
+    title: str
+    claim: str
+    quote: str
+    verdict: str                 # one of psgd.verdicts.OUTCOMES
+    headline: str                # one line with the key number (and its interval)
+    body: str                    # markdown: setup, tuning, table, rule and reasoning
+    figures: list[Figure] = field(default_factory=list)
+    key: dict = field(default_factory=dict)   # numbers for results/summary.json
+    why: str = ""

@@ -1,10 +1,13 @@
-"""The suite runner, its TOML schema, and report generation on a tiny --quick suite."""
+"""The suite runner, its TOML schema, tuning, caching, and report generation on a tiny --quick suite."""
 
+import json
 from pathlib import Path
 
 import pytest
 
-from psgd import suite
+from psgd import config as C
+from psgd import report as report_mod
+from psgd import suite, verdicts
 from tests.helpers import processes_mentioning, psgd
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -31,8 +34,11 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 @pytest.mark.parametrize("profile", suite.PROFILES)
 def test_default_suite_files_are_valid(profile, tmp_path):
     experiments = suite.load_suite(ROOT / "experiments" / "default.toml", profile, results=tmp_path)
-    assert len(experiments) >= 7
-    assert all(e.runs or e.bench for e in experiments)
+    assert len(experiments) >= 10
+    assert all(e.templates or e.bench for e in experiments)
+    learning = [e for e in experiments if e.templates]
+    if profile != "quick":   # at least 3 seeds per learning configuration, 5 in --full
+        assert min(len(e.seeds) for e in learning) >= (5 if profile == "full" else 3)
 
 
 @pytest.mark.parametrize("text,message", [
@@ -71,13 +77,91 @@ def test_bad_suite_is_a_one_line_usage_error(tmp_path):
     assert r.returncode == 2 and "unknown experiments" in r.stderr
 
 
-def test_tiny_quick_suite_writes_figures_csvs_and_report(tmp_path):
-    write(tmp_path, "modes.toml", 'id = "M"\ntitle = "modes"\nclaim = "sync is stable"\nquote = "同步"\n'
-          'analysis = "modes"\n' + TINY_BASE + '[[runs]]\nlabel = "sync"\nmode = "sync"\n'
-          '[[runs]]\nlabel = "async"\nmode = "async"\n[profiles.quick]\nsteps = 3\n')
+def test_grids_expand_with_formatted_labels(tmp_path):
+    path = write(tmp_path, "exp.toml", 'id = "X"\ntitle = "t"\nclaim = "c"\nanalysis = "staleness"\n' + TINY_BASE
+                 + '[[runs]]\nlabel = "N={workers} lr={lr}"\nmode = "async"\nworkers = [1, 2]\nlr = [0.1, 0.3]\n')
+    exp = suite.load_experiment(path, "default", tmp_path)
+    specs = exp.final_specs({})
+    assert [s.label for s in specs] == ["N=1 lr=0.1", "N=1 lr=0.3", "N=2 lr=0.1", "N=2 lr=0.3"]
+    assert [(s.cfg.workers, s.cfg.optim.lr) for s in specs] == [(1, 0.1), (1, 0.3), (2, 0.1), (2, 0.3)]
+
+
+TUNED = ('id = "T"\ntitle = "t"\nclaim = "c"\nanalysis = "modes"\nseeds = [0, 1]\n[tune]\nlr = [0.1, 0.3]\n'
+         'seeds = [7]\n' + TINY_BASE + 'val_fraction = 0.25\n'
+         '[[runs]]\nlabel = "sync"\nmode = "sync"\n'
+         '[[runs]]\nlabel = "async"\nmode = "async"\n'
+         '[[runs]]\nlabel = "half"\nmode = "sync"\nwire_dtype = "fp16"\nlr_from = "sync"\nlr_factor = 2.0\n'
+         '[[runs]]\nlabel = "fixed"\nmode = "sync"\nlr = 0.05\n')
+
+
+def test_tuning_plan_choice_and_derived_rates(tmp_path):
+    exp = suite.load_experiment(write(tmp_path, "t.toml", TUNED), "default", tmp_path, version="v1")
+    tune = exp.tune_specs()
+    # Two tuned labels x two rates x one tuning seed; "half" and "fixed" are not swept.
+    assert sorted((s.label, s.cfg.optim.lr, s.seed) for s in tune) == [
+        ("async", 0.1, 7), ("async", 0.3, 7), ("sync", 0.1, 7), ("sync", 0.3, 7)]
+    assert all(s.cfg.data.val_fraction == 0.25 and s.phase == "tune" for s in tune)
+    # The best mean validation score wins; a tie goes to the smaller rate; nan (diverged) never wins.
+    chosen = suite.choose(exp, {("sync", 0.1): [0.5], ("sync", 0.3): [0.7],
+                                ("async", 0.1): [0.6], ("async", 0.3): [0.6]})
+    assert chosen == {"sync": 0.3, "async": 0.1}
+    assert suite.choose(exp, {("sync", 0.1): [0.2], ("sync", 0.3): [float("nan")]})["sync"] == 0.1
+    finals = {(s.label, s.seed): s.cfg.optim.lr for s in exp.final_specs(chosen)}
+    assert finals == {("sync", 0): 0.3, ("sync", 1): 0.3, ("async", 0): 0.1, ("async", 1): 0.1,
+                      ("half", 0): 0.6, ("half", 1): 0.6, ("fixed", 0): 0.05, ("fixed", 1): 0.05}
+
+
+@pytest.mark.parametrize("extra,message", [
+    ('[[runs]]\nlabel = "b"\nmode = "sync"\nlr_from = "fixed"\n', "not a tuned run"),
+    ('[[runs]]\nlabel = "b"\nmode = "sync"\nlr_factor = -1.0\nlr_from = "sync"\n', "lr_factor"),
+])
+def test_bad_tuning_references(tmp_path, extra, message):
+    with pytest.raises(suite.SuiteError, match=message):
+        suite.load_experiment(write(tmp_path, "t.toml", TUNED + extra), "default", tmp_path)
+
+
+def test_tuning_needs_a_validation_split(tmp_path):
+    text = TUNED.replace("val_fraction = 0.25\n", "")
+    with pytest.raises(suite.SuiteError, match="validation split"):
+        suite.load_experiment(write(tmp_path, "t.toml", text), "default", tmp_path)
+
+
+def test_one_evaluation_grid_in_samples_for_every_mode(tmp_path):
+    text = ('id = "G"\ntitle = "t"\nclaim = "c"\nanalysis = "modes"\n' + TINY_BASE + 'eval_samples = 64\n'
+            '[[runs]]\nlabel = "sync"\nmode = "sync"\n[[runs]]\nlabel = "async"\nmode = "async"\n'
+            '[[runs]]\nlabel = "k=2"\nmode = "sync"\naccumulate = 2\n')
+    specs = {s.label: s.cfg for s in suite.load_experiment(write(tmp_path, "g.toml", text), "default",
+                                                           tmp_path).final_specs({})}
+    # sync: 2 workers x 8 = 16 samples per update; async: 8; k=2: 32. Every run evaluates each 64 samples.
+    assert {k: v.eval_every for k, v in specs.items()} == {"sync": 4, "async": 8, "k=2": 2}
+    with pytest.raises(suite.SuiteError, match="not a multiple"):
+        suite.load_experiment(write(tmp_path, "g.toml", text.replace("eval_samples = 64", "eval_samples = 60")),
+                              "default", tmp_path)
+
+
+def test_the_cache_refuses_a_run_from_another_code_version(tmp_path):
+    exp = suite.load_experiment(write(tmp_path, "t.toml", TUNED), "default", tmp_path, version="v1")
+    spec = exp.final_specs({"sync": 0.1, "async": 0.1})[0]
+    other = suite.load_experiment(write(tmp_path, "t.toml", TUNED), "default", tmp_path, version="v2")
+    assert other.final_specs({"sync": 0.1, "async": 0.1})[0].cfg.out != spec.cfg.out   # the folder differs
+    out = Path(spec.cfg.out)
+    out.mkdir(parents=True)
+    (out / "summary.json").write_text("{}")
+    (out / "config.json").write_text(json.dumps(C.to_dict(spec.cfg)))
+    (out / "provenance.json").write_text(json.dumps({"code_version": "v1"}))
+    assert suite.is_cached(spec)
+    (out / "provenance.json").write_text(json.dumps({"code_version": "v0"}))   # made by other code
+    assert not suite.is_cached(spec)
+    (out / "provenance.json").unlink()
+    assert not suite.is_cached(spec)
+
+
+def test_tiny_quick_suite_tunes_runs_and_reports(tmp_path):
+    write(tmp_path, "modes.toml", TUNED.replace('id = "T"', 'id = "M"').replace('quote', 'q')
+          + '[profiles.quick]\nsteps = 3\nseeds = [0]\n')
     write(tmp_path, "wire.toml", 'id = "W"\ntitle = "wire"\nclaim = "half the bytes"\nanalysis = "wire"\n'
-          + TINY_BASE + '[[runs]]\nlabel = "fp32"\nmode = "sync"\n[[runs]]\nlabel = "fp16"\nmode = "sync"\n'
-          'wire_dtype = "fp16"\n')
+          'quote = "同步"\n' + TINY_BASE + '[[runs]]\nlabel = "fp32"\nmode = "sync"\n[[runs]]\nlabel = "fp16"\n'
+          'mode = "sync"\nwire_dtype = "fp16"\n')
     suite_file = write(tmp_path, "suite.toml", '[suite]\nexperiments = ["modes.toml", "wire.toml"]\n')
     results = tmp_path / "results"
     r = psgd("suite", str(suite_file), "--quick", "--results", str(results))
@@ -85,23 +169,38 @@ def test_tiny_quick_suite_writes_figures_csvs_and_report(tmp_path):
     report = (results / "REPORT.md").read_text()
     assert "## M" in report and "## W" in report and "> 同步" in report
     assert report.count("**Verdict: ") == 2
-    for fig in ("M/accuracy_vs_elapsed_s", "M/accuracy_vs_version", "M/accuracy_vs_samples", "M/loss_vs_samples",
-                "W/bytes_per_step", "W/accuracy"):
+    assert "Code version: `" in report and "**Learning rates**" in report
+    assert "**Setup** (from the run configs)" in report
+    for fig in ("M/accuracy_vs_elapsed_s", "M/accuracy_vs_samples", "M/loss_vs_samples", "W/bytes_per_step",
+                "W/accuracy"):
         assert (results / f"{fig}.png").stat().st_size > 0
         assert (results / f"{fig}.csv").read_text().count("\n") >= 2
         assert f"]({fig}.png)" in report
     commands = (results / "M" / "commands.txt").read_text()
-    assert "psgd run --mode sync" in commands and "--steps 3" in commands   # the quick profile won
+    assert "--steps 3" in commands and "--val-fraction 0.25" in commands   # the quick profile won; tuning listed
+    assert commands.count("psgd run") == 4 + 4   # 4 tuning runs, 4 labels x 1 seed
+    summary = json.loads((results / "summary.json").read_text())
+    assert [c["id"] for c in summary["claims"]] == ["M", "W"] and summary["code_version"]
+    assert all(c["verdict"] in verdicts.OUTCOMES for c in summary["claims"])
     # fp16 moved half the bytes of fp32: the CSV behind the figure says so.
     rows = (results / "W" / "bytes_per_step.csv").read_text().splitlines()[1:]
     fp32, fp16 = (float(row.split(",")[3]) for row in rows)
     assert fp16 == pytest.approx(fp32 / 2)
-    # A second call reuses the finished runs.
-    stamp = (results / "runs" / "M" / "sync-s0" / "summary.json").stat().st_mtime_ns
+    # A second call reuses every finished run, and --only still reports the whole suite.
     r = psgd("suite", str(suite_file), "--quick", "--results", str(results), "--only", "M")
     assert r.returncode == 0 and "cached" in r.stderr
     report = (results / "REPORT.md").read_text()
-    assert "## M" in report and "## W" in report   # --only reruns M; the report still covers W
-    assert "2 of 2 runs reused" in report
-    assert (results / "runs" / "M" / "sync-s0" / "summary.json").stat().st_mtime_ns == stamp
+    assert "## M" in report and "## W" in report
+    assert "8 of 8 runs reused" in report
+    # The README table is generated from summary.json.
+    readme = write(tmp_path, "README.md", f"intro\n{report_mod.README_BEGIN}\nold\n{report_mod.README_END}\nrest\n")
+    assert report_mod.update_readme(readme, results / "summary.json")
+    assert "| [M](results/REPORT.md#m)" in readme.read_text() and readme.read_text().endswith("rest\n")
+    assert not report_mod.update_readme(readme, results / "summary.json")
     assert processes_mentioning(str(results)) == []
+
+
+def test_readme_verdict_table_is_current():
+    """The README's table is `make readme` output from the committed results/summary.json."""
+    summary = json.loads((ROOT / "results" / "summary.json").read_text())
+    assert report_mod.readme_block(summary) in (ROOT / "README.md").read_text(), "README is stale: run `make readme`"
