@@ -1,30 +1,45 @@
 """Datasets and the per-worker split of each global batch.
 
 Contract:
-- `load(cfg)` returns a `Dataset` of float32 inputs and int64 labels, train and test:
-  `synthetic` (a seeded teacher network labels Gaussian inputs; fast, the test default),
+- `load(cfg)` returns a `Dataset` of float32 inputs and int64 labels, train, validation and
+  test: `synthetic` (a seeded teacher network labels Gaussian inputs; fast, the test default),
   `mnist1d` (the MNIST-1D benchmark, Greydanus 2020, generated offline by the `mnist1d`
   package's make_dataset and cached as .npz; `--num-samples` may exceed its default 5,000),
   and `mnist` (standard IDX files, optionally gzipped, from `--data-dir`).
+- Validation split (`--val-fraction f`): carved out of the TRAINING set, never the test set, so
+  a learning rate tuned on it never sees the test set. A permutation seeded by `data_seed`
+  alone (not `--seed`: every run of one dataset holds out the same samples) picks
+  `round(f * n)` samples as `x_val / y_val`; the rest stay the training set, in their original
+  order. f = 0 leaves the training set untouched and the validation tensors empty.
+  `train_size(cfg)` is the training set's size after the split (what `--epochs` counts).
 - `BatchPlan` fixes the sequence of global batches from (seed, global batch size) alone:
   epoch e is a seeded permutation of the training set, cut into global batches (the last
   partial batch is dropped). Worker r takes slice r of global batch t, so 4 workers x batch 8
   see exactly the samples of 1 worker x batch 32. With `noniid`, the training set is sorted by
-  label and cut into N contiguous parts; worker r draws its batches from part r only.
+  label and cut into N contiguous parts; worker r draws its batches from part r only. With
+  `dirichlet` (label skew, Hsu et al. 2019 "Measuring the effects of non-identical data
+  distribution"), each class's samples are split among the N workers in proportions drawn from
+  Dir(alpha x 1_N) (numpy, seeded by the run seed), and worker r draws from the union of its
+  pieces: alpha -> infinity is IID, alpha -> 0 puts each class on (nearly) one worker. A part
+  smaller than one batch is topped up from the largest part (`dirichlet_parts`). In both
+  partitioned cases worker r takes its own seeded permutation of its part each epoch, cycling.
+- `plan_for(cfg, labels)` builds the plan of a run; `class_histogram(plan, labels, classes)`
+  counts the labels each worker draws from (the data a worker sees; for plotting skew).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from psgd.config import DataConfig
+from psgd.config import DataConfig, RunConfig
 
 TRAIN_FRACTION = 0.8  # split of generated datasets (mnist1d's own default)
 
@@ -36,6 +51,8 @@ class Dataset:
     x_test: torch.Tensor
     y_test: torch.Tensor
     num_classes: int
+    x_val: torch.Tensor = field(default_factory=lambda: torch.empty(0))  # empty without --val-fraction
+    y_val: torch.Tensor = field(default_factory=lambda: torch.empty(0, dtype=torch.int64))
 
     @property
     def input_dim(self) -> int:
@@ -48,19 +65,44 @@ def cache_dir(cfg: DataConfig) -> Path:
 
 def load(cfg: DataConfig) -> Dataset:
     if cfg.dataset == "synthetic":
-        return _synthetic(cfg.num_samples, cfg.data_seed)
-    if cfg.dataset == "mnist1d":
-        return _mnist1d(cfg)
-    if cfg.dataset == "mnist":
-        return _mnist_idx(Path(cfg.data_dir or "."))
-    raise ValueError(f"unknown dataset {cfg.dataset!r}")
+        ds = _synthetic(cfg.num_samples, cfg.data_seed)
+    elif cfg.dataset == "mnist1d":
+        ds = _mnist1d(cfg)
+    elif cfg.dataset == "mnist":
+        ds = _mnist_idx(Path(cfg.data_dir or "."))
+    else:
+        raise ValueError(f"unknown dataset {cfg.dataset!r}")
+    return split_validation(ds, cfg.val_fraction, cfg.data_seed)
 
 
 def train_size(cfg: DataConfig) -> int:
-    """Training-set size without loading the data when it can be derived (for --epochs)."""
+    """Training-set size after the validation split, without loading the data when it can be
+    derived (for --epochs)."""
     if cfg.dataset in ("synthetic", "mnist1d"):
-        return int(cfg.num_samples * TRAIN_FRACTION)
+        n = int(cfg.num_samples * TRAIN_FRACTION)
+        return n - validation_count(n, cfg.val_fraction)
     return int(load(cfg).x_train.shape[0])
+
+
+def validation_count(n: int, fraction: float) -> int:
+    """Samples of an n-sample training set held out for validation; ValueError if none would stay."""
+    held = round(fraction * n)
+    if held >= n:
+        raise ValueError(f"--val-fraction {fraction} leaves none of the {n} training samples to train on")
+    return held
+
+
+def split_validation(ds: Dataset, fraction: float, data_seed: int) -> Dataset:
+    """Move round(fraction x n) training samples, picked by a permutation seeded by data_seed,
+    into the validation split; the others keep their order. fraction 0: empty validation."""
+    n = int(ds.x_train.shape[0])
+    held = validation_count(n, fraction)
+    if held == 0:
+        return dataclasses.replace(ds, x_val=ds.x_train[:0], y_val=ds.y_train[:0])
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(data_seed))
+    keep, val = perm[:n - held].sort().values, perm[n - held:]
+    return dataclasses.replace(ds, x_train=ds.x_train[keep], y_train=ds.y_train[keep],
+                               x_val=ds.x_train[val], y_val=ds.y_train[val])
 
 
 def _synthetic(n: int, seed: int, dim: int = 32, classes: int = 10) -> Dataset:
@@ -118,17 +160,24 @@ def _mnist_idx(root: Path) -> Dataset:
 
 
 class BatchPlan:
-    """Which training samples worker `rank` uses at its step `step` (see module docstring)."""
+    """Which training samples worker `rank` uses at its step `step` (see module docstring).
+
+    `noniid`: label-sorted contiguous parts; `dirichlet_alpha`: Dirichlet label-skewed parts
+    (`dirichlet_parts`); neither: IID slices of each global batch.
+    """
 
     def __init__(self, labels: torch.Tensor, workers: int, per_worker: int, seed: int,
-                 noniid: bool = False) -> None:
+                 noniid: bool = False, dirichlet_alpha: float | None = None) -> None:
         n = int(labels.shape[0])
         self.workers, self.per_worker, self.seed = workers, per_worker, seed
+        assert not (noniid and dirichlet_alpha is not None), "noniid and dirichlet are two different splits"
         if noniid:
             order = torch.argsort(labels, stable=True)
             self.parts = [order[r * n // workers:(r + 1) * n // workers] for r in range(workers)]
             if any(len(p) < per_worker for p in self.parts):
                 raise ValueError(f"non-IID shards of {n // workers} samples are smaller than a batch of {per_worker}")
+        elif dirichlet_alpha is not None:
+            self.parts = dirichlet_parts(labels, workers, dirichlet_alpha, seed, min_size=per_worker)
         else:
             self.parts = None
             if n < workers * per_worker:
@@ -153,3 +202,65 @@ class BatchPlan:
         per_epoch = len(part) // self.per_worker
         epoch, i = divmod(step, per_epoch)
         return part[self._perm(rank + 1, epoch, len(part))[i * self.per_worker:(i + 1) * self.per_worker]]
+
+    def samples_of(self, rank: int) -> torch.Tensor:
+        """The training samples worker `rank` draws from: its part, or (IID) its slices of epoch 0."""
+        if self.parts is not None:
+            return self.parts[rank]
+        steps = self.n // (self.workers * self.per_worker)
+        return torch.cat([self.indices(rank, t) for t in range(steps)])
+
+
+def plan_for(cfg: RunConfig, labels: torch.Tensor) -> BatchPlan:
+    """The batch plan of a run: a worker's batch is --batch-size x --accumulate samples."""
+    shard = cfg.data.shard_data
+    return BatchPlan(labels, cfg.workers, cfg.batch_size * cfg.accumulate, cfg.seed, noniid=shard == "noniid",
+                     dirichlet_alpha=cfg.data.dirichlet_alpha if shard == "dirichlet" else None)
+
+
+def dirichlet_parts(labels: torch.Tensor, workers: int, alpha: float, seed: int,
+                    min_size: int = 1) -> list[torch.Tensor]:
+    """Split the samples among `workers` with Dirichlet label skew (Hsu et al. 2019).
+
+    For each class c (in label order): its samples, in a seeded random order, are cut among the
+    workers in proportions p_c ~ Dir(alpha x 1_N); worker r's part is the union of its pieces
+    (in class order). numpy's Generator, seeded from `seed`, draws everything, so the split is a pure
+    function of (labels, workers, alpha, seed).
+
+    Fix-up: with a small alpha a worker may get (almost) nothing. While some part holds fewer
+    than `min_size` samples (one batch), the last samples of the largest part (ties: the lowest
+    rank), that is of its last class, move to the smallest one (ties: the lowest rank), as many as
+    it lacks or as the largest can spare above `min_size`. Deterministic, and it leaves the skew
+    of every other part alone. ValueError when the samples cannot fill N parts of min_size.
+    """
+    n = int(labels.shape[0])
+    if n < workers * min_size:
+        raise ValueError(f"{n} training samples cannot give {workers} workers a batch of {min_size} each")
+    rng = np.random.default_rng([seed % (1 << 63), 0xD1])  # a stream of its own, apart from batch order
+    y = labels.cpu().numpy()
+    # Each part lists its pieces in class order, so the fix-up below moves its last class first.
+    pieces: list[list[np.ndarray]] = [[] for _ in range(workers)]
+    for c in np.unique(y):
+        members = rng.permutation(np.flatnonzero(y == c))
+        shares = rng.dirichlet(np.full(workers, alpha))
+        cuts = (np.cumsum(shares)[:-1] * len(members)).astype(np.int64)
+        for r, piece in enumerate(np.split(members, cuts)):
+            pieces[r].append(piece)
+    parts = [np.concatenate(p) for p in pieces]
+    while True:
+        sizes = [len(p) for p in parts]
+        small = int(np.argmin(sizes))
+        if sizes[small] >= min_size:
+            break
+        big = int(np.argmax(sizes))
+        move = min(min_size - sizes[small], sizes[big] - min_size)
+        assert move > 0, "n >= workers x min_size leaves the largest part something to spare"
+        parts[small] = np.concatenate([parts[small], parts[big][-move:]])
+        parts[big] = parts[big][:-move]
+    return [torch.from_numpy(p.astype(np.int64)) for p in parts]
+
+
+def class_histogram(plan: BatchPlan, labels: torch.Tensor, num_classes: int) -> list[list[int]]:
+    """counts[r][c]: samples of class c among those worker r draws from (`BatchPlan.samples_of`)."""
+    return [torch.bincount(labels[plan.samples_of(r)], minlength=num_classes).tolist()
+            for r in range(plan.workers)]

@@ -8,7 +8,8 @@ Contract:
   stops all children too. Children get PR_SET_PDEATHSIG, so even a SIGKILLed launcher leaves
   no process behind.
 - After the workers finish, servers get SIGTERM, write their stats and snapshots, and exit;
-  then the snapshots are evaluated (psgd/evaluate.py) and OUT/summary.json is written.
+  then the snapshots are evaluated (psgd/evaluate.py) on the test set, a training subset and,
+  with --val-fraction, the validation split, and OUT/summary.json is written.
 """
 
 from __future__ import annotations
@@ -189,7 +190,8 @@ def finish(cfg: RunConfig, ds: data_mod.Dataset) -> dict:
         test_loss, test_acc = evaluate.evaluate(model, params, ds.x_test, ds.y_test)
         train_loss, train_acc = evaluate.evaluate(model, params, x_tr, y_tr)
         e = dict(version=version, elapsed_s=max(0.0, t - t0), samples=version * samples_per_update(cfg),
-                 test_loss=test_loss, test_accuracy=test_acc, train_loss=train_loss, train_accuracy=train_acc)
+                 test_loss=test_loss, test_accuracy=test_acc, train_loss=train_loss, train_accuracy=train_acc,
+                 **_validation(cfg, model, params, ds))
         metrics.write(event="eval", **e)
         evals.append(e)
     test_loss, test_acc = evaluate.evaluate(model, final, ds.x_test, ds.y_test)
@@ -197,10 +199,19 @@ def finish(cfg: RunConfig, ds: data_mod.Dataset) -> dict:
     metrics.close()
     torch.save(final, out / "final_params.pt")
     sha = hashlib.sha256(final.contiguous().numpy().tobytes()).hexdigest()
-    final_eval = dict(test_loss=test_loss, test_accuracy=test_acc, train_loss=train_loss)
+    final_eval = dict(test_loss=test_loss, test_accuracy=test_acc, train_loss=train_loss,
+                      **_validation(cfg, model, final, ds))
     extra = None
     if cfg.mode == "allreduce":
         from psgd.collective import summary_extra  # noqa: PLC0415 - only the collective mode needs it
 
         extra = summary_extra(out, sha)
     return summarize(out, cfg, evals + [final_eval], models.num_params(model), sha, shard_stats, extra)
+
+
+def _validation(cfg: RunConfig, model, params: torch.Tensor, ds: data_mod.Dataset) -> dict:
+    """val_loss / val_accuracy of `params` on the validation split (none without --val-fraction)."""
+    if cfg.data.val_fraction <= 0:
+        return {}
+    val_loss, val_acc = evaluate.evaluate(model, params, ds.x_val, ds.y_val)
+    return dict(val_loss=val_loss, val_accuracy=val_acc)

@@ -4,7 +4,8 @@ Contract:
 - `Metrics(path).write(event=..., **fields)` appends one JSON object per line. Each line is one
   `os.write` on an O_APPEND descriptor, so the lines of concurrent processes never interleave.
 - `summarize(out, cfg, evals, final)` builds summary.json from the workers' `worker_end`
-  events, the shards' `shard-K.json` stats and the offline evaluation (psgd/evaluate.py).
+  events, the shards' `shard-K.json` stats and the offline evaluation (psgd/evaluate.py);
+  `final_val_loss` / `final_val_accuracy` are None without a validation split (--val-fraction).
   Field meanings are in docs/architecture.md; `time_breakdown_s` is seconds per worker,
   averaged over workers.
 """
@@ -93,6 +94,7 @@ def summarize(out: Path, cfg: RunConfig, evals: list[dict], params: int, params_
         "samples_per_s": worker_steps * cfg.batch_size * cfg.accumulate / wall if wall > 0 else 0.0,
         "final_train_loss": final.get("train_loss"), "final_test_loss": final.get("test_loss"),
         "final_test_accuracy": final.get("test_accuracy"),
+        "final_val_loss": final.get("val_loss"), "final_val_accuracy": final.get("val_accuracy"),
         "staleness": hist_stats(staleness),
         "max_clock_gap": max((s["max_clock_gap"] for s in shard_stats), default=0),
         "bytes_pushed": sum(e["bytes_pushed"] for e in ends), "bytes_pulled": sum(e["bytes_pulled"] for e in ends),

@@ -79,8 +79,7 @@ def train(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None
     device = device or resolve_device(cfg.device)
     ds = data_mod.load(cfg.data)
     x, y = ds.x_train.to(device), ds.y_train.to(device)
-    plan = data_mod.BatchPlan(ds.y_train, cfg.workers, cfg.batch_size * cfg.accumulate, cfg.seed,
-                              noniid=cfg.data.shard_data == "noniid")
+    plan = data_mod.plan_for(cfg, ds.y_train)
     model = models.build(cfg.model, ds.input_dim, ds.num_classes, cfg.seed).to(device)
     flat = models.FlatParams(model)
     delay_ms = dict(cfg.straggler).get(rank, 0)

@@ -68,3 +68,69 @@ def test_mnist_idx_files(tmp_path):
     assert ds.x_train.shape == (20, 784) and float(ds.x_train.max()) <= 1.0 and ds.y_test.shape == (5,)
     with pytest.raises(FileNotFoundError, match="not found"):
         data.load(DataConfig(dataset="mnist", data_dir=str(tmp_path / "missing")))
+
+
+def _rows(x: torch.Tensor) -> set[tuple[float, ...]]:
+    return set(map(tuple, x.tolist()))
+
+
+def test_validation_split_comes_out_of_the_training_set():
+    plain = data.load(DataConfig(dataset="synthetic", num_samples=1000))
+    assert plain.x_val.shape == (0, 32) and plain.y_val.shape == (0,)
+    cfg = DataConfig(dataset="synthetic", num_samples=1000, val_fraction=0.25)
+    ds = data.load(cfg)
+    assert ds.x_val.shape == (200, 32) and ds.x_train.shape == (600, 32) and data.train_size(cfg) == 600
+    assert torch.equal(ds.x_test, plain.x_test) and torch.equal(ds.y_test, plain.y_test)  # test set untouched
+    train, val = _rows(ds.x_train), _rows(ds.x_val)
+    assert not train & val and train | val == _rows(plain.x_train)
+    assert torch.equal(data.load(cfg).x_val, ds.x_val)  # the same samples every time (seeded by data_seed)
+    other = data.load(DataConfig(dataset="synthetic", num_samples=1000, val_fraction=0.25, data_seed=7))
+    assert _rows(other.x_val) != val
+    # Labels travel with their inputs; the training samples keep their original order.
+    index = {row: i for i, row in enumerate(map(tuple, plain.x_train.tolist()))}
+    kept = torch.tensor([index[tuple(r)] for r in ds.x_train.tolist()])
+    assert torch.equal(kept, kept.sort().values) and torch.equal(ds.y_train, plain.y_train[kept])
+    one_epoch = RunConfig(epochs=1, workers=2, batch_size=10, data=cfg)
+    assert with_epochs_resolved(one_epoch, data.train_size(cfg)).steps == 30  # --epochs counts 600 samples
+    with pytest.raises(ValueError, match="--val-fraction 0.95 leaves none"):
+        data.train_size(DataConfig(num_samples=10, val_fraction=0.95))
+
+
+def test_dirichlet_alpha_sets_the_label_skew():
+    labels = torch.arange(4000) % 10
+    uniform = data.class_histogram(data.BatchPlan(labels, 10, 16, seed=0, dirichlet_alpha=1000.0), labels, 10)
+    for counts in uniform:
+        shares = torch.tensor(counts, dtype=torch.float64) / sum(counts)
+        assert (shares - 0.1).abs().max() < 0.03, counts
+    skewed = data.class_histogram(data.BatchPlan(labels, 10, 16, seed=0, dirichlet_alpha=0.05), labels, 10)
+    top2 = sorted(sum(sorted(c)[-2:]) / sum(c) for c in skewed)
+    assert top2[len(top2) // 2] > 0.8 and top2[0] > 0.5, top2  # most of a worker's samples: 1-2 classes
+
+
+def test_dirichlet_parts_partition_the_data_and_each_holds_a_batch():
+    labels = torch.arange(600) % 3
+    parts = data.dirichlet_parts(labels, 5, alpha=0.01, seed=4, min_size=32)  # few classes: top-ups needed
+    assert all(len(p) >= 32 for p in parts)
+    assert torch.equal(torch.cat(parts).sort().values, torch.arange(600))
+    again = data.dirichlet_parts(labels, 5, alpha=0.01, seed=4, min_size=32)
+    assert all(torch.equal(a, b) for a, b in zip(parts, again, strict=True))
+    assert not all(torch.equal(a, b) for a, b in zip(parts, data.dirichlet_parts(labels, 5, 0.01, seed=5,
+                                                                                min_size=32), strict=True))
+    with pytest.raises(ValueError, match="cannot give 5 workers a batch of 200"):
+        data.dirichlet_parts(labels, 5, alpha=1.0, seed=0, min_size=200)
+
+
+def test_dirichlet_plan_cycles_each_worker_through_its_own_part():
+    cfg = RunConfig(workers=3, batch_size=10, seed=2, data=DataConfig(shard_data="dirichlet", dirichlet_alpha=0.3))
+    labels = torch.arange(300) % 5
+    plan = data.plan_for(cfg, labels)
+    for r in range(3):
+        part = set(plan.parts[r].tolist())
+        epoch = len(part) // 10
+        seen = [plan.indices(r, t) for t in range(2 * epoch + 1)]
+        assert all(set(b.tolist()) <= part and len(b) == 10 for b in seen)
+        assert len(set(torch.cat(seen[:epoch]).tolist())) == 10 * epoch  # no repeat within an epoch
+    hist = data.class_histogram(plan, labels, 5)
+    assert [sum(h) for h in hist] == [len(p) for p in plan.parts] and sum(map(sum, hist)) == 300
+    iid = data.class_histogram(data.BatchPlan(labels, 3, 10, seed=2), labels, 5)
+    assert [sum(h) for h in iid] == [100, 100, 100]  # IID: what each worker sees in one epoch

@@ -39,6 +39,7 @@ def test_sync_run_writes_everything(tmp_path):
     assert [e["version"] for e in events(out) if e["event"] == "eval"] == [0, 10, 20, 30]
     assert (out / "config.json").exists()
     assert s["final_test_accuracy"] > 0.3  # 10 classes: well above chance after 30 steps
+    assert s["final_val_loss"] is None and s["final_val_accuracy"] is None  # no --val-fraction
     assert processes_mentioning(str(out)) == []
 
 
