@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.psgd-installed
 
-.PHONY: install test experiments proto lint clean
+.PHONY: install test experiments experiments-full readme proto lint clean
 
 install: $(STAMP)
 
@@ -21,6 +21,13 @@ test: install
 
 experiments: install
 	$(BIN)/psgd suite experiments/default.toml
+
+experiments-full: install
+	$(BIN)/psgd suite experiments/default.toml --full
+
+# The README's verdict table, from the committed reference run (tests fail when it is stale).
+readme: install
+	$(BIN)/python -m psgd.report readme README.md results/summary.json
 
 proto: install
 	$(BIN)/python tools/gen_proto.py

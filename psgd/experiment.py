@@ -1,0 +1,381 @@
+"""Experiment files: the TOML schema of one claim, parsed into run plans (no process, no I/O but reading).
+
+Contract:
+- An experiment file is one claim: `id`, `title`, `claim`, `quote` (the seed article's words),
+  `analysis` (which analysis in psgd/analyses*.py reads its runs), `why` (why these models, data
+  and budgets make the effect visible), `seeds`, a `[base]` table of run settings, `[[runs]]`
+  (each a `label` plus settings that override base), optional `[params]` for the analysis,
+  `[tune]`, and `[profiles.quick]` / `[profiles.full]` overrides of base (and of `seeds`, `tune`,
+  `params`; `runs` in a profile are added). A suite file's `[base]` and profile tables sit under
+  the experiment's own. A benchmark experiment has `bench = "NAME"` and `[bench_args]` (flags;
+  true = a bare flag, "{out}" = the experiment's results folder) instead of runs.
+  Settings are RunConfig field names (`workers`, `lr`, `straggler = ["0=40"]`, ...); a bad key
+  or value is a one-line SuiteError naming the file and the key. A list where a single value is
+  expected makes a grid: `workers = [1, 4]` and `lr = [0.1, 1.0]` give four runs, and the label
+  is a format string (`label = "async N={workers} lr={lr}"`).
+- `eval_samples` (in base or a run) puts every run on one grid of training samples: each run's
+  `--eval-every` becomes eval_samples / (samples per update of that run).
+- `[tune] lr = [...]`: every run without an explicit `lr` is swept over the grid (seeds
+  `[tune] seeds`, kept apart from the evaluation seeds) and scored on the validation split
+  (`val_fraction`); `choose` picks the best mean of the last `last_k` validation accuracies (ties:
+  the smaller rate). A run may name its own grid (`tune_lr = [...]`), take another label's chosen
+  rate (`lr_from = "sync"`, optionally times `lr_factor`), or opt out (`tune = false`).
+- `Experiment.tune_specs()` and `.final_specs(chosen)` give the runs, each in
+  `RESULTS/runs/<digest>/`, the digest of its config and the code version (`run_digest`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import re
+import shlex
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from psgd import config as C
+from psgd.metrics import read_events, samples_per_update
+
+EXPERIMENT_KEYS = {"id", "title", "claim", "quote", "analysis", "why", "seeds", "base", "runs", "profiles",
+                   "params", "bench", "bench_args", "tune"}
+RUN_KEYS = {"label", "lr_from", "lr_factor", "tune_lr", "tune", "eval_samples"}  # besides RunConfig fields
+TUNE_KEYS = {"lr", "seeds", "last_k"}
+PROFILES = ("default", "quick", "full")
+
+
+class SuiteError(ValueError):
+    """A bad suite or experiment file; the message names the file and the key."""
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    experiment: str
+    label: str
+    seed: int
+    cfg: C.RunConfig
+    phase: str = "final"          # final | tune (a point of a learning-rate sweep)
+    version: str = ""             # code version that must have made a reusable result
+
+    @property
+    def command(self) -> str:
+        return "psgd run " + shlex.join(C.to_argv(self.cfg))
+
+
+@dataclass(frozen=True)
+class RunTemplate:
+    """One [[runs]] entry after grid expansion: settings without seed and out, and how its lr is set."""
+    label: str
+    settings: dict
+    lr_grid: tuple[float, ...] = ()   # tuned over this grid (empty: not tuned)
+    lr_from: str = ""                 # or: the chosen rate of another label ...
+    lr_factor: float = 1.0            # ... times this
+    eval_samples: int = 0
+
+
+@dataclass(frozen=True)
+class Experiment:
+    id: str
+    title: str
+    claim: str
+    quote: str
+    analysis: str
+    path: Path
+    why: str = ""
+    seeds: tuple[int, ...] = (0,)
+    templates: tuple[RunTemplate, ...] = ()
+    tune_seeds: tuple[int, ...] = (100,)
+    tune_last_k: int = 3
+    results: Path = Path("results")
+    version: str = ""
+    bench: str = ""
+    bench_args: tuple[str, ...] = ()
+    params: dict = field(default_factory=dict)
+
+    @property
+    def slug(self) -> str:
+        return self.id
+
+    @property
+    def tuned(self) -> bool:
+        return any(t.lr_grid for t in self.templates)
+
+    def tune_specs(self) -> list[RunSpec]:
+        """Every point of every sweep (validation only)."""
+        return [self._spec(t, seed, lr, "tune") for t in self.templates for lr in t.lr_grid
+                for seed in self.tune_seeds]
+
+    def final_specs(self, chosen: dict[str, float]) -> list[RunSpec]:
+        """The evaluated runs, with the chosen rates filled in."""
+        specs = []
+        for t in self.templates:
+            lr = self.rate_of(t, chosen)
+            specs += [self._spec(t, seed, lr, "final") for seed in self.seeds]
+        return specs
+
+    def rate_of(self, t: RunTemplate, chosen: dict[str, float]) -> float | None:
+        if t.lr_grid:
+            return chosen[t.label]
+        if t.lr_from:
+            return chosen[t.lr_from] * t.lr_factor
+        return None
+
+    def _spec(self, t: RunTemplate, seed: int, lr: float | None, phase: str) -> RunSpec:
+        settings = dict(t.settings, seed=seed)
+        if lr is not None:
+            settings["lr"] = float(lr)
+        where = f"{self.path} [[runs]] {t.label!r}"
+        cfg = config_from_settings(settings, where)
+        if t.eval_samples:
+            per = samples_per_update(cfg)
+            if t.eval_samples % per:
+                raise SuiteError(f"{where}: eval_samples {t.eval_samples} is not a multiple of the {per} samples "
+                                 f"of one update")
+            cfg = dataclasses.replace(cfg, eval_every=t.eval_samples // per)
+        cfg = dataclasses.replace(cfg, out=str(self.results / "runs" / run_digest(cfg, self.version)))
+        return RunSpec(self.id, t.label, seed, cfg, phase, self.version)
+
+
+def run_digest(cfg: C.RunConfig, version: str) -> str:
+    """Names a run folder by what made it: the config (out aside) and the code version."""
+    d = C.to_dict(dataclasses.replace(cfg, out=""))
+    return hashlib.sha256(json.dumps([d, version], sort_keys=True).encode()).hexdigest()[:16]
+
+
+# -- settings: flat TOML keys <-> the nested RunConfig ------------------------------------------
+def _sections() -> dict[str, object]:
+    return {"": C.RunConfig, "data": C.DataConfig, "model": C.ModelConfig, "optim": C.OptimConfig}
+
+
+def known_keys() -> dict[str, tuple[str, str]]:
+    """Flat key -> (section, type as written in the dataclass)."""
+    keys = {}
+    for section, klass in _sections().items():
+        for f in dataclasses.fields(klass):
+            if not (section == "" and f.name in ("data", "model", "optim")):  # the nested sections
+                keys[f.name] = (section, str(f.type))
+    return keys
+
+
+def _coerce(key: str, typ: str, value, where: str):
+    def bad(expected: str) -> SuiteError:
+        return SuiteError(f"{where}: key {key!r} must be {expected}, got {value!r}")
+
+    if typ == "bool":
+        if not isinstance(value, bool):
+            raise bad("true or false")
+        return value
+    if typ == "int":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise bad("an integer")
+        return value
+    if typ == "float":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise bad("a number")
+        return float(value)
+    if typ == "str":
+        if not isinstance(value, str):
+            raise bad("a string")
+        return value
+    if typ.startswith("tuple[tuple[int, int]"):
+        if not isinstance(value, list):
+            raise bad('a list like ["0=40"]')
+        pairs = []
+        for item in value:
+            m = re.fullmatch(r"\s*(\d+)\s*=\s*(\d+)\s*", item) if isinstance(item, str) else None
+            if not m:
+                raise bad('a list like ["0=40"]')
+            pairs.append((int(m[1]), int(m[2])))
+        return tuple(pairs)
+    raise bad(f"a value of type {typ}")
+
+
+def config_from_settings(settings: dict, where: str) -> C.RunConfig:
+    """Build and validate a RunConfig from flat settings; SuiteError names the bad key."""
+    keys = known_keys()
+    nested: dict[str, dict] = {s: {} for s in _sections()}
+    for key, value in settings.items():
+        if key not in keys:
+            raise SuiteError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(keys))})")
+        section, typ = keys[key]
+        nested[section][key] = _coerce(key, typ, value, where)
+    top = nested.pop("")
+    cfg = C.RunConfig(**top, data=C.DataConfig(**nested["data"]), model=C.ModelConfig(**nested["model"]),
+                      optim=C.OptimConfig(**nested["optim"]))
+    try:
+        return C.validate(cfg)
+    except ValueError as e:
+        raise SuiteError(f"{where}: {e}") from None
+
+
+# -- loading ------------------------------------------------------------------------------------------
+def _read_toml(path: Path) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise SuiteError(f"{path}: no such file") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SuiteError(f"{path}: not valid TOML: {e}") from None
+
+
+def _expand(run: dict, where: str) -> list[dict]:
+    """A run whose scalar settings are lists is a grid: one run per combination (label formatted)."""
+    keys = known_keys()
+    axes = [k for k, v in run.items() if isinstance(v, list) and k in keys and not keys[k][1].startswith("tuple")]
+    if not axes:
+        return [run]
+    out = []
+    for values in itertools.product(*(run[k] for k in axes)):
+        r = dict(run, **dict(zip(axes, values, strict=True)))
+        try:
+            r["label"] = str(run.get("label", "")).format(**{k: r[k] for k in keys if k in r})
+        except (KeyError, IndexError, ValueError) as e:
+            raise SuiteError(f"{where}: label {run.get('label')!r} of a grid cannot be formatted: {e}") from None
+        out.append(r)
+    return out
+
+
+def _number_list(value, key: str, where: str, kind: type = float) -> tuple:
+    ok = isinstance(value, list) and value and all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                                                    for v in value)
+    if not ok or (kind is int and not all(isinstance(v, int) for v in value)):
+        raise SuiteError(f"{where}: key {key!r} must be a non-empty list of {'integers' if kind is int else 'numbers'}")
+    return tuple(kind(v) for v in value)
+
+
+def load_experiment(path: Path, profile: str, results: Path, version: str = "",
+                    suite_base: dict | None = None, suite_overrides: dict | None = None) -> Experiment:
+    """One experiment file; `suite_base` / `suite_overrides` are the suite file's [base] and its
+    profile's table, under the experiment's own (so experiments that share settings share runs)."""
+    doc = _read_toml(path)
+    unknown = set(doc) - EXPERIMENT_KEYS
+    if unknown:
+        raise SuiteError(f"{path}: unknown key {sorted(unknown)[0]!r} (known: {', '.join(sorted(EXPERIMENT_KEYS))})")
+    for key in ("id", "title", "claim", "analysis"):
+        if not isinstance(doc.get(key), str) or not doc[key]:
+            raise SuiteError(f"{path}: key {key!r} is required (a string)")
+    exp_id = doc["id"]
+    if not re.fullmatch(r"[A-Za-z0-9_-]+", exp_id):
+        raise SuiteError(f"{path}: key 'id' must be letters, digits, - or _, got {exp_id!r}")
+    profiles = doc.get("profiles", {})
+    if not isinstance(profiles, dict) or set(profiles) - set(PROFILES):
+        raise SuiteError(f"{path}: key 'profiles' may only have tables {', '.join(PROFILES[1:])}")
+    overrides = dict(profiles.get(profile, {})) if profile != "default" else {}
+    seeds = overrides.pop("seeds", doc.get("seeds", [0]))
+    bench_override = overrides.pop("bench_args", {})
+    tune = {**doc.get("tune", {}), **overrides.pop("tune", {})}
+    params = {**doc.get("params", {}), **overrides.pop("params", {})}
+    extra_runs = overrides.pop("runs", [])
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
+        raise SuiteError(f"{path}: key 'seeds' must be a non-empty list of integers")
+    common = dict(id=exp_id, title=doc["title"], claim=doc["claim"], quote=doc.get("quote", ""),
+                  why=" ".join(str(doc.get("why", "")).split()), analysis=doc["analysis"], path=path,
+                  params=params, results=results, version=version, seeds=tuple(seeds))
+    if "bench" in doc:
+        args = {**doc.get("bench_args", {}), **bench_override}
+        argv = []
+        for k, v in args.items():
+            flag = f"--{k.replace('_', '-')}"
+            if v is True:
+                argv.append(flag)
+            elif v is not False:
+                text = ",".join(map(str, v)) if isinstance(v, list) else str(v)
+                argv += [flag, text.replace("{out}", str(results / exp_id))]  # "{out}": the experiment's folder
+        return Experiment(**common, bench=str(doc["bench"]), bench_args=tuple(argv))
+    runs_doc = list(doc.get("runs") or []) + list(extra_runs)
+    if not runs_doc:
+        raise SuiteError(f"{path}: needs at least one [[runs]] table (or bench = ...)")
+    if set(tune) - TUNE_KEYS:
+        raise SuiteError(f"{path}: unknown key {sorted(set(tune) - TUNE_KEYS)[0]!r} in [tune] "
+                         f"(known: {', '.join(sorted(TUNE_KEYS))})")
+    grid = _number_list(tune["lr"], "tune.lr", str(path)) if "lr" in tune else ()
+    tune_seeds = _number_list(tune.get("seeds", [100]), "tune.seeds", str(path), int)
+    last_k = tune.get("last_k", 3)
+    if not isinstance(last_k, int) or last_k < 1:
+        raise SuiteError(f"{path}: key 'tune.last_k' must be an integer >= 1")
+    base = {**(suite_base or {}), **doc.get("base", {})}
+    overrides = {**(suite_overrides or {}), **overrides}
+    templates, labels = [], set()
+    for i, raw in enumerate(runs_doc):
+        for run in _expand(dict(raw), f"{path} [[runs]] #{i + 1}"):
+            label = run.pop("label", None)
+            if not isinstance(label, str) or not label:
+                raise SuiteError(f"{path}: [[runs]] #{i + 1} needs a 'label'")
+            if label in labels:
+                raise SuiteError(f"{path}: [[runs]] label {label!r} is used twice")
+            labels.add(label)
+            where = f"{path} [[runs]] {label!r}"
+            # A profile's overrides win over base and run settings: --quick must be quick everywhere.
+            settings = {**base, **run, **overrides}
+            meta = {k: settings.pop(k) for k in RUN_KEYS - {"label"} if k in settings}
+            lr_grid: tuple[float, ...] = ()
+            if "tune_lr" in meta:
+                lr_grid = _number_list(meta["tune_lr"], "tune_lr", where)
+            elif grid and "lr" not in {**run} and "lr_from" not in meta and meta.get("tune", True):
+                lr_grid = grid
+            if lr_grid and not settings.get("val_fraction"):
+                raise SuiteError(f"{where}: tuning needs a validation split: set val_fraction (e.g. 0.2) in [base]")
+            lr_from = meta.get("lr_from", "")
+            factor = meta.get("lr_factor", 1.0)
+            if not isinstance(factor, (int, float)) or isinstance(factor, bool) or factor <= 0:
+                raise SuiteError(f"{where}: key 'lr_factor' must be a positive number")
+            eval_samples = meta.get("eval_samples", 0)
+            if not isinstance(eval_samples, int) or isinstance(eval_samples, bool) or eval_samples < 0:
+                raise SuiteError(f"{where}: key 'eval_samples' must be an integer >= 0")
+            templates.append(RunTemplate(label, settings, lr_grid, str(lr_from), float(factor), eval_samples))
+    by_label = {t.label: t for t in templates}
+    for t in templates:
+        if t.lr_from and (t.lr_from not in by_label or not by_label[t.lr_from].lr_grid):
+            raise SuiteError(f"{path} [[runs]] {t.label!r}: lr_from names {t.lr_from!r}, which is not a tuned run")
+    exp = Experiment(**common, templates=tuple(templates), tune_seeds=tune_seeds, tune_last_k=last_k)
+    # Build (and so validate) every config now, not halfway through the suite.
+    exp.tune_specs()
+    exp.final_specs({t.label: t.lr_grid[0] for t in templates if t.lr_grid})
+    return exp
+
+
+def load_suite(path: Path, profile: str = "default", only: set[str] | None = None,
+               results: Path = Path("results"), version: str = "") -> list[Experiment]:
+    doc = _read_toml(path)
+    names = doc.get("suite", {}).get("experiments")
+    if not isinstance(names, list) or not names:
+        raise SuiteError(f"{path}: needs [suite] experiments = [\"file.toml\", ...]")
+    suite_profiles = doc.get("profiles", {})
+    if not isinstance(suite_profiles, dict) or set(suite_profiles) - set(PROFILES):
+        raise SuiteError(f"{path}: key 'profiles' may only have tables {', '.join(PROFILES[1:])}")
+    suite_base = doc.get("base", {})
+    suite_overrides = dict(suite_profiles.get(profile, {})) if profile != "default" else {}
+    experiments = [load_experiment(path.parent / n, profile, results, version, suite_base, suite_overrides)
+                   for n in names]
+    ids = [e.id for e in experiments]
+    if len(set(ids)) != len(ids):
+        raise SuiteError(f"{path}: experiment ids repeat: {ids}")
+    if only:
+        missing = only - set(ids)
+        if missing:
+            raise SuiteError(f"--only names unknown experiments {sorted(missing)}; the suite has {', '.join(ids)}")
+    return experiments
+
+
+# -- tuning -------------------------------------------------------------------------------------------
+def score(summary_dir: str, last_k: int) -> float:
+    """Mean validation accuracy of the last k evaluations of a finished run (nan if diverged)."""
+    vals = [e["val_accuracy"] for e in read_events(Path(summary_dir) / "metrics.jsonl")
+            if e.get("event") == "eval" and "version" in e and e.get("val_accuracy") is not None]
+    tail = vals[-last_k:]
+    return sum(tail) / len(tail) if tail else float("nan")
+
+
+def choose(exp: Experiment, scores: dict[tuple[str, float], list[float]]) -> dict[str, float]:
+    """The best rate per tuned label: highest mean score over tuning seeds; ties go to the smaller rate."""
+    chosen = {}
+    for t in exp.templates:
+        if t.lr_grid:
+            def key(lr: float, t: RunTemplate = t) -> tuple[float, float]:
+                v = [x for x in scores.get((t.label, lr), []) if x == x]
+                return (sum(v) / len(v) if v else -1.0, -lr)
+            chosen[t.label] = max(t.lr_grid, key=key)
+    return chosen
