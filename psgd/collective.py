@@ -4,7 +4,8 @@ Contract: `CollectiveExchange` is the `worker.Exchange` of `--mode allreduce`, s
 (stragglers, budget, metrics) is the same as in the PS modes.
 - setup: join the process group, broadcast rank 0's parameters (every rank built the same seeded
   model, but another host's build need not agree), and build a real `torch.optim.SGD` over the
-  flat parameter buffer. Rank 0 snapshots version 0.
+  flat parameter buffer. Rank 0 snapshots version 0. Then a start barrier (`dist.barrier`):
+  the worker loop's clock starts when every rank is ready.
 - before_compute: nothing to fetch; every replica already holds the current parameters.
 - after_compute: the flat gradient is cut into buckets of `--bucket-mb` MiB, each all-reduced
   (SUM) by torch.distributed (`--allreduce-impl library`) or by the hand-written ring
@@ -207,6 +208,10 @@ class CollectiveExchange:
         self.opt = torch.optim.SGD([flat.params], lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
         flat.params.grad = flat.grads
         self._snapshot(flat)
+        # The start barrier: no rank trains before every rank is ready, so the worker loop's
+        # train_start (taken right after setup) is the same instant on every rank and excludes
+        # start-up, the model's build, the warm-up and the rendezvous.
+        self._guard("start barrier", dist.barrier)
 
     def before_compute(self, clock: int, flat: models.FlatParams) -> StepReport:
         return StepReport()  # the replica is current: the last step was applied everywhere

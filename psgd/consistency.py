@@ -11,6 +11,12 @@ Three policies share one small state machine (version counter, per-worker clocks
   but a worker whose clock is more than s ahead of the slowest worker blocks on pull until the
   slowest catches up. s = 0 makes every worker wait for every other after each step.
 
+Start barrier (opt-in, `start_barrier=True`; the shard server always sets it): every worker's
+first pull (clock 0) is held until all N workers have asked for theirs, so nobody trains
+before the last one has started up, and the run's clock starts at the same instant for all.
+It only ever holds clock-0 pulls, and once down it stays down; `close()` releases it, a pull
+deadline ends the wait with PullTimeout as usual. Off, a unit test may drive any subset.
+
 The policy does no math and no I/O: the shard passes an `apply(grad)` callback (the optimizer
 step) that the policy calls under its lock, and a `read()` callback that copies the
 parameters under the same lock. Everything here is thread-safe; `self.cond` guards all fields.
@@ -77,11 +83,13 @@ class Policy:
     name = "base"
 
     def __init__(self, num_workers: int, apply: Callable[[torch.Tensor], None],
-                 budget: int | None = None) -> None:
+                 budget: int | None = None, start_barrier: bool = False) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self.num_workers = num_workers
         self.budget = budget                    # gradients to accept in total; None = unlimited
+        self.at_start: set[int] = set()         # workers that asked for their first pull (clock 0)
+        self.started = not start_barrier        # the start barrier is down (or was never up)
         self._apply = apply
         self.cond = threading.Condition()
         self.version = 0
@@ -136,11 +144,18 @@ class Policy:
         self._check_worker(worker)
         start = time.perf_counter()
         with self.cond:
-            ok = self.cond.wait_for(lambda: self.done or self._pull_ready(worker, clock), timeout)
+            if clock == 0 and not self.started:
+                self.at_start.add(worker)
+                self.started = len(self.at_start) == self.num_workers
+                self.cond.notify_all()  # the barrier may be down now (and observers see arrivals)
+            ok = self.cond.wait_for(
+                lambda: self.done or ((clock > 0 or self.started) and self._pull_ready(worker, clock)), timeout)
             waited = time.perf_counter() - start
             if not ok:
+                at_barrier = "" if self.started else \
+                    f", at the start barrier: {len(self.at_start)} of {self.num_workers} workers arrived"
                 raise PullTimeout(f"worker {worker} at clock {clock} held {waited:.1f}s by {self.name} "
-                                  f"(slowest clock {min(self.clocks)}, version {self.version})")
+                                  f"(slowest clock {min(self.clocks)}, version {self.version}{at_barrier})")
             if self.done:
                 return PullOutcome(self.version, done=True, wait_s=waited, clock_gap=0, value=None)
             gap = max(0, clock - min(self.clocks))
@@ -181,10 +196,10 @@ class SSP(Async):
     name = "ssp"
 
     def __init__(self, num_workers: int, apply: Callable[[torch.Tensor], None],
-                 staleness: int, budget: int | None = None) -> None:
+                 staleness: int, budget: int | None = None, start_barrier: bool = False) -> None:
         if staleness < 0:
             raise ValueError(f"staleness bound must be >= 0, got {staleness}")
-        super().__init__(num_workers, apply, budget)
+        super().__init__(num_workers, apply, budget, start_barrier)
         self.staleness_bound = staleness
 
     def _pull_ready(self, worker: int, clock: int) -> bool:
@@ -197,8 +212,8 @@ class Sync(Policy):
     name = "sync"
 
     def __init__(self, num_workers: int, apply: Callable[[torch.Tensor], None],
-                 budget: int | None = None) -> None:
-        super().__init__(num_workers, apply, budget)
+                 budget: int | None = None, start_barrier: bool = False) -> None:
+        super().__init__(num_workers, apply, budget, start_barrier)
         self._sum: torch.Tensor | None = None
         self._arrived = 0
         self._contributors = 0
@@ -233,12 +248,12 @@ class Sync(Policy):
 
 
 def make_policy(mode: str, num_workers: int, apply: Callable[[torch.Tensor], None],
-                staleness: int = 0, budget: int | None = None) -> Policy:
+                staleness: int = 0, budget: int | None = None, start_barrier: bool = False) -> Policy:
     """The policy for a run mode: 'sync', 'async' or 'ssp'."""
     if mode == "sync":
-        return Sync(num_workers, apply, budget)
+        return Sync(num_workers, apply, budget, start_barrier)
     if mode == "async":
-        return Async(num_workers, apply, budget)
+        return Async(num_workers, apply, budget, start_barrier)
     if mode == "ssp":
-        return SSP(num_workers, apply, staleness, budget)
+        return SSP(num_workers, apply, staleness, budget, start_barrier)
     raise ValueError(f"unknown parameter-server mode {mode!r}; choose sync, async or ssp")

@@ -10,6 +10,8 @@ Contract (service `psgd.v1.ParameterShard`, see protos/):
 - `Pull`: held by the policy (sync / SSP), then header + chunks of the parameters.
 - Every update is a real `torch.optim.SGD` step on the shard tensor (momentum, weight decay,
   linear warmup), so a sync run reproduces single-process training.
+- Start barrier: every worker's first pull (clock 0) is held until all N workers asked for it
+  (psgd/consistency.py), so no worker trains before the last one has started.
 - Snapshots of the parameters are kept every `--eval-every` updates (and at 0 and the end);
   they are evaluated after the run (psgd/evaluate.py), so evaluation never disturbs timing.
 
@@ -84,7 +86,10 @@ class ShardServicer(pb_grpc.ParameterShardServicer):
     def __init__(self, cfg: RunConfig, shard: int) -> None:
         assert 0 <= shard < cfg.servers, f"shard {shard} out of range for {cfg.servers} shards"
         self.cfg, self.shard = cfg, shard
-        self.policy = make_policy(cfg.mode, cfg.workers, self._apply, cfg.staleness, cfg.budget)
+        # The start barrier: every worker's first pull waits for the last worker to arrive, so no
+        # gradient is computed (or applied) before every worker has started up.
+        self.policy = make_policy(cfg.mode, cfg.workers, self._apply, cfg.staleness, cfg.budget,
+                                  start_barrier=True)
         self.param: torch.Tensor | None = None
         self.opt: torch.optim.Optimizer | None = None
         self.ready = threading.Event()

@@ -11,6 +11,16 @@ An `Exchange` owns everything mode-specific; PS modes use `client.PSExchange`, t
 mode its collective counterpart, and this loop does not change between them. Straggler delays
 (`--straggler`, `--jitter`) are added to compute time: they emulate a slower device.
 
+Measuring the steady state: before the exchange's setup the worker runs one warm-up forward /
+backward on its first batch and discards the gradients (`warm_up`). Then a start barrier:
+the shards hold every worker's first pull until all N asked for it (psgd/consistency.py);
+the all-reduce setup ends on `dist.barrier`. `train_start` is the moment that barrier let this
+worker go, i.e. when its first `before_compute` was called plus the time the barrier held it
+(reported as that call's `wait_s`, which the loop then zeroes). So every worker's train_start
+is about the same instant, and process start-up, loading, the model's build, the warm-up and
+waiting for slower starters are all outside wall time and outside every time split; the first
+pull's transfer counts as step 0's pull time, as any other pull's does.
+
 Run one by hand (servers already up):
     psgd worker --rank 0 --servers 127.0.0.1:50051,127.0.0.1:50052 --workers 4 --mode sync ...
 """
@@ -86,16 +96,25 @@ def train(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None
     jitter = random.Random(cfg.seed * 7919 + rank)
     fail_step = dict(cfg.fail_at).get(rank)
 
+    warm_up(model, flat, x, y, plan.indices(rank, 0).chunk(cfg.accumulate)[0].to(device))
     exchange.setup(flat, rank)
     if hasattr(exchange, "watch"):
-        exchange.watch(model, flat)
+        exchange.watch(model, flat)  # after the warm-up: its backward must not trigger --overlap's pushes
     totals = dict(steps=0, compute_s=0.0, pull_s=0.0, push_s=0.0, wait_s=0.0, bytes_pulled=0, bytes_pushed=0)
-    train_start = time.time()
+    train_start = 0.0
     clock = 0
     while True:
         if fail_step is not None and clock == fail_step:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die like a crashed machine
+        called = time.time()
         before = exchange.before_compute(clock, flat)
+        if clock == 0:
+            # The start barrier held this first call (PS: the shards hold the clock-0 pull until all
+            # N workers asked; all-reduce: setup ended on a barrier). Training starts when it let
+            # go: the call's start plus its hold. What follows, the first pull's transfer, is step
+            # 0's pull time; the hold itself is start-up, not wait (see the module docstring).
+            train_start = called + before.wait_s
+            before.wait_s = 0.0
         _add(totals, before)
         if before.done:
             break
@@ -132,6 +151,19 @@ def train(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None
         metrics.write(event="worker_end", **end)
     exchange.close()
     return end
+
+
+def warm_up(model: torch.nn.Module, flat: models.FlatParams, x: torch.Tensor, y: torch.Tensor,
+            idx: torch.Tensor) -> None:
+    """One forward / backward on the worker's first (micro-)batch, gradients discarded.
+
+    The first pass pays one-off costs (allocator growth, kernel selection, lazy initialisation,
+    CUDA context work) that are no part of the steady state: they are paid here, before the
+    clock starts. Parameters are not touched, and no random number is drawn (the batch plan has
+    its own generators; the jitter RNG is not used), so the run's results do not change.
+    """
+    F.cross_entropy(model(x[idx]), y[idx]).backward()
+    flat.zero_grad()
 
 
 def _add(totals: dict, r: StepReport) -> None:

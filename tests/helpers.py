@@ -40,6 +40,21 @@ def events(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+def open_start_barrier(servicer) -> None:
+    """Every worker of a shard asks for its first pull (clock 0) at once, as the workers of a run
+    do, so that the shard's start barrier is down and a test may drive a single worker after it."""
+    import threading
+
+    policy = servicer.policy
+    threads = [threading.Thread(target=policy.pull, args=(w, 0, lambda: None), kwargs={"timeout": 60})
+               for w in range(policy.num_workers)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert policy.started
+
+
 def train_in_threads(cfg, addresses: list[str], servicers: list):
     """Run cfg.workers PS workers as threads against in-process shards; return the shards' joined
     parameters after checking every worker finished cleanly and every shard reached cfg.steps."""

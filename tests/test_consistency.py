@@ -127,6 +127,47 @@ def test_skipped_gradient_counts_as_arrival_but_not_in_the_mean():
     assert pol.stats.skipped_nonfinite == 1
 
 
+def _pull_in_thread(pol, worker: int, clock: int, got: list) -> threading.Thread:
+    t = threading.Thread(target=lambda: got.append(pol.pull(worker, clock, lambda: worker, timeout=30)))
+    t.start()
+    return t
+
+
+def _wait_arrivals(pol, n: int) -> None:
+    with pol.cond:
+        assert pol.cond.wait_for(lambda: len(pol.at_start) == n, timeout=30)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async", "ssp"])
+def test_start_barrier_holds_first_pulls_until_every_worker_asked(mode):
+    pol = make_policy(mode, 3, Param().apply, staleness=1, start_barrier=True)
+    with pytest.raises(PullTimeout, match="start barrier: 1 of 3 workers arrived"):
+        pol.pull(0, 0, lambda: None, timeout=0.05)   # worker 0 alone: held (its arrival counts)
+    got: list = []
+    held = _pull_in_thread(pol, 1, 0, got)
+    _wait_arrivals(pol, 2)
+    assert got == [] and not pol.started
+    assert pol.pull(2, 0, lambda: "last").value == "last"   # the last arrival opens the barrier...
+    held.join(30)
+    assert [o.value for o in got] == [1] and pol.started
+    assert pol.pull(0, 0, lambda: "again").value == "again"  # ...for good
+    assert pol.stats.max_clock_gap == 0 and pol.version == 0
+
+
+def test_closing_releases_the_start_barrier():
+    pol = Async(2, Param().apply, start_barrier=True)
+    got: list = []
+    held = _pull_in_thread(pol, 0, 0, got)
+    _wait_arrivals(pol, 1)
+    pol.close()
+    held.join(30)
+    assert got[0].done and got[0].value is None
+
+
+def test_without_the_start_barrier_a_single_worker_pulls():
+    assert Async(3, Param().apply).pull(0, 0, lambda: "go").value == "go"
+
+
 def test_make_policy():
     assert isinstance(make_policy("ssp", 2, Param().apply, staleness=1), SSP)
     with pytest.raises(ValueError):

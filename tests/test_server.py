@@ -9,6 +9,7 @@ from psgd._proto import parameter_server_pb2 as pb
 from psgd._proto import parameter_server_pb2_grpc as pb_grpc
 from psgd.client import PSClient
 from psgd.config import RunConfig
+from tests.helpers import open_start_barrier
 
 
 def chunks(header: pb.TensorHeader, values: torch.Tensor, dtype="fp32"):
@@ -21,6 +22,7 @@ def chunks(header: pb.TensorHeader, values: torch.Tensor, dtype="fp32"):
 def shard(shards):
     cfg = RunConfig(mode="async", workers=2, servers=1, steps=100)
     (address,), (servicer,) = shards(cfg)
+    open_start_barrier(servicer)  # then worker 0 alone may pull
     client = PSClient([address], 0, 10)
     client.wait_ready()
     client.init(torch.arange(10, dtype=torch.float32))

@@ -14,13 +14,14 @@ from psgd import codec, tcp
 from psgd._proto import parameter_server_pb2 as pb
 from psgd.client import ExchangeError, PSClient
 from psgd.config import RunConfig
-from tests.helpers import processes_mentioning, psgd, summary
+from tests.helpers import open_start_barrier, processes_mentioning, psgd, summary
 
 
 @pytest.fixture
 def shard(shards):
     cfg = RunConfig(mode="async", workers=2, servers=1, steps=100)
     (address,), (servicer,) = shards(cfg)
+    open_start_barrier(servicer)  # then worker 0 alone may pull
     client = tcp.TcpClient([address], 0, 10)
     client.wait_ready()
     client.init(torch.arange(10, dtype=torch.float32))

@@ -1,0 +1,66 @@
+"""The worker loop's start: the warm-up changes nothing, and the shards' start barrier keeps every
+worker from training (and every gradient from being applied) until the last worker has arrived."""
+
+import threading
+
+import torch
+import torch.nn.functional as F
+
+from psgd import data, models, worker
+from psgd.client import PSExchange
+from psgd.config import DataConfig, ModelConfig, RunConfig
+
+DATA = DataConfig(dataset="synthetic", num_samples=1000)
+MODEL = ModelConfig(model="mlp", width=16)
+
+
+def test_warm_up_leaves_parameters_gradients_and_rng_as_they_were():
+    ds = data.load(DATA)
+    model = models.build(MODEL, ds.input_dim, ds.num_classes, seed=1)
+    flat = models.FlatParams(model)
+    before, rng = flat.params.clone(), torch.get_rng_state()
+    worker.warm_up(model, flat, ds.x_train, ds.y_train, torch.arange(8))
+    assert torch.equal(flat.params, before)
+    assert not flat.grads.any()
+    assert torch.equal(torch.get_rng_state(), rng)
+    F.cross_entropy(model(ds.x_train[:8]), ds.y_train[:8]).backward()
+    assert flat.grads.any()  # gradients still land in the flat buffer
+
+
+def test_no_gradient_is_applied_before_the_last_worker_reaches_the_start_barrier(shards):
+    """Async (which never holds a pull by itself): two workers start, the third much later."""
+    cfg = RunConfig(mode="async", workers=3, servers=2, steps=8, batch_size=8, seed=1, data=DATA, model=MODEL,
+                    device="cpu")
+    addresses, servicers = shards(cfg)
+    arrivals_at_apply: list[int] = []
+    for s in servicers:
+        def observed(grad, policy=s.policy, apply=s.policy._apply):
+            arrivals_at_apply.append(len(policy.at_start))  # runs under the policy's lock
+            apply(grad)
+        s.policy._apply = observed
+
+    ends, errors = {}, []
+
+    def work(rank: int) -> None:
+        try:
+            ends[rank] = worker.train(cfg, rank, PSExchange.from_config(cfg, addresses), None)
+        except Exception as e:  # surfaced by the assertion below
+            errors.append(e)
+
+    early = [threading.Thread(target=work, args=(r,)) for r in (0, 1)]
+    for t in early:
+        t.start()
+    for s in servicers:  # both early workers are held in their first pull, on every shard
+        with s.policy.cond:
+            assert s.policy.cond.wait_for(lambda p=s.policy: len(p.at_start) == 2, timeout=60)
+            assert s.policy.accepted == 0 and s.policy.version == 0 and not s.policy.started
+    assert not ends and not errors
+    late = threading.Thread(target=work, args=(2,))
+    late.start()
+    for t in [*early, late]:
+        t.join(120)
+    assert not errors, errors
+    assert all(s.policy.version == cfg.steps * cfg.workers for s in servicers)
+    assert arrivals_at_apply == [3] * (cfg.steps * cfg.workers * cfg.servers)
+    assert sum(e["steps"] for e in ends.values()) == cfg.steps * cfg.workers
+    assert all(e["train_start"] <= e["train_end"] for e in ends.values())
