@@ -33,10 +33,11 @@ from dataclasses import dataclass
 import grpc
 import torch
 
-from psgd import codec
+from psgd import codec, localsgd
 from psgd import link as link_mod
 from psgd._proto import parameter_server_pb2 as pb
 from psgd._proto import parameter_server_pb2_grpc as pb_grpc
+from psgd.config import OptimConfig
 from psgd.server import CHANNEL_OPTIONS, DTYPE_ENUMS, SERVICE, reuse_freed_memory
 from psgd.sharding import shard_ranges
 from psgd.worker import StepReport
@@ -312,19 +313,29 @@ class PSExchange:
     (called by the worker loop with the model) installs the hooks that does this. With `link`
     ("1gbit,200us", psgd/link.py) every stream is paced to that emulated wire. `transport`
     "tcp" moves the tensors on the shards' raw-TCP data planes (psgd/tcp.py) instead of gRPC.
+    With `local_steps` H > 1 (local SGD, sync mode, psgd/localsgd.py) the worker steps its own
+    replica with a local optimizer (`optim`), pulls only at the start of each round of H steps
+    and pushes the delta w_pulled - w_local at its end; pull and push carry the round as clock.
     """
 
     def __init__(self, addresses: list[str], wire_dtype: str = "fp32", rpc_timeout: float = 60.0,
-                 link: str = "", overlap: bool = False, accumulate: int = 1, transport: str = "grpc") -> None:
+                 link: str = "", overlap: bool = False, accumulate: int = 1, transport: str = "grpc",
+                 local_steps: int = 1, optim: OptimConfig | None = None) -> None:
+        if local_steps > 1 and overlap:
+            raise ValueError("--overlap pushes gradients during backward, --local-steps pushes a model delta every "
+                             "H steps: use one or the other")
         self.addresses, self.wire_dtype, self.rpc_timeout = addresses, wire_dtype, rpc_timeout
         self.link, self.overlap, self.accumulate = link_mod.parse(link), overlap, accumulate
         self.transport = transport
+        self.local_steps, self.optim = local_steps, optim or OptimConfig()
         self.client: PSClient | None = None
         self._overlap = None
+        self._local: localsgd.ReplicaOptimizer | None = None
 
     @classmethod
     def from_config(cls, cfg, addresses: list[str]) -> PSExchange:
-        return cls(addresses, cfg.wire_dtype, cfg.rpc_timeout, cfg.link, cfg.overlap, cfg.accumulate, cfg.transport)
+        return cls(addresses, cfg.wire_dtype, cfg.rpc_timeout, cfg.link, cfg.overlap, cfg.accumulate, cfg.transport,
+                   cfg.local_steps, cfg.optim)
 
     def setup(self, flat, rank: int) -> None:
         self.client = make_client(self.transport, self.addresses, rank, flat.params.numel(), self.wire_dtype,
@@ -332,6 +343,10 @@ class PSExchange:
         self.client.wait_ready()
         if rank == 0:
             self.client.init(flat.params)  # the chief's seeded init becomes the shards' start
+        if self.local_steps > 1:
+            self._local = localsgd.ReplicaOptimizer(flat.params, flat.grads, self.optim)
+            self._pulled = torch.empty_like(flat.params)  # w_pulled of the round (the delta's base)
+            self._delta = torch.empty_like(flat.params)
 
     def watch(self, model, flat) -> None:
         if self.overlap:
@@ -342,10 +357,15 @@ class PSExchange:
     def before_compute(self, clock: int, flat):
         if self._overlap is not None:
             return self._overlap.before_compute(clock)
+        if clock % self.local_steps:
+            return StepReport()  # local SGD, inside a round: the replica trains on its own
         t0 = time.perf_counter()
-        r = self.client.pull(clock, self._staging(flat))
+        # The shards count rounds: without local SGD a round is one step and this is the clock.
+        r = self.client.pull(clock // self.local_steps, self._staging(flat))
         if not r.done and self._host is not flat.params:
             flat.params.copy_(self._host, non_blocking=True)
+        if not r.done and self._local is not None:
+            self._pulled.copy_(flat.params)
         elapsed = time.perf_counter() - t0
         return StepReport(done=r.done, pull_s=max(0.0, elapsed - r.wait_s), wait_s=r.wait_s,
                           bytes_pulled=r.bytes, clock_gap=r.clock_gap)
@@ -353,10 +373,21 @@ class PSExchange:
     def after_compute(self, clock: int, flat):
         if self._overlap is not None:
             return self._overlap.after_compute(clock)
+        local_s = 0.0
+        pushed = flat.grads
+        if self._local is not None:
+            # Local SGD: step this replica; at the end of a round push its delta from the pulled
+            # model (the shards apply w - mean(delta), the replicas' average: psgd/localsgd.py).
+            t0 = time.perf_counter()
+            self._local.step(clock)
+            local_s = time.perf_counter() - t0
+            if (clock + 1) % self.local_steps:
+                return StepReport(compute_s=local_s)
+            pushed = torch.sub(self._pulled, flat.params, out=self._delta)
         t0 = time.perf_counter()
-        done, refused, sent = self.client.push(clock, flat.grads)
+        done, refused, sent = self.client.push(clock // self.local_steps, pushed)
         return StepReport(done=done, counted=not refused, push_s=time.perf_counter() - t0,
-                          bytes_pushed=0 if refused else sent)
+                          bytes_pushed=0 if refused else sent, compute_s=local_s)
 
     def _staging(self, flat) -> torch.Tensor:
         # Pull straight into the model's flat buffer on CPU; through a host buffer on CUDA.

@@ -4,13 +4,17 @@ Contract: `CollectiveExchange` is the `worker.Exchange` of `--mode allreduce`, s
 (stragglers, budget, metrics) is the same as in the PS modes.
 - setup: join the process group, broadcast rank 0's parameters (every rank built the same seeded
   model, but another host's build need not agree), and build a real `torch.optim.SGD` over the
-  flat parameter buffer. Rank 0 snapshots version 0. Then a start barrier (`dist.barrier`):
-  the worker loop's clock starts when every rank is ready.
+  flat parameter buffer (`localsgd.ReplicaOptimizer`). Rank 0 snapshots version 0. Then a start
+  barrier (`dist.barrier`): the worker loop's clock starts when every rank is ready.
 - before_compute: nothing to fetch; every replica already holds the current parameters.
 - after_compute: the flat gradient is cut into buckets of `--bucket-mb` MiB, each all-reduced
   (SUM) by torch.distributed (`--allreduce-impl library`) or by the hand-written ring
   (`ring`, psgd/ring.py), divided by N, and every replica takes the same optimizer step (with
   the linear warmup exactly as psgd/server.py applies it). `done` after the `--steps`-th update.
+- `--local-steps H` > 1 (local SGD, psgd/localsgd.py): every step is a local optimizer step on
+  this replica; every H-th step the PARAMETERS are all-reduced (SUM, / N) instead, in the same
+  buckets. The version counts these averaging rounds (snapshots, --check-every too), and
+  `done` comes after `localsgd.rounds(--steps, H)` of them.
 - Replica consistency: every `--check-every` updates and after the last one the ranks compare a
   SHA-256 of their parameters; if any differs every rank raises CollectiveError (exit 1).
 - close: rank 0 writes OUT/replica-0.pt (its snapshots, every `--eval-every` updates, at 0 and
@@ -54,7 +58,7 @@ import torch
 import torch.distributed as dist
 
 from psgd import data as data_mod
-from psgd import models
+from psgd import localsgd, models
 from psgd.cli import UsageError
 from psgd.config import RunConfig, with_epochs_resolved
 from psgd.ring import Traffic, ring_all_reduce, ring_bytes
@@ -170,7 +174,9 @@ class CollectiveExchange:
         elif cfg.device != "cpu" and torch.cuda.is_available():
             torch.cuda.set_device(rdv.local_rank % torch.cuda.device_count())
         self.bucket_numel = max(1, int(cfg.bucket_mb * MIB) // 4)  # fp32 elements per bucket
-        self.opt: torch.optim.Optimizer | None = None
+        self.opt: localsgd.ReplicaOptimizer | None = None
+        self.local_steps = cfg.local_steps
+        self.rounds = localsgd.rounds(cfg.steps, cfg.local_steps)  # updates in all; = --steps without local SGD
         self.joined = False  # a process group was set up (then `psgd worker` leaves by os._exit)
         self.version = 0
         self.snapshots: list[tuple[int, float, torch.Tensor]] = []  # rank 0: (version, unix time, params)
@@ -202,11 +208,7 @@ class CollectiveExchange:
         self._guard("broadcast of the initial parameters", lambda: dist.broadcast(buf, src=0))
         if buf is not flat.params:
             flat.params.copy_(buf)
-        o = self.cfg.optim
-        # One tensor parameter, the flat buffer every model parameter is a view of: one SGD step
-        # updates the whole model, with the same arithmetic as a shard server's optimizer.
-        self.opt = torch.optim.SGD([flat.params], lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
-        flat.params.grad = flat.grads
+        self.opt = localsgd.ReplicaOptimizer(flat.params, flat.grads, self.cfg.optim)
         self._snapshot(flat)
         # The start barrier: no rank trains before every rank is ready, so the worker loop's
         # train_start (taken right after setup) is the same instant on every rank and excludes
@@ -218,21 +220,34 @@ class CollectiveExchange:
 
     def after_compute(self, clock: int, flat: models.FlatParams) -> StepReport:
         assert self.opt is not None, "setup() must run first"
+        local_s = 0.0
+        if self.local_steps > 1:
+            # Local SGD: a step on this replica alone; every H-th step ends a round, whose
+            # all-reduce averages the parameters instead of the gradients (psgd/localsgd.py).
+            t0 = time.perf_counter()
+            self.opt.step(clock)
+            local_s = time.perf_counter() - t0
+            self.stats["optimizer_s"] += local_s
+            if (clock + 1) % self.local_steps:
+                return StepReport(compute_s=local_s)
         t0 = time.perf_counter()
-        traffic = self._guard(f"all-reduce of update {self.version + 1}", lambda: self._all_reduce_mean(flat.grads))
+        reduced = flat.grads if self.local_steps == 1 else flat.params
+        traffic = self._guard(f"all-reduce of update {self.version + 1}", lambda: self._all_reduce_mean(reduced))
         t1 = time.perf_counter()
-        self._step()
+        if self.local_steps == 1:
+            self.opt.step(self.version)  # the same step on every replica, warmup counted in updates
+            self.stats["optimizer_s"] += time.perf_counter() - t1
         self.version += 1
         self.stats["allreduce_s"] += t1 - t0
-        self.stats["optimizer_s"] += time.perf_counter() - t1
         self.stats["bytes_sent"] += traffic.sent
         self.stats["bytes_received"] += traffic.received
-        done = self.version >= self.cfg.steps
+        done = self.version >= self.rounds
         if done or (self.cfg.eval_every and self.version % self.cfg.eval_every == 0):
             self._snapshot(flat)
         if done or (self.cfg.check_every and self.version % self.cfg.check_every == 0):
             self.final_sha256 = self.check_replicas(flat.params)
-        return StepReport(done=done, push_s=t1 - t0, bytes_pushed=traffic.sent, bytes_pulled=traffic.received)
+        return StepReport(done=done, push_s=t1 - t0, bytes_pushed=traffic.sent, bytes_pulled=traffic.received,
+                          compute_s=local_s)
 
     def close(self) -> None:
         if self.opt is not None:
@@ -248,9 +263,9 @@ class CollectiveExchange:
             dist.destroy_process_group()
 
     # -- the parts -------------------------------------------------------------------------------
-    def _all_reduce_mean(self, grads: torch.Tensor) -> Traffic:
-        """Average `grads` in place across the group, bucket by bucket."""
-        buf = self._on_comm_device(grads)
+    def _all_reduce_mean(self, values: torch.Tensor) -> Traffic:
+        """Average `values` (gradients, or local SGD's parameters) in place across the group, bucket by bucket."""
+        buf = self._on_comm_device(values)
         # Buckets, as DDP makes them: bounded message sizes (and memory for staging), and the
         # library may overlap one bucket's reduction with the next one's transfer.
         buckets = buf.split(self.bucket_numel)
@@ -267,18 +282,9 @@ class CollectiveExchange:
         # SUM then divide once, as the sync PS does: the mean stays within float rounding of a
         # single process computing the whole global batch.
         buf.div_(self.n)
-        if buf is not grads:
-            grads.copy_(buf)
+        if buf is not values:
+            values.copy_(buf)
         return traffic
-
-    def _step(self) -> None:
-        o = self.cfg.optim
-        if o.warmup:
-            # Linear warmup from lr/warmup to lr over `warmup` updates (Goyal et al. 2017), exactly
-            # as psgd/server.py `_apply` does it, so sync PS and all-reduce agree step by step.
-            for group in self.opt.param_groups:
-                group["lr"] = o.lr * min(1.0, (self.version + 1) / o.warmup)
-        self.opt.step()
 
     def check_replicas(self, params: torch.Tensor) -> str:
         """Compare every rank's parameter hash; return the common hash or raise CollectiveError.

@@ -59,10 +59,11 @@ def hist_stats(hist: Counter) -> dict:
 
 
 def samples_per_update(cfg: RunConfig) -> int:
-    """Training samples behind one parameter update: a global batch in sync / all-reduce,
-    one worker's (accumulated) batch in async / SSP, where every gradient is its own update."""
+    """Training samples behind one parameter update: a global batch in sync / all-reduce (H of
+    them with --local-steps H, where one update is one averaging round), one worker's
+    (accumulated) batch in async / SSP, where every gradient is its own update."""
     if cfg.mode in ("sync", "allreduce"):
-        return cfg.global_batch
+        return cfg.global_batch * cfg.local_steps
     return cfg.batch_size * cfg.accumulate
 
 
@@ -80,8 +81,8 @@ def summarize(out: Path, cfg: RunConfig, evals: list[dict], params: int, params_
         staleness.update({int(k): v for k, v in s["staleness_hist"].items()})
     if shard_stats:
         global_updates = max(s["version"] for s in shard_stats)
-    else:  # all-reduce: every step is one global update
-        global_updates = min(e["steps"] for e in ends)
+    else:  # all-reduce: every step is one global update (every H-th one with --local-steps H)
+        global_updates = min(e["steps"] for e in ends) // cfg.local_steps
     final = evals[-1] if evals else {}
     n = len(ends)
     summary = {

@@ -9,7 +9,9 @@ process), then repeats until the exchange says the budget is spent:
 
 An `Exchange` owns everything mode-specific; PS modes use `client.PSExchange`, the all-reduce
 mode its collective counterpart, and this loop does not change between them. Straggler delays
-(`--straggler`, `--jitter`) are added to compute time: they emulate a slower device.
+(`--straggler`, `--jitter`) are added to compute time: they emulate a slower device. With
+`--local-steps H` (psgd/localsgd.py) the exchanges take a local optimizer step after every
+compute and talk to the others every H steps only; `steps` still counts this worker's steps.
 
 Measuring the steady state: before the exchange's setup the worker runs one warm-up forward /
 backward on its first batch and discards the gradients (`warm_up`). Then a start barrier:
@@ -56,6 +58,7 @@ class StepReport:
     clock_gap: int = 0
     overlapped_s: float = 0.0  # after_compute: exchange time spent blocked inside forward / backward
                                # (--overlap); already in pull_s / push_s, so not counted as compute
+    compute_s: float = 0.0     # after_compute: compute done by the exchange (local SGD's optimizer step)
 
 
 class Exchange(Protocol):
@@ -135,7 +138,7 @@ def train(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None
             loss_sum += float(loss.detach())
         compute_s = time.perf_counter() - t0
         after = exchange.after_compute(clock, flat)
-        compute_s = max(0.0, compute_s - after.overlapped_s)
+        compute_s = max(0.0, compute_s - after.overlapped_s) + after.compute_s
         totals["compute_s"] += compute_s
         _add(totals, after)
         if metrics is not None:

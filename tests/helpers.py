@@ -57,12 +57,13 @@ def open_start_barrier(servicer) -> None:
 
 def train_in_threads(cfg, addresses: list[str], servicers: list):
     """Run cfg.workers PS workers as threads against in-process shards; return the shards' joined
-    parameters after checking every worker finished cleanly and every shard reached cfg.steps."""
+    parameters after checking every worker finished cleanly and every shard reached cfg.steps
+    updates (the averaging rounds of --local-steps)."""
     import threading
 
     import torch
 
-    from psgd import worker
+    from psgd import localsgd, worker
     from psgd.client import PSExchange
 
     errors = []
@@ -79,5 +80,5 @@ def train_in_threads(cfg, addresses: list[str], servicers: list):
     for t in threads:
         t.join(120)
     assert not errors, errors
-    assert all(s.policy.version == cfg.steps for s in servicers)
+    assert all(s.policy.version == localsgd.rounds(cfg.steps, cfg.local_steps) for s in servicers)
     return torch.cat([s.param.detach().clone() for s in servicers])

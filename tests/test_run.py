@@ -43,6 +43,23 @@ def test_sync_run_writes_everything(tmp_path):
     assert processes_mentioning(str(out)) == []
 
 
+def test_local_sgd_run_with_a_validation_split_and_dirichlet_shards(tmp_path):
+    out = tmp_path / "local"
+    r = psgd("run", "--mode", "sync", "--workers", "2", "--servers", "2", "--local-steps", "3", "--steps", "10",
+             "--eval-every", "1", "--val-fraction", "0.2", "--shard-data", "dirichlet", "--dirichlet-alpha", "0.5",
+             "--out", str(out), *COMMON)
+    assert r.returncode == 0, r.stderr
+    s = summary(out)
+    # 10 local steps round down to 3 rounds of 3: one pull and one delta push per worker per round.
+    assert s["global_updates"] == 3 and s["per_worker_steps"] == {"0": 9, "1": 9}
+    assert s["bytes_pushed"] == s["bytes_pulled"] == 3 * 2 * 4 * s["params"]
+    evals = [e for e in events(out) if e["event"] == "eval"]
+    assert [(e["version"], e["samples"]) for e in evals] == [(v, v * 2 * 16 * 3) for v in range(4)]
+    assert all(0 <= e["val_accuracy"] <= 1 and e["val_loss"] > 0 for e in evals)
+    assert s["final_val_loss"] == evals[-1]["val_loss"] and s["final_val_accuracy"] == evals[-1]["val_accuracy"]
+    assert processes_mentioning(str(out)) == []
+
+
 def test_ssp_bounds_the_clock_gap_where_async_does_not(tmp_path):
     gaps = {}
     for mode in ("ssp", "async"):
