@@ -136,6 +136,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         (cfg.local_steps == 1 or cfg.mode in ("sync", "allreduce"),
          "--local-steps is local SGD with synchronous averaging: use it with --mode sync or allreduce"),
         (cfg.local_steps == 1 or cfg.accumulate == 1, "--local-steps and --accumulate exclude each other"),
+        (cfg.local_steps == 1 or not cfg.overlap,
+         "--overlap streams every step's gradient; with --local-steps there is one exchange per H steps"),
         (cfg.model.model in MODELS, f"--model must be one of {', '.join(MODELS)}"),
         (cfg.model.width >= 0, f"--width must be >= 0, got {cfg.model.width}"),
         (cfg.optim.lr > 0 and math.isfinite(cfg.optim.lr), f"--lr must be > 0, got {cfg.optim.lr}"),
