@@ -85,7 +85,8 @@ def tuning_table(ctx: Context) -> str:
             v = [x for x in ctx.scores.get((t.label, lr), []) if x == x]
             text = f"{np.mean(v):.3f}" if v else "diverged"
             cells.append(f"**{lr:g}: {text}**" if ctx.chosen.get(t.label) == lr else f"{lr:g}: {text}")
-        rows.append([t.label, ", ".join(cells), f"{ctx.chosen[t.label]:g}"])
+        edge = ctx.chosen[t.label] in (min(t.lr_grid), max(t.lr_grid)) and len(t.lr_grid) > 1
+        rows.append([t.label, ", ".join(cells), f"{ctx.chosen[t.label]:g}" + (" (edge of the grid)" if edge else "")])
     derived = [f"{t.label} uses {t.lr_from}'s rate" + (f" x {t.lr_factor:g}" if t.lr_factor != 1 else "")
                for t in exp.templates if t.lr_from]
     text = (f"**Learning rates**, tuned per run on the validation split (mean validation accuracy of the last "
@@ -94,6 +95,9 @@ def tuning_table(ctx: Context) -> str:
             + table(["run", "lr: validation accuracy", "chosen"], rows))
     if derived:
         text += "\n\n" + "; ".join(derived) + "."
+    if any("edge of the grid" in r[2] for r in rows):
+        text += ("\n\nA rate chosen at the edge of its grid may not be the best one: the optimum can lie beyond "
+                 "it (`--full` sweeps wider).")
     return text
 
 
@@ -178,8 +182,9 @@ def modes(ctx: Context):
                 f"{speed.fmt(2)}x sync's samples/s")
     body += ("\n\nLoss roughness: mean |change of test loss| between consecutive evaluations after the first third, "
              "on the same sample grid for every mode. Wall time is steady state: every worker starts on a barrier "
-             "after a warm-up step. Sync and all-reduce compute the same numbers by design (their curves coincide; "
-             "all-reduce is drawn dashed).")
+             "after a warm-up step. Sync and all-reduce compute the same updates by design, up to the order in "
+             "which floating-point gradients are summed (the PS sums in arrival order), so their curves coincide "
+             "within the seed spread; all-reduce is drawn dashed.")
     figs = [Figure(f1, ctx.caption("Test accuracy against training samples, each mode at its own tuned rate.")),
             Figure(f2, ctx.caption("The same runs against steady-state wall time.")),
             Figure(f3, ctx.caption("Test loss; dotted: chance level ln 10."))]

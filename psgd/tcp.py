@@ -172,7 +172,10 @@ class DataServer(socketserver.ThreadingTCPServer):
         self.stopping = False
         super().__init__((host, 0), _Connection)
         self.port = self.server_address[1]
-        self.thread = threading.Thread(target=self.serve_forever, name=f"psgd-tcp-{servicer.shard}", daemon=True)
+        # A short poll interval: shutdown() waits for the serve loop to notice, and that wait is on
+        # every run's critical path (the default 0.5 s cost 0.2 s per run on average).
+        self.thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.02},
+                                       name=f"psgd-tcp-{servicer.shard}", daemon=True)
         self.thread.start()
 
     def stop(self) -> None:
