@@ -79,6 +79,12 @@ def noniid(ctx: Context):
             rows.append([names[key], _skew(g.cfg), f"{g.lr:g}", acc_ci(g).fmt(),
                          diff(gs[0], g).fmt(signed=True) if g is not gs[0] else "", g.converged()])
     body = table(["averaging", "shards", "lr", "test accuracy [95% CI]", "drop from IID", "converged"], rows)
+    f3 = ctx.out / "labels_per_worker.png"
+    counts = _class_counts(local[-1].runs[0].cfg)
+    plots.grid_map([f"worker {r}" for r in range(len(counts))], [str(c) for c in range(len(counts[0]))],
+                   [[n / max(1, sum(row)) for n in row] for row in counts], [[str(n) for n in row] for row in counts],
+                   f3, f"{ctx.exp.id}: labels per worker, {skews[-1]} (seed {local[-1].runs[0].cfg['seed']})",
+                   xlabel="class", cbar="share of the worker's samples")
     local_drop, every_drop = diff(local[0], local[-1]), diff(every[0], every[-1])
     verdict = V.skew_hurts(local_drop, every_drop)
     headline = (f"with {skews[-1]} shards, {names['local']} loses {local_drop.fmt(signed=True)} accuracy and "
@@ -88,10 +94,22 @@ def noniid(ctx: Context):
              f"gradients, which together still cover every class: the update is the IID one, only the batch "
              f"composition changes. {names['local']} lets each replica drift toward its own classes between averagings "
              f"(Stich 2019; Lin et al. 2020). Each averaging scheme runs at its rate tuned on IID shards.")
-    figs = [Figure(f1, "Final test accuracy per label skew (x: " + ", ".join(f"{i} = {s}" for i, s in enumerate(skews))
+    figs = [Figure(f3, f"Training samples of each class on each worker with {skews[-1]} shards (cell: count; shade: "
+                       "share of that worker's samples)."),
+            Figure(f1, "Final test accuracy per label skew (x: " + ", ".join(f"{i} = {s}" for i, s in enumerate(skews))
                    + f"); band: 95% bootstrap interval over seeds ({ctx.seeds_note()})."),
             Figure(f2, ctx.caption("Test accuracy against samples for every skew."))]
     return verdict, headline, body, figs, {"local_drop": local_drop.estimate, "every_step_drop": every_drop.estimate}
+
+
+def _class_counts(cfg_dict: dict) -> list[list[int]]:
+    """Per-worker class counts of a run's training shards, rebuilt from its config."""
+    from psgd import config as C  # noqa: PLC0415
+    from psgd import data  # noqa: PLC0415
+
+    cfg = C.from_dict(cfg_dict)
+    ds = data.load(cfg.data)
+    return data.class_histogram(data.plan_for(cfg, ds.y_train), ds.y_train, ds.num_classes)
 
 
 # -- E8 ------------------------------------------------------------------------------------------

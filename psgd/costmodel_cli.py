@@ -76,7 +76,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 5))
     bandwidths = list(dict.fromkeys(r["bandwidth"] for r in rows))
-    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    from psgd.plots import VARIANT_COLORS as colors  # noqa: PLC0415, N812 - the one palette; bandwidths are not modes
     def key(r: dict) -> tuple:
         return r["bandwidth"], r["mode"], r["shards_label"]
 

@@ -8,8 +8,9 @@ Contract:
 - For each experiment, in order: the tuning runs (validation only), the choice of rates, the
   evaluated runs at those rates (or the benchmark), then its analysis. The test set is never
   looked at while choosing.
-- Runs go to `RESULTS/runs/<digest>/` (config + code version, psgd/provenance.py): identical runs
-  of different experiments are made once, and a run made by other code is never reused. A
+- Runs go to `RESULTS/runs/<digest>/` (config + the training code's version,
+  psgd/provenance.py): identical runs of different experiments are made once, a run made by other
+  training code is never reused, and a change to an analysis re-analyses finished runs. A
   finished run (summary.json, matching config.json and provenance.json) is reused unless
   `--fresh`. Each experiment writes `RESULTS/<id>/` (PNG, CSV, `commands.txt` with the exact
   commands, tuning ones included) and the suite writes `RESULTS/REPORT.md` and
@@ -47,7 +48,7 @@ from psgd.experiment import (
     run_digest,
     score,
 )
-from psgd.provenance import code_version
+from psgd.provenance import code_version, run_code_version
 
 __all__ = ["PROFILES", "Experiment", "RunSpec", "SuiteError", "choose", "config_from_settings", "known_keys",
            "load_experiment", "load_suite", "run_digest", "score", "tuning_of", "is_cached", "run_suite", "main"]
@@ -183,13 +184,15 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
     from psgd import analyses, report
 
     chosen_exps = [e for e in experiments if only is None or e.id in only]
-    version = experiments[0].version if experiments else ""
+    version = code_version()
+    run_version = experiments[0].version if experiments else ""
     eta = estimate_s(chosen_exps)
     n_tune = len({s.cfg.out for e in chosen_exps for s in e.tune_specs()})
     n_final = len({s.cfg.out for e in chosen_exps
                    for s in e.final_specs({t.label: t.lr_grid[0] for t in e.templates if t.lr_grid})})
     benches = [e for e in chosen_exps if e.bench]
-    print(f"psgd suite ({profile}, code {version}): {len(chosen_exps)} experiments, {n_tune} tuning runs, "
+    print(f"psgd suite ({profile}, code {version}, runs keyed by training code {run_version}): "
+          f"{len(chosen_exps)} experiments, {n_tune} tuning runs, "
           f"{n_final} evaluated runs and {len(benches)} benchmarks; about {eta / 60:.0f} min on a 2-core CPU machine "
           f"(finished runs are reused; --fresh reruns them)", file=sys.stderr, flush=True)
     started = time.time()
@@ -238,7 +241,7 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
     overall.close()
     note = f"{reused} of {total_runs} runs reused from earlier invocations" if reused else ""
     path = report.write(results, sections, command=command, wall_s=time.time() - started, note=note,
-                        version=version, profile=profile)
+                        version=version, run_version=run_version, profile=profile)
     print(f"psgd suite: wrote {path} ({(time.time() - started) / 60:.1f} min)", file=sys.stderr)
     return path
 
@@ -260,7 +263,8 @@ def main(argv: list[str]) -> int:
     results = a.results or (Path("results/full") if a.full else Path("results"))
     only = {s.strip() for s in a.only.split(",") if s.strip()} or None
     try:
-        experiments = load_suite(a.suite, profile, only, results, code_version())
+        # Runs are keyed by the training code's version; the report names the whole code's too.
+        experiments = load_suite(a.suite, profile, only, results, run_code_version())
     except SuiteError as e:
         raise UsageError(str(e)) from None
     from psgd.launch import RunFailed

@@ -101,6 +101,8 @@ def staleness_destabilises(cells: Sequence[StabilityCell]) -> Verdict:
     control (one worker, the same batch per update, the same samples) converges in every seed.
     Refuted when async's edge of stability coincides with the control's inside the grid;
     inconclusive when seeds disagree or the grid never reaches an edge."""
+    if not cells:
+        return Verdict(INCONCLUSIVE, "no stale-free control ran at the async runs' rates")
     shown = [c.lr for c in cells if c.async_diverged == 1.0 and c.control_diverged == 0.0]
     if shown:
         return Verdict(CONFIRMED, f"async diverges in every seed at lr {', '.join(f'{x:g}' for x in shown)} "

@@ -55,3 +55,31 @@ def test_psgd_plot_cli(tmp_path):
     assert (tmp_path / "p.png").exists() and Path(tmp_path / "p.csv").read_text().count("\n") == 4
     r = psgd("plot", str(tmp_path / "nothing"))
     assert r.returncode == 2 and "no summary.json" in r.stderr
+
+
+def test_one_palette_modes_keep_their_colours_and_coinciding_modes_stay_visible(tmp_path):
+    assert not set(plots.VARIANT_COLORS) & set(plots.MODE_COLORS.values())   # a mode's colour means that mode
+    series = [plots.Series("sync", "sync", [fake_run("sync", 0.8, 0)]),
+              plots.Series("allreduce", "allreduce", [fake_run("allreduce", 0.8, 0)]),   # the same curve
+              plots.Series("fp16", "", [fake_run("sync", 0.7, 0)], variant=1)]
+    fig = plots.curves(series, "samples", "test_loss", tmp_path / "c.png", refs=[(2.3, "chance (ln 10)")])
+    ax = fig.axes[0]
+    sync, allreduce, fp16, ref = ax.get_lines()
+    assert sync.get_color() == plots.MODE_COLORS["sync"] and fp16.get_color() == plots.VARIANT_COLORS[1]
+    # Sync and all-reduce coincide by design: told apart by marker and dash.
+    assert sync.get_marker() != allreduce.get_marker() and sync.get_linestyle() != allreduce.get_linestyle()
+    assert list(ref.get_ydata()) == [2.3, 2.3] and ref.get_label() == "chance (ln 10)"
+    # The legend sits outside the axes (to the right), so it never covers data.
+    anchor = ax.get_legend().get_bbox_to_anchor().transformed(ax.transAxes.inverted())
+    assert anchor.x0 > 1.0
+
+
+def test_interval_bars_and_the_grid_map(tmp_path):
+    fig = plots.bars(["a", "b"], {"acc": ("variant:0", [0.5, 0.6], [(0.4, 0.55), (0.58, 0.7)])}, "accuracy",
+                     tmp_path / "b.png")
+    ax = fig.axes[0]
+    assert [round(p.get_height(), 3) for p in ax.patches] == [0.5, 0.6]
+    fig = plots.grid_map(["N=1", "N=4"], ["0.1", "0.3"], [[0.0, 1.0], [1.0, 1.0]], [["1.2", "2.3"], ["inf", "inf"]],
+                         tmp_path / "m.png")
+    assert [t.get_text() for t in fig.axes[0].texts] == ["1.2", "2.3", "inf", "inf"]
+    assert (tmp_path / "m.csv").read_text().splitlines()[1] == "N=1,0.1,0.0,1.2"

@@ -102,6 +102,7 @@ def test_e6_a_gain_at_the_same_rate_is_noise():
     ([V.StabilityCell(0.1, 0, 0), V.StabilityCell(0.5, 0, 1), V.StabilityCell(2, 1, 1)], V.CONFIRMED),
     ([V.StabilityCell(0.1, 0, 0), V.StabilityCell(0.5, 0, 0), V.StabilityCell(2, 1, 1)], V.REFUTED),
     ([V.StabilityCell(0.1, 0, 0), V.StabilityCell(0.5, 0, 0)], V.INCONCLUSIVE),           # no edge in the grid
+    ([], V.INCONCLUSIVE),                                                                  # no control
     ([V.StabilityCell(0.1, 0, 0), V.StabilityCell(0.5, 0, 2 / 3), V.StabilityCell(2, 1, 1)], V.INCONCLUSIVE),
 ])
 def test_e3_stability(cells, outcome):

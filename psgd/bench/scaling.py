@@ -146,19 +146,28 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
         return "ring all-reduce" if mode == "ring" else (
             f"PS sync, K={k}" + (", overlap" if overlap else "") + (", tcp" if transport == "tcp" else ""))
 
+    from psgd import plots  # noqa: PLC0415 - the one palette (plots imports matplotlib)
+
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    variants = 0
     for key in series:
         pts = sorted((r["workers"], r["updates_per_s"], r["busiest_bytes"]) for r in ok
                      if (r["mode"], r["shards"], r["overlap"], r.get("transport", "grpc")) == key)
         ns = [p[0] for p in pts]
-        axes[0].plot(ns, [p[1] for p in pts], marker="o", label=label(key))
-        axes[2].plot(ns, [p[2] / 1e6 for p in pts], marker="o", label=label(key))
+        # The ring in its mode colour, PS sync in sync's; further PS variants (K, overlap, tcp) by dash.
+        mode = "ring" if key[0] == "ring" else "sync"
+        dash = "-" if mode == "ring" else plots.LINESTYLES[variants % len(plots.LINESTYLES)]
+        variants += mode != "ring"
+        style = dict(color=plots.color(mode), marker=plots.marker(mode), linestyle=dash, label=label(key))
+        axes[0].plot(ns, [p[1] for p in pts], **style)
+        axes[2].plot(ns, [p[2] / 1e6 for p in pts], **style)
     names, bottoms = [], []
     for i, r in enumerate(ok):
         names.append(f"{'ring' if r['mode'] == 'ring' else 'K=' + str(r['shards'])}{'+ov' if r['overlap'] else ''}"
                      f"{'/tcp' if r.get('transport') == 'tcp' else ''}\nN={r['workers']}")
         bottom = 0.0
-        for part, color in (("compute_s", "tab:blue"), ("comm_s", "tab:orange"), ("wait_s", "tab:gray")):
+        for part, color in (("compute_s", plots.VARIANT_COLORS[0]), ("comm_s", plots.VARIANT_COLORS[1]),
+                            ("wait_s", plots.VARIANT_COLORS[3])):
             axes[1].bar(i, r[part], bottom=bottom, color=color, label=part[:-2] if i == 0 else None)
             bottom += r[part]
         bottoms.append(bottom)
