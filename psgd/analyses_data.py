@@ -68,9 +68,8 @@ def noniid(ctx: Context):
         cis = [acc_ci(g) for g in gs]
         ys[names[key]] = (mode, [c.estimate for c in cis], [(c.lo, c.hi) for c in cis])
     f1 = ctx.out / "accuracy_vs_skew.png"
-    plots.lines(list(range(len(skews))), ys, "label skew across workers (left: none)", "final test accuracy", f1,
-                f"{ctx.exp.id}: label skew")
-    # Relabel the x ticks with the skews (the CSV keeps the positions).
+    plots.lines(list(range(len(skews))), ys, "label skew across workers", "final test accuracy", f1,
+                f"{ctx.exp.id}: label skew", xticklabels=skews)
     f2 = ctx.out / "accuracy_vs_samples.png"
     plots.curves(series_of(every + local), "samples", "test_accuracy", f2, f"{ctx.exp.id}: accuracy at equal samples")
     rows = []

@@ -35,7 +35,7 @@ from psgd.results import RunData, load_run  # noqa: E402
 __all__ = ["RunData", "load_run", "Series", "curves", "bars", "lines", "histograms", "color", "marker"]
 
 MODE_COLORS = {"sync": "#0072B2", "async": "#D55E00", "ssp": "#009E73", "allreduce": "#CC79A7",
-               "ps": "#0072B2", "ring": "#CC79A7", "library": "#E69F00", "local": "#E69F00"}
+               "ps": "#0072B2", "ring": "#CC79A7", "library": "#E69F00", "local": "#882255"}
 MODE_MARKERS = {"sync": "o", "async": "s", "ssp": "^", "allreduce": "x", "ps": "o", "ring": "x", "library": "D",
                 "local": "v"}
 # For anything that is not a mode: greys, a brown, a sky blue and yellow, none of them a mode's colour.
@@ -218,7 +218,8 @@ def _quantile_keys(hist: dict[str, int], q: float) -> list[int]:
 
 
 def lines(xs: list[float], ys: dict[str, tuple], xlabel: str, ylabel: str, path: Path,
-          title: str = "", logx: bool = False, logy: bool = False, refs: list[tuple[float, str]] | None = None):
+          title: str = "", logx: bool = False, logy: bool = False, refs: list[tuple[float, str]] | None = None,
+          xticklabels: list[str] | None = None):
     """Simple x-y lines sharing one x axis: ys[name] = (mode, values) or (mode, values, (lo, hi) per
     point) for an interval band. Mode "ideal" is a grey reference line; "variant:I" a variant colour."""
     fig, ax = plt.subplots(figsize=(7.4, 4.2))
@@ -241,6 +242,8 @@ def lines(xs: list[float], ys: dict[str, tuple], xlabel: str, ylabel: str, path:
         ax.set_xscale("log")
         ax.set_xticks(xs, [f"{x:g}" for x in xs])  # label the measured points, not powers of 10
         ax.minorticks_off()
+    if xticklabels is not None:  # categories at positions xs (e.g. IID, Dir(1), Dir(0.1))
+        ax.set_xticks(xs, xticklabels)
     if logy:
         ax.set_yscale("log")
     ax.set_xlabel(xlabel)

@@ -19,6 +19,7 @@ Contract:
     psgd suite experiments/default.toml              # what `make experiments` runs
     psgd suite experiments/default.toml --only E2,E3   # rerun two; the report still covers all
     psgd suite experiments/default.toml --full       # 5 seeds, wider sweeps: results/full/
+    psgd suite experiments/default.toml --report     # re-analyse finished runs, run nothing
 """
 
 from __future__ import annotations
@@ -183,7 +184,7 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
     results and write the whole report; returns the REPORT.md path."""
     from psgd import analyses, report
 
-    chosen_exps = [e for e in experiments if only is None or e.id in only]
+    chosen_exps = [e for e in experiments if only is None or e.id in only]   # only = set(): --report
     version = code_version()
     run_version = experiments[0].version if experiments else ""
     eta = estimate_s(chosen_exps)
@@ -240,6 +241,8 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
         sections.append(analyses.analyse(exp, summaries, out, chosen, scores))
     overall.close()
     note = f"{reused} of {total_runs} runs reused from earlier invocations" if reused else ""
+    if only == set():
+        note = "--report: re-analysed the finished runs and benchmark outputs; nothing was run"
     path = report.write(results, sections, command=command, wall_s=time.time() - started, note=note,
                         version=version, run_version=run_version, profile=profile)
     print(f"psgd suite: wrote {path} ({(time.time() - started) / 60:.1f} min)", file=sys.stderr)
@@ -258,10 +261,16 @@ def main(argv: list[str]) -> int:
     p.add_argument("--results", type=Path, default=None,
                    help="output folder (default results/, or results/full with --full)")
     p.add_argument("--fresh", action="store_true", help="rerun runs even when a matching result exists")
+    p.add_argument("--report", action="store_true",
+                   help="run nothing: re-analyse the finished runs (and benchmark outputs) and rewrite the report")
     a = p.parse_args(argv)
     profile = "quick" if a.quick else "full" if a.full else "default"
     results = a.results or (Path("results/full") if a.full else Path("results"))
     only = {s.strip() for s in a.only.split(",") if s.strip()} or None
+    if a.report:
+        if only or a.fresh:
+            raise UsageError("--report runs nothing: it cannot be combined with --only or --fresh")
+        only = set()
     try:
         # Runs are keyed by the training code's version; the report names the whole code's too.
         experiments = load_suite(a.suite, profile, only, results, run_code_version())

@@ -94,26 +94,35 @@ class StabilityCell:
     lr: float
     control_diverged: float    # fraction of seeds that diverged without staleness (N=1, same update batch)
     async_diverged: float      # fraction of seeds of async with N workers that diverged
+    gap: Interval | None = None  # control's final accuracy - async's (None: not measured)
 
 
-def staleness_destabilises(cells: Sequence[StabilityCell]) -> Verdict:
-    """E3: some rate where async with N workers diverges in every seed while the stale-free
-    control (one worker, the same batch per update, the same samples) converges in every seed.
-    Refuted when async's edge of stability coincides with the control's inside the grid;
-    inconclusive when seeds disagree or the grid never reaches an edge."""
+def staleness_destabilises(cells: Sequence[StabilityCell], margin: float = 0.02) -> Verdict:
+    """E3: "oscillation or non-convergence". Against the stale-free control (one worker, the same
+    batch per update, the same samples), at the same rate, async with N workers either
+    - diverges in every seed where the control converges in every seed (non-convergence), or
+    - ends clearly worse where the control converges (its accuracy interval below the control's
+      by more than `margin`: the stale updates cost what the control kept).
+    Refuted when neither happens at any rate and the gaps are all below the margin; inconclusive
+    when seeds disagree, or nothing was measured."""
     if not cells:
         return Verdict(INCONCLUSIVE, "no stale-free control ran at the async runs' rates")
     shown = [c.lr for c in cells if c.async_diverged == 1.0 and c.control_diverged == 0.0]
     if shown:
         return Verdict(CONFIRMED, f"async diverges in every seed at lr {', '.join(f'{x:g}' for x in shown)} "
                                   f"where the stale-free control converges in every seed")
-    same = all(c.async_diverged == c.control_diverged and c.async_diverged in (0.0, 1.0) for c in cells)
-    edge = any(c.control_diverged == 1.0 for c in cells)
-    if same and edge:
-        return Verdict(REFUTED, "async diverges exactly where the stale-free control does")
-    if not edge and all(c.async_diverged == 0.0 for c in cells):
-        return Verdict(INCONCLUSIVE, "nothing diverged: the rate grid does not reach the edge of stability")
-    return Verdict(INCONCLUSIVE, "seeds disagree at the edge of stability")
+    stable = [c for c in cells if c.control_diverged == 0.0 and c.async_diverged == 0.0 and c.gap is not None]
+    worse = [c for c in stable if effect(c.gap, margin) == CONFIRMED]
+    if worse:
+        c = max(worse, key=lambda c: c.gap.estimate)
+        return Verdict(CONFIRMED, f"no run collapses that the control does not, but at lr {c.lr:g} async ends "
+                                  f"{c.gap.fmt(signed=True)} below the stale-free control in accuracy "
+                                  f"(margin {margin})")
+    settled = all(c.async_diverged in (0.0, 1.0) and c.async_diverged == c.control_diverged for c in cells)
+    if settled and all(effect(c.gap, margin) == REFUTED for c in stable) and stable:
+        return Verdict(REFUTED, "async diverges exactly where the stale-free control does, and where both converge "
+                                f"it ends within {margin} of the control")
+    return Verdict(INCONCLUSIVE, "seeds disagree at the edge of stability, or the accuracy gaps straddle the margin")
 
 
 def retuning_pays(tuned_minus_fixed: Interval, lr_changed: bool, margin: float = 0.01) -> Verdict:

@@ -98,12 +98,19 @@ def test_e6_a_gain_at_the_same_rate_is_noise():
     assert V.retuning_pays(GOOD, lr_changed=False).outcome == V.INCONCLUSIVE
 
 
+CLOSE, FAR = iv(0.005, -0.01, 0.015), iv(0.2, 0.15, 0.25)
+
+
 @pytest.mark.parametrize("cells,outcome", [
-    ([V.StabilityCell(0.1, 0, 0), V.StabilityCell(0.5, 0, 1), V.StabilityCell(2, 1, 1)], V.CONFIRMED),
-    ([V.StabilityCell(0.1, 0, 0), V.StabilityCell(0.5, 0, 0), V.StabilityCell(2, 1, 1)], V.REFUTED),
-    ([V.StabilityCell(0.1, 0, 0), V.StabilityCell(0.5, 0, 0)], V.INCONCLUSIVE),           # no edge in the grid
-    ([], V.INCONCLUSIVE),                                                                  # no control
-    ([V.StabilityCell(0.1, 0, 0), V.StabilityCell(0.5, 0, 2 / 3), V.StabilityCell(2, 1, 1)], V.INCONCLUSIVE),
+    # async collapses where the control converges
+    ([V.StabilityCell(0.1, 0, 0, CLOSE), V.StabilityCell(0.5, 0, 1), V.StabilityCell(2, 1, 1)], V.CONFIRMED),
+    # no collapse of its own, but far below the control at a rate where both converge
+    ([V.StabilityCell(0.1, 0, 0, FAR), V.StabilityCell(2, 1, 1)], V.CONFIRMED),
+    # same edge, and as good as the control wherever both converge
+    ([V.StabilityCell(0.1, 0, 0, CLOSE), V.StabilityCell(0.5, 0, 0, CLOSE), V.StabilityCell(2, 1, 1)], V.REFUTED),
+    ([V.StabilityCell(0.1, 0, 0, UNSURE)], V.INCONCLUSIVE),                                   # gap straddles
+    ([V.StabilityCell(0.1, 0, 0, CLOSE), V.StabilityCell(0.5, 0, 2 / 3), V.StabilityCell(2, 1, 1)], V.INCONCLUSIVE),
+    ([], V.INCONCLUSIVE),                                                                    # no control
 ])
 def test_e3_stability(cells, outcome):
     assert V.staleness_destabilises(cells).outcome == outcome
