@@ -159,9 +159,14 @@ def test_the_cache_refuses_a_run_from_another_code_version(tmp_path):
 def test_tiny_quick_suite_tunes_runs_and_reports(tmp_path):
     write(tmp_path, "modes.toml", TUNED.replace('id = "T"', 'id = "M"').replace('quote', 'q')
           + '[profiles.quick]\nsteps = 3\nseeds = [0]\n')
-    write(tmp_path, "wire.toml", 'id = "W"\ntitle = "wire"\nclaim = "half the bytes"\nanalysis = "wire"\n'
-          'quote = "同步"\n' + TINY_BASE + '[[runs]]\nlabel = "fp32"\nmode = "sync"\n[[runs]]\nlabel = "fp16"\n'
-          'mode = "sync"\nwire_dtype = "fp16"\n')
+    # The wire experiment's runs are the modes experiment's sync and fp16 runs (same settings, other
+    # labels): the suite makes them once.
+    wire = (TUNED.replace('id = "T"', 'id = "W"').replace('analysis = "modes"', 'analysis = "wire"')
+            .replace('claim = "c"', 'claim = "c"\nquote = "同步"')
+            .replace('[[runs]]\nlabel = "async"\nmode = "async"\n', "")
+            .replace('[[runs]]\nlabel = "fixed"\nmode = "sync"\nlr = 0.05\n', "")
+            + '[profiles.quick]\nsteps = 3\nseeds = [0]\n')
+    write(tmp_path, "wire.toml", wire)
     suite_file = write(tmp_path, "suite.toml", '[suite]\nexperiments = ["modes.toml", "wire.toml"]\n')
     results = tmp_path / "results"
     r = psgd("suite", str(suite_file), "--quick", "--results", str(results))
@@ -189,6 +194,7 @@ def test_tiny_quick_suite_tunes_runs_and_reports(tmp_path):
     # A second call reuses every finished run, and --only still reports the whole suite.
     r = psgd("suite", str(suite_file), "--quick", "--results", str(results), "--only", "M")
     assert r.returncode == 0 and "cached" in r.stderr
+    assert len(list((results / "runs").iterdir())) == 8   # 4 tuning + 4 evaluated; W made none of its own
     report = (results / "REPORT.md").read_text()
     assert "## M" in report and "## W" in report
     assert "8 of 8 runs reused" in report
