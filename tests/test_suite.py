@@ -157,11 +157,12 @@ def test_the_cache_refuses_a_run_from_another_code_version(tmp_path):
 
 
 def test_tiny_quick_suite_tunes_runs_and_reports(tmp_path):
-    write(tmp_path, "modes.toml", TUNED.replace('id = "T"', 'id = "M"').replace('quote', 'q')
-          + '[profiles.quick]\nsteps = 3\nseeds = [0]\n')
+    # One worker per run: the suite's mechanics are under test here, and every process costs start-up.
+    tuned = TUNED.replace("workers = 2", "workers = 1")
+    write(tmp_path, "modes.toml", tuned.replace('id = "T"', 'id = "M"') + '[profiles.quick]\nsteps = 3\nseeds = [0]\n')
     # The wire experiment's runs are the modes experiment's sync and fp16 runs (same settings, other
     # labels): the suite makes them once.
-    wire = (TUNED.replace('id = "T"', 'id = "W"').replace('analysis = "modes"', 'analysis = "wire"')
+    wire = (tuned.replace('id = "T"', 'id = "W"').replace('analysis = "modes"', 'analysis = "wire"')
             .replace('claim = "c"', 'claim = "c"\nquote = "同步"')
             .replace('[[runs]]\nlabel = "async"\nmode = "async"\n', "")
             .replace('[[runs]]\nlabel = "fixed"\nmode = "sync"\nlr = 0.05\n', "")
