@@ -93,8 +93,11 @@ README_END = "<!-- end of verdicts -->"
 
 
 def readme_block(summary: dict, report_path: str = "results/REPORT.md") -> str:
+    took = (f"{summary['wall_s'] / 60:.1f} min" if not summary.get("note", "").startswith("--report")
+            else "re-analysed from finished runs; their wall time is in results/command.txt")
     head = (f"From the reference run committed under `results/` (`{summary['command']}`, code "
-            f"`{summary['code_version']}`, {summary['wall_s'] / 60:.1f} min on {summary['machine'].split(';')[0]}):")
+            f"`{summary['code_version']}`, runs by training code `{summary.get('run_code_version', '?')}`, {took}; "
+            f"{summary['machine'].split(';')[0]}):")
     rows = ["| claim | verdict | key number |", "|---|---|---|"]
     for c in summary["claims"]:
         rows.append(f"| [{c['id']}]({report_path}#{c['id'].lower()}) {c['title']} | **{c['verdict']}** | "
