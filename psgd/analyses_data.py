@@ -10,7 +10,7 @@ import math
 
 from psgd import plots, stats
 from psgd import verdicts as V
-from psgd.analyses import Context, acc_ci, diff, series_of, variant_series
+from psgd.analysis_kit import Context, acc_ci, diff, series_of, variant_series
 from psgd.results import Figure, table
 
 

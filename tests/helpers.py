@@ -55,22 +55,20 @@ def open_start_barrier(servicer) -> None:
     assert policy.started
 
 
-def train_in_threads(cfg, addresses: list[str], servicers: list):
-    """Run cfg.workers PS workers as threads against in-process shards; return the shards' joined
-    parameters after checking every worker finished cleanly and every shard reached cfg.steps
-    updates (the averaging rounds of --local-steps)."""
+def workers_in_threads(cfg, addresses: list[str]) -> list[dict]:
+    """Run cfg.workers PS workers as threads against running shards; return each worker's totals
+    (worker.train's result) after checking that every one finished cleanly."""
     import threading
 
-    import torch
-
-    from psgd import localsgd, worker
+    from psgd import worker
     from psgd.client import PSExchange
 
-    errors = []
+    errors: list[BaseException] = []
+    totals: list[dict] = [{} for _ in range(cfg.workers)]
 
     def work(rank: int) -> None:
         try:
-            worker.train(cfg, rank, PSExchange.from_config(cfg, addresses), None)
+            totals[rank] = worker.train(cfg, rank, PSExchange.from_config(cfg, addresses), None)
         except Exception as e:  # surfaced by the assertion below
             errors.append(e)
 
@@ -79,6 +77,18 @@ def train_in_threads(cfg, addresses: list[str], servicers: list):
         t.start()
     for t in threads:
         t.join(120)
-    assert not errors, errors
+    assert not errors and not any(t.is_alive() for t in threads), errors
+    return totals
+
+
+def train_in_threads(cfg, addresses: list[str], servicers: list):
+    """Run cfg.workers PS workers as threads against in-process shards; return the shards' joined
+    parameters after checking every worker finished cleanly and every shard reached cfg.steps
+    updates (the averaging rounds of --local-steps)."""
+    import torch
+
+    from psgd import localsgd
+
+    workers_in_threads(cfg, addresses)
     assert all(s.policy.version == localsgd.rounds(cfg.steps, cfg.local_steps) for s in servicers)
     return torch.cat([s.param.detach().clone() for s in servicers])

@@ -6,13 +6,10 @@ Each is measured on real shards (in-process gRPC servers on 127.0.0.1, port 0) t
 worker loop's own counters, the same counters the suite reports.
 """
 
-import threading
-
 import pytest
 
-from psgd import worker
-from psgd.client import PSExchange
 from psgd.config import DataConfig, ModelConfig, OptimConfig, RunConfig
+from tests.helpers import workers_in_threads
 
 DATA = DataConfig(dataset="synthetic", num_samples=2000)
 
@@ -21,22 +18,7 @@ def totals(shards, **kw) -> list[dict]:
     cfg = RunConfig(mode="sync", workers=2, servers=2, batch_size=8, seed=1, data=DATA, device="cpu",
                     model=ModelConfig(model="mlp", width=32), optim=OptimConfig(lr=0.05), **kw)
     addresses, _ = shards(cfg)
-    out: list[dict] = [{} for _ in range(cfg.workers)]
-    errors: list[BaseException] = []
-
-    def work(rank: int) -> None:
-        try:
-            out[rank] = worker.train(cfg, rank, PSExchange.from_config(cfg, addresses), None)
-        except BaseException as e:  # surfaced below
-            errors.append(e)
-
-    threads = [threading.Thread(target=work, args=(r,)) for r in range(cfg.workers)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(120)
-    assert not errors and not any(t.is_alive() for t in threads), errors
-    return out
+    return workers_in_threads(cfg, addresses)
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])

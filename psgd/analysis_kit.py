@@ -1,0 +1,102 @@
+"""What every claim's analysis shares: its context (runs by label, tuning) and the report's common parts.
+
+Contract: `Context(exp, summaries, out, chosen, scores)` gives an analysis its experiment, its runs
+grouped by label (psgd/results.py), its params and the tuning; `body(ctx, text, verdict)` wraps an
+analysis's own text with the setup sentence (from the run configs), the tuning table and the
+verdict's rule. `diff` / `acc_ci` are the intervals every learning claim uses. The analyses
+(psgd/analyses*.py) import this module; it imports none of them.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from psgd import plots, stats
+from psgd import verdicts as V
+from psgd.results import LAST_K, PLATEAU, Group, groups_of, setup, table
+
+
+class Context:
+    """What every analysis gets: the experiment, its runs by label, and the tuning."""
+
+    def __init__(self, exp, summaries: list, out: Path, chosen: dict, scores: dict) -> None:
+        self.exp, self.summaries, self.out, self.chosen, self.scores = exp, summaries, out, chosen, scores
+        self.groups: dict[str, Group] = groups_of(summaries) if summaries else {}
+        self.params = exp.params
+
+    def group(self, label: str) -> Group:
+        if label not in self.groups:
+            raise ValueError(f"{self.exp.path}: the analysis needs a run labelled {label!r}; the experiment has "
+                             f"{', '.join(self.groups) or 'none'}")
+        return self.groups[label]
+
+    def seeds_note(self) -> str:
+        n = sorted({len(g.runs) for g in self.groups.values()})
+        return f"{'/'.join(map(str, n))} seed{'s' * (n != [1])}" if n else ""
+
+    def caption(self, what: str) -> str:
+        return f"{what} {plots.BAND.capitalize()} ({self.seeds_note()}); each point the mean over seeds."
+
+
+def body(ctx: Context, text: str, verdict: V.Verdict) -> str:
+    parts = []
+    if ctx.groups:
+        first = next(iter(ctx.groups.values()))
+        parts.append(f"**Setup** (from the run configs): {setup(first.cfg, ctx.params.get('vary', ()))}. "
+                     f"Final figures: mean of the last {LAST_K} evaluations per seed, on one grid of training samples "
+                     f"for every run; intervals: bootstrap 95% over seeds. Converged: the last {LAST_K} evaluations "
+                     f"moved less than {PLATEAU} from the {LAST_K} before.")
+    if ctx.chosen:
+        parts.append(tuning_table(ctx))
+    parts.append(text)
+    parts.append(f"**Verdict rule.** {verdict.reason}.")
+    return "\n\n".join(parts)
+
+
+def tuning_table(ctx: Context) -> str:
+    """Validation accuracy of every point of every sweep, and the rate chosen."""
+    exp = ctx.exp
+    rows = []
+    for t in exp.templates:
+        if not t.lr_grid:
+            continue
+        cells = []
+        for lr in t.lr_grid:
+            v = [x for x in ctx.scores.get((t.label, lr), []) if x == x]
+            text = f"{np.mean(v):.3f}" if v else "diverged"
+            cells.append(f"**{lr:g}: {text}**" if ctx.chosen.get(t.label) == lr else f"{lr:g}: {text}")
+        edge = ctx.chosen[t.label] in (min(t.lr_grid), max(t.lr_grid)) and len(t.lr_grid) > 1
+        rows.append([t.label, ", ".join(cells), f"{ctx.chosen[t.label]:g}" + (" (edge of the grid)" if edge else "")])
+    derived = [f"{t.label} uses {t.lr_from}'s rate" + (f" x {t.lr_factor:g}" if t.lr_factor != 1 else "")
+               for t in exp.templates if t.lr_from]
+    text = (f"**Learning rates**, tuned per run on the validation split (mean validation accuracy of the last "
+            f"{exp.tune_last_k} evaluations, tuning seed{'s' * (len(exp.tune_seeds) > 1)} "
+            f"{', '.join(map(str, exp.tune_seeds))}; the test set is not used):\n\n"
+            + table(["run", "lr: validation accuracy", "chosen"], rows))
+    if derived:
+        text += "\n\n" + "; ".join(derived) + "."
+    if any("edge of the grid" in r[2] for r in rows):
+        text += ("\n\nA rate chosen at the edge of its grid may not be the best one: the optimum can lie beyond "
+                 "it (`--full` sweeps wider).")
+    return text
+
+
+def acc_ci(g: Group) -> stats.Interval:
+    return g.ci("test_accuracy")
+
+
+def diff(a: Group, b: Group, key: str = "test_accuracy") -> stats.Interval:
+    return stats.diff_ci(a.finals(key), b.finals(key))
+
+
+def series_of(groups: list[Group], names: list[str] | None = None) -> list[plots.Series]:
+    return [plots.Series(names[i] if names else g.label, g.mode if g.cfg.get("local_steps", 1) == 1 else "local",
+                         g.runs) for i, g in enumerate(groups)]
+
+
+def variant_series(groups: list[Group]) -> list[plots.Series]:
+    return [plots.Series(g.label, "", g.runs, variant=i) for i, g in enumerate(groups)]
+
+
