@@ -95,10 +95,6 @@ class Experiment:
     params: dict = field(default_factory=dict)
 
     @property
-    def slug(self) -> str:
-        return self.id
-
-    @property
     def tuned(self) -> bool:
         return any(t.lr_grid for t in self.templates)
 
@@ -114,6 +110,11 @@ class Experiment:
             lr = self.rate_of(t, chosen)
             specs += [self._spec(t, seed, lr, "final") for seed in self.seeds]
         return specs
+
+    def planned_specs(self) -> list[RunSpec]:
+        """The evaluated runs before tuning, each tuned label at its grid's first rate: for
+        validating configs and sizing the plan (the real rates are known only after tuning)."""
+        return self.final_specs({t.label: t.lr_grid[0] for t in self.templates if t.lr_grid})
 
     def rate_of(self, t: RunTemplate, chosen: dict[str, float]) -> float | None:
         if t.lr_grid:
@@ -333,7 +334,7 @@ def load_experiment(path: Path, profile: str, results: Path, version: str = "",
     exp = Experiment(**common, templates=tuple(templates), tune_seeds=tune_seeds, tune_last_k=last_k)
     # Build (and so validate) every config now, not halfway through the suite.
     exp.tune_specs()
-    exp.final_specs({t.label: t.lr_grid[0] for t in templates if t.lr_grid})
+    exp.planned_specs()
     return exp
 
 

@@ -76,7 +76,7 @@ def estimate_s(experiments: list[Experiment]) -> float:
     for e in experiments:
         if e.bench:
             total += 60.0
-        specs = e.tune_specs() + e.final_specs({t.label: t.lr_grid[0] for t in e.templates if t.lr_grid})
+        specs = e.tune_specs() + e.planned_specs()
         for r in specs:
             if r.cfg.out in seen or is_cached(r):
                 continue
@@ -189,8 +189,7 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
     run_version = experiments[0].version if experiments else ""
     eta = estimate_s(chosen_exps)
     n_tune = len({s.cfg.out for e in chosen_exps for s in e.tune_specs()})
-    n_final = len({s.cfg.out for e in chosen_exps
-                   for s in e.final_specs({t.label: t.lr_grid[0] for t in e.templates if t.lr_grid})})
+    n_final = len({s.cfg.out for e in chosen_exps for s in e.planned_specs()})
     benches = [e for e in chosen_exps if e.bench]
     print(f"psgd suite ({profile}, code {version}, runs keyed by training code {run_version}): "
           f"{len(chosen_exps)} experiments, {n_tune} tuning runs, "
