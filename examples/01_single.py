@@ -9,8 +9,8 @@ workers x batch b must end with the same parameters as this loop with batch N x 
 import torch
 import torch.nn.functional as F
 
-from psgd import data, models
-from psgd.config import DataConfig, ModelConfig
+from psgd.core.config import DataConfig, ModelConfig
+from psgd.train import data, models
 
 ds = data.load(DataConfig(dataset="synthetic", num_samples=4000))
 model = models.build(ModelConfig("mlp"), ds.input_dim, ds.num_classes, seed=0)

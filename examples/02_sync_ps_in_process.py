@@ -11,9 +11,10 @@ import threading
 
 import torch
 
-from psgd import server, worker
-from psgd.client import PSExchange
-from psgd.config import DataConfig, RunConfig
+from psgd.core.config import DataConfig, RunConfig
+from psgd.ps import server
+from psgd.ps.client import PSExchange
+from psgd.train import worker
 
 cfg = RunConfig(mode="sync", workers=4, servers=2, batch_size=16, steps=200, device="cpu",
                 data=DataConfig(dataset="synthetic", num_samples=4000))

@@ -2,7 +2,7 @@
 
 A fast worker and a slow one share an SSP(s=1) shard: the fast one may run at most one clock
 ahead, so it blocks on pull until the slow one pushes. Swap in `Async` and it never waits; swap in
-`Sync` and both advance in lockstep. This is all of psgd/consistency.py's job.
+`Sync` and both advance in lockstep. This is all of psgd/core/consistency.py's job.
 
     python examples/03_consistency_policies.py
 """
@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from psgd.consistency import SSP
+from psgd.core.consistency import SSP
 
 shard = torch.zeros(4)
 policy = SSP(num_workers=2, apply=lambda g: shard.sub_(0.1 * g), staleness=1)

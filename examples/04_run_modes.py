@@ -7,8 +7,8 @@ summary.json. Compare how much one slow worker costs each mode.
     python examples/04_run_modes.py
 """
 
-from psgd import launch
-from psgd.config import DataConfig, RunConfig
+from psgd.core.config import DataConfig, RunConfig
+from psgd.train import launch
 
 for mode in ("sync", "async", "ssp"):
     cfg = RunConfig(mode=mode, workers=3, servers=2, staleness=1, steps=60, straggler=((0, 30),),

@@ -1,7 +1,7 @@
 """05 - all-reduce: no parameter server; the workers average their gradients among themselves.
 
 Four workers train the same MLP twice: with torch.distributed's all-reduce, then with the
-hand-written ring (psgd/ring.py). Both reach the same parameters (to float rounding), every
+hand-written ring (psgd/allreduce/ring.py). Both reach the same parameters (to float rounding), every
 replica stays identical (summary.json: replicas_consistent), and each worker sends
 2(N-1)/N x the model per step, 1.5 x for N = 4, where a PS worker pushes 1 x and pulls 1 x.
 
@@ -18,8 +18,8 @@ import tempfile
 
 import torch
 
-from psgd import launch
-from psgd.config import DataConfig, ModelConfig, RunConfig
+from psgd.core.config import DataConfig, ModelConfig, RunConfig
+from psgd.train import launch
 
 
 def main() -> None:

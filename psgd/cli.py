@@ -1,6 +1,6 @@
 """The `psgd` command line: run | server | worker (and the suite / plot / bench commands).
 
-Thin by design: parse flags into a RunConfig (psgd/config.py), validate once, call the module
+Thin by design: parse flags into a RunConfig (psgd/core/config.py), validate once, call the module
 that does the work, and turn known failures into one-line errors (exit 2 for usage errors,
 1 for a failed run), never a traceback.
 
@@ -17,7 +17,7 @@ import os
 import signal
 import sys
 
-from psgd import config as C
+from psgd.core import config as C
 
 MODES_HELP = """modes:
   sync       Bulk synchronous (BSP): each shard waits for one gradient from every worker,
@@ -94,7 +94,7 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fail-at", type=_pair, action="append", default=[], metavar="RANK=STEP",
                    help="fault injection: worker RANK kills itself (SIGKILL) at STEP")
     g.add_argument("--allreduce-impl", default=d.allreduce_impl, choices=C.ALLREDUCE_IMPLS,
-                   help="allreduce: torch.distributed's all_reduce, or the hand-written ring (psgd/ring.py)")
+                   help="allreduce: torch.distributed's all_reduce, or the hand-written ring (psgd/allreduce/ring.py)")
     g.add_argument("--bucket-mb", type=float, default=d.bucket_mb,
                    help="allreduce: gradients are reduced in flat buckets of this many MiB")
     g.add_argument("--backend", default=d.backend, choices=C.BACKENDS,
@@ -104,13 +104,13 @@ def add_run_flags(p: argparse.ArgumentParser) -> None:
                         "(and at the end; 0: end only)")
     g.add_argument("--overlap", action="store_true",
                    help="PS: push each shard's gradient as soon as backward produced it, pull while the batch "
-                        "loads and forward runs (psgd/overlap.py)")
+                        "loads and forward runs (psgd/ps/overlap.py)")
     g.add_argument("--link", default=d.link, metavar="BANDWIDTH[,LATENCY]",
                    help="PS: pace every worker's and shard's traffic to an EMULATED link, e.g. 1gbit,200us or "
-                        "100mbit,1ms (psgd/link.py; loopback is still what carries the bytes)")
+                        "100mbit,1ms (psgd/core/link.py; loopback is still what carries the bytes)")
     g.add_argument("--transport", default=d.transport, choices=C.TRANSPORTS,
                    help="PS: what carries pushes and pulls: grpc, or tcp (the shards' raw-socket data plane, "
-                        "psgd/tcp.py; gRPC still does Init and Info)")
+                        "psgd/ps/tcp.py; gRPC still does Init and Info)")
     g.add_argument("--out", default=d.out, help="run folder: metrics.jsonl, summary.json, logs/")
     g = p.add_argument_group("data and model")
     g.add_argument("--dataset", default=dd.dataset, choices=C.DATASETS, help="training data")
@@ -197,7 +197,7 @@ DELEGATED = {
     "bench": "benchmarks: transport | allreduce | scaling | calibrate",
     "model": "alpha-beta cost model: predict PS vs ring throughput up to 1024 workers",
 }
-MODULES = {"suite": "psgd.suite", "plot": "psgd.plots", "bench": "psgd.bench", "model": "psgd.costmodel"}
+MODULES = {"suite": "psgd.lab.suite", "plot": "psgd.lab.plots", "bench": "psgd.bench", "model": "psgd.bench.costmodel"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -230,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from psgd import data, launch
+    from psgd.train import data, launch
 
     if not isinstance(args.servers, int):
         raise UsageError("psgd run starts its own shards: give --servers a count, not addresses")
@@ -253,8 +253,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_server(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from psgd import data, server
-    from psgd.metrics import Metrics
+    from psgd.ps import server
+    from psgd.train import data
+    from psgd.train.metrics import Metrics
 
     if not isinstance(args.servers, int):
         raise UsageError("psgd server takes --num-shards K (a count)")
@@ -294,16 +295,16 @@ def cmd_server(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from psgd import worker
-    from psgd.client import ExchangeError, PSExchange
-    from psgd.metrics import Metrics
+    from psgd.ps.client import ExchangeError, PSExchange
+    from psgd.train import worker
+    from psgd.train.metrics import Metrics
 
     cfg = config_from_args(args)
     rank = args.rank if args.rank is not None else int(os.environ.get("RANK", "-1"))
     if not 0 <= rank < cfg.workers:
         raise UsageError(f"--rank must be in 0..{cfg.workers - 1} (or set $RANK), got {rank}")
     if cfg.mode == "allreduce":
-        from psgd.collective import CollectiveError, CollectiveExchange
+        from psgd.allreduce.collective import CollectiveError, CollectiveExchange
 
         exchange, errors = CollectiveExchange.from_env(cfg, rank, init_method=args.rendezvous), (CollectiveError,)
     else:

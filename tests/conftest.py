@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from psgd import server as server_mod
-from psgd.config import RunConfig
+from psgd.core.config import RunConfig
+from psgd.ps import server as server_mod
 
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")

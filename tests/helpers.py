@@ -60,8 +60,8 @@ def workers_in_threads(cfg, addresses: list[str]) -> list[dict]:
     (worker.train's result) after checking that every one finished cleanly."""
     import threading
 
-    from psgd import worker
-    from psgd.client import PSExchange
+    from psgd.ps.client import PSExchange
+    from psgd.train import worker
 
     errors: list[BaseException] = []
     totals: list[dict] = [{} for _ in range(cfg.workers)]
@@ -87,7 +87,7 @@ def train_in_threads(cfg, addresses: list[str], servicers: list):
     updates (the averaging rounds of --local-steps)."""
     import torch
 
-    from psgd import localsgd
+    from psgd.core import localsgd
 
     workers_in_threads(cfg, addresses)
     assert all(s.policy.version == localsgd.rounds(cfg.steps, cfg.local_steps) for s in servicers)

@@ -8,7 +8,7 @@ worker loop's own counters, the same counters the suite reports.
 
 import pytest
 
-from psgd.config import DataConfig, ModelConfig, OptimConfig, RunConfig
+from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig
 from tests.helpers import workers_in_threads
 
 DATA = DataConfig(dataset="synthetic", num_samples=2000)

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from psgd import codec
+from psgd.core import codec
 
 
 @pytest.mark.parametrize("dtype", sorted(codec.WIRE_DTYPES))

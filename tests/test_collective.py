@@ -18,13 +18,14 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from psgd import cli, models, worker
+from psgd import cli
+from psgd.allreduce.collective import CollectiveError, CollectiveExchange, Rendezvous, choose_backend
+from psgd.allreduce.ring import all_gather_step, reduce_scatter_step, ring_all_reduce, ring_bytes
 from psgd.cli import UsageError
-from psgd.client import PSExchange
-from psgd.collective import CollectiveError, CollectiveExchange, Rendezvous, choose_backend
-from psgd.config import ModelConfig, OptimConfig, RunConfig
-from psgd.ring import all_gather_step, reduce_scatter_step, ring_all_reduce, ring_bytes
-from psgd.sharding import shard_ranges
+from psgd.core.config import ModelConfig, OptimConfig, RunConfig
+from psgd.core.sharding import shard_ranges
+from psgd.ps.client import PSExchange
+from psgd.train import models, worker
 from tests.helpers import ENV, events, processes_mentioning, psgd, summary
 from tests.test_equivalence import DATA, OPTIM, STEPS, run_plain_torch
 
@@ -223,7 +224,7 @@ def test_dead_rank_fails_the_run_and_leaves_no_process(tmp_path):
 
 def test_dead_rank_without_a_launcher_is_an_error_not_a_hang(tmp_path):
     """As under torchrun on several hosts: nobody kills the survivors; their collectives must fail."""
-    from psgd.collective import free_port
+    from psgd.allreduce.collective import free_port
 
     out = tmp_path / "bare"
     env = dict(ENV, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="3")

@@ -5,9 +5,9 @@ import numpy as np
 import pytest
 import torch
 
-from psgd import data
 from psgd.cli import build_parser, config_from_args
-from psgd.config import DataConfig, RunConfig, from_dict, to_argv, to_dict, validate, with_epochs_resolved
+from psgd.core.config import DataConfig, RunConfig, from_dict, to_argv, to_dict, validate, with_epochs_resolved
+from psgd.train import data
 
 
 def test_argv_round_trip_rebuilds_the_config():

@@ -5,7 +5,7 @@ import threading
 import pytest
 import torch
 
-from psgd.consistency import SSP, Async, PolicyError, PullTimeout, Sync, make_policy
+from psgd.core.consistency import SSP, Async, PolicyError, PullTimeout, Sync, make_policy
 
 
 class Param:

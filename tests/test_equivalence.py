@@ -4,8 +4,8 @@
 import torch
 import torch.nn.functional as F
 
-from psgd import data, models
-from psgd.config import DataConfig, ModelConfig, OptimConfig, RunConfig
+from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig
+from psgd.train import data, models
 from tests.helpers import train_in_threads
 
 STEPS = 25

@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from psgd import link
-from psgd.client import make_client
-from psgd.config import RunConfig, validate
+from psgd.core import link
+from psgd.core.config import RunConfig, validate
+from psgd.ps.client import make_client
 from tests.helpers import processes_mentioning, psgd, summary
 
 

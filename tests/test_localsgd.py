@@ -5,10 +5,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from psgd import data, localsgd, models
-from psgd.config import DataConfig, ModelConfig, OptimConfig, RunConfig
-from psgd.metrics import samples_per_update
-from psgd.ring import ring_bytes
+from psgd.allreduce.ring import ring_bytes
+from psgd.core import localsgd
+from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig
+from psgd.train import data, models
+from psgd.train.metrics import samples_per_update
 from tests.helpers import events, processes_mentioning, psgd, summary, train_in_threads
 from tests.test_equivalence import run_plain_torch
 

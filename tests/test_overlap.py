@@ -4,9 +4,9 @@
 import pytest
 import torch
 
-from psgd import data, models
-from psgd.client import PSClient, PSExchange
-from psgd.config import DataConfig, ModelConfig, OptimConfig, RunConfig
+from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig
+from psgd.ps.client import PSClient, PSExchange
+from psgd.train import data, models
 from tests.helpers import processes_mentioning, psgd, summary, train_in_threads
 from tests.test_equivalence import run_plain_torch
 

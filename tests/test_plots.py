@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from psgd import plots
+from psgd.lab import plots
 from tests.helpers import psgd
 
 

@@ -141,7 +141,7 @@ def test_unreachable_server_is_one_line(tmp_path):
 
 
 def test_port_in_use_is_one_line(shards, tmp_path):
-    from psgd.config import RunConfig
+    from psgd.core.config import RunConfig
 
     (address,), _ = shards(RunConfig(servers=1))
     r = psgd("server", "--shard", "0", "--port", address.rsplit(":", 1)[1], "--out", str(tmp_path), timeout=60)

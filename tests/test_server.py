@@ -4,11 +4,11 @@ import grpc
 import pytest
 import torch
 
-from psgd import codec
 from psgd._proto import parameter_server_pb2 as pb
 from psgd._proto import parameter_server_pb2_grpc as pb_grpc
-from psgd.client import PSClient
-from psgd.config import RunConfig
+from psgd.core import codec
+from psgd.core.config import RunConfig
+from psgd.ps.client import PSClient
 from tests.helpers import open_start_barrier
 
 
@@ -113,7 +113,7 @@ def test_skip_nonfinite_counts_and_never_applies(shards):
 
 
 def test_port_in_use_is_a_clear_error(shards):
-    from psgd import server as server_mod
+    from psgd.ps import server as server_mod
 
     (address,), _ = shards(RunConfig(servers=1))
     port = int(address.rsplit(":", 1)[1])

@@ -1,6 +1,6 @@
 import pytest
 
-from psgd.sharding import shard_ranges
+from psgd.core.sharding import shard_ranges
 
 
 @pytest.mark.parametrize("n,k", [(0, 1), (1, 3), (10, 3), (12, 4), (1000003, 7), (5, 5)])

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from psgd import config as C
-from psgd import report as report_mod
-from psgd import suite, verdicts
+from psgd.core import config as C
+from psgd.lab import report as report_mod
+from psgd.lab import suite, verdicts
 from tests.helpers import processes_mentioning, psgd
 
 ROOT = Path(__file__).resolve().parent.parent

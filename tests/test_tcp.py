@@ -1,4 +1,4 @@
-"""The raw-TCP data plane (psgd/tcp.py) against real shards on 127.0.0.1:0.
+"""The raw-TCP data plane (psgd/ps/tcp.py) against real shards on 127.0.0.1:0.
 
 Same contract as gRPC: bad frames are refused with a status and a message and change nothing,
 good ones give the same SGD results in every wire dtype, and stopping a shard leaves no thread.
@@ -10,10 +10,11 @@ import threading
 import pytest
 import torch
 
-from psgd import codec, tcp
 from psgd._proto import parameter_server_pb2 as pb
-from psgd.client import ExchangeError, PSClient
-from psgd.config import RunConfig
+from psgd.core import codec
+from psgd.core.config import RunConfig
+from psgd.ps import tcp
+from psgd.ps.client import ExchangeError, PSClient
 from tests.helpers import open_start_barrier, processes_mentioning, psgd, summary
 
 
@@ -160,7 +161,7 @@ def test_refused_push_is_one_line_exchange_error(shards):
 
 
 def test_stopped_shard_is_unavailable_and_leaves_no_thread():
-    from psgd import server as server_mod
+    from psgd.ps import server as server_mod
 
     cfg = RunConfig(mode="async", workers=1, servers=1)
     srv, servicer, port = server_mod.create_server(cfg, 0, "127.0.0.1", 0)

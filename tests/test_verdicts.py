@@ -2,9 +2,9 @@
 
 import pytest
 
-from psgd import stats
-from psgd import verdicts as V
-from psgd.stats import Interval
+from psgd.lab import stats
+from psgd.lab import verdicts as V
+from psgd.lab.stats import Interval
 
 
 def iv(est: float, lo: float, hi: float) -> Interval:

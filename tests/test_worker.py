@@ -6,9 +6,9 @@ import threading
 import torch
 import torch.nn.functional as F
 
-from psgd import data, models, worker
-from psgd.client import PSExchange
-from psgd.config import DataConfig, ModelConfig, RunConfig
+from psgd.core.config import DataConfig, ModelConfig, RunConfig
+from psgd.ps.client import PSExchange
+from psgd.train import data, models, worker
 
 DATA = DataConfig(dataset="synthetic", num_samples=1000)
 MODEL = ModelConfig(model="mlp", width=16)

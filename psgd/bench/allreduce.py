@@ -36,8 +36,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from psgd.collective import choose_backend, usable_cuda_devices
-from psgd.ring import ring_all_reduce, ring_bytes
+from psgd.allreduce.collective import choose_backend, usable_cuda_devices
+from psgd.allreduce.ring import ring_all_reduce, ring_bytes
 
 MIB = 1 << 20
 IMPLS = ("library", "ring")

@@ -1,4 +1,4 @@
-"""`psgd bench calibrate`: fit the cost model's numbers (psgd/costmodel.py) on this machine.
+"""`psgd bench calibrate`: fit the cost model's numbers (psgd/bench/costmodel.py) on this machine.
 
 Contract: measures, then writes `--out` (default results/bench/calibration.json) with the fitted
 `machine` and `workload` (what `psgd model` and `psgd bench scaling` read), every raw point and
@@ -75,8 +75,8 @@ def measure_ring(sizes_mb: list[float], repeat: int) -> dict:
 
 
 def measure_compute(width: int, batches: tuple[int, ...] = (8, 32, 64), repeat: int = 5) -> dict:
-    from psgd import data, models
-    from psgd.config import DataConfig, ModelConfig
+    from psgd.core.config import DataConfig, ModelConfig
+    from psgd.train import data, models
 
     torch.set_num_threads(1)  # a worker process runs with OMP_NUM_THREADS=1 (launch.child_env)
     ds = data.load(DataConfig())
@@ -139,7 +139,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--ring", action=argparse.BooleanOptionalAction, default=True,
                    help="also fit the library all-reduce (N=2)")
     p.add_argument("--transport", default="grpc", choices=("grpc", "tcp"),
-                   help="the PS transport whose alpha and beta to fit (psgd/tcp.py for tcp)")
+                   help="the PS transport whose alpha and beta to fit (psgd/ps/tcp.py for tcp)")
     p.add_argument("--out", default="results/bench/calibration.json", help="where to write the fit")
     a = p.parse_args(argv)
     try:

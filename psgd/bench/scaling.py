@@ -13,10 +13,10 @@ Per configuration, from the run's metrics (the first step, a warm-up, left out):
 Writes OUT/scaling.csv, OUT/scaling.png (three panels), OUT/command.txt, and the runs under
 `--runs` (metrics, summaries and logs; their parameter snapshots only with `--keep-runs`).
 With a calibration (`psgd bench calibrate`) of the same width it also compares the cost model's
-step times (psgd/costmodel.py, one host) with the measured ones: OUT/validation.csv.
+step times (psgd/bench/costmodel.py, one host) with the measured ones: OUT/validation.csv.
 `--overlap` adds a PS row with `psgd run --overlap` for each (N, K); `--link` runs the PS rows
-over an emulated link (psgd/link.py); `--transports grpc,tcp` runs every PS row on each
-transport (psgd/tcp.py), side by side in one sweep.
+over an emulated link (psgd/core/link.py); `--transports grpc,tcp` runs every PS row on each
+transport (psgd/ps/tcp.py), side by side in one sweep.
 
     psgd bench scaling                                     # default: a few minutes on 2 cores
     psgd bench scaling --width 3500 --workers 1,2,4,8 --shards 1,2,4 --steps 6 --include-ring
@@ -31,11 +31,11 @@ import json
 import statistics
 from pathlib import Path
 
-from psgd import costmodel as cm
-from psgd import link
+from psgd.bench import costmodel as cm
 from psgd.bench.transport import parse_int_list
-from psgd.config import DataConfig, ModelConfig, RunConfig, to_argv
-from psgd.metrics import read_events
+from psgd.core import link
+from psgd.core.config import DataConfig, ModelConfig, RunConfig, to_argv
+from psgd.train.metrics import read_events
 
 FIELDS = ["mode", "workers", "shards", "overlap", "transport", "width", "params", "batch", "steps", "status", "step_s",
           "updates_per_s", "samples_per_s", "compute_s", "comm_s", "wait_s", "busiest_bytes", "busiest", "note"]
@@ -45,7 +45,7 @@ def ring_available() -> bool:
     """True once `psgd run` has the all-reduce mode with the hand-written ring."""
     import importlib.util
 
-    return (importlib.util.find_spec("psgd.collective") is not None
+    return (importlib.util.find_spec("psgd.allreduce.collective") is not None
             and "allreduce_impl" in {f.name for f in dataclasses.fields(RunConfig)})
 
 
@@ -82,7 +82,7 @@ def measure(cfg: RunConfig, summary: dict) -> dict:
 
 def run_one(cfg: RunConfig, retries: int, keep: bool = False) -> dict:
     """Run one configuration; a failed run is retried (and the failure kept in `note`)."""
-    from psgd import launch
+    from psgd.train import launch
 
     row = {"mode": "ring" if cfg.mode == "allreduce" else cfg.mode, "workers": cfg.workers,
            "shards": cfg.servers if cfg.mode != "allreduce" else 0, "overlap": cfg.overlap,
@@ -146,7 +146,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
         return "ring all-reduce" if mode == "ring" else (
             f"PS sync, K={k}" + (", overlap" if overlap else "") + (", tcp" if transport == "tcp" else ""))
 
-    from psgd import plots  # noqa: PLC0415 - the one palette (plots imports matplotlib)
+    from psgd.lab import plots  # noqa: PLC0415 - the one palette (plots imports matplotlib)
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     variants = 0
@@ -189,7 +189,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 
 def validate_against_model(rows: list[dict], calibration: Path, width: int) -> list[dict] | str:
-    from psgd.costmodel_cli import load_calibration
+    from psgd.bench.costmodel_cli import load_calibration
 
     machine, work, raw = load_calibration(str(calibration))
     if not raw:
@@ -205,8 +205,8 @@ def validate_against_model(rows: list[dict], calibration: Path, width: int) -> l
 
 
 def main(argv: list[str]) -> int:
+    from psgd.bench.costmodel_cli import validation_table, write_csv
     from psgd.cli import Parser, UsageError
-    from psgd.costmodel_cli import validation_table, write_csv
 
     p = Parser(prog="psgd bench scaling", description=__doc__.split("\n\n")[0])
     p.add_argument("--width", type=int, default=3500, help="wide_mlp hidden width (3500: about 25M parameters)")
@@ -217,8 +217,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--include-ring", action=argparse.BooleanOptionalAction, default=True,
                    help="also run the ring all-reduce for each N >= 2")
     p.add_argument("--overlap", action="store_true", help="add a PS --overlap row for each (N, K)")
-    p.add_argument("--link", default="", help="run the PS rows over an emulated link, e.g. 1gbit,200us (psgd/link.py)")
-    p.add_argument("--transports", default="grpc", help="PS transports, comma-separated: grpc, tcp (psgd/tcp.py)")
+    p.add_argument("--link", default="", help="run the PS rows over an emulated link, e.g. 1gbit,200us (core/link.py)")
+    p.add_argument("--transports", default="grpc", help="PS transports, comma-separated: grpc, tcp (psgd/ps/tcp.py)")
     p.add_argument("--keep-runs", action="store_true", help="keep each run's parameter snapshots (*.pt)")
     p.add_argument("--retries", type=int, default=1, help="rerun a failed configuration this many times")
     p.add_argument("--calibration", default="results/bench/calibration.json", help="cost model fit to validate")

@@ -4,7 +4,7 @@ Contract: one run measures, side by side on 127.0.0.1,
 - the ceiling: a plain TCP socket (`sendall` of the whole buffer, `recv_into` a preallocated one),
 - psgd's push and pull of `--size-mb` MiB of fp32 against K = 1, 2, 4 shard processes
   (`psgd server --mode async --workers 1`, so nothing ever blocks on a policy), on each of
-  `--transports`: grpc (`PSClient`) and tcp (`TcpClient`, the raw-socket data plane, psgd/tcp.py),
+  `--transports`: grpc (`PSClient`) and tcp (`TcpClient`, the raw-socket data plane, psgd/ps/tcp.py),
 - the shards' optimizer step (`apply`), reported apart: in async mode it runs inside the Push
   RPC, so `push_net` = push time minus the slowest shard's apply time is the transport alone,
 - small messages: one full step's exchange (pull + push) of a `--small-params` model over 2
@@ -35,8 +35,8 @@ from pathlib import Path
 
 import torch
 
-from psgd import launch
-from psgd.config import RunConfig, to_argv
+from psgd.core.config import RunConfig, to_argv
+from psgd.train import launch
 
 MIB = 1 << 20
 
@@ -119,7 +119,7 @@ def shard_stats(out: Path, num_shards: int) -> list[dict]:
 def fresh_client(num_shards: int, num_elements: int, transport: str = "grpc"):
     """Worker 0's client (of `transport`) on K fresh shard processes, initialised with zeros.
     Yields (client, stats): `stats` is filled with the shards' shard-K.json once they stopped."""
-    from psgd.client import make_client
+    from psgd.ps.client import make_client
 
     stats: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="psgd-bench-") as tmp:
@@ -187,7 +187,7 @@ def serve_bare() -> None:
     """
     import grpc
 
-    from psgd.server import CHANNEL_OPTIONS
+    from psgd.ps.server import CHANNEL_OPTIONS
 
     def sink(requests, context):
         for _ in requests:
@@ -222,7 +222,7 @@ def bare_servers(count: int) -> Iterator[list]:
 
     import grpc
 
-    from psgd.server import CHANNEL_OPTIONS
+    from psgd.ps.server import CHANNEL_OPTIONS
 
     procs, channels = [], []
     try:
@@ -248,7 +248,7 @@ def measure_bare(nbytes: int, repeat: int, small_bytes: int, small_repeat: int) 
     """gRPC alone: bulk push / pull of nbytes in pre-built 1 MiB frames, and the small pattern."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from psgd import codec
+    from psgd.core import codec
 
     frames = [bytes(min(codec.CHUNK_BYTES, nbytes - i)) for i in range(0, nbytes, codec.CHUNK_BYTES)]
     result: dict = {}

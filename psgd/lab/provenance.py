@@ -23,9 +23,7 @@ import subprocess
 from pathlib import Path
 
 CODE_PATHS = ("psgd", "experiments", "protos", "pyproject.toml")
-LAB_FILES = ("psgd/analyses.py", "psgd/analysis_kit.py", "psgd/analyses_data.py", "psgd/analyses_systems.py",
-             "psgd/plots.py", "psgd/report.py", "psgd/results.py", "psgd/stats.py", "psgd/verdicts.py", "psgd/suite.py",
-             "psgd/experiment.py", "psgd/provenance.py", "psgd/bench", "psgd/costmodel.py", "psgd/costmodel_cli.py")
+LAB_FILES = ("psgd/lab", "psgd/bench")
 RUN_PATHS = ("psgd", "protos", "pyproject.toml", *(f":(exclude){p}" for p in LAB_FILES))
 
 

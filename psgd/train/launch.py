@@ -8,7 +8,7 @@ Contract:
   stops all children too. Children get PR_SET_PDEATHSIG, so even a SIGKILLed launcher leaves
   no process behind.
 - After the workers finish, servers get SIGTERM, write their stats and snapshots, and exit;
-  then the snapshots are evaluated (psgd/evaluate.py) on the test set, a training subset and,
+  then the snapshots are evaluated (psgd/train/evaluate.py) on the test set, a training subset and,
   with --val-fraction, the validation split, and OUT/summary.json is written.
 """
 
@@ -28,10 +28,10 @@ from pathlib import Path
 
 import torch
 
-from psgd import data as data_mod
-from psgd import evaluate, models
-from psgd.config import RunConfig, to_argv, to_dict
-from psgd.metrics import Metrics, read_events, samples_per_update, summarize
+from psgd.core.config import RunConfig, to_argv, to_dict
+from psgd.train import data as data_mod
+from psgd.train import evaluate, models
+from psgd.train.metrics import Metrics, read_events, samples_per_update, summarize
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
@@ -142,7 +142,7 @@ def run(cfg: RunConfig) -> dict:
     servers: list[Child] = []
     workers: list[Child] = []
     if cfg.mode == "allreduce":
-        from psgd.collective import launch_args  # noqa: PLC0415 - only the collective mode needs it
+        from psgd.allreduce.collective import launch_args  # noqa: PLC0415 - only the collective mode needs it
 
         worker_argv, env = launch_args(cfg, env)
     try:
@@ -203,7 +203,7 @@ def finish(cfg: RunConfig, ds: data_mod.Dataset) -> dict:
                       **_validation(cfg, model, final, ds))
     extra = None
     if cfg.mode == "allreduce":
-        from psgd.collective import summary_extra  # noqa: PLC0415 - only the collective mode needs it
+        from psgd.allreduce.collective import summary_extra  # noqa: PLC0415 - only the collective mode needs it
 
         extra = summary_extra(out, sha)
     return summarize(out, cfg, evals + [final_eval], models.num_params(model), sha, shard_stats, extra)

@@ -1,11 +1,11 @@
 """Per-claim analyses: the figures, the numbers and the verdict of each experiment.
 
 Contract: `analyse(exp, summaries, out, chosen, scores)` dispatches on `exp.analysis` to one
-function here (E0-E3), in psgd/analyses_data.py (E6-E9) or in psgd/analyses_systems.py (E4, E5,
-E10). Each draws its figures into `out` (PNG + CSV each, psgd/plots.py), and returns a `Section`
-whose verdict comes from a rule in psgd/verdicts.py applied to the measured numbers and their
-bootstrap intervals over seeds (psgd/stats.py) — never written by hand. Final figures are the
-mean of the last LAST_K evaluations of each seed (psgd/results.py), taken on the suite's common
+function here (E0-E3), in psgd/lab/analyses_data.py (E6-E9) or in psgd/lab/analyses_systems.py (E4, E5,
+E10). Each draws its figures into `out` (PNG + CSV each, psgd/lab/plots.py), and returns a `Section`
+whose verdict comes from a rule in psgd/lab/verdicts.py applied to the measured numbers and their
+bootstrap intervals over seeds (psgd/lab/stats.py) — never written by hand. Final figures are the
+mean of the last LAST_K evaluations of each seed (psgd/lab/results.py), taken on the suite's common
 grid of training samples; "chosen" holds the learning rates picked on the validation split.
 """
 
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from psgd import analyses_data, analyses_systems, plots, stats
-from psgd import verdicts as V
-from psgd.analysis_kit import Context, acc_ci, body, diff, series_of, variant_series
-from psgd.results import Figure, Group, Section, diverged, roughness, table, time_to
+from psgd.lab import analyses_data, analyses_systems, plots, stats
+from psgd.lab import verdicts as V
+from psgd.lab.analysis_kit import Context, acc_ci, body, diff, series_of, variant_series
+from psgd.lab.results import Figure, Group, Section, diverged, roughness, table, time_to
 
 CHANCE_LOSS = math.log(10)  # cross-entropy of a uniform guess over 10 classes
 

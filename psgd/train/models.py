@@ -19,7 +19,7 @@ import threading
 import torch
 from torch import nn
 
-from psgd.config import ModelConfig
+from psgd.core.config import ModelConfig
 
 _BUILD_LOCK = threading.Lock()  # init draws from torch's global RNG; threads must not interleave
 

@@ -33,8 +33,8 @@ import time
 import torch
 from torch import nn
 
-from psgd.client import PSClient, PullStreams
-from psgd.worker import StepReport
+from psgd.ps.client import PSClient, PullStreams
+from psgd.train.worker import StepReport
 
 
 class Overlap:

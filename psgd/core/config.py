@@ -12,7 +12,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from psgd import link
+from psgd.core import link
 
 PS_MODES = ("sync", "async", "ssp")
 MODES = PS_MODES + ("allreduce",)
@@ -71,12 +71,12 @@ class RunConfig:
     skip_nonfinite: bool = False    # skip (and count) non-finite gradients instead of rejecting them
     rpc_timeout: float = 60.0       # seconds; deadline of every RPC, including a pull held by SSP/sync
     fail_at: tuple[tuple[int, int], ...] = ()     # (rank, step): fault injection, rank kills itself
-    allreduce_impl: str = "library"  # allreduce: library (torch.distributed) | ring (psgd/ring.py, by hand)
+    allreduce_impl: str = "library"  # allreduce: library (torch.distributed) | ring (psgd/allreduce/ring.py, by hand)
     bucket_mb: float = 25.0         # allreduce: gradient bucket size in MiB (PyTorch DDP's default, 25)
     backend: str = "auto"           # allreduce: auto (nccl with one GPU per rank, else gloo) | gloo | nccl
     check_every: int = 50           # allreduce: compare replica hashes every this many updates (0 = end only)
     overlap: bool = False           # PS: push a shard once backward produced it, pull while the batch loads
-    transport: str = "grpc"         # PS: grpc (every byte on gRPC) | tcp (tensors on raw sockets, psgd/tcp.py)
+    transport: str = "grpc"         # PS: grpc (every byte on gRPC) | tcp (tensors on raw sockets, psgd/ps/tcp.py)
     link: str = ""                  # PS: emulated link BANDWIDTH[,LATENCY] per process, e.g. 1gbit,200us ("" = as is)
     out: str = "results/runs/latest"
     data: DataConfig = field(default_factory=DataConfig)

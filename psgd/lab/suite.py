@@ -4,12 +4,12 @@ Contract:
 - A suite file names experiment files (`[suite] experiments = [...]`, relative to it) and may
   hold a `[base]` and `[profiles.quick]` / `[profiles.full]` of settings shared by every learning
   experiment (an experiment's own tables win; bench experiments ignore them). The experiment
-  files' schema, the grids, the evaluation grid and the tuning rules are in psgd/experiment.py.
+  files' schema, the grids, the evaluation grid and the tuning rules are in psgd/lab/experiment.py.
 - For each experiment, in order: the tuning runs (validation only), the choice of rates, the
   evaluated runs at those rates (or the benchmark), then its analysis. The test set is never
   looked at while choosing.
 - Runs go to `RESULTS/runs/<digest>/` (config + the training code's version,
-  psgd/provenance.py): identical runs of different experiments are made once, a run made by other
+  psgd/lab/provenance.py): identical runs of different experiments are made once, a run made by other
   training code is never reused, and a change to an analysis re-analyses finished runs. A
   finished run (summary.json, matching config.json and provenance.json) is reused unless
   `--fresh`. Each experiment writes `RESULTS/<id>/` (PNG, CSV, `commands.txt` with the exact
@@ -35,8 +35,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from psgd import config as C
-from psgd.experiment import (
+from psgd.core import config as C
+from psgd.lab.experiment import (
     PROFILES,
     Experiment,
     RunSpec,
@@ -49,7 +49,7 @@ from psgd.experiment import (
     run_digest,
     score,
 )
-from psgd.provenance import code_version, run_code_version
+from psgd.lab.provenance import code_version, run_code_version
 
 __all__ = ["PROFILES", "Experiment", "RunSpec", "SuiteError", "choose", "config_from_settings", "known_keys",
            "load_experiment", "load_suite", "run_digest", "score", "tuning_of", "is_cached", "run_suite", "main"]
@@ -70,7 +70,7 @@ SAMPLES_PER_S = 20000         # small models over --transport tcp, 4 workers (me
 
 
 def estimate_s(experiments: list[Experiment]) -> float:
-    from psgd import data
+    from psgd.train import data
 
     total, seen = 0.0, set()
     for e in experiments:
@@ -116,7 +116,7 @@ def _watch_progress(spec: RunSpec, bar: tqdm, stop: threading.Event) -> None:
 
 def execute(spec: RunSpec, fresh: bool, position: str) -> dict:
     """Run one spec (or reuse its cached result); returns its summary."""
-    from psgd import data, launch
+    from psgd.train import data, launch
 
     if not fresh and is_cached(spec):
         tqdm.write(f"{position} {spec.experiment} {spec.label} seed {spec.seed}: cached", file=sys.stderr)
@@ -182,7 +182,7 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
               only: set[str] | None = None, profile: str = "default") -> Path:
     """Tune and run the experiments (all, or those in `only`), then analyse every experiment that has
     results and write the whole report; returns the REPORT.md path."""
-    from psgd import analyses, report
+    from psgd.lab import analyses, report
 
     chosen_exps = [e for e in experiments if only is None or e.id in only]   # only = set(): --report
     version = code_version()
@@ -275,7 +275,7 @@ def main(argv: list[str]) -> int:
         experiments = load_suite(a.suite, profile, only, results, run_code_version())
     except SuiteError as e:
         raise UsageError(str(e)) from None
-    from psgd.launch import RunFailed
+    from psgd.train.launch import RunFailed
 
     command = "psgd suite " + shlex.join(argv)
     try:

@@ -30,7 +30,7 @@ matplotlib.use("Agg")  # files only: no display needed, safe in CI
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from psgd.results import RunData, load_run  # noqa: E402
+from psgd.lab.results import RunData, load_run  # noqa: E402
 
 __all__ = ["RunData", "load_run", "Series", "curves", "bars", "lines", "histograms", "color", "marker"]
 

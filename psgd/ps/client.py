@@ -8,7 +8,7 @@ Contract (ps-lite's worker API, in Python):
 - `pull(clock, out)` fills `out` with the parameters from all shards in parallel; blocks while
   a shard's consistency policy holds it; returns a `PullResult` (done once the budget is spent).
   `start_pull(clock, out)` does the same in the background and returns a `PullStreams` to wait
-  on: for the headers, for a range of `out`, or for the result (psgd/overlap.py uses it).
+  on: for the headers, for a range of `out`, or for the result (psgd/ps/overlap.py uses it).
 - `push(clock, grad)` sends each shard its slice in parallel, tagged with the versions the
   last pull returned; `start_push(k, clock, grad)` sends one shard's slice in the background
   (a Future of its reply). Both read `grad` while sending: do not change it until they return.
@@ -18,7 +18,7 @@ failures raise `ExchangeError` with one line.
 
 Copies (see codec.py): a push copies each chunk of the gradient once, into a ready-serialised
 frame; a pull writes each received chunk once, straight into `out` (the model's flat buffer).
-With a `link` (psgd/link.py, `--link`) every stream is paced to that emulated wire.
+With a `link` (psgd/core/link.py, `--link`) every stream is paced to that emulated wire.
 `make_client("tcp", ...)` gives `tcp.TcpClient`, this class with push and pull moved to the
 shards' raw-socket data planes (`--transport tcp`); everything above holds for it too.
 """
@@ -33,14 +33,14 @@ from dataclasses import dataclass
 import grpc
 import torch
 
-from psgd import codec, localsgd
-from psgd import link as link_mod
 from psgd._proto import parameter_server_pb2 as pb
 from psgd._proto import parameter_server_pb2_grpc as pb_grpc
-from psgd.config import OptimConfig
-from psgd.server import CHANNEL_OPTIONS, DTYPE_ENUMS, SERVICE, reuse_freed_memory
-from psgd.sharding import shard_ranges
-from psgd.worker import StepReport
+from psgd.core import codec, localsgd
+from psgd.core import link as link_mod
+from psgd.core.config import OptimConfig
+from psgd.core.sharding import shard_ranges
+from psgd.ps.server import CHANNEL_OPTIONS, DTYPE_ENUMS, SERVICE, reuse_freed_memory
+from psgd.train.worker import StepReport
 
 
 class ExchangeError(RuntimeError):
@@ -296,9 +296,9 @@ def wait_for_servers(addresses: list[str], timeout: float) -> None:
 
 
 def make_client(transport: str, *args, **kwargs) -> PSClient:
-    """A PSClient for `--transport grpc`, or its TCP data-plane subclass for `tcp` (psgd/tcp.py)."""
+    """A PSClient for `--transport grpc`, or its TCP data-plane subclass for `tcp` (psgd/ps/tcp.py)."""
     if transport == "tcp":
-        from psgd.tcp import TcpClient  # noqa: PLC0415 - tcp builds on this module
+        from psgd.ps.tcp import TcpClient  # noqa: PLC0415 - tcp builds on this module
 
         return TcpClient(*args, **kwargs)
     assert transport == "grpc", f"unknown transport {transport!r}"
@@ -308,12 +308,12 @@ def make_client(transport: str, *args, **kwargs) -> PSClient:
 class PSExchange:
     """The parameter-server step of the worker loop: pull before compute, push after.
 
-    With `overlap` (psgd/overlap.py) the pull streams in while the batch loads and forward
+    With `overlap` (psgd/ps/overlap.py) the pull streams in while the batch loads and forward
     runs, and each shard's push starts as soon as backward has produced its gradients; `watch`
     (called by the worker loop with the model) installs the hooks that does this. With `link`
-    ("1gbit,200us", psgd/link.py) every stream is paced to that emulated wire. `transport`
-    "tcp" moves the tensors on the shards' raw-TCP data planes (psgd/tcp.py) instead of gRPC.
-    With `local_steps` H > 1 (local SGD, sync mode, psgd/localsgd.py) the worker steps its own
+    ("1gbit,200us", psgd/core/link.py) every stream is paced to that emulated wire. `transport`
+    "tcp" moves the tensors on the shards' raw-TCP data planes (psgd/ps/tcp.py) instead of gRPC.
+    With `local_steps` H > 1 (local SGD, sync mode, psgd/core/localsgd.py) the worker steps its own
     replica with a local optimizer (`optim`), pulls only at the start of each round of H steps
     and pushes the delta w_pulled - w_local at its end; pull and push carry the round as clock.
     """
@@ -350,7 +350,7 @@ class PSExchange:
 
     def watch(self, model, flat) -> None:
         if self.overlap:
-            from psgd.overlap import Overlap  # noqa: PLC0415 - overlap imports this module
+            from psgd.ps.overlap import Overlap  # noqa: PLC0415 - overlap imports this module
 
             self._overlap = Overlap(model, flat, self.client, self._staging(flat), self.accumulate)
 
@@ -377,7 +377,7 @@ class PSExchange:
         pushed = flat.grads
         if self._local is not None:
             # Local SGD: step this replica; at the end of a round push its delta from the pulled
-            # model (the shards apply w - mean(delta), the replicas' average: psgd/localsgd.py).
+            # model (the shards apply w - mean(delta), the replicas' average: psgd/core/localsgd.py).
             t0 = time.perf_counter()
             self._local.step(clock)
             local_s = time.perf_counter() - t0

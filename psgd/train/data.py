@@ -39,7 +39,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from psgd.config import DataConfig, RunConfig
+from psgd.core.config import DataConfig, RunConfig
 
 TRAIN_FRACTION = 0.8  # split of generated datasets (mnist1d's own default)
 

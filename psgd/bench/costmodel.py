@@ -4,7 +4,7 @@ Contract: pure functions over frozen dataclasses: no gRPC, no processes, no plot
 `step_time(mode, n, k, machine, work)` returns a `Step`: compute / comm / apply seconds, the
 step total, samples per second, and the bytes through the busiest process. `predict` tabulates
 it over bandwidths and worker counts; `validate(rows, machine, work)` compares measured step
-times with the model's. `psgd model ...` (psgd/costmodel_cli.py) predicts and plots up to 1024
+times with the model's. `psgd model ...` (psgd/bench/costmodel_cli.py) predicts and plots up to 1024
 workers; `psgd bench calibrate` (psgd/bench/calibrate.py) fits this machine's numbers.
 
     psgd bench calibrate && psgd model --bandwidth 10gbit,100gbit,400gbit --workers 8..1024
@@ -198,7 +198,7 @@ def workload_from_dict(d: dict) -> Workload:
 
 
 def main(argv: list[str]) -> int:
-    """`psgd model`: the command line lives in psgd/costmodel_cli.py (this module stays pure)."""
-    from psgd import costmodel_cli
+    """`psgd model`: the command line lives in psgd/bench/costmodel_cli.py (this module stays pure)."""
+    from psgd.bench import costmodel_cli
 
     return costmodel_cli.main(argv)

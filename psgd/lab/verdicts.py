@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from psgd.stats import Interval
+from psgd.lab.stats import Interval
 
 CONFIRMED, REFUTED, DEPENDS, INCONCLUSIVE, NOT_TESTABLE = (
     "confirmed", "refuted", "depends", "inconclusive", "not testable here")

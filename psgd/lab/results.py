@@ -5,7 +5,7 @@ Contract:
 - `groups_of(summaries)` groups the seeds of each label into a `Group`. `Group.finals(key)` is,
   per seed, the mean of the last `LAST_K` evaluations of `key` (test_accuracy, test_loss, ...):
   one evaluation is noisy, the mean of a plateau is not. `Group.ci(key)` is its bootstrap
-  interval over seeds (psgd/stats.py); `Group.summary_ci(field)` the same for a summary field.
+  interval over seeds (psgd/lab/stats.py); `Group.summary_ci(field)` the same for a summary field.
 - `converged(run)` states the plateau criterion: the mean accuracy of the last LAST_K evaluations
   differs from the LAST_K before by less than PLATEAU (validation accuracy when the run has a
   validation split, else test). The report counts converged seeds per run.
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from psgd import stats
+from psgd.lab import stats
 
 LAST_K = 3          # evaluations averaged into a final figure
 # Accuracy change between the last two windows of LAST_K that counts as converged. 0.02: one
@@ -213,7 +213,7 @@ class Section:
     title: str
     claim: str
     quote: str
-    verdict: str                 # one of psgd.verdicts.OUTCOMES
+    verdict: str                 # one of psgd.lab.verdicts.OUTCOMES
     headline: str                # one line with the key number (and its interval)
     body: str                    # markdown: setup, tuning, table, rule and reasoning
     figures: list[Figure] = field(default_factory=list)

@@ -19,7 +19,7 @@ The headers are the .proto's own messages, and the server runs the same core as 
 servicer (`ShardServicer.check_header / push_received / pull_values`): one schema, one set of
 checks, one consistency policy, whichever transport carries the bytes. A connection carries one
 request at a time; a client keeps a small pool of connections per shard, so an overlapped push
-and pull (psgd/overlap.py) each get one. `push` / `pull` to K shards of at most ROUND_MAX_BYTES
+and pull (psgd/ps/overlap.py) each get one. `push` / `pull` to K shards of at most ROUND_MAX_BYTES
 each send every request from the calling thread before reading any reply (one round trip, no
 thread hand-offs); larger shards get a thread each, so that the K copies use several cores.
 
@@ -46,11 +46,11 @@ import grpc
 import torch
 from google.protobuf.message import DecodeError
 
-from psgd import codec
 from psgd._proto import parameter_server_pb2 as pb
-from psgd.client import ExchangeError, PSClient
-from psgd.link import Pacer
-from psgd.server import DTYPE_ENUMS, DTYPE_NAMES, ShardError, ShardServicer
+from psgd.core import codec
+from psgd.core.link import Pacer
+from psgd.ps.client import ExchangeError, PSClient
+from psgd.ps.server import DTYPE_ENUMS, DTYPE_NAMES, ShardError, ShardServicer
 
 PREFIX = struct.Struct("<BIQ")  # op, header length, payload length
 PUSH, PULL, PUSHED, PULLED, ERROR = 1, 2, 0x81, 0x82, 0xFF

@@ -59,7 +59,7 @@ def write(results: Path, sections: list, command: str, wall_s: float, note: str 
         f"- Machine: {machine()}",
         f"- Date: {made}; this invocation took {wall_s / 60:.1f} min" + (f" ({note})" if note else ""),
         "- All processes ran on one machine over loopback. Intervals are bootstrap 95% over seeds; verdicts come "
-        "from the rules in psgd/verdicts.py (confirmed / refuted / depends / inconclusive / not testable here).",
+        "from the rules in psgd/lab/verdicts.py (confirmed / refuted / depends / inconclusive / not testable here).",
         "",
         verdict_table(sections),
     ]
@@ -119,9 +119,9 @@ def update_readme(readme: Path, summary_path: Path) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m psgd.report readme [README.md] [results/summary.json]`: regenerate the README's table."""
+    """`python -m psgd.lab.report readme [README.md] [results/summary.json]`: regenerate the README's table."""
     if not argv or argv[0] != "readme":
-        print("usage: python -m psgd.report readme [README.md] [results/summary.json]", file=sys.stderr)
+        print("usage: python -m psgd.lab.report readme [README.md] [results/summary.json]", file=sys.stderr)
         return 2
     readme = Path(argv[1]) if len(argv) > 1 else Path("README.md")
     summary = Path(argv[2]) if len(argv) > 2 else Path("results/summary.json")

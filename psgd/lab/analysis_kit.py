@@ -1,7 +1,7 @@
 """What every claim's analysis shares: its context (runs by label, tuning) and the report's common parts.
 
 Contract: `Context(exp, summaries, out, chosen, scores)` gives an analysis its experiment, its runs
-grouped by label (psgd/results.py), its params and the tuning; `body(ctx, text, verdict)` wraps an
+grouped by label (psgd/lab/results.py), its params and the tuning; `body(ctx, text, verdict)` wraps an
 analysis's own text with the setup sentence (from the run configs), the tuning table and the
 verdict's rule. `diff` / `acc_ci` are the intervals every learning claim uses. The analyses
 (psgd/analyses*.py) import this module; it imports none of them.
@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
-from psgd import plots, stats
-from psgd import verdicts as V
-from psgd.results import LAST_K, PLATEAU, Group, groups_of, setup, table
+from psgd.lab import plots, stats
+from psgd.lab import verdicts as V
+from psgd.lab.results import LAST_K, PLATEAU, Group, groups_of, setup, table
 
 
 class Context:

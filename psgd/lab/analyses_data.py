@@ -1,5 +1,5 @@
 """Analyses of the claims about batches, data and bytes: large batches (E6), non-IID shards (E7),
-half precision on the wire (E8) and gradient accumulation (E9). Same contract as psgd/analyses.py,
+half precision on the wire (E8) and gradient accumulation (E9). Same contract as psgd/lab/analyses.py,
 whose `analyse` dispatches here. The runs to compare are named by label in each experiment's
 [params], so the analysis never guesses a run's role from its settings.
 """
@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import math
 
-from psgd import plots, stats
-from psgd import verdicts as V
-from psgd.analysis_kit import Context, acc_ci, diff, series_of, variant_series
-from psgd.results import Figure, table
+from psgd.lab import plots, stats
+from psgd.lab import verdicts as V
+from psgd.lab.analysis_kit import Context, acc_ci, diff, series_of, variant_series
+from psgd.lab.results import Figure, table
 
 
 # -- E6 ------------------------------------------------------------------------------------------
@@ -103,8 +103,8 @@ def noniid(ctx: Context):
 
 def _class_counts(cfg_dict: dict) -> list[list[int]]:
     """Per-worker class counts of a run's training shards, rebuilt from its config."""
-    from psgd import config as C  # noqa: PLC0415
-    from psgd import data  # noqa: PLC0415
+    from psgd.core import config as C  # noqa: PLC0415
+    from psgd.train import data  # noqa: PLC0415
 
     cfg = C.from_dict(cfg_dict)
     ds = data.load(cfg.data)

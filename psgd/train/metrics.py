@@ -4,7 +4,7 @@ Contract:
 - `Metrics(path).write(event=..., **fields)` appends one JSON object per line. Each line is one
   `os.write` on an O_APPEND descriptor, so the lines of concurrent processes never interleave.
 - `summarize(out, cfg, evals, final)` builds summary.json from the workers' `worker_end`
-  events, the shards' `shard-K.json` stats and the offline evaluation (psgd/evaluate.py);
+  events, the shards' `shard-K.json` stats and the offline evaluation (psgd/train/evaluate.py);
   `final_val_loss` / `final_val_accuracy` are None without a validation split (--val-fraction).
   Field meanings are in docs/architecture.md; `time_breakdown_s` is seconds per worker,
   averaged over workers.
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from psgd.config import RunConfig, to_dict
+from psgd.core.config import RunConfig, to_dict
 
 
 class Metrics:

@@ -9,9 +9,9 @@ Contract: `CollectiveExchange` is the `worker.Exchange` of `--mode allreduce`, s
 - before_compute: nothing to fetch; every replica already holds the current parameters.
 - after_compute: the flat gradient is cut into buckets of `--bucket-mb` MiB, each all-reduced
   (SUM) by torch.distributed (`--allreduce-impl library`) or by the hand-written ring
-  (`ring`, psgd/ring.py), divided by N, and every replica takes the same optimizer step (with
-  the linear warmup exactly as psgd/server.py applies it). `done` after the `--steps`-th update.
-- `--local-steps H` > 1 (local SGD, psgd/localsgd.py): every step is a local optimizer step on
+  (`ring`, psgd/allreduce/ring.py), divided by N, and every replica takes the same optimizer step (with
+  the linear warmup exactly as psgd/ps/server.py applies it). `done` after the `--steps`-th update.
+- `--local-steps H` > 1 (local SGD, psgd/core/localsgd.py): every step is a local optimizer step on
   this replica; every H-th step the PARAMETERS are all-reduced (SUM, / N) instead, in the same
   buckets. The version counts these averaging rounds (snapshots, --check-every too), and
   `done` comes after `localsgd.rounds(--steps, H)` of them.
@@ -57,12 +57,13 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
-from psgd import data as data_mod
-from psgd import localsgd, models
+from psgd.allreduce.ring import Traffic, ring_all_reduce, ring_bytes
 from psgd.cli import UsageError
-from psgd.config import RunConfig, with_epochs_resolved
-from psgd.ring import Traffic, ring_all_reduce, ring_bytes
-from psgd.worker import StepReport
+from psgd.core import localsgd
+from psgd.core.config import RunConfig, with_epochs_resolved
+from psgd.train import data as data_mod
+from psgd.train import models
+from psgd.train.worker import StepReport
 
 MIB = 1 << 20
 T = TypeVar("T")
@@ -223,7 +224,7 @@ class CollectiveExchange:
         local_s = 0.0
         if self.local_steps > 1:
             # Local SGD: a step on this replica alone; every H-th step ends a round, whose
-            # all-reduce averages the parameters instead of the gradients (psgd/localsgd.py).
+            # all-reduce averages the parameters instead of the gradients (psgd/core/localsgd.py).
             t0 = time.perf_counter()
             self.opt.step(clock)
             local_s = time.perf_counter() - t0

@@ -42,7 +42,7 @@ from typing import NamedTuple
 import torch
 import torch.distributed as dist
 
-from psgd.sharding import shard_ranges
+from psgd.core.sharding import shard_ranges
 
 
 class Traffic(NamedTuple):

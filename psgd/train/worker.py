@@ -10,12 +10,12 @@ process), then repeats until the exchange says the budget is spent:
 An `Exchange` owns everything mode-specific; PS modes use `client.PSExchange`, the all-reduce
 mode its collective counterpart, and this loop does not change between them. Straggler delays
 (`--straggler`, `--jitter`) are added to compute time: they emulate a slower device. With
-`--local-steps H` (psgd/localsgd.py) the exchanges take a local optimizer step after every
+`--local-steps H` (psgd/core/localsgd.py) the exchanges take a local optimizer step after every
 compute and talk to the others every H steps only; `steps` still counts this worker's steps.
 
 Measuring the steady state: before the exchange's setup the worker runs one warm-up forward /
 backward on its first batch and discards the gradients (`warm_up`). Then a start barrier:
-the shards hold every worker's first pull until all N asked for it (psgd/consistency.py);
+the shards hold every worker's first pull until all N asked for it (psgd/core/consistency.py);
 the all-reduce setup ends on `dist.barrier`. `train_start` is the moment that barrier let this
 worker go, i.e. when its first `before_compute` was called plus the time the barrier held it
 (reported as that call's `wait_s`, which the loop then zeroes). So every worker's train_start
@@ -39,10 +39,10 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from psgd import data as data_mod
-from psgd import models
-from psgd.config import RunConfig
-from psgd.metrics import Metrics
+from psgd.core.config import RunConfig
+from psgd.train import data as data_mod
+from psgd.train import models
+from psgd.train.metrics import Metrics
 
 
 @dataclass
@@ -75,7 +75,7 @@ class Exchange(Protocol):
         ...
 
     # Optional: `watch(model, flat)`, called once after setup, for an exchange that overlaps
-    # with compute through hooks on the model (PS `--overlap`, psgd/overlap.py).
+    # with compute through hooks on the model (PS `--overlap`, psgd/ps/overlap.py).
 
 
 def resolve_device(name: str) -> torch.device:

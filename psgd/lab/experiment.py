@@ -36,8 +36,8 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from psgd import config as C
-from psgd.metrics import read_events, samples_per_update
+from psgd.core import config as C
+from psgd.train.metrics import read_events, samples_per_update
 
 EXPERIMENT_KEYS = {"id", "title", "claim", "quote", "analysis", "why", "seeds", "base", "runs", "profiles",
                    "params", "bench", "bench_args", "tune"}

@@ -1,5 +1,5 @@
 """Analyses of the systems claims: the central bottleneck (E4), the hand-written ring (E5) and the
-communication wall (E10). Same contract as psgd/analyses.py, whose `analyse` dispatches here.
+communication wall (E10). Same contract as psgd/lab/analyses.py, whose `analyse` dispatches here.
 E4 and E5 read what `psgd bench scaling` / `psgd bench allreduce` wrote into the experiment's folder.
 """
 
@@ -11,10 +11,10 @@ import math
 import os
 from collections import defaultdict
 
-from psgd import link as link_mod
-from psgd import plots, stats
-from psgd import verdicts as V
-from psgd.results import Figure, Group, table
+from psgd.core import link as link_mod
+from psgd.lab import plots, stats
+from psgd.lab import verdicts as V
+from psgd.lab.results import Figure, Group, table
 
 
 # -- E5 ------------------------------------------------------------------------------------------
@@ -98,7 +98,7 @@ def link(ctx):
     headline = (f"at N={hi_n} the speedup is {s_fast.fmt(2)}x on {fastest} but {s_slow.fmt(2)}x on {slowest} "
                 f"(EMULATED links), where {comm_slow:.0%} of each step is communication")
     body += ("\n\nSpeedup = samples/s at N over samples/s at N=1 (bootstrap over seeds; the interval of the difference "
-             "joins the ends of the two intervals). EMULATED: psgd/link.py paces every worker's and every shard's "
+             "joins the ends of the two intervals). EMULATED: psgd/core/link.py paces every worker's and every shard's "
              "sends and receives on loopback (bandwidth and a per-message latency); nothing crossed a real network"
              + (f"; every worker's compute is a fixed {compute_ms} ms per step standing in for an accelerator, "
                 "since real compute on two shared CPU cores cannot scale with N" if compute_ms else "") + ".")

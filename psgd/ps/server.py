@@ -11,16 +11,16 @@ Contract (service `psgd.v1.ParameterShard`, see protos/):
 - Every update is a real `torch.optim.SGD` step on the shard tensor (momentum, weight decay,
   linear warmup), so a sync run reproduces single-process training. With `--local-steps H` > 1
   (sync only) a push is a worker's model delta after H local steps and the update is
-  w <- w - mean(delta), the replicas' average (psgd/localsgd.py); the budget counts pushes.
+  w <- w - mean(delta), the replicas' average (psgd/core/localsgd.py); the budget counts pushes.
 - Start barrier: every worker's first pull (clock 0) is held until all N workers asked for it
-  (psgd/consistency.py), so no worker trains before the last one has started.
+  (psgd/core/consistency.py), so no worker trains before the last one has started.
 - Snapshots of the parameters are kept every `--eval-every` updates (and at 0 and the end);
-  they are evaluated after the run (psgd/evaluate.py), so evaluation never disturbs timing.
+  they are evaluated after the run (psgd/train/evaluate.py), so evaluation never disturbs timing.
 
 Two transports, one core: `check_header`, `require_ready`, `push_received`, `pull_values` and
 `init_received` hold every check and state change and raise `ShardError(status, message)`; the
 gRPC methods below (`aborts` turns a ShardError into the RPC's status) and the raw-TCP data
-plane (psgd/tcp.py, started by `create_server` on a port of its own, told to workers by `Info`)
+plane (psgd/ps/tcp.py, started by `create_server` on a port of its own, told to workers by `Info`)
 only move bytes in and out around them.
 
 Locking: the policy's condition (`self.policy.cond`) is the one lock of the servicer; it guards
@@ -52,11 +52,11 @@ from pathlib import Path
 import grpc
 import torch
 
-from psgd import codec, link, localsgd
 from psgd._proto import parameter_server_pb2 as pb
 from psgd._proto import parameter_server_pb2_grpc as pb_grpc
-from psgd.config import RunConfig
-from psgd.consistency import PolicyError, PullTimeout, make_policy
+from psgd.core import codec, link, localsgd
+from psgd.core.config import RunConfig
+from psgd.core.consistency import PolicyError, PullTimeout, make_policy
 
 DTYPE_NAMES = {pb.FP32: "fp32", pb.FP16: "fp16", pb.BF16: "bf16"}
 DTYPE_ENUMS = {v: k for k, v in DTYPE_NAMES.items()}
@@ -89,7 +89,7 @@ class ShardServicer(pb_grpc.ParameterShardServicer):
         assert 0 <= shard < cfg.servers, f"shard {shard} out of range for {cfg.servers} shards"
         self.cfg, self.shard = cfg, shard
         # Local SGD (--local-steps H > 1, sync only): a push is a worker's model delta at the end
-        # of an averaging round, and the budget counts rounds x N pushes (psgd/localsgd.py).
+        # of an averaging round, and the budget counts rounds x N pushes (psgd/core/localsgd.py).
         self.local_sgd = cfg.local_steps > 1
         budget = localsgd.rounds(cfg.steps, cfg.local_steps) * cfg.workers
         # The start barrier: every worker's first pull waits for the last worker to arrive, so no
@@ -98,13 +98,13 @@ class ShardServicer(pb_grpc.ParameterShardServicer):
         self.param: torch.Tensor | None = None
         self.opt: torch.optim.Optimizer | None = None
         self.ready = threading.Event()
-        self.data_plane = None  # psgd.tcp.DataServer, started by create_server
+        self.data_plane = None  # psgd.ps.tcp.DataServer, started by create_server
         self.data_port = 0      # its port, told to workers by Info
         self.snapshots: list[tuple[int, float, torch.Tensor]] = []  # (version, unix time, params)
         self.bytes_in = 0
         self.bytes_out = 0
         self.apply_s = 0.0
-        # --link: the shard's own NIC, emulated (psgd/link.py): its pushes in and pulls out share
+        # --link: the shard's own NIC, emulated (psgd/core/link.py): its pushes in and pulls out share
         # the bandwidth, as N workers' traffic shares one server's link. Latency is the worker's.
         lk = link.parse(cfg.link)
         self.link_in = link.Pacer(lk) if lk else None
@@ -130,7 +130,7 @@ class ShardServicer(pb_grpc.ParameterShardServicer):
             self.snapshots.append((version, time.time(), self.param.detach().clone()))
         self.apply_s += time.perf_counter() - start
 
-    # -- the transport-free core: gRPC (below) and the TCP data plane (psgd/tcp.py) call these --
+    # -- the transport-free core: gRPC (below) and the TCP data plane (psgd/ps/tcp.py) call these --
     def check_header(self, h: pb.TensorHeader, expected_len: int | None) -> str:
         """Validate a Push / Init header before any byte of data is read; returns its dtype name."""
         dtype = DTYPE_NAMES.get(h.dtype)
@@ -393,7 +393,7 @@ def rpc_handlers(servicer: ShardServicer) -> grpc.GenericRpcHandler:
 
 
 def create_server(cfg: RunConfig, shard: int, host: str = "127.0.0.1", port: int = 0):
-    """Start a shard server and its TCP data plane (psgd/tcp.py, a port of its own on `host`);
+    """Start a shard server and its TCP data plane (psgd/ps/tcp.py, a port of its own on `host`);
     returns (grpc server, servicer, bound gRPC port). Raises OSError if the port is taken."""
     reuse_freed_memory()
     servicer = ShardServicer(cfg, shard)
@@ -408,7 +408,7 @@ def create_server(cfg: RunConfig, shard: int, host: str = "127.0.0.1", port: int
     if bound == 0:
         raise OSError(f"cannot listen on {host}:{port}: the port is in use or the address is not this host's")
     server.start()
-    from psgd.tcp import DataServer  # noqa: PLC0415 - tcp builds on this module
+    from psgd.ps.tcp import DataServer  # noqa: PLC0415 - tcp builds on this module
 
     try:
         servicer.data_plane = DataServer(servicer, host)
