@@ -18,6 +18,7 @@ import signal
 import sys
 
 from psgd.core import config as C
+from psgd.core.errors import Parser, UsageError
 
 MODES_HELP = """modes:
   sync       Bulk synchronous (BSP): each shard waits for one gradient from every worker,
@@ -29,17 +30,6 @@ MODES_HELP = """modes:
   allreduce  No servers: workers all-reduce their gradients (torch.distributed, NCCL or gloo,
              or the hand-written ring) and every replica takes the same optimizer step.
 """
-
-
-class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: `psgd run: error: ... (see psgd run -h)`, exit 2."""
-
-    def error(self, message: str):  # type: ignore[override]
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} -h)\n")
-
-
-class UsageError(ValueError):
-    pass
 
 
 def _pair(text: str) -> tuple[int, int]:

@@ -21,8 +21,8 @@ import torch.multiprocessing as mp
 from psgd import cli
 from psgd.allreduce.collective import CollectiveError, CollectiveExchange, Rendezvous, choose_backend
 from psgd.allreduce.ring import all_gather_step, reduce_scatter_step, ring_all_reduce, ring_bytes
-from psgd.cli import UsageError
 from psgd.core.config import ModelConfig, OptimConfig, RunConfig
+from psgd.core.errors import UsageError
 from psgd.core.sharding import shard_ranges
 from psgd.ps.client import PSExchange
 from psgd.train import models, worker

@@ -58,9 +58,9 @@ import torch
 import torch.distributed as dist
 
 from psgd.allreduce.ring import Traffic, ring_all_reduce, ring_bytes
-from psgd.cli import UsageError
 from psgd.core import localsgd
 from psgd.core.config import RunConfig, with_epochs_resolved
+from psgd.core.errors import UsageError
 from psgd.train import data as data_mod
 from psgd.train import models
 from psgd.train.worker import StepReport

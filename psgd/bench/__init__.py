@@ -12,7 +12,7 @@ NAMES = ("transport", "allreduce", "scaling", "calibrate")
 
 
 def main(argv: list[str]) -> int:
-    from psgd.cli import UsageError
+    from psgd.core.errors import UsageError
 
     if not argv or argv[0] in ("-h", "--help"):
         print(f"usage: psgd bench {{{','.join(NAMES)}}} [flags]   (psgd bench NAME -h for each)")

@@ -58,7 +58,7 @@ def _csv(kind, name: str):
 
 
 def build_parser():
-    from psgd.cli import Parser
+    from psgd.core.errors import Parser
 
     p = Parser(prog="psgd bench allreduce", description=__doc__.split("\n\n")[0],
                formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -75,7 +75,7 @@ def build_parser():
 
 
 def validate(a: argparse.Namespace) -> None:
-    from psgd.cli import UsageError
+    from psgd.core.errors import UsageError
 
     problems = [
         (bool(a.size_mb) and all(s > 0 for s in a.size_mb), f"--size-mb must be > 0, got {a.size_mb}"),

@@ -130,7 +130,7 @@ def summary(c: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from psgd.cli import Parser, UsageError
+    from psgd.core.errors import Parser, UsageError
 
     p = Parser(prog="psgd bench calibrate", description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes-mb", default="1,4,16,64", help="transfer sizes to fit beta on, MiB")

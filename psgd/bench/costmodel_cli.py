@@ -100,7 +100,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
 
 def main(argv: list[str]) -> int:
-    from psgd.cli import Parser, UsageError
+    from psgd.core.errors import Parser, UsageError
 
     p = Parser(prog="psgd model", description="Predict PS vs ring all-reduce throughput with the alpha-beta model.")
     p.add_argument("--bandwidth", default="10gbit,100gbit,400gbit", help="link speeds, comma-separated")

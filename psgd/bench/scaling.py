@@ -206,7 +206,7 @@ def validate_against_model(rows: list[dict], calibration: Path, width: int) -> l
 
 def main(argv: list[str]) -> int:
     from psgd.bench.costmodel_cli import validation_table, write_csv
-    from psgd.cli import Parser, UsageError
+    from psgd.core.errors import Parser, UsageError
 
     p = Parser(prog="psgd bench scaling", description=__doc__.split("\n\n")[0])
     p.add_argument("--width", type=int, default=3500, help="wide_mlp hidden width (3500: about 25M parameters)")

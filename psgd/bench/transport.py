@@ -43,7 +43,7 @@ MIB = 1 << 20
 
 def parse_int_list(text: str, flag: str) -> list[int]:
     """"1,2,4" -> [1, 2, 4]; raises UsageError naming the flag."""
-    from psgd.cli import UsageError
+    from psgd.core.errors import UsageError
 
     try:
         values = [int(v) for v in text.split(",") if v.strip()]
@@ -343,7 +343,7 @@ def format_table(r: dict) -> str:
 
 
 def main(argv: list[str]) -> int:
-    from psgd.cli import Parser, UsageError
+    from psgd.core.errors import Parser, UsageError
 
     p = Parser(prog="psgd bench transport", description=__doc__.split("\n\n")[0])
     p.add_argument("--size-mb", type=float, default=64.0, help="MiB of fp32 per push / pull (default 64)")

@@ -257,7 +257,7 @@ def lines(xs: list[float], ys: dict[str, tuple], xlabel: str, ylabel: str, path:
 
 
 def main(argv: list[str]) -> int:
-    from psgd.cli import Parser, UsageError
+    from psgd.core.errors import Parser, UsageError
 
     p = Parser(prog="psgd plot", description="Compare runs on one figure (PNG + CSV).")
     p.add_argument("runs", nargs="+", help="run folders (with summary.json and metrics.jsonl)")

@@ -249,7 +249,7 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
 
 
 def main(argv: list[str]) -> int:
-    from psgd.cli import Parser, UsageError
+    from psgd.core.errors import Parser, UsageError
 
     p = Parser(prog="psgd suite", description="Tune and run an experiment suite; write figures, CSVs and REPORT.md.")
     p.add_argument("suite", type=Path, help="suite file, e.g. experiments/default.toml")

@@ -1,0 +1,45 @@
+"""The errors every layer shares, below everything that raises or catches them.
+
+- `UsageError`: bad input at the edge (a flag, a config file, an environment variable); the CLI
+  prints its one line and exits 2. `Parser` is argparse with the same one-line errors.
+- `ShardError(code, message)`: a request a parameter shard refused, nothing changed. `code` is a
+  `Code`, named as gRPC's status codes so that the gRPC adapter passes it on by name and the TCP
+  data plane writes the same name in its ERROR frame; the shard itself knows no transport.
+- `ExchangeError`: a worker's push / pull / init failed; one line naming the shard and the status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import enum
+
+
+class UsageError(ValueError):
+    """Bad input at the edge: one line that says what to change (exit code 2)."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: `psgd run: error: ... (see psgd run -h)`, exit 2."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} -h)\n")
+
+
+class Code(enum.Enum):
+    """Why a shard refused a request (the gRPC status code of the same name)."""
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"        # malformed or out-of-protocol request
+    FAILED_PRECONDITION = "FAILED_PRECONDITION"  # the shard is not ready for it (not initialised)
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"      # a held pull ran past its deadline
+    UNAVAILABLE = "UNAVAILABLE"                  # the shard is stopping
+
+
+class ShardError(Exception):
+    """A request refused by the shard: a `Code` and a one-line message (no state changed)."""
+
+    def __init__(self, code: Code, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+class ExchangeError(RuntimeError):
+    """A push, pull or init failed; the message names the shard and the status."""
