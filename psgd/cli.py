@@ -262,18 +262,19 @@ def cmd_server(args: argparse.Namespace) -> int:
     stop_signals = {signal.SIGTERM, signal.SIGINT}
     signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
     try:
-        srv, servicer, port = server.create_server(cfg, args.shard, args.bind, args.port)
+        srv = server.start(cfg, args.shard, args.bind, args.port)
     except OSError as e:
         print(f"psgd server: error: {e}", file=sys.stderr)
         return 1
-    print(f"READY {args.bind}:{port}", flush=True)
-    print(f"shard {args.shard}/{cfg.servers} ({cfg.mode}) listening on {args.bind}:{port}", file=sys.stderr, flush=True)
+    print(f"READY {args.bind}:{srv.port}", flush=True)
+    print(f"shard {args.shard}/{cfg.servers} ({cfg.mode}) listening on {args.bind}:{srv.port}", file=sys.stderr,
+          flush=True)
     signal.sigwait(stop_signals)
-    server.stop(srv, servicer)
+    srv.stop()
     out = Path(cfg.out)
-    servicer.save(out)
+    srv.shard.save(out)
     m = Metrics(out / "metrics.jsonl")
-    m.write(event="shard_end", **servicer.stats())
+    m.write(event="shard_end", **srv.shard.stats())
     m.close()
     # Everything is written and closed: leave without the interpreter's teardown of torch and
     # gRPC (about half a second on 2 cores, on every run's critical path).
@@ -285,14 +286,17 @@ def cmd_server(args: argparse.Namespace) -> int:
 def cmd_worker(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from psgd.ps.client import ExchangeError, PSExchange
-    from psgd.train import worker
+    from psgd.core.errors import ExchangeError
+    from psgd.ps.exchange import PSExchange
+    from psgd.train import data, worker
     from psgd.train.metrics import Metrics
 
     cfg = config_from_args(args)
     rank = args.rank if args.rank is not None else int(os.environ.get("RANK", "-1"))
     if not 0 <= rank < cfg.workers:
         raise UsageError(f"--rank must be in 0..{cfg.workers - 1} (or set $RANK), got {rank}")
+    # `psgd run` resolved --epochs already; by hand or under torchrun the worker is the first to know.
+    cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
     if cfg.mode == "allreduce":
         from psgd.allreduce.collective import CollectiveError, CollectiveExchange
 

@@ -15,19 +15,24 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
 @pytest.fixture
-def shards():
-    """Factory: start cfg.servers in-process shards; returns (addresses, servicers)."""
-    started = []
+def shard_servers():
+    """Factory: start cfg.servers in-process shard servers (gRPC + TCP data plane); returns them."""
+    started: list[server_mod.ShardServer] = []
 
-    def start(cfg: RunConfig):
-        addresses, servicers = [], []
-        for k in range(cfg.servers):
-            srv, servicer, port = server_mod.create_server(cfg, k, "127.0.0.1", 0)
-            started.append((srv, servicer))
-            addresses.append(f"127.0.0.1:{port}")
-            servicers.append(servicer)
-        return addresses, servicers
+    def start(cfg: RunConfig) -> list[server_mod.ShardServer]:
+        servers = [server_mod.start(cfg, k, "127.0.0.1", 0) for k in range(cfg.servers)]
+        started.extend(servers)
+        return servers
 
     yield start
-    for srv, servicer in started:
-        server_mod.stop(srv, servicer, grace=0)
+    for s in started:
+        s.stop(grace=0)
+
+
+@pytest.fixture
+def shards(shard_servers):
+    """Factory: start cfg.servers in-process shards; returns (addresses, their Shard cores)."""
+    def start(cfg: RunConfig):
+        servers = shard_servers(cfg)
+        return [f"127.0.0.1:{s.port}" for s in servers], [s.shard for s in servers]
+    return start

@@ -40,12 +40,12 @@ def events(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def open_start_barrier(servicer) -> None:
+def open_start_barrier(shard) -> None:
     """Every worker of a shard asks for its first pull (clock 0) at once, as the workers of a run
     do, so that the shard's start barrier is down and a test may drive a single worker after it."""
     import threading
 
-    policy = servicer.policy
+    policy = shard.policy
     threads = [threading.Thread(target=policy.pull, args=(w, 0, lambda: None), kwargs={"timeout": 60})
                for w in range(policy.num_workers)]
     for t in threads:
@@ -60,7 +60,7 @@ def workers_in_threads(cfg, addresses: list[str]) -> list[dict]:
     (worker.train's result) after checking that every one finished cleanly."""
     import threading
 
-    from psgd.ps.client import PSExchange
+    from psgd.ps.exchange import PSExchange
     from psgd.train import worker
 
     errors: list[BaseException] = []
@@ -81,7 +81,7 @@ def workers_in_threads(cfg, addresses: list[str]) -> list[dict]:
     return totals
 
 
-def train_in_threads(cfg, addresses: list[str], servicers: list):
+def train_in_threads(cfg, addresses: list[str], shards: list):
     """Run cfg.workers PS workers as threads against in-process shards; return the shards' joined
     parameters after checking every worker finished cleanly and every shard reached cfg.steps
     updates (the averaging rounds of --local-steps)."""
@@ -90,5 +90,5 @@ def train_in_threads(cfg, addresses: list[str], servicers: list):
     from psgd.core import localsgd
 
     workers_in_threads(cfg, addresses)
-    assert all(s.policy.version == localsgd.rounds(cfg.steps, cfg.local_steps) for s in servicers)
-    return torch.cat([s.param.detach().clone() for s in servicers])
+    assert all(s.policy.version == localsgd.rounds(cfg.steps, cfg.local_steps) for s in shards)
+    return torch.cat([s.param.detach().clone() for s in shards])

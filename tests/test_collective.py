@@ -24,7 +24,7 @@ from psgd.allreduce.ring import all_gather_step, reduce_scatter_step, ring_all_r
 from psgd.core.config import ModelConfig, OptimConfig, RunConfig
 from psgd.core.errors import UsageError
 from psgd.core.sharding import shard_ranges
-from psgd.ps.client import PSExchange
+from psgd.ps.exchange import PSExchange
 from psgd.train import models, worker
 from tests.helpers import ENV, events, processes_mentioning, psgd, summary
 from tests.test_equivalence import DATA, OPTIM, STEPS, run_plain_torch

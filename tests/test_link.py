@@ -76,9 +76,9 @@ def test_paced_client_puts_every_byte_and_message_on_the_emulated_wire(shards, t
     assert torch.all(out < 0)  # the paced push really arrived and was applied
     # Each direction carried the 4n bytes of one push or pull (plus a few bytes of framing), and
     # one latency per message: sent = push request + pull request, received = their replies.
-    assert client.send.wire_s == pytest.approx(lk.transfer_s(4 * n) + lk.latency_s, rel=1e-4)
-    assert client.recv.wire_s == pytest.approx(lk.transfer_s(4 * n) + lk.latency_s, rel=1e-4)
-    assert client.send.slept_s > 0 and client.recv.slept_s > 0
+    assert client.transport.send.wire_s == pytest.approx(lk.transfer_s(4 * n) + lk.latency_s, rel=1e-4)
+    assert client.transport.recv.wire_s == pytest.approx(lk.transfer_s(4 * n) + lk.latency_s, rel=1e-4)
+    assert client.transport.send.slept_s > 0 and client.transport.recv.slept_s > 0
     # The shard's own link carried init and push in, the pull out (the worker pays the latency).
     assert servicer.link_in.wire_s == pytest.approx(2 * 4 * n * lk.seconds_per_byte, rel=1e-4)
     assert servicer.link_out.wire_s == pytest.approx(4 * n * lk.seconds_per_byte, rel=1e-4)

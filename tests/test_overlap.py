@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig
-from psgd.ps.client import PSClient, PSExchange
+from psgd.ps.client import make_client
+from psgd.ps.exchange import PSExchange
 from psgd.train import data, models
 from tests.helpers import processes_mentioning, psgd, summary, train_in_threads
 from tests.test_equivalence import run_plain_torch
@@ -77,7 +78,7 @@ def test_pulled_ranges_are_complete_when_waited_for(shards):
     addresses, _ = shards(cfg)
     n = 700_000  # several chunks per shard
     values = torch.linspace(-1, 1, n)
-    client = PSClient(addresses, 0, n)
+    client = make_client("grpc", addresses, 0, n)
     try:
         client.init(values)
         out = torch.zeros(n)

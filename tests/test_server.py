@@ -8,7 +8,7 @@ from psgd._proto import parameter_server_pb2 as pb
 from psgd._proto import parameter_server_pb2_grpc as pb_grpc
 from psgd.core import codec
 from psgd.core.config import RunConfig
-from psgd.ps.client import PSClient
+from psgd.ps.client import make_client
 from tests.helpers import open_start_barrier
 
 
@@ -23,7 +23,7 @@ def shard(shards):
     cfg = RunConfig(mode="async", workers=2, servers=1, steps=100)
     (address,), (servicer,) = shards(cfg)
     open_start_barrier(servicer)  # then worker 0 alone may pull
-    client = PSClient([address], 0, 10)
+    client = make_client("grpc", [address], 0, 10)
     client.wait_ready()
     client.init(torch.arange(10, dtype=torch.float32))
     channel = grpc.insecure_channel(address)
@@ -104,7 +104,7 @@ def test_push_before_init_is_refused(shards):
 def test_skip_nonfinite_counts_and_never_applies(shards):
     cfg = RunConfig(mode="async", workers=1, servers=1, skip_nonfinite=True)
     (address,), (servicer,) = shards(cfg)
-    client = PSClient([address], 0, 4)
+    client = make_client("grpc", [address], 0, 4)
     client.init(torch.zeros(4))
     before = snapshot(servicer)
     client.push(0, torch.tensor([1.0, float("inf"), 0.0, 0.0]))
@@ -118,4 +118,4 @@ def test_port_in_use_is_a_clear_error(shards):
     (address,), _ = shards(RunConfig(servers=1))
     port = int(address.rsplit(":", 1)[1])
     with pytest.raises(OSError, match="in use"):
-        server_mod.create_server(RunConfig(servers=1), 0, "127.0.0.1", port)
+        server_mod.start(RunConfig(servers=1), 0, "127.0.0.1", port)

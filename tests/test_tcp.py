@@ -1,4 +1,4 @@
-"""The raw-TCP data plane (psgd/ps/tcp.py) against real shards on 127.0.0.1:0.
+"""The raw-TCP data plane (psgd/ps/tcp_server.py, psgd/ps/framing.py) against real shards on 127.0.0.1:0.
 
 Same contract as gRPC: bad frames are refused with a status and a message and change nothing,
 good ones give the same SGD results in every wire dtype, and stopping a shard leaves no thread.
@@ -13,21 +13,22 @@ import torch
 from psgd._proto import parameter_server_pb2 as pb
 from psgd.core import codec
 from psgd.core.config import RunConfig
-from psgd.ps import tcp
-from psgd.ps.client import ExchangeError, PSClient
+from psgd.core.errors import ExchangeError
+from psgd.ps import framing as tcp
+from psgd.ps.client import make_client
 from tests.helpers import open_start_barrier, processes_mentioning, psgd, summary
 
 
 @pytest.fixture
-def shard(shards):
+def shard(shard_servers):
     cfg = RunConfig(mode="async", workers=2, servers=1, steps=100)
-    (address,), (servicer,) = shards(cfg)
-    open_start_barrier(servicer)  # then worker 0 alone may pull
-    client = tcp.TcpClient([address], 0, 10)
+    (server,) = shard_servers(cfg)
+    open_start_barrier(server.shard)  # then worker 0 alone may pull
+    client = make_client("tcp", [f"127.0.0.1:{server.port}"], 0, 10)
     client.wait_ready()
     client.init(torch.arange(10, dtype=torch.float32))
-    with socket.create_connection(("127.0.0.1", servicer.data_port), timeout=10) as sock:
-        yield sock, servicer, client
+    with socket.create_connection(("127.0.0.1", server.data_port), timeout=10) as sock:
+        yield sock, server.shard, client
     client.close()
 
 
@@ -104,10 +105,10 @@ def test_malformed_header_is_refused(shard):
 def test_tcp_and_grpc_give_the_same_updates_in_every_wire_dtype(shards, dtype):
     cfg = RunConfig(mode="async", workers=1, servers=2, steps=100)
     results = []
-    for cls in (PSClient, tcp.TcpClient):
+    for transport in ("grpc", "tcp"):
         addresses, _ = shards(cfg)
         n = 300_001  # several chunks per shard, odd split
-        client = cls(addresses, 0, n, wire_dtype=dtype)
+        client = make_client(transport, addresses, 0, n, wire_dtype=dtype)
         try:
             client.wait_ready()
             client.init(torch.linspace(-1, 1, n))
@@ -128,7 +129,7 @@ def test_start_pull_streams_ranges_in_order_over_tcp(shards):
     addresses, _ = shards(RunConfig(mode="async", workers=1, servers=2))
     n = 700_000
     values = torch.linspace(-1, 1, n)
-    client = tcp.TcpClient(addresses, 0, n)
+    client = make_client("tcp", addresses, 0, n)
     try:
         client.init(values)
         out = torch.zeros(n)
@@ -141,16 +142,16 @@ def test_start_pull_streams_ranges_in_order_over_tcp(shards):
         client.close()
 
 
-def test_push_before_init_is_refused(shards):
-    (address,), (servicer,) = shards(RunConfig(mode="sync", workers=1, servers=1))
-    with socket.create_connection(("127.0.0.1", servicer.data_port), timeout=10) as sock:
+def test_push_before_init_is_refused(shard_servers):
+    (server,) = shard_servers(RunConfig(mode="sync", workers=1, servers=1))
+    with socket.create_connection(("127.0.0.1", server.data_port), timeout=10) as sock:
         op, body = push_frame(sock, fp32_header(num_elements=1), torch.ones(1))
     assert op == tcp.ERROR and body.decode().startswith("FAILED_PRECONDITION: ")
 
 
 def test_refused_push_is_one_line_exchange_error(shards):
     addresses, _ = shards(RunConfig(mode="async", workers=1, servers=1))
-    client = tcp.TcpClient(addresses, 0, 4)
+    client = make_client("tcp", addresses, 0, 4)
     try:
         client.init(torch.zeros(4))
         with pytest.raises(ExchangeError, match=r"^push to shard 0 at 127\.0\.0\.1:\d+: INVALID_ARGUMENT: non-finite"):
@@ -164,15 +165,15 @@ def test_stopped_shard_is_unavailable_and_leaves_no_thread():
     from psgd.ps import server as server_mod
 
     cfg = RunConfig(mode="async", workers=1, servers=1)
-    srv, servicer, port = server_mod.create_server(cfg, 0, "127.0.0.1", 0)
-    client = tcp.TcpClient([f"127.0.0.1:{port}"], 0, 4, rpc_timeout=10)
+    server = server_mod.start(cfg, 0, "127.0.0.1", 0)
+    client = make_client("tcp", [f"127.0.0.1:{server.port}"], 0, 4, rpc_timeout=10)
     try:
         client.init(torch.zeros(4))
         client.pull(0, torch.empty(4))  # leaves an idle connection open on the shard
-        server_mod.stop(srv, servicer, grace=0)
+        server.stop(grace=0)
         assert not [t for t in threading.enumerate()
                     if t.name.startswith("psgd-tcp") or "process_request" in t.name]
-        assert not servicer.data_plane.connections
+        assert not server.data_server.connections
         with pytest.raises(ExchangeError, match="UNAVAILABLE"):
             client.push(0, torch.ones(4))
     finally:

@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from psgd.core.config import DataConfig, ModelConfig, RunConfig
-from psgd.ps.client import PSExchange
+from psgd.ps.exchange import PSExchange
 from psgd.train import data, models, worker
 
 DATA = DataConfig(dataset="synthetic", num_samples=1000)
@@ -62,5 +62,10 @@ def test_no_gradient_is_applied_before_the_last_worker_reaches_the_start_barrier
     assert not errors, errors
     assert all(s.policy.version == cfg.steps * cfg.workers for s in servicers)
     assert arrivals_at_apply == [3] * (cfg.steps * cfg.workers * cfg.servers)
-    assert sum(e["steps"] for e in ends.values()) == cfg.steps * cfg.workers
+    # A worker counts a step when every shard took its gradient. In async mode the shards spend
+    # their budgets independently, so the last pushes of a run may be taken by one shard and
+    # refused by the other (counted by neither worker): never more than the budget, at most one
+    # short per worker.
+    counted = sum(e["steps"] for e in ends.values())
+    assert cfg.steps * cfg.workers - cfg.workers <= counted <= cfg.steps * cfg.workers
     assert all(e["train_start"] <= e["train_end"] for e in ends.values())

@@ -4,13 +4,13 @@ Contract: `CollectiveExchange` is the `worker.Exchange` of `--mode allreduce`, s
 (stragglers, budget, metrics) is the same as in the PS modes.
 - setup: join the process group, broadcast rank 0's parameters (every rank built the same seeded
   model, but another host's build need not agree), and build a real `torch.optim.SGD` over the
-  flat parameter buffer (`localsgd.ReplicaOptimizer`). Rank 0 snapshots version 0. Then a start
+  flat parameter buffer (`psgd.core.optim.SGD`). Rank 0 snapshots version 0. Then a start
   barrier (`dist.barrier`): the worker loop's clock starts when every rank is ready.
 - before_compute: nothing to fetch; every replica already holds the current parameters.
 - after_compute: the flat gradient is cut into buckets of `--bucket-mb` MiB, each all-reduced
   (SUM) by torch.distributed (`--allreduce-impl library`) or by the hand-written ring
   (`ring`, psgd/allreduce/ring.py), divided by N, and every replica takes the same optimizer step (with
-  the linear warmup exactly as psgd/ps/server.py applies it). `done` after the `--steps`-th update.
+  the same linear warmup as a shard's optimizer). `done` after the `--steps`-th update.
 - `--local-steps H` > 1 (local SGD, psgd/core/localsgd.py): every step is a local optimizer step on
   this replica; every H-th step the PARAMETERS are all-reduced (SUM, / N) instead, in the same
   buckets. The version counts these averaging rounds (snapshots, --check-every too), and
@@ -43,7 +43,6 @@ Under torchrun nobody evaluates the snapshots; rank 0 still writes OUT/replica-0
 from __future__ import annotations
 
 import datetime
-import hashlib
 import json
 import os
 import re
@@ -58,12 +57,10 @@ import torch
 import torch.distributed as dist
 
 from psgd.allreduce.ring import Traffic, ring_all_reduce, ring_bytes
-from psgd.core import localsgd
-from psgd.core.config import RunConfig, with_epochs_resolved
+from psgd.core import codec, localsgd, optim
+from psgd.core.config import RunConfig
 from psgd.core.errors import UsageError
-from psgd.train import data as data_mod
-from psgd.train import models
-from psgd.train.worker import StepReport
+from psgd.core.step import Flat, StepReport
 
 MIB = 1 << 20
 T = TypeVar("T")
@@ -154,11 +151,6 @@ def launch_args(cfg: RunConfig, env: dict) -> tuple[list[str], dict]:
     return ["--rendezvous", f"file://{store}"], env
 
 
-def params_sha256(params: torch.Tensor) -> str:
-    """SHA-256 of the fp32 bytes of a flat parameter vector (the same as summary.json's)."""
-    return hashlib.sha256(params.detach().cpu().contiguous().numpy().tobytes()).hexdigest()
-
-
 class CollectiveExchange:
     """worker.Exchange for --mode allreduce: one per process, driven by the worker's one thread.
 
@@ -175,9 +167,10 @@ class CollectiveExchange:
         elif cfg.device != "cpu" and torch.cuda.is_available():
             torch.cuda.set_device(rdv.local_rank % torch.cuda.device_count())
         self.bucket_numel = max(1, int(cfg.bucket_mb * MIB) // 4)  # fp32 elements per bucket
-        self.opt: localsgd.ReplicaOptimizer | None = None
+        self.opt: optim.SGD | None = None
         self.local_steps = cfg.local_steps
         self.rounds = localsgd.rounds(cfg.steps, cfg.local_steps)  # updates in all; = --steps without local SGD
+        self.failed = False  # a collective failed: close() then skips the final barrier
         self.joined = False  # a process group was set up (then `psgd worker` leaves by os._exit)
         self.version = 0
         self.snapshots: list[tuple[int, float, torch.Tensor]] = []  # rank 0: (version, unix time, params)
@@ -192,12 +185,10 @@ class CollectiveExchange:
         environment here, at the edge, and nowhere else. Raises UsageError."""
         rdv = Rendezvous.from_env(rank, cfg.workers, os.environ if env is None else env, init_method)
         backend = choose_backend(cfg.backend, cfg.device, rdv.local_world_size, usable_cuda_devices())
-        # `psgd run` resolves --epochs itself; under torchrun the worker is the first to know.
-        cfg = with_epochs_resolved(cfg, data_mod.train_size(cfg.data))
         return cls(cfg, rdv, backend)
 
     # -- worker.Exchange -------------------------------------------------------------------------
-    def setup(self, flat: models.FlatParams, rank: int) -> None:
+    def setup(self, flat: Flat, rank: int) -> None:
         assert rank == self.rdv.rank, f"worker rank {rank} != rendezvous rank {self.rdv.rank}"
         timeout = datetime.timedelta(seconds=self.cfg.rpc_timeout)
         extra = {"device_id": self.comm_device} if self.backend == "nccl" else {}
@@ -209,24 +200,25 @@ class CollectiveExchange:
         self._guard("broadcast of the initial parameters", lambda: dist.broadcast(buf, src=0))
         if buf is not flat.params:
             flat.params.copy_(buf)
-        self.opt = localsgd.ReplicaOptimizer(flat.params, flat.grads, self.cfg.optim)
+        flat.params.grad = flat.grads  # backward writes into grads, the optimizer reads them there
+        self.opt = optim.SGD(flat.params, self.cfg.optim)
         self._snapshot(flat)
         # The start barrier: no rank trains before every rank is ready, so the worker loop's
         # train_start (taken right after setup) is the same instant on every rank and excludes
         # start-up, the model's build, the warm-up and the rendezvous.
         self._guard("start barrier", dist.barrier)
 
-    def before_compute(self, clock: int, flat: models.FlatParams) -> StepReport:
+    def before_compute(self, clock: int, flat: Flat) -> StepReport:
         return StepReport()  # the replica is current: the last step was applied everywhere
 
-    def after_compute(self, clock: int, flat: models.FlatParams) -> StepReport:
+    def after_compute(self, clock: int, flat: Flat) -> StepReport:
         assert self.opt is not None, "setup() must run first"
         local_s = 0.0
         if self.local_steps > 1:
             # Local SGD: a step on this replica alone; every H-th step ends a round, whose
             # all-reduce averages the parameters instead of the gradients (psgd/core/localsgd.py).
             t0 = time.perf_counter()
-            self.opt.step(clock)
+            self.opt.step()
             local_s = time.perf_counter() - t0
             self.stats["optimizer_s"] += local_s
             if (clock + 1) % self.local_steps:
@@ -236,7 +228,7 @@ class CollectiveExchange:
         traffic = self._guard(f"all-reduce of update {self.version + 1}", lambda: self._all_reduce_mean(reduced))
         t1 = time.perf_counter()
         if self.local_steps == 1:
-            self.opt.step(self.version)  # the same step on every replica, warmup counted in updates
+            self.opt.step()  # the same step on every replica (its schedule counts the updates)
             self.stats["optimizer_s"] += time.perf_counter() - t1
         self.version += 1
         self.stats["allreduce_s"] += t1 - t0
@@ -257,9 +249,10 @@ class CollectiveExchange:
             if self.rdv.rank == 0:
                 torch.save({"snapshots": self.snapshots}, out / "replica-0.pt")
             (out / f"replica-{self.rdv.rank}.json").write_text(json.dumps(self.report(), indent=1))
-        if dist.is_initialized():
+        if dist.is_initialized() and not self.failed:
             # Tear down together: a rank that destroys its group while a peer's gloo threads still
-            # talk to it makes that peer abort at exit ("terminate called without an active exception").
+            # talk to it makes that peer abort at exit ("terminate called without an active
+            # exception"). After a failure a peer may be gone: then leave at once, no barrier.
             self._guard("final barrier", dist.barrier)
             dist.destroy_process_group()
 
@@ -295,7 +288,7 @@ class CollectiveExchange:
         inputs gives the same bits: any difference is a bug, or a corrupted replica.
         """
         t0 = time.perf_counter()
-        digest = bytes.fromhex(params_sha256(params))
+        digest = bytes.fromhex(codec.sha256(params))
         mine = torch.tensor(list(digest), dtype=torch.uint8, device=self.comm_device)
         everyone = [torch.empty_like(mine) for _ in range(self.n)]
         self._guard(f"replica check after update {self.version}", lambda: dist.all_gather(everyone, mine))
@@ -317,7 +310,7 @@ class CollectiveExchange:
                     bytes_estimated=self.cfg.allreduce_impl == "library", final_sha256=self.final_sha256,
                     replicas_consistent=bool(self.final_sha256))
 
-    def _snapshot(self, flat: models.FlatParams) -> None:
+    def _snapshot(self, flat: Flat) -> None:
         if self.rdv.rank == 0 and (not self.snapshots or self.snapshots[-1][0] != self.version):
             self.snapshots.append((self.version, time.time(), flat.params.detach().to("cpu", copy=True)))
 
@@ -329,8 +322,10 @@ class CollectiveExchange:
         try:
             return fn()
         except CollectiveError:
+            self.failed = True
             raise
         except (RuntimeError, ValueError) as e:  # DistBackendError, DistNetworkError, timeouts: RuntimeError
+            self.failed = True
             raise CollectiveError(f"{what} failed on rank {self.rdv.rank} (a peer died or did not answer "
                                   f"within --rpc-timeout {self.cfg.rpc_timeout:g}s): {_one_line(e)}") from None
 

@@ -4,7 +4,7 @@ Contract: one run measures, side by side on 127.0.0.1,
 - the ceiling: a plain TCP socket (`sendall` of the whole buffer, `recv_into` a preallocated one),
 - psgd's push and pull of `--size-mb` MiB of fp32 against K = 1, 2, 4 shard processes
   (`psgd server --mode async --workers 1`, so nothing ever blocks on a policy), on each of
-  `--transports`: grpc (`PSClient`) and tcp (`TcpClient`, the raw-socket data plane, psgd/ps/tcp.py),
+  `--transports`: grpc and tcp (`psgd/ps/transport.py`; the raw-socket data plane is psgd/ps/tcp_server.py),
 - the shards' optimizer step (`apply`), reported apart: in async mode it runs inside the Push
   RPC, so `push_net` = push time minus the slowest shard's apply time is the transport alone,
 - small messages: one full step's exchange (pull + push) of a `--small-params` model over 2
@@ -156,8 +156,6 @@ def measure_push_pull(num_shards: int, num_elements: int, repeat: int, transport
 
 def measure_small(num_shards: int, num_elements: int, repeat: int, transport: str = "grpc") -> dict:
     """Median seconds of one step's exchange (pull + push) and of one bare unary Info round trip."""
-    from psgd._proto import parameter_server_pb2 as pb
-
     grad = torch.randn(num_elements) * 1e-3
     out_buf = torch.empty(num_elements)
     warm = max(5, repeat // 10)
@@ -168,7 +166,7 @@ def measure_small(num_shards: int, num_elements: int, repeat: int, transport: st
             client.pull(clock, out_buf)
             client.push(clock, grad)
             t1 = time.perf_counter()
-            client.stubs[0].Info(pb.InfoRequest(), timeout=10)
+            client.transport.info([0])  # one unary gRPC round trip (both transports ask Info on gRPC)
             t2 = time.perf_counter()
             if clock >= warm:
                 exchange.append(t1 - t0)
@@ -187,7 +185,7 @@ def serve_bare() -> None:
     """
     import grpc
 
-    from psgd.ps.server import CHANNEL_OPTIONS
+    from psgd.ps.wire import CHANNEL_OPTIONS
 
     def sink(requests, context):
         for _ in requests:
@@ -222,7 +220,7 @@ def bare_servers(count: int) -> Iterator[list]:
 
     import grpc
 
-    from psgd.ps.server import CHANNEL_OPTIONS
+    from psgd.ps.wire import CHANNEL_OPTIONS
 
     procs, channels = [], []
     try:

@@ -23,6 +23,7 @@ payload out once more, where `data_view` copies nothing. Pure module: no gRPC he
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from collections.abc import Iterator
 
@@ -192,3 +193,9 @@ def decode(data: bytes | bytearray | memoryview, dtype: str) -> torch.Tensor:
     asm = Assembler(len(data) // width, dtype)
     asm.add(data)
     return asm.finish()
+
+
+def sha256(values: torch.Tensor) -> str:
+    """SHA-256 of a tensor's fp32 bytes: summary.json's `params_sha256`, and the all-reduce
+    replicas' consistency check (every copy must hash the same)."""
+    return hashlib.sha256(values.detach().to("cpu", torch.float32).contiguous().numpy().tobytes()).hexdigest()

@@ -144,6 +144,12 @@ class Policy:
         self._check_worker(worker)
         start = time.perf_counter()
         with self.cond:
+            # A pull's clock is the clock of the push that follows it: anything else would
+            # let a wrong clock slip past the gate (a pull at clock 0 is never held by SSP).
+            # Once the run is done every pull is answered done, whatever its clock.
+            if clock != self.clocks[worker] and not self.done:
+                raise PolicyError(f"worker {worker} pulled for clock {clock}, but its next push is clock "
+                                  f"{self.clocks[worker]}")
             if clock == 0 and not self.started:
                 self.at_start.add(worker)
                 self.started = len(self.at_start) == self.num_workers

@@ -27,11 +27,14 @@ from __future__ import annotations
 import re
 import threading
 import time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 _RATE = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}
 _TIME = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 _NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -112,3 +115,16 @@ class Pacer:
             self.slept_s += delay
         if delay > 0:
             time.sleep(delay)
+
+
+def paced(chunks: Iterable[T], pacer: Pacer | None, size: Callable[[T], int] = len) -> Iterator[T]:
+    """Yield `chunks` as they would cross the pacer's link: one message, each chunk paced before
+    it is passed on. Without a pacer (no --link) the chunks pass through untouched. The latency
+    is the other end's (`start(latency=False)`): a shard's NIC adds bandwidth only."""
+    if pacer is None:
+        yield from chunks
+        return
+    pacer.start(latency=False)
+    for chunk in chunks:
+        pacer.pace(size(chunk))
+        yield chunk

@@ -3,9 +3,9 @@ averaged every H steps (Stich 2019, "Local SGD converges fast and communicates l
 al. 2020, "Don't use large mini-batches, use local SGD").
 
 Contract:
-- A worker's step is one local optimizer step on its own replica: `ReplicaOptimizer`, a
-  `torch.optim.SGD` over the model's flat buffer with the run's lr, momentum, weight decay and
-  linear warmup (counted in the worker's own steps). Its momentum buffer is the worker's own
+- A worker's step is one local optimizer step on its own replica: `psgd.core.optim.SGD`
+  over the model's flat buffer with the run's lr, momentum, weight decay and linear warmup
+  (counted in the worker's own steps). Its momentum buffer is the worker's own
   and survives the averagings (it is never averaged or reset).
 - Every H local steps the replicas are averaged, synchronously: `--mode allreduce` all-reduces
   the parameters (SUM, then / N); `--mode sync` pushes the delta w_pulled - w_local to the
@@ -26,42 +26,8 @@ Run it:
 
 from __future__ import annotations
 
-import torch
-
-from psgd.core.config import OptimConfig
-
 
 def rounds(steps: int, local_steps: int) -> int:
     """Averaging rounds of a run of `steps` local steps per worker (see the module docstring)."""
     assert steps >= 1 and local_steps >= 1, f"steps {steps} and local_steps {local_steps} must be >= 1"
     return max(1, steps // local_steps)
-
-
-def warmup_lr(optim: OptimConfig, updates_done: int) -> float:
-    """The learning rate of update number `updates_done` + 1: linear warmup from lr / warmup to lr
-    over `warmup` updates (Goyal et al. 2017, sec. 2.2), then lr."""
-    if not optim.warmup:
-        return optim.lr
-    return optim.lr * min(1.0, (updates_done + 1) / optim.warmup)
-
-
-class ReplicaOptimizer:
-    """SGD on one replica's flat parameter buffer, with the run's hyper-parameters and warmup.
-
-    The all-reduce worker's optimizer (every replica takes the same step on the averaged gradient)
-    and a local-SGD worker's local optimizer: one tensor parameter, the flat buffer that every model
-    parameter is a view of, so one step updates the whole model with the same arithmetic as a shard
-    server's optimizer. For one thread.
-    """
-
-    def __init__(self, params: torch.Tensor, grads: torch.Tensor, optim: OptimConfig) -> None:
-        self.optim = optim
-        params.grad = grads  # backward writes into `grads` (models.FlatParams), the step reads it here
-        self.opt = torch.optim.SGD([params], lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
-
-    def step(self, updates_done: int) -> None:
-        """One step with the gradient in the buffer; `updates_done` of them came before (warmup)."""
-        lr = warmup_lr(self.optim, updates_done)
-        for group in self.opt.param_groups:
-            group["lr"] = lr
-        self.opt.step()

@@ -15,7 +15,6 @@ Contract:
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import json
 import os
 import selectors
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import torch
 
+from psgd.core import codec
 from psgd.core.config import RunConfig, to_argv, to_dict
 from psgd.train import data as data_mod
 from psgd.train import evaluate, models
@@ -198,7 +198,7 @@ def finish(cfg: RunConfig, ds: data_mod.Dataset) -> dict:
     train_loss, _ = evaluate.evaluate(model, final, x_tr, y_tr)
     metrics.close()
     torch.save(final, out / "final_params.pt")
-    sha = hashlib.sha256(final.contiguous().numpy().tobytes()).hexdigest()
+    sha = codec.sha256(final)
     final_eval = dict(test_loss=test_loss, test_accuracy=test_acc, train_loss=train_loss,
                       **_validation(cfg, model, final, ds))
     extra = None

@@ -7,11 +7,12 @@ process), then repeats until the exchange says the budget is spent:
     forward / backward               on slice `rank` of global batch `clock` (x --accumulate)
     exchange.after_compute(clock)    PS: push the gradient slices; all-reduce: reduce + step
 
-An `Exchange` owns everything mode-specific; PS modes use `client.PSExchange`, the all-reduce
-mode its collective counterpart, and this loop does not change between them. Straggler delays
-(`--straggler`, `--jitter`) are added to compute time: they emulate a slower device. With
-`--local-steps H` (psgd/core/localsgd.py) the exchanges take a local optimizer step after every
-compute and talk to the others every H steps only; `steps` still counts this worker's steps.
+An `Exchange` (psgd/core/step.py) owns everything mode-specific; PS modes use
+`psgd.ps.exchange.PSExchange`, the all-reduce mode `CollectiveExchange`, and this loop does not
+change between them. Straggler delays (`--straggler`, `--jitter`) are added to compute time: they
+emulate a slower device. With `--local-steps H` (psgd/core/localsgd.py) the exchanges take a
+local optimizer step after every compute and talk to the others every H steps only; `steps`
+still counts this worker's steps. `exchange.close()` runs however the loop ends.
 
 Measuring the steady state: before the exchange's setup the worker runs one warm-up forward /
 backward on its first batch and discards the gradients (`warm_up`). Then a start barrier:
@@ -33,49 +34,15 @@ import os
 import random
 import signal
 import time
-from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from psgd.core.config import RunConfig
+from psgd.core.step import Exchange, StepReport
 from psgd.train import data as data_mod
 from psgd.train import models
 from psgd.train.metrics import Metrics
-
-
-@dataclass
-class StepReport:
-    """What an exchange did in one call; `done` ends the loop. Times exclude `wait_s`."""
-    done: bool = False
-    counted: bool = True      # after_compute: the gradient was taken (not refused for budget)
-    pull_s: float = 0.0
-    push_s: float = 0.0
-    wait_s: float = 0.0
-    bytes_pulled: int = 0
-    bytes_pushed: int = 0
-    clock_gap: int = 0
-    overlapped_s: float = 0.0  # after_compute: exchange time spent blocked inside forward / backward
-                               # (--overlap); already in pull_s / push_s, so not counted as compute
-    compute_s: float = 0.0     # after_compute: compute done by the exchange (local SGD's optimizer step)
-
-
-class Exchange(Protocol):
-    def setup(self, flat: models.FlatParams, rank: int) -> None:
-        """Agree on initial parameters (PS: chief offers them; all-reduce: broadcast)."""
-
-    def before_compute(self, clock: int, flat: models.FlatParams) -> StepReport:
-        """Make flat.params current for step `clock`."""
-
-    def after_compute(self, clock: int, flat: models.FlatParams) -> StepReport:
-        """Deliver flat.grads of step `clock`."""
-
-    def close(self) -> None:
-        ...
-
-    # Optional: `watch(model, flat)`, called once after setup, for an exchange that overlaps
-    # with compute through hooks on the model (PS `--overlap`, psgd/ps/overlap.py).
 
 
 def resolve_device(name: str) -> torch.device:
@@ -95,6 +62,20 @@ def train(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None
     plan = data_mod.plan_for(cfg, ds.y_train)
     model = models.build(cfg.model, ds.input_dim, ds.num_classes, cfg.seed).to(device)
     flat = models.FlatParams(model)
+    try:
+        totals, train_start = _loop(cfg, rank, exchange, metrics, model, flat, x, y, plan)
+        end = dict(totals, rank=rank, train_start=train_start, train_end=time.time())
+    finally:
+        exchange.close()  # also when the loop failed: connections, threads and files are released
+    if metrics is not None:
+        metrics.write(event="worker_end", **end)
+    return end
+
+
+def _loop(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None, model, flat, x, y,
+          plan) -> tuple[dict, float]:
+    """Warm up, set the exchange up, and run steps until it says done; returns (totals, train_start)."""
+    device = x.device
     delay_ms = dict(cfg.straggler).get(rank, 0)
     jitter = random.Random(cfg.seed * 7919 + rank)
     fail_step = dict(cfg.fail_at).get(rank)
@@ -149,11 +130,7 @@ def train(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None
         totals["steps"] += int(after.counted)
         if after.done:
             break
-    end = dict(totals, rank=rank, train_start=train_start, train_end=time.time())
-    if metrics is not None:
-        metrics.write(event="worker_end", **end)
-    exchange.close()
-    return end
+    return totals, train_start
 
 
 def warm_up(model: torch.nn.Module, flat: models.FlatParams, x: torch.Tensor, y: torch.Tensor,

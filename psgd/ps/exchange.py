@@ -1,0 +1,246 @@
+"""The parameter-server step of the worker loop: pull before compute, push after (`PSExchange`),
+or both overlapped with compute (`Overlap`, `psgd run --overlap`).
+
+`PSExchange` is the `psgd.core.step.Exchange` of the PS modes: `setup` connects (`make_client`,
+psgd/ps/client.py) and lets the chief offer its seeded initial parameters; `before_compute` pulls
+the parameters straight into the model's flat buffer; `after_compute` pushes the flat gradient.
+With `local_steps` H > 1 (local SGD, sync mode, psgd/core/localsgd.py) the worker steps its own
+replica with a local optimizer, pulls only at the start of each round of H steps and pushes the
+delta w_pulled - w_local at its end; pull and push carry the round as clock.
+
+`Overlap(model, flat, client, host, accumulate)` (--overlap) registers hooks on the model, then
+drives each step in place of the plain pull-compute-push of `PSExchange`:
+
+- `before_compute(clock)`: starts the pull of every shard and returns as soon as their headers
+  are in (the consistency policy released the pull, `done` is known). The values keep streaming
+  into the flat buffer while the worker fetches its batch and runs forward: a forward pre-hook
+  on each module waits only for that module's own parameter range (chunks arrive in order, so
+  the first layers can compute while the last ones are still on the wire).
+- backward: a post-accumulate-grad hook on each parameter counts gradients in; once every
+  parameter of shard k's range has its final gradient (after the last of `accumulate`
+  micro-batches), shard k's push starts in the background. This is DDP's bucketing (Li et al.,
+  VLDB 2020): a bucket's communication starts once all its gradients are ready. Here a bucket is
+  a shard's key range, since the PS protocol takes one whole range per push: more shards give
+  finer buckets. Backward produces the last layers first, so the last shards leave first.
+- `after_compute(clock)`: starts any shard not started yet (a parameter that got no gradient),
+  waits for every reply.
+
+Same parameters, same gradients, same pushes as without --overlap, so a sync run ends with the
+same weights; only the timing changes. Time spent blocked in a forward hook is pull time and is
+reported as `overlapped_s` so that the worker does not count it as compute. Assumes each
+module's parameters are used by that module's own forward (true for the zoo: Linear, Conv1d).
+
+    psgd run --mode sync --workers 2 --servers 4 --model wide_mlp --width 3500 --overlap
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import torch
+from torch import nn
+
+from psgd.core import link as link_mod
+from psgd.core import optim
+from psgd.core.config import OptimConfig
+from psgd.core.errors import UsageError
+from psgd.core.step import StepReport
+from psgd.ps.client import PSClient, PullStreams, make_client
+
+
+class PSExchange:
+    """The parameter-server step of the worker loop: pull before compute, push after.
+
+    With `overlap` (psgd/ps/overlap.py) the pull streams in while the batch loads and forward
+    runs, and each shard's push starts as soon as backward has produced its gradients; `watch`
+    (called by the worker loop with the model) installs the hooks that does this. With `link`
+    ("1gbit,200us", psgd/core/link.py) every stream is paced to that emulated wire. `transport`
+    "tcp" moves the tensors on the shards' raw-TCP data planes (psgd/ps/tcp.py) instead of gRPC.
+    With `local_steps` H > 1 (local SGD, sync mode, psgd/core/localsgd.py) the worker steps its own
+    replica with a local optimizer (`optim`), pulls only at the start of each round of H steps
+    and pushes the delta w_pulled - w_local at its end; pull and push carry the round as clock.
+    """
+
+    def __init__(self, addresses: list[str], wire_dtype: str = "fp32", rpc_timeout: float = 60.0,
+                 link: str = "", overlap: bool = False, accumulate: int = 1, transport: str = "grpc",
+                 local_steps: int = 1, optim_cfg: OptimConfig | None = None) -> None:
+        if local_steps > 1 and overlap:
+            raise UsageError("--overlap pushes gradients during backward, --local-steps pushes a model delta every "
+                             "H steps: use one or the other")
+        self.addresses, self.wire_dtype, self.rpc_timeout = addresses, wire_dtype, rpc_timeout
+        self.link, self.overlap, self.accumulate = link_mod.parse(link), overlap, accumulate
+        self.transport = transport
+        self.local_steps, self.optim = local_steps, optim_cfg or OptimConfig()
+        self.client: PSClient | None = None
+        self._overlap = None
+        self._local: optim.SGD | None = None
+
+    @classmethod
+    def from_config(cls, cfg, addresses: list[str]) -> PSExchange:
+        return cls(addresses, cfg.wire_dtype, cfg.rpc_timeout, cfg.link, cfg.overlap, cfg.accumulate, cfg.transport,
+                   cfg.local_steps, cfg.optim)
+
+    def setup(self, flat, rank: int) -> None:
+        self.client = make_client(self.transport, self.addresses, rank, flat.params.numel(), self.wire_dtype,
+                                  self.rpc_timeout, self.link)
+        self.client.wait_ready()
+        if rank == 0:
+            self.client.init(flat.params)  # the chief's seeded init becomes the shards' start
+        if self.local_steps > 1:
+            flat.params.grad = flat.grads  # backward writes into grads, the local optimizer reads them there
+            self._local = optim.SGD(flat.params, self.optim)
+            self._pulled = torch.empty_like(flat.params)  # w_pulled of the round (the delta's base)
+            self._delta = torch.empty_like(flat.params)
+
+    def watch(self, model, flat) -> None:
+        if self.overlap:
+            self._overlap = Overlap(model, flat, self.client, self._staging(flat), self.accumulate)
+
+    def before_compute(self, clock: int, flat):
+        if self._overlap is not None:
+            return self._overlap.before_compute(clock)
+        if clock % self.local_steps:
+            return StepReport()  # local SGD, inside a round: the replica trains on its own
+        t0 = time.perf_counter()
+        # The shards count rounds: without local SGD a round is one step and this is the clock.
+        r = self.client.pull(clock // self.local_steps, self._staging(flat))
+        if not r.done and self._host is not flat.params:
+            flat.params.copy_(self._host, non_blocking=True)
+        if not r.done and self._local is not None:
+            self._pulled.copy_(flat.params)
+        elapsed = time.perf_counter() - t0
+        return StepReport(done=r.done, pull_s=max(0.0, elapsed - r.wait_s), wait_s=r.wait_s,
+                          bytes_pulled=r.bytes, clock_gap=r.clock_gap)
+
+    def after_compute(self, clock: int, flat):
+        if self._overlap is not None:
+            return self._overlap.after_compute(clock)
+        local_s = 0.0
+        pushed = flat.grads
+        if self._local is not None:
+            # Local SGD: step this replica; at the end of a round push its delta from the pulled
+            # model (the shards apply w - mean(delta), the replicas' average: psgd/core/localsgd.py).
+            t0 = time.perf_counter()
+            self._local.step()
+            local_s = time.perf_counter() - t0
+            if (clock + 1) % self.local_steps:
+                return StepReport(compute_s=local_s)
+            pushed = torch.sub(self._pulled, flat.params, out=self._delta)
+        t0 = time.perf_counter()
+        done, refused, sent = self.client.push(clock // self.local_steps, pushed)
+        return StepReport(done=done, counted=not refused, push_s=time.perf_counter() - t0,
+                          bytes_pushed=0 if refused else sent, compute_s=local_s)
+
+    def _staging(self, flat) -> torch.Tensor:
+        # Pull straight into the model's flat buffer on CPU; through a host buffer on CUDA.
+        if not hasattr(self, "_host"):
+            on_cpu = flat.params.device.type == "cpu"
+            self._host = flat.params if on_cpu else torch.empty_like(flat.params, device="cpu")
+        return self._host
+
+    def close(self) -> None:
+        if self._overlap is not None:
+            self._overlap.close()
+        if self.client is not None:
+            self.client.close()
+
+
+class Overlap:
+    def __init__(self, model: nn.Module, flat, client: PSClient, host: torch.Tensor, accumulate: int) -> None:
+        self.flat, self.client, self.host = flat, client, host
+        base = flat.params.data_ptr()
+        size = flat.params.element_size()
+
+        def span(params: list[torch.Tensor]) -> tuple[int, int]:
+            starts = [(p.data_ptr() - base) // size for p in params]
+            assert min(starts) >= 0, "a parameter outside the flat buffer: build FlatParams(model) first"
+            return min(starts), max(s + p.numel() for s, p in zip(starts, params, strict=True))
+
+        def shards_of(a: int, b: int) -> list[int]:
+            return [k for k, (lo, hi) in enumerate(client.ranges) if lo < b and a < hi]
+
+        params = list(model.parameters())
+        self._param_shards = [shards_of(*span([p])) for p in params]
+        # Hook calls that complete shard k: one per parameter in its range per micro-batch.
+        self._needed = [0] * len(client.ranges)
+        for ks in self._param_shards:
+            for k in ks:
+                self._needed[k] += accumulate
+        self._lock = threading.Lock()  # guards _pending and _futures (hooks may run on autograd threads)
+        self._pending = list(self._needed)
+        self._futures: list = [None] * len(client.ranges)
+        self._streams: PullStreams | None = None
+        self._clock = 0
+        self._blocked_s = 0.0
+        self._copied: set[int] = set()
+        self._handles = [p.register_post_accumulate_grad_hook(self._grad_hook(i)) for i, p in enumerate(params)]
+        for m in model.modules():
+            own = list(m.parameters(recurse=False))
+            if own:
+                self._handles.append(m.register_forward_pre_hook(self._forward_hook(id(m), *span(own))))
+
+    # -- hooks ------------------------------------------------------------------------------------
+    def _forward_hook(self, key: int, start: int, stop: int):
+        def hook(module, args):
+            if self._streams is None:
+                return
+            t0 = time.perf_counter()
+            self._streams.wait_range(start, stop)
+            if self.host is not self.flat.params and key not in self._copied:  # CUDA: through host memory
+                self.flat.params[start:stop].copy_(self.host[start:stop])
+                self._copied.add(key)
+            self._blocked_s += time.perf_counter() - t0
+        return hook
+
+    def _grad_hook(self, index: int):
+        def hook(param: torch.Tensor) -> None:
+            ready = []
+            with self._lock:
+                for k in self._param_shards[index]:
+                    self._pending[k] -= 1
+                    if self._pending[k] == 0:
+                        ready.append(k)
+            for k in ready:
+                self._start_push(k)
+        return hook
+
+    def _start_push(self, k: int) -> None:
+        with self._lock:
+            if self._futures[k] is not None:
+                return
+            self._futures[k] = self.client.start_push(k, self._clock, self.flat.grads)
+
+    # -- one step -----------------------------------------------------------------------------------
+    def before_compute(self, clock: int) -> StepReport:
+        t0 = time.perf_counter()
+        with self._lock:
+            self._clock, self._pending = clock, list(self._needed)
+            self._futures = [None] * len(self.client.ranges)
+        self._blocked_s, self._copied = 0.0, set()
+        self._streams = self.client.start_pull(clock, self.host)
+        headers = self._streams.wait_headers()
+        done = any(h.done for h in headers)
+        if not done:
+            # Pushes may start during backward, before the pull's result is collected.
+            self.client.versions = [h.version for h in headers]
+        wait_s = max(h.wait_s for h in headers)
+        return StepReport(done=done, pull_s=max(0.0, time.perf_counter() - t0 - wait_s), wait_s=wait_s,
+                          clock_gap=max(h.clock_gap for h in headers))
+
+    def after_compute(self, clock: int) -> StepReport:
+        t0 = time.perf_counter()
+        assert self._streams is not None and clock == self._clock, "after_compute without its before_compute"
+        pulled = self._streams.result()
+        self._streams = None
+        for k in range(len(self.client.ranges)):
+            self._start_push(k)
+        replies = [f.result() for f in self._futures]
+        done, refused, sent = self.client.push_outcome(replies)
+        return StepReport(done=done, counted=not refused, push_s=time.perf_counter() - t0,
+                          pull_s=self._blocked_s, overlapped_s=self._blocked_s,
+                          bytes_pulled=pulled.bytes, bytes_pushed=0 if refused else sent)
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()

@@ -1,0 +1,125 @@
+"""The raw-TCP data plane's wire format (`--transport tcp`), both ends.
+
+One frame per message in both directions, little-endian:
+
+    op: u8 | header length: u32 | payload length: u64 | header | payload
+
+    PUSH  TensorHeader + the gradient's bytes in the wire dtype  ->  PUSHED  PushReply
+    PULL  PullRequest                                            ->  PULLED  PullHeader + the values' bytes
+    any request                                                  ->  ERROR   "STATUS_NAME: message" (UTF-8)
+
+The headers are the .proto's own messages. Copies: a payload goes from the tensor's memory to
+the socket (`sendmsg` of a memoryview) and from the socket straight into the destination tensor
+(`recv_into`): the kernel's copy is the only one, besides fp16 / bf16 widening. `on_chunk(n)`
+callbacks (the emulated link's pacing, --overlap's progress) see the payload in CHUNK pieces.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+from collections.abc import Callable
+
+import torch
+
+from psgd.core import codec
+
+PREFIX = struct.Struct("<BIQ")  # op, header length, payload length
+PUSH, PULL, PUSHED, PULLED, ERROR = 1, 2, 0x81, 0x82, 0xFF
+MAX_HEADER = 1 << 16            # our headers are < 100 bytes; anything bigger is not a psgd peer
+CHUNK = codec.CHUNK_BYTES       # the unit of pacing (--link) and of progress (--overlap)
+
+
+class FrameError(Exception):
+    """A frame that cannot come from a psgd peer; the connection is closed."""
+
+
+def send_frame(sock: socket.socket, op: int, header: bytes, payload: memoryview | None = None,
+               on_chunk: Callable[[int], None] | None = None) -> None:
+    """One frame. Without `on_chunk`, prefix + header + payload leave in one `sendmsg` call (one
+    syscall for a small message, no copy of a large one); with it, the payload goes out in CHUNK
+    pieces, `on_chunk(bytes)` called before each (the emulated link paces there)."""
+    payload = payload if payload is not None else memoryview(b"")
+    head = PREFIX.pack(op, len(header), len(payload)) + header
+    if on_chunk is None:
+        _sendmsg_all(sock, [head, payload])
+        return
+    sock.sendall(head)
+    for start in range(0, len(payload), CHUNK):
+        piece = payload[start:start + CHUNK]
+        on_chunk(len(piece))
+        sock.sendall(piece)
+
+
+def _sendmsg_all(sock: socket.socket, parts: list) -> None:
+    sent = sock.sendmsg(parts)
+    for part in parts:  # a large payload may leave in several calls: send what is left
+        if sent >= len(part):
+            sent -= len(part)
+            continue
+        sock.sendall(memoryview(part)[sent:])
+        sent = 0
+
+
+def recv_exact(sock: socket.socket, view: memoryview) -> None:
+    """Fill `view` from the socket; ConnectionError when the peer closes first."""
+    got = 0
+    while got < len(view):
+        n = sock.recv_into(view[got:])
+        if n == 0:
+            raise ConnectionError("connection closed in the middle of a frame")
+        got += n
+
+
+def recv_head(sock: socket.socket) -> tuple[int, bytes, int] | None:
+    """(op, header bytes, payload length) of the next frame; None when the peer closed cleanly."""
+    prefix = bytearray(PREFIX.size)
+    n = sock.recv_into(prefix)
+    if n == 0:
+        return None
+    recv_exact(sock, memoryview(prefix)[n:])
+    op, header_len, payload_len = PREFIX.unpack(prefix)
+    if header_len > MAX_HEADER:
+        raise FrameError(f"frame header of {header_len} bytes (at most {MAX_HEADER}): not a psgd peer")
+    header = bytearray(header_len)
+    recv_exact(sock, memoryview(header))
+    return op, bytes(header), payload_len
+
+
+def recv_tensor(sock: socket.socket, out: torch.Tensor, dtype: str,
+                on_chunk: Callable[[int, int], None] | None = None) -> int:
+    """Receive `out.numel()` elements in the wire dtype into the fp32 tensor `out`; returns bytes.
+
+    fp32 lands straight in `out`'s memory; fp16 / bf16 pass through a 1 MiB scratch and are
+    widened into place (exactly, as torch's cast). `on_chunk(bytes, elements so far)` after
+    each CHUNK (the emulated link paces there, --overlap follows the progress).
+    """
+    width = codec.itemsize(dtype)
+    nbytes = out.numel() * width
+    if width == 4:
+        dest = memoryview(out.numpy()).cast("B")
+        step = CHUNK if on_chunk else max(nbytes, 1)
+        for start in range(0, nbytes, step):
+            stop = min(start + step, nbytes)
+            recv_exact(sock, dest[start:stop])
+            if on_chunk:
+                on_chunk(stop - start, stop // 4)
+        return nbytes
+    scratch = torch.empty(CHUNK // width, dtype=codec.WIRE_DTYPES[dtype])
+    raw = memoryview(scratch.view(torch.int16).numpy()).cast("B")
+    for start in range(0, nbytes, CHUNK):
+        stop = min(start + CHUNK, nbytes)
+        recv_exact(sock, raw[:stop - start])
+        out[start // width:stop // width].copy_(scratch[:(stop - start) // width])
+        if on_chunk:
+            on_chunk(stop - start, stop // width)
+    return nbytes
+
+
+def drain(sock: socket.socket, nbytes: int) -> None:
+    """Read and drop `nbytes` (a refused push's payload), so that the connection stays usable."""
+    scratch = memoryview(bytearray(min(nbytes, CHUNK)))
+    while nbytes:
+        step = min(nbytes, len(scratch))
+        recv_exact(sock, scratch[:step])
+        nbytes -= step

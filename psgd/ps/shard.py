@@ -1,0 +1,229 @@
+"""One parameter shard, transport-free: parameters, optimizer, policy, buffers, snapshots, stats.
+
+The mechanism of a shard; `psgd/core/consistency.py` is its policy and decides when. The gRPC
+servicer (psgd/ps/grpc_server.py) and the raw-TCP data plane (psgd/ps/tcp_server.py) are thin
+adapters that move bytes in and out around it, so every check and every state change is written
+once, whichever transport (or future transport) carries the bytes.
+
+Contract (every method thread-safe; a refusal raises `ShardError(code, message)` and changes nothing):
+- `init(values)`: the first caller's values become the parameters (later calls only check the
+  length): returns (version, whether this caller initialised). Until then pushes are refused
+  with FAILED_PRECONDITION and pulls wait.
+- `check_push(worker_id, shard, num_elements)`: validates a push's header before any byte of its
+  data is read. `receive_buffer()`: a reused fp32 buffer of the shard's length to read it into.
+- `push(worker_id, clock, base_version, grad, dtype)`: a non-finite gradient is refused (or with
+  `--skip-nonfinite` counted and skipped); the policy buffers or applies it; returns the
+  policy's `PushOutcome` (done once the run's budget is spent). The caller keeps `grad`.
+- `pull(worker_id, shard, clock, dtype, timeout)`: a context manager; waits for the policy, then
+  gives a `Pulled` whose `values` is a copy of the parameters in the wire dtype, taken under
+  the lock (a concurrent update never tears it), or None when the run is done. The copy is a
+  pool buffer, reused once the `with` block ends: send it inside the block.
+- Every update is one step of `psgd.core.optim.SGD` (torch.optim.SGD, momentum, weight decay,
+  LambdaLR warmup) on the shard tensor, so a sync run reproduces single-process training. With
+  `--local-steps H` > 1 a push is a worker's model delta and the step is w <- w - mean(delta)
+  (SGD with lr 1 and nothing else): the replicas' average (psgd/core/localsgd.py).
+- Start barrier: every worker's first pull (clock 0) is held until all N workers asked for it.
+- Snapshots of the parameters every `--eval-every` updates (and at 0 and the end) are saved by
+  `save(out)` with the stats and evaluated after the run, so evaluation never disturbs timing.
+- `--link`: `link_in` / `link_out` pace this shard's NIC (pushes in, pulls out, shared by the N
+  workers' streams); the adapters pace each chunk with them (psgd/core/link.py `paced`).
+
+Locking: the policy's condition (`self.lock`, the policy's `cond`) is the one lock of the shard;
+it guards the parameters, the optimizer, the snapshots and the counters. The policy calls
+`_apply` and the pull's read callback with it held. Decoding and sending happen outside it. The
+buffer pools are `queue.SimpleQueue`s, thread-safe on their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import queue
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from psgd.core import codec, link, localsgd, optim
+from psgd.core.config import OptimConfig, RunConfig
+from psgd.core.consistency import PolicyError, PullTimeout, PushOutcome, make_policy
+from psgd.core.errors import Code, ShardError
+
+
+@dataclass(frozen=True)
+class Pulled:
+    version: int
+    done: bool
+    wait_s: float                # time the policy held the pull
+    clock_gap: int
+    values: torch.Tensor | None  # the parameters in the wire dtype (a pool buffer); None when done
+
+
+class Shard:
+    def __init__(self, cfg: RunConfig, index: int) -> None:
+        assert 0 <= index < cfg.servers, f"shard {index} out of range for {cfg.servers} shards"
+        self.cfg, self.index = cfg, index
+        # Local SGD (--local-steps H > 1, sync only): a push is a worker's model delta at the end
+        # of an averaging round, and the budget counts rounds x N pushes (psgd/core/localsgd.py).
+        self.local_sgd = cfg.local_steps > 1
+        budget = localsgd.rounds(cfg.steps, cfg.local_steps) * cfg.workers
+        self.policy = make_policy(cfg.mode, cfg.workers, self._apply, cfg.staleness, budget, start_barrier=True)
+        self.lock = self.policy.cond
+        self.param: torch.Tensor | None = None
+        self.opt: optim.SGD | None = None
+        self.ready = threading.Event()
+        self.snapshots: list[tuple[int, float, torch.Tensor]] = []  # (version, unix time, params)
+        self.bytes_in = 0
+        self.bytes_out = 0
+        self.apply_s = 0.0
+        lk = link.parse(cfg.link)
+        self.link_in = link.Pacer(lk) if lk else None
+        self.link_out = link.Pacer(lk) if lk else None
+        # Scratch buffers (received gradients, pull snapshots) per dtype, reused across requests: a
+        # fresh 64 MiB tensor costs ~3x a copy into a warm one here (page faults), and
+        # concurrent requests each need their own.
+        self._pools: dict[torch.dtype, queue.SimpleQueue[torch.Tensor]] = {
+            dt: queue.SimpleQueue() for dt in codec.WIRE_DTYPES.values()}
+
+    @property
+    def num_elements(self) -> int:
+        return 0 if self.param is None else self.param.numel()
+
+    # -- the policy's callback (lock held) ------------------------------------------------------
+    def _apply(self, grad: torch.Tensor) -> None:
+        start = time.perf_counter()
+        self.param.grad = grad
+        self.opt.step()
+        self.param.grad = None  # the gradient's buffer goes back to the pool after the push
+        version = self.policy.version + 1  # the policy counts this update when we return
+        if self.cfg.eval_every and version % self.cfg.eval_every == 0:
+            self.snapshots.append((version, time.time(), self.param.detach().clone()))
+        self.apply_s += time.perf_counter() - start
+
+    # -- requests -------------------------------------------------------------------------------
+    def init(self, values: torch.Tensor) -> tuple[int, bool]:
+        """The first caller's values become the parameters; returns (version, this caller did it)."""
+        with self.lock:
+            if self.param is None:
+                self.param = values
+                # Local SGD: the outer step of the averaging, w <- w - mean(delta), is SGD with lr 1
+                # and nothing else; the run's lr, momentum and warmup act in the workers' optimizers.
+                cfg = OptimConfig(lr=1.0, momentum=0.0) if self.local_sgd else self.cfg.optim
+                self.opt = optim.SGD(self.param, cfg, fused=True)
+                self.snapshots.append((0, time.time(), values.clone()))
+                self.ready.set()
+                return self.policy.version, True
+            if values.numel() != self.param.numel():
+                raise ShardError(Code.INVALID_ARGUMENT,
+                                 f"shard {self.index} holds {self.param.numel()} elements; Init sent {values.numel()}")
+            return self.policy.version, False
+
+    def check_push(self, worker_id: int, shard: int, num_elements: int) -> None:
+        """Validate a push's header before any byte of its data is read."""
+        if not self.ready.is_set():
+            raise ShardError(Code.FAILED_PRECONDITION, f"shard {self.index} is not initialised yet")
+        problems = [
+            (shard != self.index, f"tensor for shard {shard} sent to shard {self.index}"),
+            (worker_id >= self.cfg.workers, f"worker id {worker_id} out of range 0..{self.cfg.workers - 1}"),
+            (num_elements != self.num_elements,
+             f"shard {self.index} has {self.num_elements} elements, header says {num_elements}"),
+        ]
+        for bad, message in problems:
+            if bad:
+                raise ShardError(Code.INVALID_ARGUMENT, message)
+
+    @contextlib.contextmanager
+    def receive_buffer(self) -> Iterator[torch.Tensor]:
+        """An fp32 buffer of the shard's length to receive one push into, back to the pool after."""
+        buf = self._borrow(torch.float32)
+        try:
+            yield buf
+        finally:
+            self._pools[torch.float32].put(buf)  # the policy has applied, summed or cloned it by now
+
+    def push(self, worker_id: int, clock: int, base_version: int, grad: torch.Tensor, dtype: str) -> PushOutcome:
+        """Hand one received gradient (header checked) to the policy; `dtype` is what it travelled as."""
+        skipped = False
+        if not all_finite(grad):
+            if not self.cfg.skip_nonfinite:
+                raise ShardError(Code.INVALID_ARGUMENT,
+                                 f"non-finite gradient from worker {worker_id} at clock {clock} refused "
+                                 "(run servers with --skip-nonfinite to skip such gradients)")
+            skipped = True
+        try:
+            out = self.policy.push(worker_id, clock, base_version, None if skipped else grad)
+        except PolicyError as e:
+            raise ShardError(Code.INVALID_ARGUMENT, str(e)) from None
+        with self.lock:
+            self.bytes_in += grad.numel() * codec.itemsize(dtype)
+        return out
+
+    @contextlib.contextmanager
+    def pull(self, worker_id: int, shard: int, clock: int, dtype: str, timeout: float | None) -> Iterator[Pulled]:
+        """Wait for the policy, then a snapshot of the parameters in `dtype` (see the module docstring)."""
+        if shard != self.index:
+            raise ShardError(Code.INVALID_ARGUMENT, f"pull for shard {shard} sent to shard {self.index}")
+        if not self.ready.wait(timeout):
+            raise ShardError(Code.DEADLINE_EXCEEDED, f"shard {self.index} was never initialised")
+        snap = self._borrow(codec.WIRE_DTYPES[dtype])
+
+        def read() -> torch.Tensor:
+            self.bytes_out += snap.numel() * snap.element_size()  # the policy holds the lock here
+            return snap.copy_(self.param.detach())
+
+        try:
+            try:
+                out = self.policy.pull(worker_id, clock, read, timeout)
+            except PullTimeout as e:
+                raise ShardError(Code.DEADLINE_EXCEEDED, str(e)) from None
+            except PolicyError as e:
+                raise ShardError(Code.INVALID_ARGUMENT, str(e)) from None
+            yield Pulled(out.version, out.done, out.wait_s, out.clock_gap, out.value)
+        finally:
+            self._pools[snap.dtype].put(snap)
+
+    def _borrow(self, dtype: torch.dtype) -> torch.Tensor:
+        try:
+            return self._pools[dtype].get_nowait()
+        except queue.Empty:
+            return torch.empty(self.num_elements, dtype=dtype)
+
+    def close(self) -> None:
+        """Release held pulls (they return done) and refuse further pushes."""
+        self.policy.close()
+
+    # -- the end of a run ------------------------------------------------------------------------
+    def stats(self) -> dict:
+        s = self.policy.stats
+        with self.lock:
+            return {
+                "shard": self.index, "version": self.policy.version, "accepted": self.policy.accepted,
+                "staleness_hist": {str(k): v for k, v in sorted(s.staleness.items())},
+                "clock_gap_hist": {str(k): v for k, v in sorted(s.gaps.items())},
+                "max_clock_gap": s.max_clock_gap, "skipped_nonfinite": s.skipped_nonfinite,
+                "refused_after_budget": s.refused_after_budget, "bytes_in": self.bytes_in,
+                "bytes_out": self.bytes_out, "apply_s": self.apply_s, "num_elements": self.num_elements,
+            }
+
+    def save(self, out: Path) -> None:
+        """Write shard-K.json (stats) and shard-K.pt (snapshots incl. the final parameters)."""
+        with self.lock:
+            snaps = list(self.snapshots)
+            if self.param is not None and (not snaps or snaps[-1][0] != self.policy.version):
+                snaps.append((self.policy.version, time.time(), self.param.detach().clone()))
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save({"shard": self.index, "snapshots": snaps}, out / f"shard-{self.index}.pt")
+        (out / f"shard-{self.index}.json").write_text(json.dumps(self.stats(), indent=1))
+
+
+def all_finite(t: torch.Tensor) -> bool:
+    """True when no element is NaN or +-inf.
+
+    A finite sum implies finite elements (NaN and inf propagate through addition), and a sum
+    costs one pass without temporaries where `isfinite(t).all()` builds a bool tensor: 5 ms vs
+    100 ms for 64 MiB here. Only a non-finite sum (or one that overflowed) takes the exact test.
+    """
+    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())

@@ -1,0 +1,361 @@
+"""How a worker's pushes and pulls reach the shards: one small protocol, three implementations.
+
+`Transport` is what `PSClient` (psgd/ps/client.py) talks to. Every call takes the list of shard
+indices it is for (all K for a step's push / pull, one for --overlap's per-shard streams) and
+fans out to them itself, the way that suits its wire; every failure is an `ExchangeError` with
+one line that names the shard and the status.
+
+    info(shards)                                        -> [InfoReply]   (waits for the shard to be up)
+    init(shards, header_of, payload_of)                 -> [InitReply]
+    push(shards, header_of, payload_of, events)         -> [PushReply]
+    pull(shards, request_of, out_of, events)            -> [(PullHeader, bytes received)]
+
+`header_of(k)` / `request_of(k)` build shard k's .proto header, `payload_of(k)` its bytes in the
+wire dtype, `out_of(k)` the fp32 slice its pulled values land in (written in place: no copy).
+`Events` lets a caller follow a transfer chunk by chunk: the emulated link paces there, and
+--overlap's forward hooks wait on a pull's progress.
+
+- `GrpcTransport`: client-streaming Push / server-streaming Pull of ~1 MiB frames, one thread
+  per shard (gRPC releases the GIL while waiting).
+- `TcpTransport`: the shards' raw-socket data planes (psgd/ps/framing.py; gRPC still does Info
+  and Init); shards of at most ROUND_MAX_BYTES in one round from the calling thread (send every
+  request, then read every reply: no thread hand-offs), larger ones a thread each.
+- `PacedTransport(inner, link)`: `--link`, a wrapper that paces any transport's traffic to an
+  emulated wire (psgd/core/link.py): one pacer for sends and one for receives, shared by the K
+  streams as one NIC is; each message pays the latency once, each chunk its bytes / bandwidth.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+import torch
+
+from psgd._proto import parameter_server_pb2 as pb
+from psgd._proto import parameter_server_pb2_grpc as pb_grpc
+from psgd.core import codec
+from psgd.core import link as link_mod
+from psgd.core.errors import ExchangeError
+from psgd.ps import framing as fr
+from psgd.ps import wire
+
+ROUND_MAX_BYTES = 1 << 20  # TCP: shards up to this size go in one round from the caller's thread
+
+
+@dataclass(frozen=True)
+class Events:
+    """Callbacks along one transfer, per shard k; None = nobody listens (the fast paths)."""
+    sending: Callable[[int], None] | None = None               # (k): a request starts out
+    sent: Callable[[int, int], None] | None = None             # (k, bytes): before each payload chunk
+    replied: Callable[[int, object], None] | None = None       # (k, reply or PullHeader): its header is in
+    received: Callable[[int, int, int], None] | None = None    # (k, bytes, elements so far): after each chunk
+
+
+NO_EVENTS = Events()
+
+
+def chain(first: Events, then: Events) -> Events:
+    """Both sets of callbacks, `first`'s before `then`'s."""
+    def both(a, b):
+        if a is None or b is None:
+            return a or b
+        return lambda *args: (a(*args), b(*args))[-1]
+    return Events(*(both(getattr(first, f), getattr(then, f)) for f in ("sending", "sent", "replied", "received")))
+
+
+class Transport(Protocol):
+    addresses: list[str]
+
+    def info(self, shards: Sequence[int]) -> list[pb.InfoReply]: ...
+    def init(self, shards: Sequence[int], header_of, payload_of) -> list[pb.InitReply]: ...
+    def push(self, shards: Sequence[int], header_of, payload_of, events: Events = NO_EVENTS) -> list[pb.PushReply]: ...
+    def pull(self, shards: Sequence[int], request_of, out_of, events: Events = NO_EVENTS) -> list[tuple]: ...
+    def close(self) -> None: ...
+
+
+def check_pull_header(k: int, header: pb.PullHeader, out: torch.Tensor) -> bool:
+    """A pull's header (both transports): True when values follow, False when the run is done."""
+    if header.done:
+        return False
+    if header.num_elements != out.numel():
+        raise ExchangeError(f"shard {k} sent {header.num_elements} elements, expected {out.numel()}")
+    return True
+
+
+class GrpcTransport:
+    """Every byte on gRPC; one channel per shard (see the module docstring)."""
+
+    def __init__(self, addresses: list[str], timeout: float) -> None:
+        self.addresses, self.timeout = addresses, timeout
+        self.channels = [grpc.insecure_channel(a, options=wire.CHANNEL_OPTIONS) for a in addresses]
+        self._info = [pb_grpc.ParameterShardStub(c).Info for c in self.channels]
+        chunk = wire.serialize_frame
+        # The tensor streams with frame-aware (de)serialisers (the same messages on the wire).
+        self._push = [c.stream_unary(f"/{wire.SERVICE}/Push", request_serializer=chunk,
+                                     response_deserializer=pb.PushReply.FromString) for c in self.channels]
+        self._init = [c.stream_unary(f"/{wire.SERVICE}/Init", request_serializer=chunk,
+                                     response_deserializer=pb.InitReply.FromString) for c in self.channels]
+        self._pull = [c.unary_stream(f"/{wire.SERVICE}/Pull", request_serializer=pb.PullRequest.SerializeToString,
+                                     response_deserializer=wire.frame_parser(pb.PullChunk)) for c in self.channels]
+        self.pool = ThreadPoolExecutor(max_workers=len(addresses)) if len(addresses) > 1 else None
+
+    def fan_out(self, what: str, shards: Sequence[int], fn: Callable[[int], object]) -> list:
+        """fn(k) for every shard, in parallel on the pool; gRPC errors become ExchangeError."""
+        def one(k: int):
+            try:
+                return fn(k)
+            except grpc.RpcError as e:
+                raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: {e.code().name}: {e.details()}") \
+                    from None
+        if self.pool is None or len(shards) == 1:
+            return [one(k) for k in shards]
+        return list(self.pool.map(one, shards))
+
+    def info(self, shards):
+        return self.fan_out("info from", shards, lambda k: self._info[k](
+            pb.InfoRequest(), timeout=self.timeout, wait_for_ready=True))
+
+    def init(self, shards, header_of, payload_of):
+        return self.fan_out("init", shards, lambda k: self._init[k](
+            _stream(k, header_of(k), payload_of(k), NO_EVENTS), timeout=self.timeout))
+
+    def push(self, shards, header_of, payload_of, events=NO_EVENTS):
+        def one(k: int) -> pb.PushReply:
+            reply = self._push[k](_stream(k, header_of(k), payload_of(k), events), timeout=self.timeout)
+            if events.replied:
+                events.replied(k, reply)
+            return reply
+        return self.fan_out("push to", shards, one)
+
+    def pull(self, shards, request_of, out_of, events=NO_EVENTS):
+        return self.fan_out("pull from", shards, lambda k: self._pull_one(k, request_of(k), out_of(k), events))
+
+    def _pull_one(self, k: int, request: pb.PullRequest, out: torch.Tensor, events: Events):
+        if events.sending:
+            events.sending(k)
+        stream = self._pull[k](request, timeout=self.timeout)
+        first = next(stream)
+        if isinstance(first, memoryview) or first.WhichOneof("kind") != "header":
+            raise ExchangeError(f"shard {k} did not start its pull stream with a header")
+        header = first.header
+        if events.replied:
+            events.replied(k, header)
+        if not check_pull_header(k, header, out):
+            return header, 0
+        asm = codec.Assembler(header.num_elements, wire.DTYPE_NAMES[request.dtype], out=out)
+        try:
+            for msg in stream:
+                data = msg if isinstance(msg, memoryview) else msg.data
+                asm.add(data)
+                if events.received:
+                    events.received(k, len(data), asm.elements)
+            asm.finish()
+        except ValueError as e:
+            raise ExchangeError(f"pull from shard {k}: {e}") from None
+        return header, asm.received
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+        for c in self.channels:
+            c.close()
+
+
+def _stream(k: int, header: pb.TensorHeader, payload: memoryview, events: Events):
+    """A Push / Init request stream: the header, then ~1 MiB frames of the payload."""
+    if events.sending:
+        events.sending(k)
+    yield pb.TensorChunk(header=header)
+    for frame in codec.frames(payload):
+        if events.sent:
+            events.sent(k, len(frame))
+        yield frame
+
+
+class TcpTransport:
+    """Pushes and pulls on the shards' raw-TCP data planes; Info and Init on gRPC (`control`).
+
+    A pool of idle connections per shard: a request takes one (or opens one) and gives it back
+    when its reply was read in full; a connection that failed mid-frame is closed, never reused.
+    """
+
+    def __init__(self, addresses: list[str], timeout: float) -> None:
+        self.addresses, self.timeout = addresses, timeout
+        self.control = GrpcTransport(addresses, timeout)
+        self._data: list[tuple[str, int] | None] = [None] * len(addresses)
+        self._idle: list[list[socket.socket]] = [[] for _ in addresses]
+        self._lock = threading.Lock()  # guards _idle and _data
+
+    def info(self, shards):
+        infos = self.control.info(shards)
+        for k, info in zip(shards, infos, strict=True):
+            if not info.data_port:
+                raise ExchangeError(f"shard {k} at {self.addresses[k]} has no TCP data plane "
+                                    "(an older psgd server?): use --transport grpc")
+            with self._lock:
+                self._data[k] = (self.addresses[k].rsplit(":", 1)[0].strip("[]"), info.data_port)
+        return infos
+
+    def init(self, shards, header_of, payload_of):
+        return self.control.init(shards, header_of, payload_of)
+
+    def push(self, shards, header_of, payload_of, events=NO_EVENTS):
+        def send(sock, k):
+            if events.sending:
+                events.sending(k)
+            sent = events.sent
+            fr.send_frame(sock, fr.PUSH, header_of(k).SerializeToString(), payload_of(k),
+                          sent and (lambda n: sent(k, n)))
+
+        def receive(sock, k):
+            body, _ = self._reply(sock, k, "push to", fr.PUSHED)
+            reply = pb.PushReply.FromString(body)
+            if events.replied:
+                events.replied(k, reply)
+            return reply
+        return self._exchange("push to", shards, send, receive, payload_of)
+
+    def pull(self, shards, request_of, out_of, events=NO_EVENTS):
+        def send(sock, k):
+            if events.sending:
+                events.sending(k)
+            fr.send_frame(sock, fr.PULL, request_of(k).SerializeToString())
+
+        def receive(sock, k):
+            out = out_of(k)
+            body, payload_len = self._reply(sock, k, "pull from", fr.PULLED)
+            header = pb.PullHeader.FromString(body)
+            if events.replied:
+                events.replied(k, header)
+            # On an error below the payload is left unread: the connection is closed, not reused.
+            if not check_pull_header(k, header, out):
+                return header, 0
+            dtype = wire.DTYPE_NAMES[header.dtype]
+            if payload_len != out.numel() * codec.itemsize(dtype):
+                raise ExchangeError(f"shard {k} sent {payload_len} bytes for {out.numel()} {dtype} elements")
+            got = events.received
+            return header, fr.recv_tensor(sock, out, dtype, got and (lambda n, e: got(k, n, e)))
+        return self._exchange("pull from", shards, send, receive, lambda k: out_of(k))
+
+    def _exchange(self, what: str, shards, send, receive, size_of) -> list:
+        """send(sock, k) then receive(sock, k) for every shard: small ones in one round from this
+        thread, where a thread hand-off would cost more than the copy it spreads; large ones on the
+        control transport's pool, one thread each, so that the K copies use several cores."""
+        if len(shards) > 1 and self.control.pool is not None and \
+                max(_nbytes(size_of(k)) for k in shards) > ROUND_MAX_BYTES:
+            def one(k):
+                with self._connection(k, what) as sock:
+                    send(sock, k)
+                    return receive(sock, k)
+            return list(self.control.pool.map(one, shards))
+        with contextlib.ExitStack() as stack:
+            socks = [stack.enter_context(self._connection(k, what)) for k in shards]
+            for k, sock in zip(shards, socks, strict=True):
+                send(sock, k)
+            return [receive(sock, k) for k, sock in zip(shards, socks, strict=True)]
+
+    @contextlib.contextmanager
+    def _connection(self, k: int, what: str):
+        """A connection to shard k's data plane, from the pool or new; one line on any failure."""
+        where = f"{what} shard {k} at {self.addresses[k]}"
+        if self._data[k] is None:
+            self.info([k])
+        with self._lock:
+            sock = self._idle[k].pop() if self._idle[k] else None
+        try:
+            if sock is None:
+                sock = socket.create_connection(self._data[k], timeout=self.timeout)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            yield sock
+        except ExchangeError:
+            _close(sock)
+            raise
+        except fr.FrameError as e:
+            _close(sock)
+            raise ExchangeError(f"{where}: {e}") from None
+        except TimeoutError:
+            _close(sock)
+            raise ExchangeError(f"{where}: DEADLINE_EXCEEDED: no answer within {self.timeout:g}s") from None
+        except OSError as e:
+            _close(sock)
+            raise ExchangeError(f"{where}: UNAVAILABLE: {e}") from None
+        except BaseException:
+            _close(sock)
+            raise
+        else:
+            with self._lock:
+                self._idle[k].append(sock)
+
+    def _reply(self, sock: socket.socket, k: int, what: str, expected_op: int) -> tuple[bytes, int]:
+        head = fr.recv_head(sock)
+        if head is None:
+            raise ConnectionError("the shard closed the connection")
+        op, header, payload_len = head
+        if op == fr.ERROR:
+            raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: {header.decode(errors='replace')}")
+        if op != expected_op:
+            raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: unexpected frame op {op}")
+        return header, payload_len
+
+    def close(self) -> None:
+        with self._lock:
+            for idle in self._idle:
+                for sock in idle:
+                    _close(sock)
+                idle.clear()
+        self.control.close()
+
+
+def _nbytes(x) -> int:
+    return x.numel() * x.element_size() if isinstance(x, torch.Tensor) else len(x)
+
+
+def _close(sock: socket.socket | None) -> None:
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.close()
+
+
+class PacedTransport:
+    """`inner`, with its traffic paced to an emulated link (--link; see the module docstring).
+
+    Full duplex: sends and receives are paced apart. A push pays the latency on its way out and
+    its reply on the way back; a pull likewise; every payload chunk waits for its bytes /
+    bandwidth on the shared wire. A message takes max(loopback time, emulated time).
+    """
+
+    def __init__(self, inner: Transport, link: link_mod.Link) -> None:
+        self.inner, self.addresses = inner, inner.addresses
+        self.send, self.recv = link_mod.Pacer(link), link_mod.Pacer(link)
+        self._events = Events(sending=lambda k: self.send.start(), sent=lambda k, n: self.send.pace(n),
+                              replied=lambda k, _: self.recv.start(), received=lambda k, n, e: self.recv.pace(n))
+
+    def info(self, shards):
+        return self.inner.info(shards)
+
+    def init(self, shards, header_of, payload_of):
+        return self.inner.init(shards, header_of, payload_of)  # set-up, not training traffic: unpaced
+
+    def push(self, shards, header_of, payload_of, events=NO_EVENTS):
+        return self.inner.push(shards, header_of, payload_of, chain(self._events, events))
+
+    def pull(self, shards, request_of, out_of, events=NO_EVENTS):
+        return self.inner.pull(shards, request_of, out_of, chain(self._events, events))
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def make_transport(name: str, addresses: list[str], timeout: float, link: link_mod.Link | None = None) -> Transport:
+    """`--transport grpc | tcp`, paced when `link` is given."""
+    if name not in ("grpc", "tcp"):
+        raise ValueError(f"unknown transport {name!r}; choose grpc or tcp")
+    inner = TcpTransport(addresses, timeout) if name == "tcp" else GrpcTransport(addresses, timeout)
+    return PacedTransport(inner, link) if link else inner
