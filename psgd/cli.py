@@ -187,7 +187,8 @@ DELEGATED = {
     "bench": "benchmarks: transport | allreduce | scaling | calibrate",
     "model": "alpha-beta cost model: predict PS vs ring throughput up to 1024 workers",
 }
-MODULES = {"suite": "psgd.lab.suite", "plot": "psgd.lab.plots", "bench": "psgd.bench", "model": "psgd.bench.costmodel"}
+MODULES = {"suite": "psgd.lab.suite", "plot": "psgd.lab.plots", "bench": "psgd.bench",
+           "model": "psgd.bench.costmodel_cli"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from psgd.bench import costmodel as cm
+from psgd.core import costmodel as cm
 
 M = cm.Machine(alpha_s=1e-3, beta_s_per_byte=1e-9, ring_alpha_s=2e-3, ring_beta_s_per_byte=2e-9,
                apply_s_per_byte=0.5e-9, cores=0)

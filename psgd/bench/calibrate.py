@@ -1,4 +1,4 @@
-"""`psgd bench calibrate`: fit the cost model's numbers (psgd/bench/costmodel.py) on this machine.
+"""`psgd bench calibrate`: fit the cost model's numbers (psgd/core/costmodel.py) on this machine.
 
 Contract: measures, then writes `--out` (default results/bench/calibration.json) with the fitted
 `machine` and `workload` (what `psgd model` and `psgd bench scaling` read), every raw point and

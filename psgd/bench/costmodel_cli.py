@@ -1,4 +1,4 @@
-"""`psgd model`: the alpha-beta cost model (psgd/bench/costmodel.py) on the command line.
+"""`psgd model`: the alpha-beta cost model (psgd/core/costmodel.py) on the command line.
 
 Contract: reads this machine's fitted numbers from `--calibration` (written by
 `psgd bench calibrate`; built-in defaults, said so, when the file is missing), predicts one step
@@ -21,8 +21,8 @@ import json
 import sys
 from pathlib import Path
 
-from psgd.bench import costmodel as cm
-from psgd.core import link
+from psgd.core import costmodel as cm
+from psgd.core import link, palette
 
 DEFAULT_CALIBRATION = "results/bench/calibration.json"
 
@@ -76,7 +76,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
 
     fig, ax = plt.subplots(figsize=(8, 5))
     bandwidths = list(dict.fromkeys(r["bandwidth"] for r in rows))
-    from psgd.lab.plots import VARIANT_COLORS as colors  # noqa: PLC0415, N812 - the one palette; bandwidths are not modes
+    colors = palette.VARIANT_COLORS  # bandwidths are not modes
     def key(r: dict) -> tuple:
         return r["bandwidth"], r["mode"], r["shards_label"]
 

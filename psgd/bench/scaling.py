@@ -13,7 +13,7 @@ Per configuration, from the run's metrics (the first step, a warm-up, left out):
 Writes OUT/scaling.csv, OUT/scaling.png (three panels), OUT/command.txt, and the runs under
 `--runs` (metrics, summaries and logs; their parameter snapshots only with `--keep-runs`).
 With a calibration (`psgd bench calibrate`) of the same width it also compares the cost model's
-step times (psgd/bench/costmodel.py, one host) with the measured ones: OUT/validation.csv.
+step times (psgd/core/costmodel.py, one host) with the measured ones: OUT/validation.csv.
 `--overlap` adds a PS row with `psgd run --overlap` for each (N, K); `--link` runs the PS rows
 over an emulated link (psgd/core/link.py); `--transports grpc,tcp` runs every PS row on each
 transport (psgd/ps/tcp.py), side by side in one sweep.
@@ -31,9 +31,9 @@ import json
 import statistics
 from pathlib import Path
 
-from psgd.bench import costmodel as cm
 from psgd.bench.transport import parse_int_list
-from psgd.core import link
+from psgd.core import costmodel as cm
+from psgd.core import link, palette
 from psgd.core.config import DataConfig, ModelConfig, RunConfig, to_argv
 from psgd.train.metrics import read_events
 
@@ -146,7 +146,6 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
         return "ring all-reduce" if mode == "ring" else (
             f"PS sync, K={k}" + (", overlap" if overlap else "") + (", tcp" if transport == "tcp" else ""))
 
-    from psgd.lab import plots  # noqa: PLC0415 - the one palette (plots imports matplotlib)
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
     variants = 0
@@ -156,9 +155,9 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
         ns = [p[0] for p in pts]
         # The ring in its mode colour, PS sync in sync's; further PS variants (K, overlap, tcp) by dash.
         mode = "ring" if key[0] == "ring" else "sync"
-        dash = "-" if mode == "ring" else plots.LINESTYLES[variants % len(plots.LINESTYLES)]
+        dash = "-" if mode == "ring" else palette.LINESTYLES[variants % len(palette.LINESTYLES)]
         variants += mode != "ring"
-        style = dict(color=plots.color(mode), marker=plots.marker(mode), linestyle=dash, label=label(key))
+        style = dict(color=palette.color(mode), marker=palette.marker(mode), linestyle=dash, label=label(key))
         axes[0].plot(ns, [p[1] for p in pts], **style)
         axes[2].plot(ns, [p[2] / 1e6 for p in pts], **style)
     names, bottoms = [], []
@@ -166,8 +165,8 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
         names.append(f"{'ring' if r['mode'] == 'ring' else 'K=' + str(r['shards'])}{'+ov' if r['overlap'] else ''}"
                      f"{'/tcp' if r.get('transport') == 'tcp' else ''}\nN={r['workers']}")
         bottom = 0.0
-        for part, color in (("compute_s", plots.VARIANT_COLORS[0]), ("comm_s", plots.VARIANT_COLORS[1]),
-                            ("wait_s", plots.VARIANT_COLORS[3])):
+        for part, color in (("compute_s", palette.VARIANT_COLORS[0]), ("comm_s", palette.VARIANT_COLORS[1]),
+                            ("wait_s", palette.VARIANT_COLORS[3])):
             axes[1].bar(i, r[part], bottom=bottom, color=color, label=part[:-2] if i == 0 else None)
             bottom += r[part]
         bottoms.append(bottom)

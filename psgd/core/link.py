@@ -10,7 +10,7 @@ Contract:
   mbit / gbit per second (decimal, as `tc` and NIC datasheets write them), optional one-way
   latency in ns / us / ms / s: "10gbit", "100mbit,1ms", "1gbit,200us". "" means no emulation.
 - The alpha-beta (Hockney) model of one message of n bytes: `link.transfer_s(n)` =
-  latency + 8n / bandwidth. psgd/bench/costmodel.py uses the same two numbers.
+  latency + 8n / bandwidth. psgd/core/costmodel.py uses the same two numbers.
 - `Pacer(link)` paces one direction of a process's link (full duplex: one pacer for sends, one
   for receives). A worker's is shared by its K shard streams, a shard's by its N workers'
   pushes (or pulls), which split the bandwidth as they would on one NIC; the worker alone adds

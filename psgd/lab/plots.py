@@ -8,7 +8,7 @@ Contract:
   ...) against `elapsed_s`, `version` (global updates) or `samples`; `bars(...)`, `lines(...)`
   and `histograms(...)` cover the rest. Every function returns the matplotlib Figure (tests
   inspect its content) and writes `path` (.png) and the same name with .csv.
-- One palette everywhere (Okabe & Ito 2008, colour-blind safe): a colour per mode
+- One palette everywhere (psgd/core/palette.py: Okabe & Ito 2008, colour-blind safe): a colour per mode
   (`MODE_COLORS`) that nothing else uses; other variables (dtype, skew, batch, link) take
   `VARIANT_COLORS`. Every line has a marker, and modes that can coincide (sync and all-reduce
   compute the same numbers) differ in marker and style, so both stay visible. `refs` draws
@@ -30,20 +30,22 @@ matplotlib.use("Agg")  # files only: no display needed, safe in CI
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from psgd.core.palette import (  # noqa: E402
+    LINESTYLES,
+    MODE_COLORS,
+    MODE_MARKERS,
+    REF_COLOR,
+    VARIANT_COLORS,
+    VARIANT_MARKERS,
+    color,
+    marker,
+)
 from psgd.lab.results import RunData, load_run  # noqa: E402
 
-__all__ = ["RunData", "load_run", "Series", "curves", "bars", "lines", "histograms", "color", "marker"]
+__all__ = ["RunData", "load_run", "Series", "curves", "bars", "lines", "histograms", "color", "marker", "LINESTYLES",
+           "MODE_COLORS", "MODE_MARKERS", "REF_COLOR", "VARIANT_COLORS", "VARIANT_MARKERS"]
 
-MODE_COLORS = {"sync": "#0072B2", "async": "#D55E00", "ssp": "#009E73", "allreduce": "#CC79A7",
-               "ps": "#0072B2", "ring": "#CC79A7", "library": "#E69F00", "local": "#882255"}
-MODE_MARKERS = {"sync": "o", "async": "s", "ssp": "^", "allreduce": "x", "ps": "o", "ring": "x", "library": "D",
-                "local": "v"}
-# For anything that is not a mode: greys, a brown, a sky blue and yellow, none of them a mode's colour.
-VARIANT_COLORS = ["#000000", "#8C6D31", "#56B4E9", "#999999", "#F0E442", "#5A5A5A"]
-VARIANT_MARKERS = ["o", "s", "^", "D", "v", "P"]
-REF_COLOR = "#777777"
 BAND = "band: min-max over seeds"
-LINESTYLES = ["-", "--", ":", "-."]
 AXIS_LABELS = {
     "elapsed_s": "wall time (s)", "version": "global updates", "samples": "training samples processed",
     "test_accuracy": "test accuracy", "test_loss": "test loss (cross-entropy)",
@@ -57,18 +59,6 @@ class Series:
     mode: str                 # a mode (coloured by MODE_COLORS), or "" with `variant` set
     runs: list[RunData] = field(default_factory=list)
     variant: int = -1         # index into VARIANT_COLORS for series that are not modes
-
-
-def color(mode: str, variant: int = -1) -> str:
-    if variant >= 0:
-        return VARIANT_COLORS[variant % len(VARIANT_COLORS)]
-    return MODE_COLORS.get(mode, REF_COLOR)
-
-
-def marker(mode: str, variant: int = -1) -> str:
-    if variant >= 0:
-        return VARIANT_MARKERS[variant % len(VARIANT_MARKERS)]
-    return MODE_MARKERS.get(mode, "o")
 
 
 def _styles(series: list[Series]) -> list[str]:

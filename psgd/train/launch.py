@@ -42,12 +42,17 @@ class RunFailed(RuntimeError):
 
 
 def _die_with_parent() -> None:
-    # Linux: deliver SIGKILL to this child when the launcher dies, however it dies.
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
+    """In the child, before exec: ask Linux to SIGKILL it when the launcher dies, however it dies.
+
+    A failure raises (Popen then fails, and the launcher says so) rather than leave a child that
+    could outlive us. Elsewhere than Linux there is no PR_SET_PDEATHSIG: the launcher's own
+    cleanup (SIGTERM, then SIGKILL, on every exit path) is all there is.
+    """
+    if not sys.platform.startswith("linux"):
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(1, signal.SIGKILL) != 0:  # PR_SET_PDEATHSIG
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
 
 
 class Child:
@@ -56,9 +61,12 @@ class Child:
         self.name = name
         self.log = log
         with open(log, "wb") as f:
-            self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE if capture_stdout else f, stderr=f,
-                                         stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-                                         preexec_fn=_die_with_parent)
+            try:
+                self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE if capture_stdout else f, stderr=f,
+                                             stdin=subprocess.DEVNULL, env=env, start_new_session=True,
+                                             preexec_fn=_die_with_parent)
+            except (OSError, subprocess.SubprocessError) as e:
+                raise RunFailed(f"cannot start {name}: {e} (it must not be able to outlive the launcher)") from None
 
     def last_error(self) -> str:
         lines = [ln for ln in self.log.read_text(errors="replace").splitlines() if ln.strip()]

@@ -195,10 +195,3 @@ def machine_from_dict(d: dict) -> Machine:
 def workload_from_dict(d: dict) -> Workload:
     known = {f.name for f in dataclasses.fields(Workload)}
     return Workload(**{k: v for k, v in d.items() if k in known})
-
-
-def main(argv: list[str]) -> int:
-    """`psgd model`: the command line lives in psgd/bench/costmodel_cli.py (this module stays pure)."""
-    from psgd.bench import costmodel_cli
-
-    return costmodel_cli.main(argv)

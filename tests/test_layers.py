@@ -1,0 +1,112 @@
+"""The package's import graph, read from the source: no cycles, and arrows point down only.
+
+Layers, bottom to top (docs/architecture.md draws them):
+
+    _proto, core        the wire messages; pure cores: policies, sharding, codec, link, optimizer,
+                        cost model, config schema, errors, the step types, the palette
+    ps | allreduce      the parameter-server plumbing | the all-reduce mode (never each other)
+    train               the worker loop, data, models, metrics, evaluation, the launcher
+    bench               benchmarks and the cost model's command line
+    lab                 suite, experiments, analyses, verdicts, plots, report
+    cli                 the face: parses, then calls down; nothing imports it but __main__
+
+Every import counts, also one inside a function (a lazy import is still a dependency).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent / "psgd"
+LAYER = {"_proto": 0, "core": 1, "ps": 2, "allreduce": 2, "train": 3, "bench": 4, "lab": 5, "cli": 6, "__main__": 7}
+# What the pure cores may not touch: transports, processes, plotting.
+NOT_IN_CORE = ("grpc", "socket", "socketserver", "subprocess", "matplotlib", "psgd._proto")
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for path in ROOT.rglob("*.py"):
+        parts = path.relative_to(ROOT.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+def imports(path: Path, names: set[str]) -> set[str]:
+    """Every module `path` imports (psgd modules resolved to the most specific known name)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names if f"{node.module}.{a.name}" in names)
+    return found
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    names = set(mods)
+    return {name: {d for d in imports(path, names) if d in names and d != name and not name.startswith(d + ".")}
+            for name, path in mods.items()}
+
+
+def layer(module: str) -> tuple[str, int] | None:
+    parts = module.split(".")
+    return (parts[1], LAYER[parts[1]]) if len(parts) > 1 else None
+
+
+def test_every_module_has_a_layer():
+    assert [m for m in modules() if m != "psgd" and m.split(".")[1] not in LAYER] == []
+
+
+def test_no_import_cycles():
+    g = graph()
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(m: str) -> None:
+        state[m] = 1
+        stack.append(m)
+        for d in sorted(g[m]):
+            if state.get(d) == 1:
+                cycles.append(" -> ".join(stack[stack.index(d):] + [d]))
+            elif d not in state:
+                visit(d)
+        stack.pop()
+        state[m] = 2
+
+    for m in sorted(g):
+        if m not in state:
+            visit(m)
+    assert cycles == []
+
+
+def test_imports_point_down_only():
+    wrong = []
+    for m, deps in graph().items():
+        here = layer(m)
+        for d in deps:
+            there = layer(d)
+            if here is None or there is None or here[0] == there[0]:
+                continue
+            if there[1] >= here[1]:  # same layer, other package (ps vs allreduce), or above
+                wrong.append(f"{m} -> {d}")
+    assert sorted(wrong) == []
+
+
+@pytest.mark.parametrize("module", sorted(m for m in modules() if m.startswith("psgd.core")))
+def test_pure_cores_touch_no_transport(module):
+    found = imports(modules()[module], set())
+    assert sorted(i for i in found if i.split(".")[0] in NOT_IN_CORE or i.startswith(NOT_IN_CORE)) == []
+
+
+def test_the_walk_sees_lazy_imports_and_would_catch_a_cycle(tmp_path):
+    # The checker itself: an import inside a function counts.
+    f = tmp_path / "m.py"
+    f.write_text("def f():\n    from psgd.lab import report\n")
+    assert "psgd.lab.report" in imports(f, {"psgd.lab.report"})
