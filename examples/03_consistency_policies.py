@@ -31,5 +31,7 @@ threads = [threading.Thread(target=work, args=(0, 0.01)), threading.Thread(targe
 for t in threads:
     t.start()
 for t in threads:
-    t.join()
+    t.join(60)
 print(f"max clock gap {policy.stats.max_clock_gap} (bound 1); staleness histogram {dict(policy.stats.staleness)}")
+assert policy.stats.max_clock_gap <= 1, "SSP(1) let a worker run more than one clock ahead of the slowest"
+assert not any(t.is_alive() for t in threads)
