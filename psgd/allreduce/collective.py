@@ -1,6 +1,6 @@
 """All-reduce mode: the workers average their gradients among themselves; no parameter servers.
 
-Contract: `CollectiveExchange` is the `worker.Exchange` of `--mode allreduce`, so the worker loop
+Contract: `CollectiveExchange` is the `psgd.core.step.Exchange` of `--mode allreduce`, so the worker loop
 (stragglers, budget, metrics) is the same as in the PS modes.
 - setup: join the process group, broadcast rank 0's parameters (every rank built the same seeded
   model, but another host's build need not agree), and build a real `torch.optim.SGD` over the

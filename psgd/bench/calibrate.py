@@ -139,7 +139,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--ring", action=argparse.BooleanOptionalAction, default=True,
                    help="also fit the library all-reduce (N=2)")
     p.add_argument("--transport", default="grpc", choices=("grpc", "tcp"),
-                   help="the PS transport whose alpha and beta to fit (psgd/ps/tcp.py for tcp)")
+                   help="the PS transport whose alpha and beta to fit (psgd/ps/tcp_server.py for tcp)")
     p.add_argument("--out", default="results/bench/calibration.json", help="where to write the fit")
     a = p.parse_args(argv)
     try:

@@ -16,7 +16,7 @@ With a calibration (`psgd bench calibrate`) of the same width it also compares t
 step times (psgd/core/costmodel.py, one host) with the measured ones: OUT/validation.csv.
 `--overlap` adds a PS row with `psgd run --overlap` for each (N, K); `--link` runs the PS rows
 over an emulated link (psgd/core/link.py); `--transports grpc,tcp` runs every PS row on each
-transport (psgd/ps/tcp.py), side by side in one sweep.
+transport (psgd/ps/tcp_server.py), side by side in one sweep.
 
     psgd bench scaling                                     # default: a few minutes on 2 cores
     psgd bench scaling --width 3500 --workers 1,2,4,8 --shards 1,2,4 --steps 6 --include-ring
@@ -217,7 +217,7 @@ def main(argv: list[str]) -> int:
                    help="also run the ring all-reduce for each N >= 2")
     p.add_argument("--overlap", action="store_true", help="add a PS --overlap row for each (N, K)")
     p.add_argument("--link", default="", help="run the PS rows over an emulated link, e.g. 1gbit,200us (core/link.py)")
-    p.add_argument("--transports", default="grpc", help="PS transports, comma-separated: grpc, tcp (psgd/ps/tcp.py)")
+    p.add_argument("--transports", default="grpc", help="PS transports, comma-separated: grpc, tcp (ps/transport.py)")
     p.add_argument("--keep-runs", action="store_true", help="keep each run's parameter snapshots (*.pt)")
     p.add_argument("--retries", type=int, default=1, help="rerun a failed configuration this many times")
     p.add_argument("--calibration", default="results/bench/calibration.json", help="cost model fit to validate")

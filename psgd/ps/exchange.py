@@ -52,11 +52,11 @@ from psgd.ps.client import PSClient, PullStreams, make_client
 class PSExchange:
     """The parameter-server step of the worker loop: pull before compute, push after.
 
-    With `overlap` (psgd/ps/overlap.py) the pull streams in while the batch loads and forward
+    With `overlap` (`Overlap`, below) the pull streams in while the batch loads and forward
     runs, and each shard's push starts as soon as backward has produced its gradients; `watch`
     (called by the worker loop with the model) installs the hooks that does this. With `link`
     ("1gbit,200us", psgd/core/link.py) every stream is paced to that emulated wire. `transport`
-    "tcp" moves the tensors on the shards' raw-TCP data planes (psgd/ps/tcp.py) instead of gRPC.
+    "tcp" moves the tensors on the shards' raw-TCP data planes (psgd/ps/tcp_server.py) instead of gRPC.
     With `local_steps` H > 1 (local SGD, sync mode, psgd/core/localsgd.py) the worker steps its own
     replica with a local optimizer (`optim`), pulls only at the start of each round of H steps
     and pushes the delta w_pulled - w_local at its end; pull and push carry the round as clock.
