@@ -18,8 +18,9 @@ It only ever holds clock-0 pulls, and once down it stays down; `close()` release
 deadline ends the wait with PullTimeout as usual. Off, a unit test may drive any subset.
 
 The policy does no math and no I/O: the shard passes an `apply(grad)` callback (the optimizer
-step) that the policy calls under its lock, and a `read()` callback that copies the
-parameters under the same lock. Everything here is thread-safe; `self.cond` guards all fields.
+step) that the policy calls under its lock, after counting the update (so `version` is then the
+version that update makes), and a `read()` callback that copies the parameters under the same
+lock. Everything here is thread-safe; `self.cond` guards all fields.
 
 Clock of a worker = how many of its gradients this shard has received. Staleness of an
 applied gradient = shard version when applied - version the worker computed it from.
@@ -191,8 +192,8 @@ class Async(Policy):
     def _on_gradient(self, worker: int, clock: int, grad: torch.Tensor | None) -> bool:
         if grad is None:
             return False
+        self.version += 1  # counted first: apply() sees the version its update makes
         self._apply(grad)
-        self.version += 1
         return True
 
 
@@ -246,10 +247,10 @@ class Sync(Policy):
         self._arrived += 1
         if self._arrived < self.num_workers:
             return False
-        if self._contributors:
-            self._apply(self._sum.div_(self._contributors))
-        self._arrived, self._contributors = 0, 0
-        self.version += 1
+        contributors, self._arrived, self._contributors = self._contributors, 0, 0
+        self.version += 1  # counted first: apply() sees the version its update makes
+        if contributors:
+            self._apply(self._sum.div_(contributors))
         return True
 
 

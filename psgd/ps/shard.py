@@ -98,7 +98,7 @@ class Shard:
         self.param.grad = grad
         self.opt.step()
         self.param.grad = None  # the gradient's buffer goes back to the pool after the push
-        version = self.policy.version + 1  # the policy counts this update when we return
+        version = self.policy.version  # the version this update makes (the policy counted it)
         if self.cfg.eval_every and version % self.cfg.eval_every == 0:
             self.snapshots.append((version, time.time(), self.param.detach().clone()))
         self.apply_s += time.perf_counter() - start
