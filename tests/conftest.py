@@ -9,6 +9,7 @@ import torch
 
 from psgd.core.config import RunConfig
 from psgd.ps import server as server_mod
+from tests.threads import thread_exceptions, threads  # noqa: F401 - fixtures, registered for every test
 
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")

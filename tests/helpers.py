@@ -92,3 +92,21 @@ def train_in_threads(cfg, addresses: list[str], shards: list):
     workers_in_threads(cfg, addresses)
     assert all(s.policy.version == localsgd.rounds(cfg.steps, cfg.local_steps) for s in shards)
     return torch.cat([s.param.detach().clone() for s in shards])
+
+
+def psgd_main(*args: str) -> subprocess.CompletedProcess:
+    """`psgd ARGS` in this process (psgd.cli.main, what `python -m psgd` calls): the same exit code
+    and output without the interpreter's and torch's start-up. For commands whose own process is
+    not under test; children the command starts are real processes either way."""
+    import contextlib
+    import io
+
+    from psgd.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            rc = main(list(args))
+        except SystemExit as e:   # argparse's errors exit 2 (psgd.core.errors.Parser)
+            rc = e.code
+    return subprocess.CompletedProcess(["psgd", *args], rc, out.getvalue(), err.getvalue())

@@ -1,4 +1,7 @@
-"""Benchmarks run at tiny sizes and write well-formed output (speed itself is never asserted)."""
+"""Benchmarks run at tiny sizes and write well-formed output (speed itself is never asserted).
+
+The commands run in this process (psgd.cli.main): the shard servers and runs they start are real
+processes, the command's own interpreter start-up is left out (test_run.py covers `python -m psgd`)."""
 
 import csv
 import json
@@ -6,13 +9,13 @@ import json
 import pytest
 
 from psgd.bench import scaling, transport
-from tests.helpers import processes_mentioning, psgd
+from tests.helpers import processes_mentioning, psgd_main
 
 
 def test_transport_json(tmp_path):
     out = tmp_path / "transport.json"
-    r = psgd("bench", "transport", "--size-mb", "0.5", "--shards", "1,2", "--repeat", "1", "--small-params", "1000",
-             "--small-repeat", "3", "--json", "--out", str(out))
+    r = psgd_main("bench", "transport", "--size-mb", "0.5", "--shards", "1,2", "--repeat", "1",
+                  "--small-params", "1000", "--small-repeat", "3", "--json", "--out", str(out))
     assert r.returncode == 0, r.stderr
     result = json.loads(r.stdout)
     assert result == json.loads(out.read_text())
@@ -33,30 +36,30 @@ def test_transport_json(tmp_path):
 
 def test_transport_usage_errors():
     for bad in (["--shards", "0"], ["--size-mb", "-1"], ["--transports", "udp"]):
-        r = psgd("bench", "transport", *bad, timeout=60)
+        r = psgd_main("bench", "transport", *bad)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
 def test_calibrate_then_model_then_scaling_with_validation(tmp_path):
     cal = tmp_path / "calibration.json"
-    r = psgd("bench", "calibrate", "--sizes-mb", "0.25,0.5", "--repeat", "1", "--width", "16", "--no-ring",
-             "--out", str(cal))
+    r = psgd_main("bench", "calibrate", "--sizes-mb", "0.25,0.5", "--repeat", "1", "--width", "16", "--no-ring",
+                  "--out", str(cal))
     assert r.returncode == 0, r.stderr
     c = json.loads(cal.read_text())
     assert c["machine"]["cores"] >= 1 and c["machine"]["beta_s_per_byte"] != 0
     assert c["workload"]["params"] > 0 and c["model"]["width"] == 16 and c["command"].startswith("psgd bench")
 
     model_out = tmp_path / "model"
-    r = psgd("model", "--calibration", str(cal), "--workers", "8..32", "--bandwidth", "10gbit,100gbit",
-             "--out", str(model_out))
+    r = psgd_main("model", "--calibration", str(cal), "--workers", "8..32", "--bandwidth", "10gbit,100gbit",
+                  "--out", str(model_out))
     assert r.returncode == 0, r.stderr
     rows = list(csv.DictReader(open(model_out / "model.csv")))
     assert len(rows) == 2 * 3 * 4  # bandwidths x N x (ring, K=1, K=8, K=N)
     assert (model_out / "model.png").stat().st_size > 0 and "psgd model" in (model_out / "command.txt").read_text()
 
     out = tmp_path / "scaling"
-    r = psgd("bench", "scaling", "--width", "16", "--workers", "1,2", "--shards", "1", "--steps", "3",
-             "--no-include-ring", "--calibration", str(cal), "--out", str(out), "--runs", str(tmp_path / "runs"))
+    r = psgd_main("bench", "scaling", "--width", "16", "--workers", "1,2", "--shards", "1", "--steps", "3",
+                  "--no-include-ring", "--calibration", str(cal), "--out", str(out), "--runs", str(tmp_path / "runs"))
     assert r.returncode == 0, r.stderr
     rows = list(csv.DictReader(open(out / "scaling.csv")))
     assert [(r["mode"], r["workers"], r["shards"], r["status"]) for r in rows] == [
@@ -67,7 +70,7 @@ def test_calibrate_then_model_then_scaling_with_validation(tmp_path):
     assert (out / "scaling.png").stat().st_size > 0 and "psgd bench scaling" in (out / "command.txt").read_text()
     assert len(list(csv.DictReader(open(out / "validation.csv")))) == 2 and "within 25%" in r.stdout
 
-    r = psgd("model", "--calibration", str(cal), "--validate", str(out / "scaling.csv"), "--out", str(model_out))
+    r = psgd_main("model", "--calibration", str(cal), "--validate", str(out / "scaling.csv"), "--out", str(model_out))
     assert r.returncode == 0 and "within 25%" in r.stdout, r.stderr
     assert processes_mentioning(str(tmp_path)) == []
 

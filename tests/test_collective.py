@@ -163,13 +163,13 @@ def sync_ps_params(shards, workers: int, batch: int, optim: OptimConfig) -> torc
     """Sync PS in this process (threads + in-process shards), as in test_equivalence."""
     cfg = RunConfig(mode="sync", workers=workers, servers=2, batch_size=batch, steps=STEPS, seed=3, optim=optim,
                     data=DATA, model=ModelConfig(model="mlp", width=32), device="cpu")
-    addresses, servicers = shards(cfg)
+    addresses, cores = shards(cfg)
     threads = [threading.Thread(target=worker.train, args=(cfg, r, PSExchange(addresses, "fp32", 30.0), None))
                for r in range(workers)]
     [t.start() for t in threads]
     [t.join(120) for t in threads]
-    assert all(s.policy.version == STEPS for s in servicers)
-    return torch.cat([s.param.detach().clone() for s in servicers])
+    assert all(s.policy.version == STEPS for s in cores)
+    return torch.cat([s.param.detach().clone() for s in cores])
 
 
 def test_allreduce_4x8_equals_sync_ps_4x8_equals_1x32(tmp_path, shards):

@@ -1,6 +1,8 @@
-"""The pure policies, driven by real threads (no gRPC)."""
+"""The pure policies, driven by real threads (no gRPC).
 
-import threading
+Every thread is started through the `threads` fixture (tests/threads.py): a pull that the policy
+never releases, or an exception inside a thread, fails the test instead of passing it silently.
+"""
 
 import pytest
 import torch
@@ -20,7 +22,7 @@ class Param:
         self.applied.append(g.clone())
 
 
-def test_sync_applies_the_mean_once_and_blocks_next_step():
+def test_sync_applies_the_mean_once_and_blocks_next_step(threads):
     p = Param()
     pol = Sync(3, p.apply)
     assert pol.pull(0, 0, lambda: 1).value == 1
@@ -30,14 +32,12 @@ def test_sync_applies_the_mean_once_and_blocks_next_step():
     # Step 1 may not start: two of three gradients arrived.
     with pytest.raises(PullTimeout):
         pol.pull(0, 1, lambda: None, timeout=0.05)
-    released = []
-    t = threading.Thread(target=lambda: released.append(pol.pull(1, 1, lambda: p.value.clone()).value))
-    t.start()
+    released = threads.start(pol.pull, 1, 1, lambda: p.value.clone(), name="pull w1 c1")
     out = pol.push(2, 0, 0, torch.full((3,), 6.0))
-    t.join(10)
+    threads.join()
     assert out.applied and out.version == 1
     assert len(p.applied) == 1 and torch.equal(p.applied[0], torch.full((3,), 3.0))
-    assert torch.equal(released[0], torch.full((3,), 3.0))
+    assert torch.equal(released.result.value, torch.full((3,), 3.0))
     assert pol.stats.max_clock_gap == 0
 
 
@@ -72,7 +72,7 @@ def test_async_never_blocks_and_staleness_is_n_minus_1_round_robin():
     assert last[-n:] == [n - 1] * n
 
 
-def test_ssp_blocks_only_beyond_the_bound():
+def test_ssp_blocks_only_beyond_the_bound(threads):
     s = 2
     pol = SSP(2, Param().apply, staleness=s)
     for c in range(s + 1):          # worker 0 runs ahead alone: clocks 0..s are allowed
@@ -80,31 +80,29 @@ def test_ssp_blocks_only_beyond_the_bound():
         pol.push(0, c, pol.version, torch.ones(3))
     with pytest.raises(PullTimeout):
         pol.pull(0, s + 1, lambda: None, timeout=0.05)   # s+1 ahead of worker 1 (clock 0)
-    got = []
-    t = threading.Thread(target=lambda: got.append(pol.pull(0, s + 1, lambda: "ok", timeout=10)))
-    t.start()
+    held = threads.start(pol.pull, 0, s + 1, lambda: "ok", name="pull w0 ahead")
     pol.push(1, 0, 0, torch.ones(3))                       # the slowest advances
-    t.join(10)
-    assert got[0].value == "ok" and got[0].clock_gap == s
+    threads.join()
+    assert held.result.value == "ok" and held.result.clock_gap == s
     assert pol.stats.max_clock_gap == s
 
 
-def test_ssp_bound_holds_under_concurrency():
+def test_ssp_bound_holds_under_concurrency(threads):
     n, s, steps = 4, 1, 30
     pol = SSP(n, Param().apply, staleness=s)
 
     def worker(w):
         for c in range(steps * (w + 1) // n + steps // 2):
-            out = pol.pull(w, c, lambda: None, timeout=30)
+            out = pol.pull(w, c, lambda: None)   # a pull never released: the join below fails
             if out.done:
                 return
             pol.push(w, c, out.version, torch.ones(3))
         pol.close()  # the first worker to finish ends the run, as a spent budget does
 
-    threads = [threading.Thread(target=worker, args=(w,)) for w in range(n)]
-    [t.start() for t in threads]
-    [t.join(60) for t in threads]
-    assert pol.stats.max_clock_gap <= s
+    for w in range(n):
+        threads.start(worker, w, name=f"worker {w}")
+    threads.join()
+    assert pol.stats.max_clock_gap <= s and pol.closed
 
 
 def test_budget_ends_the_run_and_releases_blocked_pulls():
@@ -127,41 +125,33 @@ def test_skipped_gradient_counts_as_arrival_but_not_in_the_mean():
     assert pol.stats.skipped_nonfinite == 1
 
 
-def _pull_in_thread(pol, worker: int, clock: int, got: list) -> threading.Thread:
-    t = threading.Thread(target=lambda: got.append(pol.pull(worker, clock, lambda: worker, timeout=30)))
-    t.start()
-    return t
-
-
 def _wait_arrivals(pol, n: int) -> None:
     with pol.cond:
         assert pol.cond.wait_for(lambda: len(pol.at_start) == n, timeout=30)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async", "ssp"])
-def test_start_barrier_holds_first_pulls_until_every_worker_asked(mode):
+def test_start_barrier_holds_first_pulls_until_every_worker_asked(mode, threads):
     pol = make_policy(mode, 3, Param().apply, staleness=1, start_barrier=True)
     with pytest.raises(PullTimeout, match="start barrier: 1 of 3 workers arrived"):
         pol.pull(0, 0, lambda: None, timeout=0.05)   # worker 0 alone: held (its arrival counts)
-    got: list = []
-    held = _pull_in_thread(pol, 1, 0, got)
+    held = threads.start(pol.pull, 1, 0, lambda: 1, name="pull w1 c0")
     _wait_arrivals(pol, 2)
-    assert got == [] and not pol.started
+    assert held.is_alive() and not pol.started
     assert pol.pull(2, 0, lambda: "last").value == "last"   # the last arrival opens the barrier...
-    held.join(30)
-    assert [o.value for o in got] == [1] and pol.started
+    threads.join()
+    assert held.result.value == 1 and pol.started
     assert pol.pull(0, 0, lambda: "again").value == "again"  # ...for good
     assert pol.stats.max_clock_gap == 0 and pol.version == 0
 
 
-def test_closing_releases_the_start_barrier():
+def test_closing_releases_the_start_barrier(threads):
     pol = Async(2, Param().apply, start_barrier=True)
-    got: list = []
-    held = _pull_in_thread(pol, 0, 0, got)
+    held = threads.start(pol.pull, 0, 0, lambda: 0, name="pull w0 c0")
     _wait_arrivals(pol, 1)
     pol.close()
-    held.join(30)
-    assert got[0].done and got[0].value is None
+    threads.join()
+    assert held.result.done and held.result.value is None
 
 
 def test_without_the_start_barrier_a_single_worker_pulls():

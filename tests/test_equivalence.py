@@ -16,21 +16,30 @@ DATA = DataConfig(dataset="synthetic", num_samples=2000)
 def run_ps(shards, workers: int, batch: int, servers: int, **kw) -> torch.Tensor:
     cfg = RunConfig(mode="sync", workers=workers, servers=servers, batch_size=batch, steps=STEPS, seed=3,
                     optim=OPTIM, data=DATA, model=ModelConfig(model="mlp", width=32), device="cpu", **kw)
-    addresses, servicers = shards(cfg)
-    return train_in_threads(cfg, addresses, servicers)
+    addresses, cores = shards(cfg)
+    return train_in_threads(cfg, addresses, cores)
 
 
-def run_plain_torch(batch: int) -> torch.Tensor:
-    ds = data.load(DATA)
-    model = models.build(ModelConfig(model="mlp", width=32), ds.input_dim, ds.num_classes, seed=3)
-    opt = torch.optim.SGD(model.parameters(), lr=OPTIM.lr, momentum=OPTIM.momentum, weight_decay=OPTIM.weight_decay)
-    plan = data.BatchPlan(ds.y_train, 1, batch, seed=3)
-    for step in range(STEPS):
+def run_plain_torch_steps(data_cfg: DataConfig, model_cfg: ModelConfig, optim: OptimConfig, batch: int, steps: int,
+                          seed: int) -> list[torch.Tensor]:
+    """The reference: one process, torch.optim.SGD, the batch plan's batches of one worker.
+    Returns the flat parameters before the first step and after each of `steps` steps."""
+    ds = data.load(data_cfg)
+    model = models.build(model_cfg, ds.input_dim, ds.num_classes, seed=seed)
+    opt = torch.optim.SGD(model.parameters(), lr=optim.lr, momentum=optim.momentum, weight_decay=optim.weight_decay)
+    plan = data.BatchPlan(ds.y_train, 1, batch, seed=seed)
+    flat = [torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone()]
+    for step in range(steps):
         idx = plan.indices(0, step)
         opt.zero_grad()
         F.cross_entropy(model(ds.x_train[idx]), ds.y_train[idx]).backward()
         opt.step()
-    return torch.nn.utils.parameters_to_vector(model.parameters()).detach()
+        flat.append(torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone())
+    return flat
+
+
+def run_plain_torch(batch: int) -> torch.Tensor:
+    return run_plain_torch_steps(DATA, ModelConfig(model="mlp", width=32), OPTIM, batch, STEPS, seed=3)[-1]
 
 
 def test_sync_4x8_equals_1x32_equals_torch(shards):

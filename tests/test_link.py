@@ -62,7 +62,7 @@ def test_config_validates_link():
 
 @pytest.mark.parametrize("transport", ["grpc", "tcp"])
 def test_paced_client_puts_every_byte_and_message_on_the_emulated_wire(shards, transport):
-    (address,), (servicer,) = shards(RunConfig(mode="async", workers=1, servers=1, link="200mbit,1ms"))
+    (address,), (core,) = shards(RunConfig(mode="async", workers=1, servers=1, link="200mbit,1ms"))
     lk = link.parse("200mbit,1ms")
     n = 300_000  # 1.2 MB: two chunks
     client = make_client(transport, [address], 0, n, link=lk)
@@ -80,8 +80,8 @@ def test_paced_client_puts_every_byte_and_message_on_the_emulated_wire(shards, t
     assert client.transport.recv.wire_s == pytest.approx(lk.transfer_s(4 * n) + lk.latency_s, rel=1e-4)
     assert client.transport.send.slept_s > 0 and client.transport.recv.slept_s > 0
     # The shard's own link carried init and push in, the pull out (the worker pays the latency).
-    assert servicer.link_in.wire_s == pytest.approx(2 * 4 * n * lk.seconds_per_byte, rel=1e-4)
-    assert servicer.link_out.wire_s == pytest.approx(4 * n * lk.seconds_per_byte, rel=1e-4)
+    assert core.link_in.wire_s == pytest.approx(2 * 4 * n * lk.seconds_per_byte, rel=1e-4)
+    assert core.link_out.wire_s == pytest.approx(4 * n * lk.seconds_per_byte, rel=1e-4)
 
 
 def test_run_with_link(tmp_path):

@@ -47,8 +47,8 @@ def reference(workers: int, batch: int, local_steps: int, rounds: int) -> torch.
 def sync_ps(shards, **kw) -> tuple[torch.Tensor, list]:
     cfg = RunConfig(mode="sync", workers=WORKERS, servers=2, batch_size=BATCH, steps=STEPS, local_steps=H, seed=3,
                     optim=OPTIM, data=DATA, model=MODEL, device="cpu", **kw)
-    addresses, servicers = shards(cfg)
-    return train_in_threads(cfg, addresses, servicers), servicers
+    addresses, cores = shards(cfg)
+    return train_in_threads(cfg, addresses, cores), cores
 
 
 def test_rounds_round_the_budget_down_to_a_multiple_of_h():
@@ -60,11 +60,11 @@ def test_rounds_round_the_budget_down_to_a_multiple_of_h():
 
 
 def test_sync_ps_local_sgd_equals_averaged_torch_replicas(shards):
-    ps, servicers = sync_ps(shards)
+    ps, cores = sync_ps(shards)
     expected = reference(WORKERS, BATCH, H, ROUNDS)
     assert (ps - expected).abs().max() < 1e-5
     assert (ps - run_plain_torch(WORKERS * BATCH)).abs().max() > 1e-3  # not plain synchronous SGD
-    for s in servicers:  # one push per worker per round: steps / H, not steps
+    for s in cores:  # one push per worker per round: steps / H, not steps
         assert s.policy.clocks == [ROUNDS] * WORKERS and s.policy.accepted == ROUNDS * WORKERS
         assert s.stats()["staleness_hist"] == {"0": ROUNDS * WORKERS}
 

@@ -22,8 +22,8 @@ def run_ps(shards, workers: int, batch: int, servers: int, overlap: bool, accumu
     cfg = RunConfig(mode="sync", workers=workers, servers=servers, batch_size=batch, steps=STEPS, seed=3,
                     optim=OPTIM, data=DATA, model=MODEL, device="cpu", overlap=overlap, accumulate=accumulate,
                     transport=transport)
-    addresses, servicers = shards(cfg)
-    return train_in_threads(cfg, addresses, servicers)
+    addresses, cores = shards(cfg)
+    return train_in_threads(cfg, addresses, cores)
 
 
 @pytest.mark.parametrize("servers,accumulate,transport", [(1, 1, "grpc"), (3, 1, "grpc"), (3, 2, "grpc"),
@@ -40,7 +40,7 @@ def _one_step(shards, num_shards: int):
     model = models.build(ModelConfig(model="wide_mlp", width=64), ds.input_dim, ds.num_classes, seed=0)
     flat = models.FlatParams(model)
     cfg = RunConfig(mode="async", workers=1, servers=num_shards, overlap=True)
-    addresses, servicers = shards(cfg)
+    addresses, cores = shards(cfg)
     ex = PSExchange.from_config(cfg, addresses)
     ex.setup(flat, 0)
     ex.watch(model, flat)
@@ -59,17 +59,17 @@ def _one_step(shards, num_shards: int):
     torch.nn.functional.cross_entropy(model(ds.x_train[:16]), ds.y_train[:16]).backward()
     events.append("backward done")
     after = ex.after_compute(0, flat)
-    return events, ex, flat, servicers, before, after
+    return events, ex, flat, cores, before, after
 
 
 def test_last_shard_is_pushed_during_backward(shards):
-    events, ex, flat, servicers, before, after = _one_step(shards, num_shards=4)
+    events, ex, flat, cores, before, after = _one_step(shards, num_shards=4)
     ex.close()
     assert not before.done and not after.done and after.counted
     # The last shard (last layers) leaves before backward reaches the first layer.
     assert events.index("push 3") < events.index("first layer grad") < events.index("backward done")
     assert sorted(e for e in events if e.startswith("push")) == ["push 0", "push 1", "push 2", "push 3"]
-    assert all(s.policy.version == 1 for s in servicers)
+    assert all(s.policy.version == 1 for s in cores)
     assert after.bytes_pushed == after.bytes_pulled == 4 * flat.params.numel()
 
 

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from psgd.lab import plots
-from tests.helpers import psgd
+from tests.helpers import psgd_main
 
 
 def fake_run(mode: str, scale: float, seed: int) -> plots.RunData:
@@ -47,13 +47,14 @@ def test_bars_and_histograms(tmp_path):
 
 def test_psgd_plot_cli(tmp_path):
     out = tmp_path / "run"
-    r = psgd("run", "--mode", "sync", "--workers", "1", "--steps", "4", "--eval-every", "2", "--model", "logreg",
-             "--num-samples", "300", "--batch-size", "8", "--out", str(out))
+    # In this process (psgd.cli.main): the run's server and worker are real processes either way.
+    r = psgd_main("run", "--mode", "sync", "--workers", "1", "--steps", "4", "--eval-every", "2", "--model", "logreg",
+                  "--num-samples", "300", "--batch-size", "8", "--out", str(out))
     assert r.returncode == 0, r.stderr
-    r = psgd("plot", str(out), "--x", "version", "--y", "test_loss", "--out", str(tmp_path / "p.png"))
+    r = psgd_main("plot", str(out), "--x", "version", "--y", "test_loss", "--out", str(tmp_path / "p.png"))
     assert r.returncode == 0, r.stderr
     assert (tmp_path / "p.png").exists() and Path(tmp_path / "p.csv").read_text().count("\n") == 4
-    r = psgd("plot", str(tmp_path / "nothing"))
+    r = psgd_main("plot", str(tmp_path / "nothing"))
     assert r.returncode == 2 and "no summary.json" in r.stderr
 
 

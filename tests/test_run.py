@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from tests.helpers import ENV, events, processes_mentioning, psgd, summary
+from tests.helpers import ENV, events, processes_mentioning, psgd, psgd_main, summary
 
 COMMON = ["--dataset", "synthetic", "--num-samples", "3000", "--model", "mlp", "--batch-size", "16"]
 
@@ -61,24 +61,25 @@ def test_local_sgd_run_with_a_validation_split_and_dirichlet_shards(tmp_path):
 
 
 def test_ssp_bounds_the_clock_gap_where_async_does_not(tmp_path):
+    # Two workers, one a straggler, are enough to tell the modes apart: fewer processes, fewer steps.
     gaps = {}
     for mode in ("ssp", "async"):
         out = tmp_path / mode
-        r = psgd("run", "--mode", mode, "--staleness", "1", "--workers", "3", "--servers", "1", "--steps", "30",
+        r = psgd("run", "--mode", mode, "--staleness", "1", "--workers", "2", "--servers", "1", "--steps", "20",
                  "--straggler", "0=60", "--out", str(out), *COMMON)
         assert r.returncode == 0, r.stderr
         gaps[mode] = summary(out)["max_clock_gap"]
         steps = summary(out)["per_worker_steps"]
-        assert sum(steps.values()) == 90
+        assert sum(steps.values()) == 40
     assert gaps["ssp"] <= 1
     assert gaps["async"] > 1
-    # Under async the fast workers did most of the work; the straggler fewer steps.
-    assert steps["0"] < min(steps["1"], steps["2"])
+    # Under async the fast worker did most of the work; the straggler fewer steps.
+    assert steps["0"] < steps["1"]
 
 
 def test_async_staleness_is_about_n_minus_1(tmp_path):
     out = tmp_path / "async"
-    r = psgd("run", "--mode", "async", "--workers", "4", "--servers", "2", "--steps", "40", "--out", str(out),
+    r = psgd("run", "--mode", "async", "--workers", "4", "--servers", "1", "--steps", "40", "--out", str(out),
              *COMMON)
     assert r.returncode == 0, r.stderr
     st = summary(out)["staleness"]
@@ -87,7 +88,7 @@ def test_async_staleness_is_about_n_minus_1(tmp_path):
 
 def test_killed_worker_fails_the_run_and_leaves_no_process(tmp_path):
     out = tmp_path / "killed"
-    r = psgd("run", "--mode", "sync", "--workers", "3", "--servers", "2", "--steps", "200", "--fail-at", "1=5",
+    r = psgd("run", "--mode", "sync", "--workers", "2", "--servers", "1", "--steps", "200", "--fail-at", "1=5",
              "--out", str(out), *COMMON)
     assert r.returncode == 1
     assert "worker 1" in r.stderr and "SIGKILL" in r.stderr
@@ -127,9 +128,15 @@ def test_ctrl_c_stops_everything(tmp_path):
     (["server", "--shard", "3", "--num-shards", "2"], "--shard must be"),
 ])
 def test_usage_errors_are_one_line_exit_2(args, message):
-    r = psgd(*args, timeout=60)
+    r = psgd_main(*args)   # in this process: psgd.cli.main is all a usage error goes through
     assert r.returncode == 2
     assert message in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_usage_error_of_the_real_command_is_one_line_exit_2():
+    r = psgd("run", "--workers", "0", timeout=60)   # `python -m psgd`, its own process
+    assert r.returncode == 2 and "--workers must be >= 1" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 

@@ -21,19 +21,19 @@ def chunks(header: pb.TensorHeader, values: torch.Tensor, dtype="fp32"):
 @pytest.fixture
 def shard(shards):
     cfg = RunConfig(mode="async", workers=2, servers=1, steps=100)
-    (address,), (servicer,) = shards(cfg)
-    open_start_barrier(servicer)  # then worker 0 alone may pull
+    (address,), (core,) = shards(cfg)
+    open_start_barrier(core)  # then worker 0 alone may pull
     client = make_client("grpc", [address], 0, 10)
     client.wait_ready()
     client.init(torch.arange(10, dtype=torch.float32))
     channel = grpc.insecure_channel(address)
-    yield pb_grpc.ParameterShardStub(channel), servicer, client
+    yield pb_grpc.ParameterShardStub(channel), core, client
     channel.close()
     client.close()
 
 
-def snapshot(servicer) -> bytes:
-    return servicer.param.detach().numpy().tobytes()
+def snapshot(core) -> bytes:
+    return core.param.detach().numpy().tobytes()
 
 
 @pytest.mark.parametrize("header,values,message", [
@@ -53,25 +53,25 @@ def snapshot(servicer) -> bytes:
      torch.tensor([1e6] + [0.0] * 9), "non-finite"),  # overflows fp16 to inf on the wire
 ])
 def test_bad_push_is_rejected_and_changes_nothing(shard, header, values, message):
-    stub, servicer, _ = shard
-    before, version = snapshot(servicer), servicer.policy.version
+    stub, core, _ = shard
+    before, version = snapshot(core), core.policy.version
     with pytest.raises(grpc.RpcError) as err:
         stub.Push(chunks(header, values, "fp16" if header.dtype == pb.FP16 else "fp32"), timeout=10)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert message in err.value.details()
-    assert snapshot(servicer) == before and servicer.policy.version == version
-    assert servicer.policy.clocks == [0, 0]
+    assert snapshot(core) == before and core.policy.version == version
+    assert core.policy.clocks == [0, 0]
 
 
 def test_stream_without_header_is_rejected(shard):
-    stub, servicer, _ = shard
+    stub, core, _ = shard
     with pytest.raises(grpc.RpcError) as err:
         stub.Push(iter([pb.TensorChunk(data=b"\0" * 40)]), timeout=10)
     assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
 
 
 def test_good_push_applies_sgd_and_pull_returns_it(shard):
-    stub, servicer, client = shard
+    stub, core, client = shard
     out = torch.empty(10)
     assert not client.pull(0, out).done
     assert torch.equal(out, torch.arange(10, dtype=torch.float32))
@@ -80,7 +80,7 @@ def test_good_push_applies_sgd_and_pull_returns_it(shard):
     client.pull(1, out)
     # One SGD step with lr 0.05, momentum 0.9 (first step: buffer = grad).
     assert torch.allclose(out, torch.arange(10, dtype=torch.float32) - 0.05)
-    assert servicer.policy.version == 1
+    assert core.policy.version == 1
 
 
 def test_pull_in_half_precision(shard):
@@ -103,12 +103,12 @@ def test_push_before_init_is_refused(shards):
 
 def test_skip_nonfinite_counts_and_never_applies(shards):
     cfg = RunConfig(mode="async", workers=1, servers=1, skip_nonfinite=True)
-    (address,), (servicer,) = shards(cfg)
+    (address,), (core,) = shards(cfg)
     client = make_client("grpc", [address], 0, 4)
     client.init(torch.zeros(4))
-    before = snapshot(servicer)
+    before = snapshot(core)
     client.push(0, torch.tensor([1.0, float("inf"), 0.0, 0.0]))
-    assert snapshot(servicer) == before and servicer.policy.stats.skipped_nonfinite == 1
+    assert snapshot(core) == before and core.policy.stats.skipped_nonfinite == 1
     client.close()
 
 

@@ -8,7 +8,7 @@ import pytest
 from psgd.core import config as C
 from psgd.lab import report as report_mod
 from psgd.lab import suite, verdicts
-from tests.helpers import processes_mentioning, psgd
+from tests.helpers import processes_mentioning, psgd, psgd_main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -157,20 +157,24 @@ def test_the_cache_refuses_a_run_from_another_code_version(tmp_path):
 
 
 def test_tiny_quick_suite_tunes_runs_and_reports(tmp_path):
-    # One worker per run: the suite's mechanics are under test here, and every process costs start-up.
-    tuned = TUNED.replace("workers = 2", "workers = 1")
+    # One worker per run: the suite's mechanics are under test here, and every process costs start-up
+    # (a run is about 5 s of it: a server, then a worker). For the same reason only "sync" is tuned
+    # end to end ("async" opts out); choosing among several tuned labels is test_tuning_plan_choice's.
+    tuned = TUNED.replace("workers = 2", "workers = 1").replace('label = "async"\nmode = "async"\n',
+                                                                'label = "async"\nmode = "async"\ntune = false\n')
+    assert tuned.count("tune = false") == 1
     write(tmp_path, "modes.toml", tuned.replace('id = "T"', 'id = "M"') + '[profiles.quick]\nsteps = 3\nseeds = [0]\n')
     # The wire experiment's runs are the modes experiment's sync and fp16 runs (same settings, other
     # labels): the suite makes them once.
     wire = (tuned.replace('id = "T"', 'id = "W"').replace('analysis = "modes"', 'analysis = "wire"')
             .replace('claim = "c"', 'claim = "c"\nquote = "同步"')
-            .replace('[[runs]]\nlabel = "async"\nmode = "async"\n', "")
+            .replace('[[runs]]\nlabel = "async"\nmode = "async"\ntune = false\n', "")
             .replace('[[runs]]\nlabel = "fixed"\nmode = "sync"\nlr = 0.05\n', "")
             + '[profiles.quick]\nsteps = 3\nseeds = [0]\n')
     write(tmp_path, "wire.toml", wire)
     suite_file = write(tmp_path, "suite.toml", '[suite]\nexperiments = ["modes.toml", "wire.toml"]\n')
     results = tmp_path / "results"
-    r = psgd("suite", str(suite_file), "--quick", "--results", str(results))
+    r = psgd_main("suite", str(suite_file), "--quick", "--results", str(results))   # runs: real processes
     assert r.returncode == 0, r.stderr
     report = (results / "REPORT.md").read_text()
     assert "## M" in report and "## W" in report and "> 同步" in report
@@ -184,7 +188,7 @@ def test_tiny_quick_suite_tunes_runs_and_reports(tmp_path):
         assert f"]({fig}.png)" in report
     commands = (results / "M" / "commands.txt").read_text()
     assert "--steps 3" in commands and "--val-fraction 0.25" in commands   # the quick profile won; tuning listed
-    assert commands.count("psgd run") == 4 + 4   # 4 tuning runs, 4 labels x 1 seed
+    assert commands.count("psgd run") == 2 + 4   # 2 tuning runs (sync x 2 rates), 4 labels x 1 seed
     summary = json.loads((results / "summary.json").read_text())
     assert [c["id"] for c in summary["claims"]] == ["M", "W"] and summary["code_version"]
     assert all(c["verdict"] in verdicts.OUTCOMES for c in summary["claims"])
@@ -193,12 +197,12 @@ def test_tiny_quick_suite_tunes_runs_and_reports(tmp_path):
     fp32, fp16 = (float(row.split(",")[3]) for row in rows)
     assert fp16 == pytest.approx(fp32 / 2)
     # A second call reuses every finished run, and --only still reports the whole suite.
-    r = psgd("suite", str(suite_file), "--quick", "--results", str(results), "--only", "M")
+    r = psgd_main("suite", str(suite_file), "--quick", "--results", str(results), "--only", "M")
     assert r.returncode == 0 and "cached" in r.stderr
-    assert len(list((results / "runs").iterdir())) == 8   # 4 tuning + 4 evaluated; W made none of its own
+    assert len(list((results / "runs").iterdir())) == 6   # 2 tuning + 4 evaluated; W made none of its own
     report = (results / "REPORT.md").read_text()
     assert "## M" in report and "## W" in report
-    assert "8 of 8 runs reused" in report
+    assert "6 of 6 runs reused" in report
     # The README table is generated from summary.json.
     readme = write(tmp_path, "README.md", f"intro\n{report_mod.README_BEGIN}\nold\n{report_mod.README_END}\nrest\n")
     assert report_mod.update_readme(readme, results / "summary.json")

@@ -32,8 +32,8 @@ def shard(shard_servers):
     client.close()
 
 
-def snapshot(servicer) -> bytes:
-    return servicer.param.detach().numpy().tobytes()
+def snapshot(core) -> bytes:
+    return core.param.detach().numpy().tobytes()
 
 
 def push_frame(sock, header: pb.TensorHeader, values: torch.Tensor, dtype: str = "fp32") -> tuple[int, bytes]:
@@ -69,12 +69,12 @@ def fp32_header(**kw) -> pb.TensorHeader:
     (fp32_header(), torch.tensor([0, 1, float("nan")] + [0] * 7), "non-finite"),
 ])
 def test_bad_push_is_refused_changes_nothing_and_the_connection_stays_usable(shard, header, values, message):
-    sock, servicer, _ = shard
-    before, version = snapshot(servicer), servicer.policy.version
+    sock, core, _ = shard
+    before, version = snapshot(core), core.policy.version
     op, body = push_frame(sock, header, values)
     assert op == tcp.ERROR and body.decode().startswith("INVALID_ARGUMENT: ") and message in body.decode()
-    assert snapshot(servicer) == before and servicer.policy.version == version
-    assert servicer.policy.clocks == [0, 0]
+    assert snapshot(core) == before and core.policy.version == version
+    assert core.policy.clocks == [0, 0]
     # The refused payload was drained: the next request on the same connection is answered.
     header, out = pull_frame(sock, pb.PullRequest(worker_id=0, clock=0, dtype=pb.FP32, shard=0))
     assert header.version == version and torch.equal(out, torch.arange(10, dtype=torch.float32))
@@ -85,7 +85,7 @@ def test_bad_push_is_refused_changes_nothing_and_the_connection_stays_usable(sha
     (tcp.PREFIX.pack(tcp.PUSH, tcp.MAX_HEADER + 1, 0), "not a psgd peer"),
 ])
 def test_untrustworthy_frame_gets_an_error_and_the_connection_is_closed(shard, prefix, message):
-    sock, servicer, client = shard
+    sock, core, client = shard
     sock.sendall(prefix)
     op, body, _ = tcp.recv_head(sock)
     assert op == tcp.ERROR and message in body.decode()

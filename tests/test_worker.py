@@ -31,9 +31,9 @@ def test_no_gradient_is_applied_before_the_last_worker_reaches_the_start_barrier
     """Async (which never holds a pull by itself): two workers start, the third much later."""
     cfg = RunConfig(mode="async", workers=3, servers=2, steps=8, batch_size=8, seed=1, data=DATA, model=MODEL,
                     device="cpu")
-    addresses, servicers = shards(cfg)
+    addresses, cores = shards(cfg)
     arrivals_at_apply: list[int] = []
-    for s in servicers:
+    for s in cores:
         def observed(grad, policy=s.policy, apply=s.policy._apply):
             arrivals_at_apply.append(len(policy.at_start))  # runs under the policy's lock
             apply(grad)
@@ -50,7 +50,7 @@ def test_no_gradient_is_applied_before_the_last_worker_reaches_the_start_barrier
     early = [threading.Thread(target=work, args=(r,)) for r in (0, 1)]
     for t in early:
         t.start()
-    for s in servicers:  # both early workers are held in their first pull, on every shard
+    for s in cores:  # both early workers are held in their first pull, on every shard
         with s.policy.cond:
             assert s.policy.cond.wait_for(lambda p=s.policy: len(p.at_start) == 2, timeout=60)
             assert s.policy.accepted == 0 and s.policy.version == 0 and not s.policy.started
@@ -60,7 +60,7 @@ def test_no_gradient_is_applied_before_the_last_worker_reaches_the_start_barrier
     for t in [*early, late]:
         t.join(120)
     assert not errors, errors
-    assert all(s.policy.version == cfg.steps * cfg.workers for s in servicers)
+    assert all(s.policy.version == cfg.steps * cfg.workers for s in cores)
     assert arrivals_at_apply == [3] * (cfg.steps * cfg.workers * cfg.servers)
     # A worker counts a step when every shard took its gradient. In async mode the shards spend
     # their budgets independently, so the last pushes of a run may be taken by one shard and
