@@ -1,12 +1,19 @@
+import argparse
+import dataclasses
 import gzip
+import json
 import struct
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import numpy as np
 import pytest
 import torch
 
 from psgd.cli import build_parser, config_from_args
+from psgd.core import config as C
 from psgd.core.config import DataConfig, RunConfig, from_dict, to_argv, to_dict, validate, with_epochs_resolved
+from psgd.lab import experiment
 from psgd.train import data
 
 
@@ -16,6 +23,88 @@ def test_argv_round_trip_rebuilds_the_config():
     args = build_parser().parse_args(["run", *to_argv(cfg)])
     assert config_from_args(args) == cfg
     assert from_dict(to_dict(cfg)) == cfg
+
+
+def _changed(leaf: C.Leaf):
+    """A value other than the field's default, of the field's type (not necessarily a valid run)."""
+    if leaf.type is bool:
+        return True
+    if leaf.type == C.Pairs:
+        return ((1, 2), (0, 5))
+    if leaf.flag.choices:
+        return next(c for c in leaf.flag.choices if c != leaf.default)
+    return leaf.default + {int: 3, float: 0.5, str: "x"}[leaf.type]
+
+
+def _toml(value):
+    return [f"{a}={b}" for a, b in value] if isinstance(value, tuple) else value
+
+
+def test_every_field_round_trips_through_flags_json_and_toml(monkeypatch):
+    # The one-source contract: a field declared once is a flag, a config.json key and a TOML key,
+    # with no other edit. Every field at once, each away from its default.
+    flat = {leaf.name: _changed(leaf) for leaf in C.leaves()}
+    cfg = C.from_flat(flat)
+    for leaf in C.leaves():
+        section = getattr(cfg, leaf.section) if leaf.section else cfg
+        assert getattr(section, leaf.name) == flat[leaf.name] != leaf.default, leaf.name
+    parser = build_parser()
+    assert C.from_namespace(parser.parse_args(["run", *to_argv(cfg)])) == cfg
+    assert from_dict(json.loads(json.dumps(to_dict(cfg)))) == cfg
+    monkeypatch.setattr(C, "validate", lambda c: c)  # the sample values need not make a valid run
+    assert experiment.config_from_settings({k: _toml(v) for k, v in flat.items()}, "test") == cfg
+    # ... and the defaults are the dataclass defaults everywhere.
+    assert C.from_namespace(parser.parse_args(["run"])) == RunConfig() == from_dict({})
+
+
+def test_every_field_has_help_and_appears_in_psgd_run_help(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["run", "-h"])
+    text = capsys.readouterr().out
+    for leaf in C.leaves():
+        assert leaf.flag.help.strip(), leaf.name
+        assert f"--{leaf.name.replace('_', '-')}" in text
+    for title in ("run:", "data and model:", "optimizer (torch.optim.SGD"):
+        assert title in text
+
+
+@dataclass(frozen=True)
+class _ToySection:
+    GROUP: ClassVar[str] = "toy section"
+    alpha: float = C.opt(0.5, "alpha (50% of it)")
+
+
+@dataclass(frozen=True)
+class _Toy:
+    GROUP: ClassVar[str] = "toy"
+    count: int = C.opt(1, "how many")
+    kind: str = C.opt("a", "which", choices=("a", "b"))
+    fast: bool = C.opt(False, "go fast")
+    pairs: C.Pairs = C.opt((), "rank pairs (repeatable)", metavar="RANK=N")
+    section: _ToySection = field(default_factory=_ToySection)
+
+
+def test_a_new_schema_needs_nothing_but_its_fields(capsys):
+    parser = argparse.ArgumentParser(prog="toy")
+    C.add_flags(parser, _Toy)
+    argv = ["--count", "3", "--kind", "b", "--fast", "--pairs", "1=2", "--pairs", "0=7", "--alpha", "0.25"]
+    toy = C.from_namespace(parser.parse_args(argv), _Toy)
+    assert toy == _Toy(3, "b", True, ((1, 2), (0, 7)), _ToySection(0.25))
+    assert C.to_argv(toy) == argv
+    assert C.from_namespace(parser.parse_args([]), _Toy) == _Toy()
+    assert C.from_dict(json.loads(json.dumps(dataclasses.asdict(toy))), _Toy) == toy
+    parser.print_help()
+    text = capsys.readouterr().out
+    assert "toy section:" in text and "alpha (50% of it)" in text and "--pairs RANK=N" in text
+
+
+def test_from_dict_refuses_unknown_and_misplaced_keys():
+    for bad, name in [({"bogus": 1}, "'bogus'"), ({"data": {"bogus": 1}}, "data.bogus"),
+                      ({"lr": 0.1}, "'lr'"), ({"optim": {"dataset": "mnist"}}, "optim.dataset")]:
+        with pytest.raises(ValueError, match=name):
+            from_dict(bad)
+    assert from_dict({"straggler": [[0, 30]], "optim": {"lr": 0.1}}) == RunConfig(
+        straggler=((0, 30),), optim=C.OptimConfig(lr=0.1))
 
 
 def test_validation_and_epochs():

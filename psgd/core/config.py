@@ -1,16 +1,37 @@
-"""Run configuration: frozen dataclasses, validated once at the edge, dumped to config.json.
+"""Run configuration: ONE schema, the frozen dataclasses below, from which everything else is derived.
 
-Every field of these dataclasses is a command-line flag of `psgd run | server | worker` with
-the same name (`batch_size` <-> `--batch-size`), so `to_argv(cfg)` renders a config back into
-the flags that rebuild it: that is how `psgd run` hands the exact same configuration to the
-server and worker processes it starts (and how you would start them by hand on other hosts).
+Contract:
+- Each leaf field is declared once, with `opt(default, help, choices=..., metavar=...)`: its name,
+  type, default and command-line help. From that one declaration come the flag
+  (`batch_size` <-> `--batch-size`, in the help group its section names), the namespace -> config
+  step (`from_namespace`), the flags that rebuild a config (`to_argv`), config.json
+  (`to_dict` / `from_dict`) and the lab's TOML keys (psgd/lab/experiment.py reads `leaves()`).
+  Adding a flag is one field; `validate` gains a line only if the value has a range to check.
+- Types are the real annotations (`typing.get_type_hints`): bool (a bare store_true flag), int,
+  float, str and `Pairs` (a repeatable `RANK=N` flag). A field's `parse` replaces the type's
+  parser on the command line (`--servers` also takes HOST:PORT lists) and `from_arg` turns what it
+  parsed into the field's value.
+- Leaf names are unique across the nested sections (`data`, `model`, `optim`): flags and TOML
+  keys are flat.
+- `validate` is the one check at the edge: each failure is a one-line ValueError naming the flag
+  (the CLI prints it and exits 2).
+
+`to_argv(cfg)` is how `psgd run` hands the exact same configuration to the server and worker
+processes it starts (and how you would start them by hand on other hosts).
+
+Stdlib only, and nothing above psgd/core: every layer imports this module.
 """
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
+import functools
 import math
+import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from psgd.core import link
 
@@ -25,60 +46,127 @@ BACKENDS = ("auto", "gloo", "nccl")
 TRANSPORTS = ("grpc", "tcp")
 SHARD_DATA = ("iid", "noniid", "dirichlet")
 
+Pairs = tuple[tuple[int, int], ...]   # (rank, n) pairs: a repeatable `--flag RANK=N`, a TOML list ["0=40"]
 
+
+# -- the field declaration -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class Flag:
+    """What a config field needs besides its type and default to be a command-line flag."""
+    help: str
+    choices: tuple[str, ...] = ()
+    metavar: str | None = None
+    aliases: tuple[str, ...] = ()                       # more option strings (`--num-shards`)
+    parse: Callable[[str], Any] | None = None           # text -> value, ValueError if bad (default: the type)
+    from_arg: Callable[[Any], Any] | None = None        # parsed value -> field value (default: as is)
+
+
+def opt(default: Any, help: str, *, choices: tuple[str, ...] = (), metavar: str | None = None,
+        aliases: tuple[str, ...] = (), parse: Callable[[str], Any] | None = None,
+        from_arg: Callable[[Any], Any] | None = None) -> Any:
+    """A config field that is also a flag: `lr: float = opt(0.05, "learning rate")`."""
+    assert not isinstance(default, (list, dict, set)), "config defaults are immutable (frozen dataclasses)"
+    return field(default=default, metadata={"flag": Flag(help, choices, metavar, aliases, parse, from_arg)})
+
+
+def parse_pair(text: str) -> tuple[int, int]:
+    """`RANK=N` -> (rank, n)."""
+    try:
+        a, b = text.split("=")
+        return int(a), int(b)
+    except ValueError:
+        raise ValueError(f"expected RANK=NUMBER, got {text!r}") from None
+
+
+def parse_servers(text: str) -> int | list[str]:
+    """`--servers 2` (how many shards to start) or `--servers h1:p1,h2:p2` (shards to use)."""
+    if text.isdigit():
+        return int(text)
+    addresses = [a.strip() for a in text.split(",") if a.strip()]
+    for a in addresses:
+        host, _, port = a.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"expected HOST:PORT[,HOST:PORT...], got {a!r}")
+    return addresses
+
+
+def shard_count(servers: int | list[str]) -> int:
+    """The config holds how many shards; `psgd worker` keeps the addresses from the namespace."""
+    return servers if isinstance(servers, int) else len(servers)
+
+
+# -- the schema ----------------------------------------------------------------------------------
+# GROUP is the section's title in `psgd run -h`; sections that share a title share the group.
 @dataclass(frozen=True)
 class DataConfig:
-    dataset: str = "synthetic"      # synthetic | mnist1d | mnist (IDX files from --data-dir)
-    data_dir: str = ""              # where MNIST IDX files live; also the mnist1d cache ("" = ~/.cache/psgd)
-    num_samples: int = 5000         # synthetic / mnist1d: samples generated, split 80% train / 20% test
-    data_seed: int = 42             # seed of the generated dataset (kept apart from --seed)
-    shard_data: str = "iid"         # iid: slice r of each global batch | noniid: label-sorted parts | dirichlet
-    dirichlet_alpha: float = 1.0    # dirichlet: label skew, class shares per worker ~ Dir(alpha) (small = skewed)
-    val_fraction: float = 0.0       # held out of the training set as a validation split (for LR tuning)
+    GROUP: ClassVar[str] = "data and model"
+    dataset: str = opt("synthetic", "training data", choices=DATASETS)
+    data_dir: str = opt("", "MNIST IDX files; mnist1d cache (default ~/.cache/psgd)")
+    num_samples: int = opt(5000, "samples to generate (80% train)")   # synthetic / mnist1d; the rest is test
+    data_seed: int = opt(42, "seed of the generated dataset")          # kept apart from --seed
+    shard_data: str = opt("iid", "noniid: sort by label, worker r trains on part r only; dirichlet: each class "
+                                 "split among workers in Dir(alpha) shares (Hsu et al. 2019)", choices=SHARD_DATA)
+    dirichlet_alpha: float = opt(1.0, "dirichlet label skew: 100 is nearly IID, 0.1 gives most workers a few "
+                                      "classes", metavar="ALPHA")
+    val_fraction: float = opt(0.0, "hold this fraction of the training set out as a validation split (LR tuning)")
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    model: str = "mlp"              # logreg | mlp | cnn (1-D, for mnist1d) | wide_mlp
-    width: int = 0                  # hidden width; 0 = the model's default (mlp 128, wide_mlp 1024)
+    GROUP: ClassVar[str] = "data and model"
+    model: str = opt("mlp", "model to train", choices=MODELS)    # cnn is 1-D, for mnist1d
+    width: int = opt(0, "hidden width (0: model default)")        # defaults: mlp 128, wide_mlp 1024
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    lr: float = 0.05                # SGD learning rate (applied by the servers, or by every replica)
-    momentum: float = 0.9
-    weight_decay: float = 0.0
-    warmup: int = 0                 # linear LR warmup over this many updates (Goyal et al. 2017)
+    GROUP: ClassVar[str] = "optimizer (torch.optim.SGD, applied by the servers or every replica)"
+    lr: float = opt(0.05, "learning rate")
+    momentum: float = opt(0.9, "SGD momentum")
+    weight_decay: float = opt(0.0, "L2 weight decay")
+    warmup: int = opt(0, "linear LR warmup over this many updates")   # Goyal et al. 2017
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    mode: str = "sync"              # sync | async | ssp | allreduce
-    workers: int = 2
-    servers: int = 1                # parameter shards (PS modes)
-    staleness: int = 2              # SSP bound s
-    steps: int = 100                # budget: steps x workers gradients applied in total
-    epochs: float = 0.0             # if > 0, overrides steps: epochs over the training set
-    batch_size: int = 32            # per worker, per micro-batch
-    accumulate: int = 1             # local micro-batches per push (gradient accumulation)
-    local_steps: int = 1            # local SGD: H optimizer steps on the replica between averagings (sync, allreduce)
-    seed: int = 0                   # model init and batch order
-    eval_every: int = 20            # servers snapshot parameters every this many updates (0 = end only)
-    device: str = "auto"            # auto | cpu | cuda
-    wire_dtype: str = "fp32"        # fp32 | fp16 | bf16 on the wire; servers accumulate in fp32
-    straggler: tuple[tuple[int, int], ...] = ()   # (rank, ms): fixed extra delay per step
-    jitter: float = 0.0             # mean of an exponential random delay per step, every worker (ms)
-    skip_nonfinite: bool = False    # skip (and count) non-finite gradients instead of rejecting them
-    rpc_timeout: float = 60.0       # seconds; deadline of every RPC, including a pull held by SSP/sync
-    fail_at: tuple[tuple[int, int], ...] = ()     # (rank, step): fault injection, rank kills itself
-    allreduce_impl: str = "library"  # allreduce: library (torch.distributed) | ring (psgd/allreduce/ring.py, by hand)
-    bucket_mb: float = 25.0         # allreduce: gradient bucket size in MiB (PyTorch DDP's default, 25)
-    backend: str = "auto"           # allreduce: auto (nccl with one GPU per rank, else gloo) | gloo | nccl
-    check_every: int = 50           # allreduce: compare replica hashes every this many updates (0 = end only)
-    overlap: bool = False           # PS: push a shard once backward produced it, pull while the batch loads
-    transport: str = "grpc"         # PS: grpc (every byte on gRPC) | tcp (tensors on raw sockets, psgd/ps/tcp.py)
-    link: str = ""                  # PS: emulated link BANDWIDTH[,LATENCY] per process, e.g. 1gbit,200us ("" = as is)
-    out: str = "results/runs/latest"
+    GROUP: ClassVar[str] = "run"
+    mode: str = opt("sync", "consistency mode (see above)", choices=MODES)
+    workers: int = opt(2, "number of workers N")
+    servers: int = opt(1, "parameter shards K to start (run), or HOST:PORT,... of running shards (worker)",
+                       aliases=("--num-shards",), parse=parse_servers, from_arg=shard_count)
+    staleness: int = opt(2, "SSP bound s (clock lead allowed)")
+    steps: int = opt(100, "budget: run until steps x workers gradients were applied (= steps updates in sync)")
+    epochs: float = opt(0.0, "budget in epochs instead of --steps (if > 0)")
+    batch_size: int = opt(32, "samples per worker per micro-batch")
+    accumulate: int = opt(1, "micro-batches accumulated per push")
+    local_steps: int = opt(1, "local SGD: H optimizer steps on each worker's replica between synchronous "
+                              "averagings (sync PS or allreduce; 1 = average every step)", metavar="H")
+    seed: int = opt(0, "seed of model init and batch order")
+    eval_every: int = opt(20, "snapshot parameters every this many updates, evaluated after the run (0: end only)")
+    device: str = opt("auto", "where workers compute", choices=DEVICES)
+    wire_dtype: str = opt("fp32", "dtype of gradients and parameters on the wire (servers keep fp32)",
+                          choices=WIRE_DTYPES)
+    straggler: Pairs = opt((), "worker RANK sleeps MS extra per step (repeatable)", metavar="RANK=MS")
+    jitter: float = opt(0.0, "every worker sleeps an exponential random delay of this mean per step", metavar="MS")
+    skip_nonfinite: bool = opt(False, "servers skip and count non-finite gradients instead of rejecting them")
+    # Long: a pull that SSP or sync holds back waits under this deadline too.
+    rpc_timeout: float = opt(60.0, "deadline of every RPC, seconds")
+    fail_at: Pairs = opt((), "fault injection: worker RANK kills itself (SIGKILL) at STEP", metavar="RANK=STEP")
+    allreduce_impl: str = opt("library", "allreduce: torch.distributed's all_reduce, or the hand-written ring "
+                                         "(psgd/allreduce/ring.py)", choices=ALLREDUCE_IMPLS)
+    bucket_mb: float = opt(25.0, "allreduce: gradients are reduced in flat buckets of this many MiB")  # DDP's 25
+    backend: str = opt("auto", "allreduce: torch.distributed backend (auto: nccl with one CUDA device per rank, "
+                               "else gloo)", choices=BACKENDS)
+    check_every: int = opt(50, "allreduce: compare a hash of every replica's parameters every this many updates "
+                               "(and at the end; 0: end only)")
+    overlap: bool = opt(False, "PS: push each shard's gradient as soon as backward produced it, pull while the "
+                               "batch loads and forward runs (psgd/ps/overlap.py)")
+    transport: str = opt("grpc", "PS: what carries pushes and pulls: grpc, or tcp (the shards' raw-socket data "
+                                 "plane, psgd/ps/tcp.py; gRPC still does Init and Info)", choices=TRANSPORTS)
+    link: str = opt("", "PS: pace every worker's and shard's traffic to an EMULATED link, e.g. 1gbit,200us or "
+                        "100mbit,1ms (psgd/core/link.py; loopback is still what carries the bytes)",
+                    metavar="BANDWIDTH[,LATENCY]")
+    out: str = opt("results/runs/latest", "run folder: metrics.jsonl, summary.json, logs/")
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -167,42 +255,139 @@ def with_epochs_resolved(cfg: RunConfig, train_size: int) -> RunConfig:
     return dataclasses.replace(cfg, steps=steps)
 
 
+# -- derived from the schema -------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Leaf:
+    """One flag-bearing field of a schema, with where it sits."""
+    section: str          # "" for the schema's own fields, else the nested section's field name ("data")
+    name: str             # the flag (--name-with-dashes), the TOML key, the namespace attribute
+    type: Any             # the resolved annotation: bool, int, float, str or Pairs
+    default: Any
+    flag: Flag
+    group: str            # help group title: the section class's GROUP
+
+
+@functools.cache
+def leaves(schema: type = RunConfig) -> tuple[Leaf, ...]:
+    """The schema's flag-bearing fields in declaration order, the nested sections' fields in place."""
+    out = []
+    for f, typ in _fields(schema):
+        if dataclasses.is_dataclass(typ):
+            out += [Leaf(f.name, f2.name, t2, _default(f2), _flag(typ, f2), typ.GROUP) for f2, t2 in _fields(typ)]
+        else:
+            out.append(Leaf("", f.name, typ, _default(f), _flag(schema, f), schema.GROUP))
+    names = [leaf.name for leaf in out]
+    assert len(set(names)) == len(names), f"{schema.__name__}: field names repeat across sections: {names}"
+    for leaf in out:
+        assert leaf.type in (bool, int, float, str, Pairs), f"{leaf.name}: no flag for type {leaf.type}"
+        assert leaf.type is not bool or leaf.default is False, f"{leaf.name}: a bool flag is off by default"
+    return tuple(out)
+
+
+def _fields(klass: type) -> list[tuple[dataclasses.Field, Any]]:
+    hints = typing.get_type_hints(klass)  # the real types, not the strings `from __future__` leaves
+    return [(f, hints[f.name]) for f in dataclasses.fields(klass)]
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default  # type: ignore[misc]
+
+
+def _flag(klass: type, f: dataclasses.Field) -> Flag:
+    flag = f.metadata.get("flag")
+    assert isinstance(flag, Flag) and flag.help, f"{klass.__name__}.{f.name}: declare it with opt(default, help)"
+    return flag
+
+
+def add_flags(parser: argparse.ArgumentParser, schema: type = RunConfig) -> None:
+    """Add one flag per leaf of the schema, in its section's help group."""
+    groups: dict[str, Any] = {}
+    for leaf in leaves(schema):
+        if leaf.group not in groups:
+            groups[leaf.group] = parser.add_argument_group(leaf.group)
+        flag = leaf.flag
+        kw: dict[str, Any] = {"dest": leaf.name, "help": flag.help.replace("%", "%%")}  # argparse %-formats help
+        if flag.metavar:
+            kw["metavar"] = flag.metavar
+        if flag.choices:
+            kw["choices"] = flag.choices
+        parse = _for_argparse(flag.parse) if flag.parse else None
+        if leaf.type is bool:
+            kw["action"] = "store_true"
+        elif leaf.type == Pairs:
+            kw.update(type=parse or _for_argparse(parse_pair), action="append", default=list(leaf.default))
+        else:
+            kw.update(default=leaf.default)
+            if parse or leaf.type is not str:
+                kw["type"] = parse or leaf.type
+        groups[leaf.group].add_argument("--" + leaf.name.replace("_", "-"), *flag.aliases, **kw)
+
+
+def _for_argparse(parse: Callable[[str], Any]) -> Callable[[str], Any]:
+    """argparse prints an ArgumentTypeError's message as is (a ValueError becomes 'invalid value')."""
+    def wrapped(text: str) -> Any:
+        try:
+            return parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+    return wrapped
+
+
+def from_namespace(ns: argparse.Namespace, schema: type = RunConfig) -> Any:
+    """Parsed flags -> config (not validated: see `validate`)."""
+    flat = {}
+    for leaf in leaves(schema):
+        value = getattr(ns, leaf.name)
+        flat[leaf.name] = leaf.flag.from_arg(value) if leaf.flag.from_arg else value
+    return from_flat(flat, schema)
+
+
+def from_flat(flat: dict, schema: type = RunConfig) -> Any:
+    """Flat leaf names (flags, TOML keys) -> config, the missing ones at their defaults (not validated)."""
+    by_name = {leaf.name: leaf for leaf in leaves(schema)}
+    unknown = [k for k in flat if k not in by_name]
+    if unknown:
+        raise ValueError(f"bad config: unknown key {unknown[0]!r}")
+    values = {k: tuple(tuple(p) for p in v) if by_name[k].type == Pairs else v for k, v in flat.items()}
+    nested: dict[str, dict] = {}
+    for k, v in values.items():
+        nested.setdefault(by_name[k].section, {})[k] = v
+    top = nested.pop("", {})
+    sections = {f.name: typ(**nested.get(f.name, {})) for f, typ in _fields(schema) if dataclasses.is_dataclass(typ)}
+    return schema(**top, **sections)
+
+
 def to_dict(cfg: RunConfig) -> dict:
     return dataclasses.asdict(cfg)
 
 
-def from_dict(d: dict) -> RunConfig:
-    """Inverse of to_dict (reads config.json); unknown keys raise ValueError."""
-    d = dict(d)
-    nested = {"data": DataConfig, "model": ModelConfig, "optim": OptimConfig}
-    kwargs = {}
-    for name, klass in nested.items():
-        kwargs[name] = klass(**d.pop(name, {}))
-    for key in ("straggler", "fail_at"):
-        if key in d:
-            d[key] = tuple(tuple(p) for p in d[key])
+def from_dict(d: dict, schema: type = RunConfig) -> Any:
+    """Inverse of to_dict (reads config.json): nested sections; unknown keys raise ValueError."""
+    where = {leaf.name: leaf.section for leaf in leaves(schema)}
+    flat = {}
+    for key, value in d.items():
+        section = key if key in where.values() and key and isinstance(value, dict) else ""
+        for k, v in (value.items() if section else [(key, value)]):
+            if where.get(k) != section:
+                raise ValueError(f"bad config: unknown key {f'{section}.{k}' if section else k!r}")
+            flat[k] = v
     try:
-        return RunConfig(**d, **kwargs)
+        return from_flat(flat, schema)
     except TypeError as e:
         raise ValueError(f"bad config: {e}") from None
 
 
-def to_argv(cfg: RunConfig) -> list[str]:
-    """The flags that rebuild cfg through the CLI (see psgd/cli.py add_run_flags)."""
+def to_argv(cfg: Any) -> list[str]:
+    """The flags that rebuild cfg through `add_flags` (and so through `psgd run | server | worker`)."""
     argv: list[str] = []
-    sections = [cfg, cfg.data, cfg.model, cfg.optim]
-    for obj in sections:
-        for f in dataclasses.fields(obj):
-            value = getattr(obj, f.name)
-            if isinstance(value, (DataConfig, ModelConfig, OptimConfig)):
-                continue
-            flag = "--" + f.name.replace("_", "-")
-            if isinstance(value, bool):
-                if value:
-                    argv.append(flag)
-            elif f.name in ("straggler", "fail_at"):
-                for rank, n in value:
-                    argv += [flag, f"{rank}={n}"]
-            else:
-                argv += [flag, str(value)]
+    for leaf in leaves(type(cfg)):
+        value = getattr(getattr(cfg, leaf.section) if leaf.section else cfg, leaf.name)
+        flag = "--" + leaf.name.replace("_", "-")
+        if leaf.type is bool:
+            argv += [flag] if value else []
+        elif leaf.type == Pairs:
+            for rank, n in value:
+                argv += [flag, f"{rank}={n}"]
+        else:
+            argv += [flag, str(value)]
     return argv

@@ -145,42 +145,33 @@ def run_digest(cfg: C.RunConfig, version: str) -> str:
     return hashlib.sha256(json.dumps([d, version], sort_keys=True).encode()).hexdigest()[:16]
 
 
-# -- settings: flat TOML keys <-> the nested RunConfig ------------------------------------------
-def _sections() -> dict[str, object]:
-    return {"": C.RunConfig, "data": C.DataConfig, "model": C.ModelConfig, "optim": C.OptimConfig}
+# -- settings: flat TOML keys <-> the nested RunConfig (the schema: psgd/core/config.py) -------------
+def known_keys() -> dict[str, tuple[str, object]]:
+    """Flat key -> (section, type): RunConfig's leaf fields, "" for its own, else "data" | "model" | "optim"."""
+    return {leaf.name: (leaf.section, leaf.type) for leaf in C.leaves()}
 
 
-def known_keys() -> dict[str, tuple[str, str]]:
-    """Flat key -> (section, type as written in the dataclass)."""
-    keys = {}
-    for section, klass in _sections().items():
-        for f in dataclasses.fields(klass):
-            if not (section == "" and f.name in ("data", "model", "optim")):  # the nested sections
-                keys[f.name] = (section, str(f.type))
-    return keys
-
-
-def _coerce(key: str, typ: str, value, where: str):
+def _coerce(key: str, typ: object, value, where: str):
     def bad(expected: str) -> SuiteError:
         return SuiteError(f"{where}: key {key!r} must be {expected}, got {value!r}")
 
-    if typ == "bool":
+    if typ is bool:
         if not isinstance(value, bool):
             raise bad("true or false")
         return value
-    if typ == "int":
+    if typ is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise bad("an integer")
         return value
-    if typ == "float":
+    if typ is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise bad("a number")
         return float(value)
-    if typ == "str":
+    if typ is str:
         if not isinstance(value, str):
             raise bad("a string")
         return value
-    if typ.startswith("tuple[tuple[int, int]"):
+    if typ == C.Pairs:
         if not isinstance(value, list):
             raise bad('a list like ["0=40"]')
         pairs = []
@@ -196,17 +187,13 @@ def _coerce(key: str, typ: str, value, where: str):
 def config_from_settings(settings: dict, where: str) -> C.RunConfig:
     """Build and validate a RunConfig from flat settings; SuiteError names the bad key."""
     keys = known_keys()
-    nested: dict[str, dict] = {s: {} for s in _sections()}
+    flat = {}
     for key, value in settings.items():
         if key not in keys:
             raise SuiteError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(keys))})")
-        section, typ = keys[key]
-        nested[section][key] = _coerce(key, typ, value, where)
-    top = nested.pop("")
-    cfg = C.RunConfig(**top, data=C.DataConfig(**nested["data"]), model=C.ModelConfig(**nested["model"]),
-                      optim=C.OptimConfig(**nested["optim"]))
+        flat[key] = _coerce(key, keys[key][1], value, where)
     try:
-        return C.validate(cfg)
+        return C.validate(C.from_flat(flat))
     except ValueError as e:
         raise SuiteError(f"{where}: {e}") from None
 
@@ -225,7 +212,7 @@ def _read_toml(path: Path) -> dict:
 def _expand(run: dict, where: str) -> list[dict]:
     """A run whose scalar settings are lists is a grid: one run per combination (label formatted)."""
     keys = known_keys()
-    axes = [k for k, v in run.items() if isinstance(v, list) and k in keys and not keys[k][1].startswith("tuple")]
+    axes = [k for k, v in run.items() if isinstance(v, list) and k in keys and keys[k][1] != C.Pairs]
     if not axes:
         return [run]
     out = []
