@@ -160,9 +160,9 @@ class RunConfig:
     check_every: int = opt(50, "allreduce: compare a hash of every replica's parameters every this many updates "
                                "(and at the end; 0: end only)")
     overlap: bool = opt(False, "PS: push each shard's gradient as soon as backward produced it, pull while the "
-                               "batch loads and forward runs (psgd/ps/overlap.py)")
+                               "batch loads and forward runs (psgd/ps/exchange.py)")
     transport: str = opt("grpc", "PS: what carries pushes and pulls: grpc, or tcp (the shards' raw-socket data "
-                                 "plane, psgd/ps/tcp.py; gRPC still does Init and Info)", choices=TRANSPORTS)
+                                 "plane, psgd/ps/tcp_server.py; gRPC still does Init and Info)", choices=TRANSPORTS)
     link: str = opt("", "PS: pace every worker's and shard's traffic to an EMULATED link, e.g. 1gbit,200us or "
                         "100mbit,1ms (psgd/core/link.py; loopback is still what carries the bytes)",
                     metavar="BANDWIDTH[,LATENCY]")
