@@ -17,7 +17,7 @@ model = models.build(ModelConfig("mlp"), ds.input_dim, ds.num_classes, seed=0)
 opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
 plan = data.BatchPlan(ds.y_train, workers=1, per_worker=64, seed=0)  # the global-batch sequence
 
-for step in range(200):
+for step in range(100):
     idx = plan.indices(0, step)
     opt.zero_grad()
     loss = F.cross_entropy(model(ds.x_train[idx]), ds.y_train[idx])

@@ -19,7 +19,7 @@ from psgd.ps import server
 from psgd.ps.exchange import PSExchange
 from psgd.train import worker
 
-cfg = RunConfig(mode="sync", workers=4, servers=2, batch_size=16, steps=200, device="cpu",
+cfg = RunConfig(mode="sync", workers=4, servers=2, batch_size=16, steps=100, device="cpu",
                 data=DataConfig(dataset="synthetic", num_samples=4000))
 started = [server.start(cfg, k) for k in range(cfg.servers)]   # each on 127.0.0.1, a free port
 addresses = [f"127.0.0.1:{s.port}" for s in started]

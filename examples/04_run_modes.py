@@ -4,7 +4,8 @@
 `psgd server` / `psgd worker` you could start on other hosts), waits, evaluates, and returns
 summary.json. Worker 0 of 2 is 30 ms slower per step. The claims, checked at the end: sync makes every
 worker wait for it (both do the same number of steps), async lets the other run ahead (it does
-more steps than the straggler), and SSP lets it run ahead by at most `staleness` clocks.
+more steps than the straggler, and more than one clock ahead), and SSP lets it run ahead by at
+most `staleness` clocks.
 
     python examples/04_run_modes.py
 """
@@ -27,3 +28,5 @@ steps = {mode: s["per_worker_steps"] for mode, s in summaries.items()}
 assert len(set(steps["sync"].values())) == 1, "sync: every worker does every step"
 assert steps["async"]["0"] < max(steps["async"].values()), "async: the other worker does not wait for the straggler"
 assert summaries["ssp"]["max_clock_gap"] <= 1, "SSP(1): nobody runs more than one clock ahead"
+assert summaries["async"]["max_clock_gap"] > 1, "async bounds nothing: the fast worker runs further ahead"
+assert all(sum(s.values()) == 2 * 30 for s in steps.values()), "every mode spends the same budget of gradients"

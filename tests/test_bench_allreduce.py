@@ -9,6 +9,10 @@ from psgd.bench import allreduce as bench
 from psgd.cli import main
 from tests.helpers import processes_mentioning, psgd
 
+# Both bench files check that no `psgd-bench-` process is left: under pytest-xdist they run on
+# one worker, one after the other, so that neither sees the other's live processes.
+pytestmark = pytest.mark.xdist_group("bench")
+
 
 def test_bench_measures_both_implementations_as_json():
     r = psgd("bench", "allreduce", "--size-mb", "0.01,0.1", "--workers", "3", "--impl", "library,ring",
