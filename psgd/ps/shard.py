@@ -125,15 +125,13 @@ class Shard:
         """Validate a push's header before any byte of its data is read."""
         if not self.ready.is_set():
             raise ShardError(Code.FAILED_PRECONDITION, f"shard {self.index} is not initialised yet")
-        problems = [
-            (shard != self.index, f"tensor for shard {shard} sent to shard {self.index}"),
-            (worker_id >= self.cfg.workers, f"worker id {worker_id} out of range 0..{self.cfg.workers - 1}"),
-            (num_elements != self.num_elements,
-             f"shard {self.index} has {self.num_elements} elements, header says {num_elements}"),
-        ]
-        for bad, message in problems:
-            if bad:
-                raise ShardError(Code.INVALID_ARGUMENT, message)
+        if shard != self.index:
+            raise ShardError(Code.INVALID_ARGUMENT, f"tensor for shard {shard} sent to shard {self.index}")
+        if worker_id >= self.cfg.workers:
+            raise ShardError(Code.INVALID_ARGUMENT, f"worker id {worker_id} out of range 0..{self.cfg.workers - 1}")
+        if num_elements != self.num_elements:
+            raise ShardError(Code.INVALID_ARGUMENT,
+                             f"shard {self.index} has {self.num_elements} elements, header says {num_elements}")
 
     @contextlib.contextmanager
     def receive_buffer(self) -> Iterator[torch.Tensor]:
