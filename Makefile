@@ -21,7 +21,7 @@ $(STAMP): pyproject.toml
 PYTEST_WORKERS ?= 2
 
 test: install
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS)
 
 experiments: install
 	$(BIN)/psgd suite experiments/default.toml
