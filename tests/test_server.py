@@ -8,6 +8,7 @@ from psgd._proto import parameter_server_pb2 as pb
 from psgd._proto import parameter_server_pb2_grpc as pb_grpc
 from psgd.core import codec
 from psgd.core.config import RunConfig
+from psgd.core.errors import ExchangeError
 from psgd.ps.client import make_client
 from tests.helpers import open_start_barrier
 
@@ -119,3 +120,32 @@ def test_port_in_use_is_a_clear_error(shards):
     port = int(address.rsplit(":", 1)[1])
     with pytest.raises(OSError, match="in use"):
         server_mod.start(RunConfig(servers=1), 0, "127.0.0.1", port)
+
+
+def test_init_for_another_shard_is_refused(shard_servers):
+    (server, _) = shard_servers(RunConfig(mode="sync", workers=1, servers=2))
+    with grpc.insecure_channel(f"127.0.0.1:{server.port}") as ch:
+        stub = pb_grpc.ParameterShardStub(ch)
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Init(chunks(pb.TensorHeader(worker_id=0, dtype=pb.FP32, shard=1, num_elements=4), torch.ones(4)),
+                      timeout=10)
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "for shard 1" in err.value.details()
+    assert not server.shard.ready.is_set()
+
+
+@pytest.mark.parametrize("transport", ["grpc", "tcp"])
+def test_closing_after_a_failure_cuts_held_calls_instead_of_waiting_for_their_deadline(shard_servers, threads,
+                                                                                       transport):
+    # Worker 0's first pull is held at the start barrier (worker 1 never comes); its deadline is 10
+    # minutes away. close(failed=True) must end it now: the close thread finishes within the join
+    # deadline, and the pull fails with a one-line ExchangeError.
+    (server,) = shard_servers(RunConfig(mode="sync", workers=2, servers=1))
+    client = make_client(transport, [f"127.0.0.1:{server.port}"], 0, 4, rpc_timeout=600)
+    client.init(torch.zeros(4))
+    streams = client.start_pull(0, torch.empty(4))
+    with server.shard.lock:  # the pull is in: held by the policy
+        assert server.shard.lock.wait_for(lambda: 0 in server.shard.policy.at_start, timeout=60)
+    threads.start(client.close, True, name="close")
+    threads.join()
+    with pytest.raises(ExchangeError):
+        streams.result()

@@ -112,3 +112,22 @@ def test_shard_and_replica_take_the_same_warmed_up_steps():
         replica.grad = g
         opt.step()
     assert torch.allclose(s.param, replica, atol=1e-6)
+
+
+def test_init_header_is_checked_like_a_push():
+    s = Shard(RunConfig(mode="sync", workers=2, servers=2), 0)
+    refused(lambda: s.check_init(0, 1), Code.INVALID_ARGUMENT, "for shard 1")
+    refused(lambda: s.check_init(2, 0), Code.INVALID_ARGUMENT, "worker id 2")
+    s.check_init(1, 0)
+
+
+def test_a_failed_update_is_not_counted():
+    from psgd.core.consistency import Async
+
+    def apply(grad):
+        raise RuntimeError("the optimizer failed")
+
+    policy = Async(1, apply)
+    with pytest.raises(RuntimeError, match="optimizer failed"):
+        policy.push(0, 0, 0, torch.ones(2))
+    assert policy.version == 0  # the version still names the parameters' state

@@ -1,12 +1,15 @@
 """The worker loop's start: the warm-up changes nothing, and the shards' start barrier keeps every
-worker from training (and every gradient from being applied) until the last worker has arrived."""
+worker from training (and every gradient from being applied) until the last worker has arrived; a
+failing loop still closes its exchange."""
 
 import threading
 
+import pytest
 import torch
 import torch.nn.functional as F
 
 from psgd.core.config import DataConfig, ModelConfig, RunConfig
+from psgd.core.step import StepReport
 from psgd.ps.exchange import PSExchange
 from psgd.train import data, models, worker
 
@@ -69,3 +72,29 @@ def test_no_gradient_is_applied_before_the_last_worker_reaches_the_start_barrier
     counted = sum(e["steps"] for e in ends.values())
     assert cfg.steps * cfg.workers - cfg.workers <= counted <= cfg.steps * cfg.workers
     assert all(e["train_start"] <= e["train_end"] for e in ends.values())
+
+
+def test_a_failing_loop_closes_the_exchange_quickly_and_reports_its_own_error():
+    class Broken:
+        closed: list[bool] = []
+
+        def setup(self, flat, rank):
+            pass
+
+        def before_compute(self, clock, flat):
+            return StepReport()
+
+        def after_compute(self, clock, flat):
+            raise RuntimeError("the network is gone")
+
+        def close(self, failed=False):
+            self.closed.append(failed)
+            raise OSError("and so is the socket")
+
+    ex = Broken()
+    cfg = RunConfig(mode="sync", workers=1, steps=3, data=DataConfig(dataset="synthetic", num_samples=200),
+                    device="cpu")
+    with pytest.raises(RuntimeError, match="the network is gone") as err:
+        worker.train(cfg, 0, ex, None)
+    assert ex.closed == [True]  # once, told it failed (no waiting for peers)
+    assert any("and so is the socket" in note for note in err.value.__notes__)

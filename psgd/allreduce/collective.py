@@ -242,17 +242,19 @@ class CollectiveExchange:
         return StepReport(done=done, push_s=t1 - t0, bytes_pushed=traffic.sent, bytes_pulled=traffic.received,
                           compute_s=local_s)
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         if self.opt is not None:
             out = Path(self.cfg.out)
             out.mkdir(parents=True, exist_ok=True)
             if self.rdv.rank == 0:
                 torch.save({"snapshots": self.snapshots}, out / "replica-0.pt")
             (out / f"replica-{self.rdv.rank}.json").write_text(json.dumps(self.report(), indent=1))
-        if dist.is_initialized() and not self.failed:
+        if dist.is_initialized() and not (failed or self.failed):
             # Tear down together: a rank that destroys its group while a peer's gloo threads still
             # talk to it makes that peer abort at exit ("terminate called without an active
-            # exception"). After a failure a peer may be gone: then leave at once, no barrier.
+            # exception"). After a failure (here or in the loop) the ranks are no longer in step and a
+            # peer may be gone: a barrier could pair with a peer's all-reduce or wait out the
+            # timeout, so leave at once (`psgd worker` exits without the interpreter's teardown).
             self._guard("final barrier", dist.barrier)
             dist.destroy_process_group()
 

@@ -170,6 +170,16 @@ class Policy:
             self.stats.max_clock_gap = max(self.stats.max_clock_gap, gap)
             return PullOutcome(self.version, done=False, wait_s=waited, clock_gap=gap, value=read())
 
+    def _commit(self, grad: torch.Tensor) -> None:
+        """Count one update, then apply it: apply() sees the version its update makes. If apply
+        fails the count is taken back, so the version always names the parameters' state."""
+        self.version += 1
+        try:
+            self._apply(grad)
+        except BaseException:
+            self.version -= 1
+            raise
+
     def close(self) -> None:
         """Stop: wake every blocked pull (they return done) and refuse further pushes."""
         with self.cond:
@@ -192,8 +202,7 @@ class Async(Policy):
     def _on_gradient(self, worker: int, clock: int, grad: torch.Tensor | None) -> bool:
         if grad is None:
             return False
-        self.version += 1  # counted first: apply() sees the version its update makes
-        self._apply(grad)
+        self._commit(grad)
         return True
 
 
@@ -248,9 +257,10 @@ class Sync(Policy):
         if self._arrived < self.num_workers:
             return False
         contributors, self._arrived, self._contributors = self._contributors, 0, 0
-        self.version += 1  # counted first: apply() sees the version its update makes
         if contributors:
-            self._apply(self._sum.div_(contributors))
+            self._commit(self._sum.div_(contributors))
+        else:
+            self.version += 1  # every gradient of the round was skipped: an update that changes nothing
         return True
 
 

@@ -30,7 +30,6 @@ class Code(enum.Enum):
     INVALID_ARGUMENT = "INVALID_ARGUMENT"        # malformed or out-of-protocol request
     FAILED_PRECONDITION = "FAILED_PRECONDITION"  # the shard is not ready for it (not initialised)
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"      # a held pull ran past its deadline
-    UNAVAILABLE = "UNAVAILABLE"                  # the shard is stopping
 
 
 class ShardError(Exception):

@@ -9,7 +9,7 @@ Contract:
   and survives the averagings (it is never averaged or reset).
 - Every H local steps the replicas are averaged, synchronously: `--mode allreduce` all-reduces
   the parameters (SUM, then / N); `--mode sync` pushes the delta w_pulled - w_local to the
-  shards, which apply w <- w - mean(delta) (psgd/ps/server.py), and the workers pull the average.
+  shards, which apply w <- w - mean(delta) (psgd/ps/shard.py), and the workers pull the average.
   One averaging round is one update of the global model: the shards' version and the
   all-reduce version count rounds, and so do `--eval-every` and `--check-every`.
 - Budget: `--steps T` still counts each worker's local steps (gradients computed), so the

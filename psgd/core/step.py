@@ -48,8 +48,9 @@ class Exchange(Protocol):
     def after_compute(self, clock: int, flat: Flat) -> StepReport:
         """Deliver flat.grads of step `clock`."""
 
-    def close(self) -> None:
-        """Release everything; called once, also when the loop failed."""
+    def close(self, failed: bool = False) -> None:
+        """Release everything; called once, also when the loop failed (`failed`: then quickly,
+        without waiting for peers or in-flight transfers)."""
 
     # Optional: `watch(model, flat)`, called once after setup, for an exchange that overlaps
     # with compute through hooks on the model (PS `--overlap`, psgd/ps/exchange.py).

@@ -118,8 +118,12 @@ class PSClient:
         sent = sum((stop - start) * codec.itemsize(self.dtype) for start, stop in self.ranges)
         return any(r.done for r in replies), any(r.refused for r in replies), sent
 
-    def close(self) -> None:
-        self.background.shutdown(wait=True)
+    def close(self, failed: bool = False) -> None:
+        """Close every connection; `failed`: first cut those still in use (their calls end at
+        once instead of at their deadline), then drop what has not started."""
+        if failed:
+            self.transport.close()
+        self.background.shutdown(wait=True, cancel_futures=failed)
         self.transport.close()
 
 

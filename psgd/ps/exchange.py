@@ -139,11 +139,11 @@ class PSExchange:
             self._host = flat.params if on_cpu else torch.empty_like(flat.params, device="cpu")
         return self._host
 
-    def close(self) -> None:
+    def close(self, failed: bool = False) -> None:
         if self._overlap is not None:
             self._overlap.close()
         if self.client is not None:
-            self.client.close()
+            self.client.close(failed)
 
 
 class Overlap:

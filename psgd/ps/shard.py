@@ -26,7 +26,10 @@ Contract (every method thread-safe; a refusal raises `ShardError(code, message)`
 - Snapshots of the parameters every `--eval-every` updates (and at 0 and the end) are saved by
   `save(out)` with the stats and evaluated after the run, so evaluation never disturbs timing.
 - `--link`: `link_in` / `link_out` pace this shard's NIC (pushes in, pulls out, shared by the N
-  workers' streams); the adapters pace each chunk with them (psgd/core/link.py `paced`).
+  workers' streams); the adapters pace each chunk with them (the gRPC one through
+  psgd/core/link.py `paced`, the TCP one through its frames' per-chunk callback).
+- A sync round in which every gradient was skipped (--skip-nonfinite) counts as an update but
+  takes no optimizer step, so it does not advance the warmup schedule either.
 
 Locking: the policy's condition (`self.lock`, the policy's `cond`) is the one lock of the shard;
 it guards the parameters, the optimizer, the snapshots and the counters. The policy calls
@@ -121,17 +124,24 @@ class Shard:
                                  f"shard {self.index} holds {self.param.numel()} elements; Init sent {values.numel()}")
             return self.policy.version, False
 
+    def check_init(self, worker_id: int, shard: int) -> None:
+        """Validate an init's header (its length is checked against the first init's in `init`)."""
+        self._check_sender(worker_id, shard)
+
     def check_push(self, worker_id: int, shard: int, num_elements: int) -> None:
         """Validate a push's header before any byte of its data is read."""
         if not self.ready.is_set():
             raise ShardError(Code.FAILED_PRECONDITION, f"shard {self.index} is not initialised yet")
+        self._check_sender(worker_id, shard)
+        if num_elements != self.num_elements:
+            raise ShardError(Code.INVALID_ARGUMENT,
+                             f"shard {self.index} has {self.num_elements} elements, header says {num_elements}")
+
+    def _check_sender(self, worker_id: int, shard: int) -> None:
         if shard != self.index:
             raise ShardError(Code.INVALID_ARGUMENT, f"tensor for shard {shard} sent to shard {self.index}")
         if worker_id >= self.cfg.workers:
             raise ShardError(Code.INVALID_ARGUMENT, f"worker id {worker_id} out of range 0..{self.cfg.workers - 1}")
-        if num_elements != self.num_elements:
-            raise ShardError(Code.INVALID_ARGUMENT,
-                             f"shard {self.index} has {self.num_elements} elements, header says {num_elements}")
 
     @contextlib.contextmanager
     def receive_buffer(self) -> Iterator[torch.Tensor]:

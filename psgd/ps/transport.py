@@ -162,10 +162,11 @@ class GrpcTransport:
         return header, asm.received
 
     def close(self) -> None:
-        if self.pool is not None:
-            self.pool.shutdown(wait=True)
+        """Close the channels (which cancels any RPC still in flight), then join the pool. Idempotent."""
         for c in self.channels:
             c.close()
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
 
 
 def _stream(k: int, header: pb.TensorHeader, payload: memoryview, events: Events):
@@ -191,7 +192,8 @@ class TcpTransport:
         self.control = GrpcTransport(addresses, timeout)
         self._data: list[tuple[str, int] | None] = [None] * len(addresses)
         self._idle: list[list[socket.socket]] = [[] for _ in addresses]
-        self._lock = threading.Lock()  # guards _idle and _data
+        self._busy: set[socket.socket] = set()  # connections a call is using now
+        self._lock = threading.Lock()  # guards _idle, _busy and _data
 
     def info(self, shards):
         infos = self.control.info(shards)
@@ -222,18 +224,20 @@ class TcpTransport:
             if events.replied:
                 events.replied(k, reply)
             return reply
-        return self._exchange("push to", shards, send, receive, max(len(b) for b in payloads.values()))
+        largest = max(len(b) for b in payloads.values())
+        return self._exchange("push to", shards, send, receive, largest, events)
 
     def pull(self, shards, request_of, out_of, events=NO_EVENTS):
         outs = {k: out_of(k) for k in shards}  # each slice taken once (tensor slicing costs ~5 us)
+        requests = {k: request_of(k) for k in shards}
 
         def send(sock, k):
             if events.sending:
                 events.sending(k)
-            fr.send_frame(sock, fr.PULL, request_of(k).SerializeToString())
+            fr.send_frame(sock, fr.PULL, requests[k].SerializeToString())
 
         def receive(sock, k):
-            out = outs[k]
+            out, dtype = outs[k], wire.DTYPE_NAMES[requests[k].dtype]
             body, payload_len = self._reply(sock, k, "pull from", fr.PULLED)
             header = pb.PullHeader.FromString(body)
             if events.replied:
@@ -241,60 +245,73 @@ class TcpTransport:
             # On an error below the payload is left unread: the connection is closed, not reused.
             if not check_pull_header(k, header, out):
                 return header, 0
-            dtype = wire.DTYPE_NAMES[header.dtype]
-            if payload_len != out.numel() * codec.itemsize(dtype):
-                raise ExchangeError(f"shard {k} sent {payload_len} bytes for {out.numel()} {dtype} elements")
+            if header.dtype != requests[k].dtype or payload_len != out.numel() * codec.itemsize(dtype):
+                raise ExchangeError(f"shard {k} sent {payload_len} bytes of wire dtype {header.dtype} for "
+                                    f"{out.numel()} {dtype} elements")
             got = events.received
             return header, fr.recv_tensor(sock, out, dtype, got and (lambda n, e: got(k, n, e)))
-        return self._exchange("pull from", shards, send, receive, max(o.numel() * 4 for o in outs.values()))
+        width = codec.itemsize(wire.DTYPE_NAMES[requests[shards[0]].dtype])
+        return self._exchange("pull from", shards, send, receive, max(o.numel() for o in outs.values()) * width,
+                              events)
 
-    def _exchange(self, what: str, shards, send, receive, largest: int) -> list:
-        """send(sock, k) then receive(sock, k) for every shard: small ones in one round from this
-        thread, where a thread hand-off would cost more than the copy it spreads; large ones on the
-        control transport's pool, one thread each, so that the K copies use several cores."""
-        if len(shards) > 1 and self.control.pool is not None and largest > ROUND_MAX_BYTES:
-            def one(k):
-                with self._connection(k, what) as sock:
-                    send(sock, k)
-                    return receive(sock, k)
+    def _exchange(self, what: str, shards, send, receive, largest: int, events: Events) -> list:
+        """send(sock, k) then receive(sock, k) for every shard. Small unpaced ones in one round from
+        this thread (send every request, then read every reply), where a thread hand-off would cost
+        more than the copy it spreads; large ones, and paced ones (their latencies must elapse side
+        by side, as on K real links), on the control transport's pool, one thread each."""
+        def one(k):
+            with self._connection(k, what) as sock:
+                self._guarded(k, what, send, sock)
+                return self._guarded(k, what, receive, sock)
+        paced = events.sending is not None or events.replied is not None
+        if len(shards) > 1 and self.control.pool is not None and (largest > ROUND_MAX_BYTES or paced):
             return list(self.control.pool.map(one, shards))
+        if len(shards) == 1:
+            return [one(shards[0])]
         with contextlib.ExitStack() as stack:
             socks = [stack.enter_context(self._connection(k, what)) for k in shards]
             for k, sock in zip(shards, socks, strict=True):
-                send(sock, k)
-            return [receive(sock, k) for k, sock in zip(shards, socks, strict=True)]
+                self._guarded(k, what, send, sock)
+            return [self._guarded(k, what, receive, sock) for k, sock in zip(shards, socks, strict=True)]
+
+    def _guarded(self, k: int, what: str, fn, sock: socket.socket):
+        """fn(sock, k); a socket or framing failure becomes one line that names shard k."""
+        where = f"{what} shard {k} at {self.addresses[k]}"
+        try:
+            return fn(sock, k)
+        except fr.FrameError as e:
+            raise ExchangeError(f"{where}: {e}") from None
+        except TimeoutError:
+            raise ExchangeError(f"{where}: DEADLINE_EXCEEDED: no answer within {self.timeout:g}s") from None
+        except OSError as e:
+            raise ExchangeError(f"{where}: UNAVAILABLE: {e}") from None
 
     @contextlib.contextmanager
     def _connection(self, k: int, what: str):
-        """A connection to shard k's data plane, from the pool or new; one line on any failure."""
-        where = f"{what} shard {k} at {self.addresses[k]}"
+        """A connection to shard k's data plane, from the pool or new. It goes back to the pool
+        only when the request and its reply completed; on any failure it is closed."""
         if self._data[k] is None:
             self.info([k])
         with self._lock:
             sock = self._idle[k].pop() if self._idle[k] else None
-        try:
-            if sock is None:
+        if sock is None:
+            try:
                 sock = socket.create_connection(self._data[k], timeout=self.timeout)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError as e:
+                raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: UNAVAILABLE: {e}") from None
+        with self._lock:
+            self._busy.add(sock)
+        try:
             yield sock
-        except ExchangeError:
-            _close(sock)
-            raise
-        except fr.FrameError as e:
-            _close(sock)
-            raise ExchangeError(f"{where}: {e}") from None
-        except TimeoutError:
-            _close(sock)
-            raise ExchangeError(f"{where}: DEADLINE_EXCEEDED: no answer within {self.timeout:g}s") from None
-        except OSError as e:
-            _close(sock)
-            raise ExchangeError(f"{where}: UNAVAILABLE: {e}") from None
         except BaseException:
+            with self._lock:
+                self._busy.discard(sock)
             _close(sock)
             raise
-        else:
-            with self._lock:
-                self._idle[k].append(sock)
+        with self._lock:
+            self._busy.discard(sock)
+            self._idle[k].append(sock)
 
     def _reply(self, sock: socket.socket, k: int, what: str, expected_op: int) -> tuple[bytes, int]:
         head = fr.recv_head(sock)
@@ -308,11 +325,15 @@ class TcpTransport:
         return header, payload_len
 
     def close(self) -> None:
+        """Close idle connections, cut those in use (their calls end now), close the control channels."""
         with self._lock:
             for idle in self._idle:
                 for sock in idle:
                     _close(sock)
                 idle.clear()
+            for sock in self._busy:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
         self.control.close()
 
 

@@ -12,7 +12,8 @@ An `Exchange` (psgd/core/step.py) owns everything mode-specific; PS modes use
 change between them. Straggler delays (`--straggler`, `--jitter`) are added to compute time: they
 emulate a slower device. With `--local-steps H` (psgd/core/localsgd.py) the exchanges take a
 local optimizer step after every compute and talk to the others every H steps only; `steps`
-still counts this worker's steps. `exchange.close()` runs however the loop ends.
+still counts this worker's steps. `exchange.close()` runs however the loop ends (with
+`failed=True` after an error: then it waits for no peer).
 
 Measuring the steady state: before the exchange's setup the worker runs one warm-up forward /
 backward on its first batch and discards the gradients (`warm_up`). Then a start barrier:
@@ -64,9 +65,16 @@ def train(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None
     flat = models.FlatParams(model)
     try:
         totals, train_start = _loop(cfg, rank, exchange, metrics, model, flat, x, y, plan)
-        end = dict(totals, rank=rank, train_start=train_start, train_end=time.time())
-    finally:
-        exchange.close()  # also when the loop failed: connections, threads and files are released
+    except BaseException as e:
+        # Release connections, threads and files without waiting for peers that may be gone; the
+        # loop's own error is the one reported.
+        try:
+            exchange.close(failed=True)
+        except Exception as close_error:  # noqa: BLE001 - kept as a note on the real error
+            e.add_note(f"closing the exchange failed too: {close_error}")
+        raise
+    end = dict(totals, rank=rank, train_start=train_start, train_end=time.time())
+    exchange.close()
     if metrics is not None:
         metrics.write(event="worker_end", **end)
     return end
