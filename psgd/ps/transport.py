@@ -18,8 +18,8 @@ wire dtype, `out_of(k)` the fp32 slice its pulled values land in (written in pla
 - `GrpcTransport`: client-streaming Push / server-streaming Pull of ~1 MiB frames, one thread
   per shard (gRPC releases the GIL while waiting).
 - `TcpTransport`: the shards' raw-socket data planes (psgd/ps/framing.py; gRPC still does Info
-  and Init); shards of at most ROUND_MAX_BYTES in one round from the calling thread (send every
-  request, then read every reply: no thread hand-offs), larger ones a thread each.
+  and Init); unpaced shards of at most ROUND_MAX_BYTES in one round from the calling thread (send
+  every request, then read every reply: no thread hand-offs), larger or paced ones a thread each.
 - `PacedTransport(inner, link)`: `--link`, a wrapper that paces any transport's traffic to an
   emulated wire (psgd/core/link.py): one pacer for sends and one for receives, shared by the K
   streams as one NIC is; each message pays the latency once, each chunk its bytes / bandwidth.
