@@ -12,6 +12,7 @@ that does the work, and turn known failures into one-line errors (exit 2 for usa
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import signal
@@ -122,6 +123,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     try:
         cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
+        cfg = launch.with_out_resolved(cfg)
         summary = launch.run(cfg)
     except UsageError:
         raise  # e.g. --backend nccl without a GPU per worker: exit 2 like any usage error
@@ -135,6 +137,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def by_hand(cfg: C.RunConfig) -> C.RunConfig:
+    """`psgd server` / `psgd worker` started by hand: every process of the run writes to one folder,
+    so an empty --out cannot be a fresh one per process (as `psgd run` makes it)."""
+    return cfg if cfg.out else dataclasses.replace(cfg, out="results/runs/by-hand")
+
+
 def cmd_server(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -144,7 +152,7 @@ def cmd_server(args: argparse.Namespace) -> int:
 
     if not isinstance(args.servers, int):
         raise UsageError("psgd server takes --num-shards K (a count)")
-    cfg = config_from_args(args)
+    cfg = by_hand(config_from_args(args))
     if not 0 <= args.shard < cfg.servers:
         raise UsageError(f"--shard must be in 0..{cfg.servers - 1}, got {args.shard}")
     if not 0 <= args.port < 65536:
@@ -186,7 +194,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from psgd.train import data, worker
     from psgd.train.metrics import Metrics
 
-    cfg = config_from_args(args)
+    cfg = by_hand(config_from_args(args))
     rank = args.rank if args.rank is not None else int(os.environ.get("RANK", "-1"))
     if not 0 <= rank < cfg.workers:
         raise UsageError(f"--rank must be in 0..{cfg.workers - 1} (or set $RANK), got {rank}")

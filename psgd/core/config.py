@@ -166,7 +166,10 @@ class RunConfig:
     link: str = opt("", "PS: pace every worker's and shard's traffic to an EMULATED link, e.g. 1gbit,200us or "
                         "100mbit,1ms (psgd/core/link.py; loopback is still what carries the bytes)",
                     metavar="BANDWIDTH[,LATENCY]")
-    out: str = opt("results/runs/latest", "run folder: metrics.jsonl, summary.json, logs/")
+    out: str = opt("", "run folder: metrics.jsonl, summary.json, logs/. psgd run: default a new "
+                       "results/runs/<mode>-<time> (results/runs/latest links to it); an earlier run's folder "
+                       "has psgd's files replaced, any other non-empty folder or a file is refused. server / "
+                       "worker by hand: default results/runs/by-hand")
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)

@@ -7,6 +7,10 @@ Contract:
   or a server exits early, it stops every other child and fails naming the process. Ctrl-C
   stops all children too. Children get PR_SET_PDEATHSIG, so even a SIGKILLed launcher leaves
   no process behind.
+- The run folder (--out) is psgd's alone: a MARKER file says so. A new or empty folder is taken, an
+  earlier run's folder has psgd's own files replaced, and anything else (a file, a folder of
+  other files) is refused with one line, exit 2: psgd never deletes what it did not write. No
+  --out: a new results/runs/<mode>-<time>, and results/runs/latest a link to it.
 - After the workers finish, servers get SIGTERM, write their stats and snapshots, and exit;
   then the snapshots are evaluated (psgd/train/evaluate.py) on the test set, a training subset and,
   with --val-fraction, the validation split, and OUT/summary.json is written.
@@ -15,10 +19,10 @@ Contract:
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import json
 import os
 import selectors
-import shutil
 import signal
 import subprocess
 import sys
@@ -29,6 +33,7 @@ import torch
 
 from psgd.core import codec
 from psgd.core.config import RunConfig, to_argv, to_dict
+from psgd.core.errors import UsageError
 from psgd.train import data as data_mod
 from psgd.train import evaluate, models
 from psgd.train.metrics import Metrics, read_events, samples_per_update, summarize
@@ -118,15 +123,52 @@ def _wait_workers(workers: list[Child], servers: list[Child]) -> None:
             pending.remove(c)
 
 
+MARKER = ".psgd-run"  # in every folder psgd made for a run: the proof that its files are psgd's
+RUNS = Path("results/runs")
+# Everything a run writes into its folder, and nothing else: what a rerun may replace.
+OWN_FILES = ("metrics.jsonl", "summary.json", "config.json", "final_params.pt", "rendezvous")
+OWN_GLOBS = ("shard-*.json", "shard-*.pt", "replica-*.json", "replica-*.pt", "logs/server-*.log",
+             "logs/worker-*.log")
+
+
+def with_out_resolved(cfg: RunConfig, runs: Path = RUNS) -> RunConfig:
+    """An empty --out becomes a folder of its own: runs/<mode>-<YYYYmmdd-HHMMSS>[-n], and
+    runs/latest a link to it, so that no run replaces the one before."""
+    if cfg.out:
+        return cfg
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    out, n = runs / f"{cfg.mode}-{stamp}", 1
+    while out.exists():
+        n += 1
+        out = runs / f"{cfg.mode}-{stamp}-{n}"
+    out.mkdir(parents=True)
+    (out / MARKER).write_text("psgd run folder\n")
+    latest = runs / "latest"
+    if latest.is_symlink() or not latest.exists():  # an old real folder named latest is left alone
+        latest.unlink(missing_ok=True)
+        latest.symlink_to(out.name)
+    return dataclasses.replace(cfg, out=str(out))
+
+
 def prepare_out(out: Path) -> None:
-    """Start from an empty run folder (a rerun must not mix its lines with an old run's)."""
-    if out.exists():
-        for name in ("metrics.jsonl", "summary.json", "config.json", "final_params.pt", "logs"):
-            p = out / name
-            shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
-        for p in [*out.glob("shard-*"), *out.glob("replica-*")]:
+    """Make `out` an empty psgd run folder, never touching a file psgd did not write.
+
+    A new or empty folder is taken; a psgd run folder (it holds MARKER) has psgd's own files of the
+    last run removed (a rerun must not mix its lines with an old run's), anything else in it stays;
+    a file, or a folder with files but no MARKER, is refused with a UsageError (exit 2).
+    """
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"--out {out} is a file; give a folder for the run (new, empty, or an earlier run's)")
+    if out.is_dir() and any(out.iterdir()) and not (out / MARKER).exists():
+        raise UsageError(f"--out {out} holds files psgd did not write (no {MARKER} in it): give a new or empty "
+                         "folder, or an earlier psgd run's folder")
+    for name in OWN_FILES:
+        (out / name).unlink(missing_ok=True)
+    for pattern in OWN_GLOBS:
+        for p in out.glob(pattern):
             p.unlink()
     (out / "logs").mkdir(parents=True, exist_ok=True)
+    (out / MARKER).write_text("psgd run folder\n")
 
 
 def child_env() -> dict:
@@ -139,7 +181,9 @@ def child_env() -> dict:
 
 
 def run(cfg: RunConfig) -> dict:
-    """Run one training job end to end; returns the summary. Raises RunFailed."""
+    """Run one training job end to end; returns the summary. Raises RunFailed, or UsageError for an
+    --out that is not psgd's to write (an empty --out gets a folder of its own: with_out_resolved)."""
+    cfg = with_out_resolved(cfg)
     out = Path(cfg.out)
     prepare_out(out)
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
