@@ -2,6 +2,7 @@ import argparse
 import dataclasses
 import gzip
 import json
+import re
 import struct
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -66,6 +67,44 @@ def test_every_field_has_help_and_appears_in_psgd_run_help(capsys):
         assert f"--{leaf.name.replace('_', '-')}" in text
     for title in ("run:", "data and model:", "optimizer (torch.optim.SGD"):
         assert title in text
+
+
+def _help(command: str, capsys) -> str:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([command, "-h"])
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["run", "server", "worker"])
+def test_help_shows_each_flags_default(command, capsys):
+    text = _help(command, capsys)
+    # Each flag's entry in the help: from its line to the next flag's or to its group's end.
+    starts = {leaf.name: re.search(rf"^  --{leaf.name.replace('_', '-')}\b", text, re.M) for leaf in C.leaves()}
+    assert all(starts.values()), [name for name, m in starts.items() if not m]
+    bounds = sorted(m.start() for m in starts.values()) + [text.index("\nmodes:")]
+    for leaf in C.leaves():
+        begin = starts[leaf.name].start()
+        entry = " ".join(text[begin:bounds[bounds.index(begin) + 1]].split("\n\n")[0].split())
+        if leaf.type is bool or leaf.default in ("", ()):
+            assert "(default: " not in entry, entry
+        else:
+            assert entry.endswith(f"(default: {leaf.default})"), entry
+    flat = " ".join(text.split())
+    assert "--lr LR learning rate (default: 0.05)" in flat and "--mode {sync,async,ssp,allreduce}" in flat
+
+
+def test_mode_help_points_at_the_modes_printed_below_it(capsys):
+    text = _help("run", capsys)
+    assert "see above" not in text
+    assert text.index("(see 'modes' below)") < text.index("\nmodes:\n  sync ")
+
+
+@pytest.mark.parametrize("command,does", [("server", "Serve one parameter shard"),
+                                          ("worker", "Train as worker --rank")])
+def test_server_and_worker_help_say_what_they_do_and_that_run_starts_them(command, does, capsys):
+    text = _help(command, capsys)
+    description = " ".join(text.split("\n\n")[1].split())   # usage, blank line, description
+    assert description.startswith(does) and "`psgd run` starts" in description
 
 
 @dataclass(frozen=True)
