@@ -14,6 +14,7 @@ import torch
 from psgd.cli import build_parser, config_from_args
 from psgd.core import config as C
 from psgd.core.config import DataConfig, RunConfig, from_dict, to_argv, to_dict, validate, with_epochs_resolved
+from psgd.core.errors import UsageError
 from psgd.lab import experiment
 from psgd.train import data
 
@@ -105,6 +106,20 @@ def test_server_and_worker_help_say_what_they_do_and_that_run_starts_them(comman
     text = _help(command, capsys)
     description = " ".join(text.split("\n\n")[1].split())   # usage, blank line, description
     assert description.startswith(does) and "`psgd run` starts" in description
+
+
+def test_servers_count_and_allreduce():
+    parser = build_parser()
+    # A negative count is a count (for `run`), not a malformed HOST:PORT list.
+    for bad in ("-1", "0"):
+        with pytest.raises(UsageError, match=rf"^--servers must be >= 1, got {bad}$"):
+            config_from_args(parser.parse_args(["run", "--servers", bad]))
+    with pytest.raises(UsageError, match="--mode allreduce has no servers"):
+        config_from_args(parser.parse_args(["run", "--mode", "allreduce", "--servers", "3"]))
+    # The default servers=1 (said or not) is no contradiction: psgd run hands it to every worker.
+    for argv in (["--mode", "allreduce"], ["--mode", "allreduce", "--servers", "1"]):
+        assert config_from_args(parser.parse_args(["run", *argv])).mode == "allreduce"
+    assert C.parse_servers("h1:1,h2:2") == ["h1:1", "h2:2"] and C.parse_servers("3") == 3
 
 
 @dataclass(frozen=True)

@@ -106,6 +106,8 @@ def test_ctrl_c_stops_everything(tmp_path):
     (["run", "--mode", "bogus"], "invalid choice"),
     (["run", "--no-such-flag"], "unrecognized arguments: --no-such-flag (see psgd run -h)"),
     (["worker", "--no-such-flag"], "psgd worker: error: unrecognized arguments: --no-such-flag (see psgd worker -h)"),
+    (["run", "--servers", "-1"], "psgd run: error: --servers must be >= 1, got -1"),
+    (["run", "--mode", "allreduce", "--servers", "3"], "--mode allreduce has no servers"),
     (["run", "--servers", "h:1"], "count"),
     (["run", "--lr", "-1"], "--lr must be > 0"),
     (["worker", "--rank", "0"], "--servers HOST:PORT"),

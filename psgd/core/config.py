@@ -80,8 +80,8 @@ def parse_pair(text: str) -> tuple[int, int]:
 
 def parse_servers(text: str) -> int | list[str]:
     """`--servers 2` (how many shards to start) or `--servers h1:p1,h2:p2` (shards to use)."""
-    if text.isdigit():
-        return int(text)
+    if text.lstrip("+-").isdigit():
+        return int(text)   # a negative count is a count: `validate` says it must be >= 1
     addresses = [a.strip() for a in text.split(",") if a.strip()]
     for a in addresses:
         host, _, port = a.rpartition(":")
@@ -204,6 +204,9 @@ def validate(cfg: RunConfig) -> RunConfig:
         (cfg.check_every >= 0, f"--check-every must be >= 0, got {cfg.check_every}"),
         (_link_error(cfg.link) is None, _link_error(cfg.link) or ""),
         (cfg.transport in TRANSPORTS, f"--transport must be one of {', '.join(TRANSPORTS)}, got {cfg.transport!r}"),
+        # servers=1 is the default, so only a count asked for explicitly contradicts the mode.
+        (cfg.mode != "allreduce" or cfg.servers == 1,
+         f"--servers is a parameter-server option: --mode allreduce has no servers (got --servers {cfg.servers})"),
         (cfg.mode != "allreduce" or cfg.transport == "grpc",
          "--transport is a parameter-server option: --mode allreduce talks through torch.distributed"),
         (cfg.mode != "allreduce" or not (cfg.overlap or cfg.link),
