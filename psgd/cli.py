@@ -53,6 +53,19 @@ these for you; start them by hand, with the same flags as the shards, to put wor
 other hosts."""
 
 
+def check_device(cfg: C.RunConfig) -> None:
+    """Refuse --device cuda where torch sees no CUDA device: at once, before any process starts,
+    rather than as each worker's failure. Here and not in psgd/core, which imports no torch; the
+    servers skip it (they keep their shard on the CPU whatever --device says)."""
+    if cfg.device != "cuda":
+        return
+    import torch  # only for this flag: importing torch costs about a second
+
+    if not torch.cuda.is_available():
+        raise UsageError("--device cuda, but torch sees no CUDA device (torch.cuda.is_available() is False); "
+                         "use --device auto or cpu")
+
+
 def build_parser() -> Parser:
     top = Parser(prog="psgd", description="Parameter-server and all-reduce SGD lab.",
                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=MODES_HELP)
@@ -137,6 +150,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not isinstance(args.servers, int):
         raise UsageError("psgd run starts its own shards: give --servers a count, not addresses")
     cfg = config_from_args(args)
+    check_device(cfg)
     try:
         cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
         summary = launch.run(cfg)
@@ -204,6 +218,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from psgd.train.metrics import Metrics
 
     cfg = config_from_args(args)
+    check_device(cfg)
     rank = args.rank if args.rank is not None else int(os.environ.get("RANK", "-1"))
     if not 0 <= rank < cfg.workers:
         raise UsageError(f"--rank must be in 0..{cfg.workers - 1} (or set $RANK), got {rank}")

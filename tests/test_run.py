@@ -120,6 +120,25 @@ def test_usage_errors_are_one_line_exit_2(args, message):
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+def test_device_cuda_without_cuda_is_refused_before_anything_starts(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)   # whatever this machine has
+    out = tmp_path / "run"
+    r = psgd_main("run", "--device", "cuda", "--steps", "1", "--out", str(out))
+    assert r.returncode == 2 and "--device cuda, but torch sees no CUDA device" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not out.exists()   # no run folder: no server or worker was started
+
+
+def test_device_cuda_is_accepted_where_torch_sees_one(monkeypatch):
+    from psgd.cli import check_device
+    from psgd.core.config import RunConfig
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    check_device(RunConfig(device="cuda"))   # no UsageError
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    check_device(RunConfig(device="auto"))   # auto falls back to the CPU: nothing to refuse
+
+
 def test_usage_error_of_the_real_command_is_one_line_exit_2():
     r = psgd("run", "--workers", "0", timeout=60)   # `python -m psgd`, its own process
     assert r.returncode == 2 and "--workers must be >= 1" in r.stderr
