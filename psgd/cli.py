@@ -40,6 +40,32 @@ def config_from_args(a: argparse.Namespace) -> C.RunConfig:
     except ValueError as e:
         raise UsageError(str(e)) from None
 
+# Broken by hand: the raw formatter that keeps MODES_HELP's columns does not wrap descriptions.
+SERVER_DESCRIPTION = """\
+Serve one parameter shard: hold its slice of the parameters and its optimizer, apply the
+workers' gradients under --mode's policy, answer their pulls. `psgd run` starts K of these
+for you; start them by hand, with the same flags, to put shards on other hosts (each one
+prints READY host:port when it listens)."""
+
+WORKER_DESCRIPTION = """\
+Train as worker --rank against running shards (--servers HOST:PORT,...), or as one member
+of an all-reduce group (--mode allreduce, e.g. under torchrun). `psgd run` starts N of
+these for you; start them by hand, with the same flags as the shards, to put workers on
+other hosts."""
+
+
+def check_device(cfg: C.RunConfig) -> None:
+    """Refuse --device cuda where torch sees no CUDA device: at once, before any process starts,
+    rather than as each worker's failure. Here and not in psgd/core, which imports no torch; the
+    servers skip it (they keep their shard on the CPU whatever --device says)."""
+    if cfg.device != "cuda":
+        return
+    import torch  # only for this flag: importing torch costs about a second
+
+    if not torch.cuda.is_available():
+        raise UsageError("--device cuda, but torch sees no CUDA device (torch.cuda.is_available() is False); "
+                         "use --device auto or cpu")
+
 
 def build_parser() -> Parser:
     top = Parser(prog="psgd", description="Parameter-server and all-reduce SGD lab.",
@@ -54,19 +80,23 @@ def build_parser() -> Parser:
     p.add_argument("--quiet", action="store_true", help="print only the summary line")
 
     p = sub.add_parser("server", help="serve one parameter shard (started by `psgd run`, or by hand)",
+                       description=SERVER_DESCRIPTION,
                        epilog=MODES_HELP, formatter_class=fmt)
     C.add_flags(p)
     p.add_argument("--shard", type=int, required=True, help="which shard this process serves (0..K-1)")
-    p.add_argument("--port", type=int, default=0, help="TCP port (0: any free port, printed as READY host:port)")
-    p.add_argument("--bind", default="127.0.0.1", help="address to listen on (0.0.0.0 for other hosts)")
+    p.add_argument("--port", type=int, default=0,
+                   help="TCP port (default: 0, any free port, printed as READY host:port)")
+    p.add_argument("--bind", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1; 0.0.0.0 for other hosts)")
 
     p = sub.add_parser("worker", help="train as one worker against running shards (or in an all-reduce group)",
+                       description=WORKER_DESCRIPTION,
                        epilog=MODES_HELP, formatter_class=fmt)
     C.add_flags(p)
     p.add_argument("--rank", type=int, default=None, help="worker id 0..N-1 (default: $RANK, for torchrun)")
     p.add_argument("--rendezvous", default="env://",
-                   help="all-reduce group rendezvous: env:// ($MASTER_ADDR:$MASTER_PORT, torchrun), tcp://H:P or "
-                        "file://PATH (psgd run uses a file in the run folder)")
+                   help="all-reduce group rendezvous (default: env://, $MASTER_ADDR:$MASTER_PORT as torchrun sets "
+                        "them), tcp://H:P or file://PATH (psgd run uses a file in the run folder)")
 
     # These commands own their flags (each module builds its own Parser); the CLI only routes.
     for name, helptext in DELEGATED.items():
@@ -121,6 +151,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not isinstance(args.servers, int):
         raise UsageError("psgd run starts its own shards: give --servers a count, not addresses")
     cfg = config_from_args(args)
+    check_device(cfg)
     try:
         cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
         cfg = launch.with_out_resolved(cfg)
@@ -195,6 +226,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from psgd.train.metrics import Metrics
 
     cfg = by_hand(config_from_args(args))
+    check_device(cfg)
     rank = args.rank if args.rank is not None else int(os.environ.get("RANK", "-1"))
     if not 0 <= rank < cfg.workers:
         raise UsageError(f"--rank must be in 0..{cfg.workers - 1} (or set $RANK), got {rank}")

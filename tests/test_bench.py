@@ -88,3 +88,17 @@ def test_ring_rows_say_why_they_are_skipped(monkeypatch, tmp_path):
     assert len(skipped) == 1 and skipped[0]["workers"] == 2 and "skipped" in skipped[0]["status"]
     runs = [t for t in todo if not isinstance(t, dict)]
     assert [(c.workers, c.overlap) for c in runs] == [(1, False), (1, True), (2, False), (2, True)]
+
+
+def test_bench_help_lists_every_benchmark_with_a_line_each():
+    from psgd.bench import NAMES
+
+    r = psgd_main("bench", "-h")
+    assert r.returncode == 0, r.stderr
+    lines = {line.split()[0]: line for line in r.stdout.splitlines() if line.startswith("  ")}
+    assert set(lines) == set(NAMES) == {"transport", "allreduce", "scaling", "calibrate"}
+    assert all(len(line.split()) > 4 for line in lines.values())   # a name and what it measures
+    for name in NAMES:   # ... and each one really is a benchmark with its own help
+        assert psgd_main("bench", name, "-h").returncode == 0
+    r = psgd_main("bench")
+    assert r.returncode == 2 and "(see psgd bench -h)" in r.stderr and len(r.stderr.strip().splitlines()) == 1

@@ -2,6 +2,7 @@ import argparse
 import dataclasses
 import gzip
 import json
+import re
 import struct
 from dataclasses import dataclass, field
 from typing import ClassVar
@@ -13,6 +14,7 @@ import torch
 from psgd.cli import build_parser, config_from_args
 from psgd.core import config as C
 from psgd.core.config import DataConfig, RunConfig, from_dict, to_argv, to_dict, validate, with_epochs_resolved
+from psgd.core.errors import UsageError
 from psgd.lab import experiment
 from psgd.train import data
 
@@ -66,6 +68,58 @@ def test_every_field_has_help_and_appears_in_psgd_run_help(capsys):
         assert f"--{leaf.name.replace('_', '-')}" in text
     for title in ("run:", "data and model:", "optimizer (torch.optim.SGD"):
         assert title in text
+
+
+def _help(command: str, capsys) -> str:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([command, "-h"])
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["run", "server", "worker"])
+def test_help_shows_each_flags_default(command, capsys):
+    text = _help(command, capsys)
+    # Each flag's entry in the help: from its line to the next flag's or to its group's end.
+    starts = {leaf.name: re.search(rf"^  --{leaf.name.replace('_', '-')}\b", text, re.M) for leaf in C.leaves()}
+    assert all(starts.values()), [name for name, m in starts.items() if not m]
+    bounds = sorted(m.start() for m in starts.values()) + [text.index("\nmodes:")]
+    for leaf in C.leaves():
+        begin = starts[leaf.name].start()
+        entry = " ".join(text[begin:bounds[bounds.index(begin) + 1]].split("\n\n")[0].split())
+        if leaf.type is bool or leaf.default in ("", ()):
+            assert "(default: " not in entry, entry
+        else:
+            assert entry.endswith(f"(default: {leaf.default})"), entry
+    flat = " ".join(text.split())
+    assert "--lr LR learning rate (default: 0.05)" in flat and "--mode {sync,async,ssp,allreduce}" in flat
+
+
+def test_mode_help_points_at_the_modes_printed_below_it(capsys):
+    text = _help("run", capsys)
+    assert "see above" not in text
+    assert text.index("(see 'modes' below)") < text.index("\nmodes:\n  sync ")
+
+
+@pytest.mark.parametrize("command,does", [("server", "Serve one parameter shard"),
+                                          ("worker", "Train as worker --rank")])
+def test_server_and_worker_help_say_what_they_do_and_that_run_starts_them(command, does, capsys):
+    text = _help(command, capsys)
+    description = " ".join(text.split("\n\n")[1].split())   # usage, blank line, description
+    assert description.startswith(does) and "`psgd run` starts" in description
+
+
+def test_servers_count_and_allreduce():
+    parser = build_parser()
+    # A negative count is a count (for `run`), not a malformed HOST:PORT list.
+    for bad in ("-1", "0"):
+        with pytest.raises(UsageError, match=rf"^--servers must be >= 1, got {bad}$"):
+            config_from_args(parser.parse_args(["run", "--servers", bad]))
+    with pytest.raises(UsageError, match="--mode allreduce has no servers"):
+        config_from_args(parser.parse_args(["run", "--mode", "allreduce", "--servers", "3"]))
+    # The default servers=1 (said or not) is no contradiction: psgd run hands it to every worker.
+    for argv in (["--mode", "allreduce"], ["--mode", "allreduce", "--servers", "1"]):
+        assert config_from_args(parser.parse_args(["run", *argv])).mode == "allreduce"
+    assert C.parse_servers("h1:1,h2:2") == ["h1:1", "h2:2"] and C.parse_servers("3") == 3
 
 
 @dataclass(frozen=True)

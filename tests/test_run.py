@@ -104,7 +104,10 @@ def test_ctrl_c_stops_everything(tmp_path):
     (["run", "--straggler", "5=10"], "--straggler"),
     (["run", "--straggler", "x"], "RANK=NUMBER"),
     (["run", "--mode", "bogus"], "invalid choice"),
-    (["run", "--no-such-flag"], "unrecognized arguments"),
+    (["run", "--no-such-flag"], "unrecognized arguments: --no-such-flag (see psgd run -h)"),
+    (["worker", "--no-such-flag"], "psgd worker: error: unrecognized arguments: --no-such-flag (see psgd worker -h)"),
+    (["run", "--servers", "-1"], "psgd run: error: --servers must be >= 1, got -1"),
+    (["run", "--mode", "allreduce", "--servers", "3"], "--mode allreduce has no servers"),
     (["run", "--servers", "h:1"], "count"),
     (["run", "--lr", "-1"], "--lr must be > 0"),
     (["worker", "--rank", "0"], "--servers HOST:PORT"),
@@ -115,6 +118,25 @@ def test_usage_errors_are_one_line_exit_2(args, message):
     assert r.returncode == 2
     assert message in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_device_cuda_without_cuda_is_refused_before_anything_starts(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)   # whatever this machine has
+    out = tmp_path / "run"
+    r = psgd_main("run", "--device", "cuda", "--steps", "1", "--out", str(out))
+    assert r.returncode == 2 and "--device cuda, but torch sees no CUDA device" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not out.exists()   # no run folder: no server or worker was started
+
+
+def test_device_cuda_is_accepted_where_torch_sees_one(monkeypatch):
+    from psgd.cli import check_device
+    from psgd.core.config import RunConfig
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    check_device(RunConfig(device="cuda"))   # no UsageError
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    check_device(RunConfig(device="auto"))   # auto falls back to the CPU: nothing to refuse
 
 
 def test_usage_error_of_the_real_command_is_one_line_exit_2():

@@ -80,8 +80,8 @@ def parse_pair(text: str) -> tuple[int, int]:
 
 def parse_servers(text: str) -> int | list[str]:
     """`--servers 2` (how many shards to start) or `--servers h1:p1,h2:p2` (shards to use)."""
-    if text.isdigit():
-        return int(text)
+    if text.lstrip("+-").isdigit():
+        return int(text)   # a negative count is a count: `validate` says it must be >= 1
     addresses = [a.strip() for a in text.split(",") if a.strip()]
     for a in addresses:
         host, _, port = a.rpartition(":")
@@ -115,7 +115,7 @@ class DataConfig:
 class ModelConfig:
     GROUP: ClassVar[str] = "data and model"
     model: str = opt("mlp", "model to train", choices=MODELS)    # cnn is 1-D, for mnist1d
-    width: int = opt(0, "hidden width (0: model default)")        # defaults: mlp 128, wide_mlp 1024
+    width: int = opt(0, "hidden width (0: the model's own: mlp 128, wide_mlp 1024, cnn 32 channels)")
 
 
 @dataclass(frozen=True)
@@ -130,7 +130,7 @@ class OptimConfig:
 @dataclass(frozen=True)
 class RunConfig:
     GROUP: ClassVar[str] = "run"
-    mode: str = opt("sync", "consistency mode (see above)", choices=MODES)
+    mode: str = opt("sync", "consistency mode (see 'modes' below)", choices=MODES)
     workers: int = opt(2, "number of workers N")
     servers: int = opt(1, "parameter shards K to start (run), or HOST:PORT,... of running shards (worker)",
                        aliases=("--num-shards",), parse=parse_servers, from_arg=shard_count)
@@ -207,6 +207,9 @@ def validate(cfg: RunConfig) -> RunConfig:
         (cfg.check_every >= 0, f"--check-every must be >= 0, got {cfg.check_every}"),
         (_link_error(cfg.link) is None, _link_error(cfg.link) or ""),
         (cfg.transport in TRANSPORTS, f"--transport must be one of {', '.join(TRANSPORTS)}, got {cfg.transport!r}"),
+        # servers=1 is the default, so only a count asked for explicitly contradicts the mode.
+        (cfg.mode != "allreduce" or cfg.servers == 1,
+         f"--servers is a parameter-server option: --mode allreduce has no servers (got --servers {cfg.servers})"),
         (cfg.mode != "allreduce" or cfg.transport == "grpc",
          "--transport is a parameter-server option: --mode allreduce talks through torch.distributed"),
         (cfg.mode != "allreduce" or not (cfg.overlap or cfg.link),
@@ -309,7 +312,7 @@ def add_flags(parser: argparse.ArgumentParser, schema: type = RunConfig) -> None
         if leaf.group not in groups:
             groups[leaf.group] = parser.add_argument_group(leaf.group)
         flag = leaf.flag
-        kw: dict[str, Any] = {"dest": leaf.name, "help": flag.help.replace("%", "%%")}  # argparse %-formats help
+        kw: dict[str, Any] = {"dest": leaf.name, "help": (flag.help + _default_note(leaf)).replace("%", "%%")}
         if flag.metavar:
             kw["metavar"] = flag.metavar
         if flag.choices:
@@ -324,6 +327,18 @@ def add_flags(parser: argparse.ArgumentParser, schema: type = RunConfig) -> None
             if parse or leaf.type is not str:
                 kw["type"] = parse or leaf.type
         groups[leaf.group].add_argument("--" + leaf.name.replace("_", "-"), *flag.aliases, **kw)
+
+
+def _default_note(leaf: Leaf) -> str:
+    """' (default: X)' for the help, so that `-h` tells what a run does when the flag is left out.
+
+    None for a bool (off unless given) and for an empty string or list: there is nothing to show,
+    and the help says what leaving it out means. Derived here, not written into each help, so that
+    the printed default cannot disagree with the real one.
+    """
+    if leaf.type is bool or leaf.default in ("", ()):
+        return ""
+    return f" (default: {leaf.default})"
 
 
 def _for_argparse(parse: Callable[[str], Any]) -> Callable[[str], Any]:

@@ -24,6 +24,15 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} -h)\n")
 
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        # argparse's subcommand parser hands the flags it does not know up to the top parser, whose
+        # error would then point at `psgd -h`: refuse them where they were met (`psgd run -h`).
+        # Every Parser refuses unknown arguments anyway (parse_args), so nothing else changes.
+        namespace, extras = super().parse_known_args(args, namespace)
+        if extras:
+            self.error(f"unrecognized arguments: {' '.join(extras)}")
+        return namespace, extras
+
 
 class Code(enum.Enum):
     """Why a shard refused a request (the gRPC status code of the same name)."""
