@@ -146,7 +146,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from psgd.train import data, launch
+    from pathlib import Path
+
+    from psgd.train import data, launch, progress
 
     if not isinstance(args.servers, int):
         raise UsageError("psgd run starts its own shards: give --servers a count, not addresses")
@@ -155,14 +157,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     try:
         cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
         cfg = launch.with_out_resolved(cfg)
-        summary = launch.run(cfg)
+        launch.prepare_out(Path(cfg.out))  # before the live line starts reading the folder
+        with progress.live(Path(cfg.out), cfg.budget, f"psgd run {cfg.mode}", enabled=not args.quiet):
+            summary = launch.run(cfg)
     except UsageError:
         raise  # e.g. --backend nccl without a GPU per worker: exit 2 like any usage error
     except (launch.RunFailed, FileNotFoundError, ValueError) as e:
         print(f"psgd run: failed: {e}", file=sys.stderr)
         return 1
-    keys = ("mode", "workers", "servers", "global_updates", "wall_time_s", "updates_per_s", "samples_per_s",
-            "final_test_accuracy", "final_test_loss")
+    # Samples/s and gradients/s compare the modes on equal terms (a sync update is N gradients, an
+    # async one is one); staleness is the price async pays for them.
+    keys = ("mode", "workers", "servers", "global_updates", "wall_time_s", "samples_per_s", "worker_steps_per_s",
+            "staleness_mean", "final_test_accuracy", "final_test_loss")
+    summary = dict(summary, staleness_mean=(summary.get("staleness") or {}).get("mean"))
     line = {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items() if k in keys}
     print(json.dumps(line) if args.quiet else f"{cfg.out}/summary.json: {json.dumps(line)}")
     return 0

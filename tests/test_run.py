@@ -1,6 +1,7 @@
 """End to end: `psgd run` starts real server and worker processes on 127.0.0.1."""
 
 import hashlib
+import json
 import signal
 import subprocess
 import sys
@@ -26,6 +27,11 @@ def test_sync_run_writes_everything(tmp_path):
     s = summary(out)
     assert SUMMARY_KEYS <= set(s)
     assert s["global_updates"] == 30 and s["worker_steps"] == 120
+    # No terminal, no live line (tests/test_progress.py follows it); the summary line compares modes
+    # on equal terms.
+    assert r.stderr == ""
+    line = json.loads(r.stdout.split("summary.json: ", 1)[1])
+    assert line["worker_steps_per_s"] > 0 and line["samples_per_s"] > 0 and line["staleness_mean"] == 0
     assert s["staleness"]["max"] == 0 and s["max_clock_gap"] == 0
     assert set(s["staleness"]) >= {"mean", "p50", "p99", "max", "hist"}
     assert set(s["time_breakdown_s"]) == {"compute", "push", "pull", "wait"}

@@ -29,7 +29,6 @@ import io
 import json
 import shlex
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -96,44 +95,17 @@ def is_cached(spec: RunSpec) -> bool:
                 and made_by.get("code_version") == spec.version)
     except (OSError, ValueError):
         return False
-def _watch_progress(spec: RunSpec, bar: tqdm, stop: threading.Event) -> None:
-    """Advance `bar` with the worker steps logged to metrics.jsonl (a reader; never blocks the run)."""
-    path, offset, done = Path(spec.cfg.out) / "metrics.jsonl", 0, 0
-    while not stop.wait(0.5):
-        try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                chunk = f.read()
-        except OSError:
-            continue
-        cut = chunk.rfind(b"\n") + 1
-        offset += cut
-        steps = chunk[:cut].count(b'"event":"step"')
-        if steps:
-            done += steps
-            bar.update(steps)
-
-
 def execute(spec: RunSpec, fresh: bool, position: str) -> dict:
     """Run one spec (or reuse its cached result); returns its summary."""
-    from psgd.train import data, launch
+    from psgd.train import data, launch, progress
 
     if not fresh and is_cached(spec):
         tqdm.write(f"{position} {spec.experiment} {spec.label} seed {spec.seed}: cached", file=sys.stderr)
         return json.loads((Path(spec.cfg.out) / "summary.json").read_text())
     cfg = C.with_epochs_resolved(spec.cfg, data.train_size(spec.cfg.data))
     tag = f"{position} {spec.experiment} {spec.label}" + (f" lr={spec.cfg.optim.lr:g}" if spec.phase == "tune" else "")
-    bar = tqdm(total=cfg.budget, desc=f"{tag} s{spec.seed}", unit="grad", leave=False, dynamic_ncols=True,
-               file=sys.stderr)
-    stop = threading.Event()
-    watcher = threading.Thread(target=_watch_progress, args=(spec, bar, stop), daemon=True)
-    watcher.start()
-    try:
+    with progress.live(Path(cfg.out), cfg.budget, f"{tag} s{spec.seed}"):
         summary = launch.run(cfg)
-    finally:
-        stop.set()
-        watcher.join()
-        bar.close()
     # Record the config as specified (before --epochs was resolved), so the cache check matches.
     out = Path(cfg.out)
     (out / "config.json").write_text(json.dumps(C.to_dict(spec.cfg), indent=1))
