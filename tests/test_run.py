@@ -13,7 +13,7 @@ from tests.helpers import ENV, events, processes_mentioning, psgd, psgd_main, su
 
 COMMON = ["--dataset", "synthetic", "--num-samples", "3000", "--model", "mlp", "--batch-size", "16"]
 
-SUMMARY_KEYS = {"mode", "workers", "servers", "staleness_bound", "model", "dataset", "params", "global_updates",
+SUMMARY_KEYS = {"mode", "workers", "servers", "clock_gap_bound", "model", "dataset", "params", "global_updates",
                 "worker_steps", "wall_time_s", "updates_per_s", "samples_per_s", "final_train_loss",
                 "final_test_loss", "final_test_accuracy", "staleness", "max_clock_gap", "bytes_pushed",
                 "bytes_pulled", "time_breakdown_s", "params_sha256"}

@@ -65,6 +65,28 @@ def test_bad_experiment_files_name_file_and_key(tmp_path, text, message):
     assert message in str(err.value) and str(path) in str(err.value)
 
 
+HEAD = 'id = "X"\ntitle = "t"\nclaim = "c"\nanalysis = "modes"\n'
+
+
+@pytest.mark.parametrize("tables,where,message", [
+    # A bad value in [base] that the quick profile overrides is still reported, and in [base].
+    ('[base]\nworkers = "four"\n[profiles.quick]\nworkers = 2\n', "[base]", "key 'workers' must be an integer"),
+    ('[base]\nstalenes = 1\n', "[base]", "unknown key 'stalenes'"),
+    # A typo in a profile other than the one asked for is found too.
+    ('[profiles.full]\nepoch = 3\n', "[profiles.full]", "unknown key 'epoch'"),
+])
+def test_every_table_is_checked_before_a_profile_applies_and_named(tmp_path, tables, where, message):
+    path = write(tmp_path, "exp.toml", HEAD + tables + '[[runs]]\nlabel = "a"\n')
+    with pytest.raises(suite.SuiteError) as err:
+        suite.load_experiment(path, "quick", tmp_path)
+    assert f"{path} {where}: {message}" in str(err.value)
+    suite_file = write(tmp_path, "suite.toml", '[suite]\nexperiments = ["ok.toml"]\n' + tables)
+    write(tmp_path, "ok.toml", HEAD + '[[runs]]\nlabel = "a"\n')
+    with pytest.raises(suite.SuiteError) as err:
+        suite.load_suite(suite_file, "quick", results=tmp_path)
+    assert f"{suite_file} {where}: {message}" in str(err.value)
+
+
 def test_bad_suite_is_a_one_line_usage_error(tmp_path):
     write(tmp_path, "exp.toml", 'id = "X"\ntitle = "t"\nclaim = "c"\nanalysis = "modes"\n[[runs]]\nlabel = "a"\n'
           'lr = -1.0\n')
@@ -174,9 +196,10 @@ def test_tiny_quick_suite_tunes_runs_and_reports(tmp_path):
     write(tmp_path, "wire.toml", wire)
     suite_file = write(tmp_path, "suite.toml", '[suite]\nexperiments = ["modes.toml", "wire.toml"]\n')
     results = tmp_path / "results"
-    r = psgd_main("suite", str(suite_file), "--quick", "--results", str(results))   # runs: real processes
+    r = psgd_main("suite", str(suite_file), "--quick", "--out", str(results))   # runs: real processes
     assert r.returncode == 0, r.stderr
     report = (results / "REPORT.md").read_text()
+    assert report.splitlines()[0].endswith("(SMOKE RUN: --quick)") and f"runs under `{results}/`" in report
     assert "## M" in report and "## W" in report and "> 同步" in report
     assert report.count("**Verdict: ") == 2
     assert "Code version: `" in report and "**Learning rates**" in report

@@ -184,6 +184,25 @@ def _coerce(key: str, typ: object, value, where: str):
     raise bad(f"a value of type {typ}")
 
 
+PROFILE_KEYS = {"seeds", "bench_args", "tune", "params", "runs"}  # a profile's own keys, besides settings
+
+
+def check_table(table: object, where: str, skip: frozenset[str] | set[str] = frozenset()) -> dict:
+    """A [base] or [profiles.X] table, checked on its own before it is merged anywhere: every key is
+    a run setting (or a run key such as eval_samples) and every value has the setting's type, so a
+    typo is reported in the table that has it, and also when another profile would override it."""
+    if not isinstance(table, dict):
+        raise SuiteError(f"{where}: must be a table")
+    keys = known_keys()
+    for key, value in table.items():
+        if key in RUN_KEYS - {"label"} or key in skip:
+            continue  # checked where they are used (a run's keys, a profile's seeds / tune / runs ...)
+        if key not in keys:
+            raise SuiteError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(keys))})")
+        _coerce(key, keys[key][1], value, where)
+    return table
+
+
 def config_from_settings(settings: dict, where: str) -> C.RunConfig:
     """Build and validate a RunConfig from flat settings; SuiteError names the bad key."""
     keys = known_keys()
@@ -284,7 +303,9 @@ def load_experiment(path: Path, profile: str, results: Path, version: str = "",
     last_k = tune.get("last_k", 3)
     if not isinstance(last_k, int) or last_k < 1:
         raise SuiteError(f"{path}: key 'tune.last_k' must be an integer >= 1")
-    base = {**(suite_base or {}), **doc.get("base", {})}
+    for name, table in profiles.items():
+        check_table(table, f"{path} [profiles.{name}]", PROFILE_KEYS)
+    base = {**(suite_base or {}), **check_table(doc.get("base", {}), f"{path} [base]")}
     overrides = {**(suite_overrides or {}), **overrides}
     templates, labels = [], set()
     for i, raw in enumerate(runs_doc):
@@ -334,7 +355,9 @@ def load_suite(path: Path, profile: str = "default", only: set[str] | None = Non
     suite_profiles = doc.get("profiles", {})
     if not isinstance(suite_profiles, dict) or set(suite_profiles) - set(PROFILES):
         raise SuiteError(f"{path}: key 'profiles' may only have tables {', '.join(PROFILES[1:])}")
-    suite_base = doc.get("base", {})
+    suite_base = check_table(doc.get("base", {}), f"{path} [base]")
+    for name, table in suite_profiles.items():
+        check_table(table, f"{path} [profiles.{name}]", PROFILE_KEYS)
     suite_overrides = dict(suite_profiles.get(profile, {})) if profile != "default" else {}
     experiments = [load_experiment(path.parent / n, profile, results, version, suite_base, suite_overrides)
                    for n in names]

@@ -229,8 +229,8 @@ def main(argv: list[str]) -> int:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--quick", action="store_true", help="smoke profile: tiny budgets, one seed")
     group.add_argument("--full", action="store_true", help="5 seeds, wider sweeps, more configurations (~2 h)")
-    p.add_argument("--results", type=Path, default=None,
-                   help="output folder (default results/, or results/full with --full)")
+    p.add_argument("--out", "--results", dest="results", type=Path, default=None,
+                   help="output folder (default results/, or results/full with --full); --results is its old name")
     p.add_argument("--fresh", action="store_true", help="rerun runs even when a matching result exists")
     p.add_argument("--report", action="store_true",
                    help="run nothing: re-analyse the finished runs (and benchmark outputs) and rewrite the report")

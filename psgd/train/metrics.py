@@ -87,7 +87,7 @@ def summarize(out: Path, cfg: RunConfig, evals: list[dict], params: int, params_
     n = len(ends)
     summary = {
         "mode": cfg.mode, "workers": cfg.workers, "servers": cfg.servers if cfg.mode != "allreduce" else 0,
-        "staleness_bound": cfg.staleness if cfg.mode == "ssp" else (0 if cfg.mode in ("sync", "allreduce") else None),
+        "clock_gap_bound": cfg.staleness if cfg.mode == "ssp" else (0 if cfg.mode in ("sync", "allreduce") else None),
         "model": cfg.model.model, "dataset": cfg.data.dataset, "params": params,
         "global_batch": cfg.global_batch, "global_updates": global_updates, "worker_steps": worker_steps,
         "wall_time_s": wall, "updates_per_s": global_updates / wall if wall > 0 else 0.0,
