@@ -3,7 +3,9 @@
 Contract: reads this machine's fitted numbers from `--calibration` (written by
 `psgd bench calibrate`; built-in defaults, said so, when the file is missing), predicts one step
 of PS sync (K shards) and the ring all-reduce for every `--bandwidth` and N in `--workers`, and
-writes OUT/model.csv, OUT/model.png (samples/s vs N, log-log) and OUT/command.txt. With
+writes OUT/model.csv, OUT/model.png (samples/s vs N, log-log) and OUT/command.txt. It prints one
+samples/s table per distinct prediction: neighbouring bandwidths that predict the same (the wire
+outruns the software at all of them) share one table, "10gbit = 100gbit (software-bound)". With
 `--validate CSV` (the scaling sweep's scaling.csv) it compares measured and predicted step times
 on this machine (one host, the calibrated cores), lists every point off by more than 25% and
 writes OUT/validation.csv and OUT/validation-command.txt.
@@ -59,6 +61,31 @@ def read_measured(path: Path) -> list[dict]:
             out.append({"mode": r["mode"], "workers": int(r["workers"]), "shards": int(r["shards"] or 0),
                         "batch": int(r["batch"]), "step_s": float(r["step_s"])})
     return out
+
+
+def format_tables(rows: list[dict], bandwidths: list[str], workers: list[int], capped: list[str]) -> str:
+    """The samples/s tables, one per distinct prediction: consecutive bandwidths whose predictions
+    are identical share one table titled with all their names, e.g. "10gbit = 100gbit (software-bound)".
+    Where the software is slower than every wire, one table says so instead of repeating itself."""
+    def table(bw: str) -> tuple[list, list]:
+        cols = list(dict.fromkeys((r["mode"], r["shards_label"]) for r in rows if r["bandwidth"] == bw))
+        vals = {(r["workers"], r["mode"], r["shards_label"]): r["samples_per_s"] for r in rows if r["bandwidth"] == bw}
+        return cols, [[vals[(n, *c)] for c in cols] for n in workers]
+
+    groups: list[tuple[list[str], tuple[list, list]]] = []
+    for bw in bandwidths:
+        t = table(bw)
+        if groups and groups[-1][1] == t:  # exact: a capped link's beta is the software's, bit for bit
+            groups[-1][0].append(bw)
+        else:
+            groups.append(([bw], t))
+    lines = []
+    for names, (cols, values) in groups:
+        why = " (software-bound)" if len(names) > 1 and set(names) <= set(capped) else ""
+        lines += ["", f"{' = '.join(names)}{why}: samples/s",
+                  "     N  " + "  ".join(f"{'ring' if m == 'ring' else 'PS K=' + k:>10}" for m, k in cols)]
+        lines += [f"{n:>6}  " + "  ".join(f"{v:>10.0f}" for v in row) for n, row in zip(workers, values, strict=True)]
+    return "\n".join(lines)
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
@@ -156,15 +183,8 @@ def main(argv: list[str]) -> int:
              + ("" if a.software_bound else " (ignored: wire only)"))
     plot(rows, out / "model.png", title)
     print(title)
-    for bw, _, _ in bandwidths:
-        print(f"\n{bw}: samples/s")
-        cols = list(dict.fromkeys((r["mode"], r["shards_label"]) for r in rows if r["bandwidth"] == bw))
-        print("     N  " + "  ".join(f"{'ring' if m == 'ring' else 'PS K=' + k:>10}" for m, k in cols))
-        for n in workers:
-            vals = {(r["mode"], r["shards_label"]): r["samples_per_s"] for r in rows
-                    if r["bandwidth"] == bw and r["workers"] == n}
-            print(f"{n:>6}  " + "  ".join(f"{vals[c]:>10.0f}" for c in cols))
     capped = [bw for bw, bits, _ in bandwidths if a.software_bound and 8.0 / bits < machine.beta_s_per_byte]
+    print(format_tables(rows, [bw for bw, _, _ in bandwidths], workers, capped))
     if capped:
         print(f"\nnote: at {', '.join(capped)} the wire outruns the software (psgd's PS moves "
               f"{1 / machine.beta_s_per_byte / 1e9:.2f} GB/s per process here): those predictions are software-bound; "
