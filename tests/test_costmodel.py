@@ -119,3 +119,18 @@ def test_model_shares_a_table_only_between_neighbours_with_equal_predictions(tmp
     _, titles, rows = _model(tmp_path, "--bandwidth", "10gbit,100gbit,400gbit", "--no-software-bound")
     assert titles == ["10gbit: samples/s", "100gbit: samples/s", "400gbit: samples/s"]
     assert len(rows) == 3 * 3 * 4
+
+
+def test_model_jitter_is_in_ms_as_psgd_run_and_keeps_its_old_name(tmp_path):
+    from tests.helpers import psgd_main
+
+    _, _, still = _model(tmp_path / "still", "--bandwidth", "1gbit")
+    _, _, new = _model(tmp_path / "new", "--bandwidth", "1gbit", "--jitter", "50")
+    _, _, old = _model(tmp_path / "old", "--bandwidth", "1gbit", "--jitter-ms", "50")
+    assert new == old != still
+    work = cm.Workload()  # the built-in one _model predicts with
+    ring8 = next(r for r in new if r["mode"] == "ring" and r["workers"] == "8")
+    assert float(ring8["compute_s"]) == pytest.approx(work.compute_s + 0.050 * cm.harmonic(8))
+    assert "(old name of --jitter)" in psgd_main("model", "-h").stdout
+    r = psgd_main("model", "--calibration", "", "--out", str(tmp_path), "--jitter", "-1")
+    assert r.returncode == 2 and "--jitter must be >= 0" in r.stderr and len(r.stderr.strip().splitlines()) == 1

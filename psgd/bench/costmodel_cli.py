@@ -136,7 +136,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--shards", default="1,8,N", help="PS shard counts K to model (N: one shard per worker)")
     p.add_argument("--params", type=float, default=0, help="model parameters (default: the calibrated model's)")
     p.add_argument("--batch", type=int, default=0, help="samples per worker per step (default: calibrated)")
-    p.add_argument("--jitter-ms", type=float, default=0.0, help="mean exponential straggler delay per step")
+    p.add_argument("--jitter", type=float, default=0.0, metavar="MS",
+                   help="mean exponential straggler delay per step, ms (as psgd run --jitter)")
+    # One name across subcommands; the old one still works, so scripts that used it keep running.
+    p.add_argument("--jitter-ms", dest="jitter", type=float, default=argparse.SUPPRESS, metavar="MS",
+                   help="(old name of --jitter)")
     p.add_argument("--software-bound", action=argparse.BooleanOptionalAction, default=True,
                    help="a link moves no more than the calibrated software does (--no-software-bound: wire only)")
     p.add_argument("--calibration", default=DEFAULT_CALIBRATION, help="psgd bench calibrate's JSON")
@@ -152,14 +156,14 @@ def main(argv: list[str]) -> int:
     shards = [s.strip() for s in a.shards.split(",") if s.strip()]
     if not bandwidths or not shards or not all(s == "N" or (s.isdigit() and int(s) >= 1) for s in shards):
         raise UsageError("--bandwidth needs at least one speed; --shards takes integers >= 1 or N")
-    if a.params < 0 or a.batch < 0 or a.jitter_ms < 0:
-        raise UsageError("--params, --batch and --jitter-ms must be >= 0")
+    if a.params < 0 or a.batch < 0 or a.jitter < 0:
+        raise UsageError("--params, --batch and --jitter must be >= 0")
     machine, work, raw = load_calibration(a.calibration)
     if not raw:
         print(f"psgd model: no calibration at {a.calibration!r}: using built-in defaults "
               "(run `psgd bench calibrate` for this machine's numbers)", file=sys.stderr)
     work = dataclasses.replace(work, params=int(a.params or work.params), batch=a.batch or work.batch,
-                               jitter_s=a.jitter_ms / 1000.0)
+                               jitter_s=a.jitter / 1000.0)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     command = "psgd model " + " ".join(argv) + "\n"
