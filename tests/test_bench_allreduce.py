@@ -14,11 +14,14 @@ from tests.helpers import processes_mentioning, psgd
 pytestmark = pytest.mark.xdist_group("bench")
 
 
-def test_bench_measures_both_implementations_as_json():
-    r = psgd("bench", "allreduce", "--size-mb", "0.01,0.1", "--workers", "3", "--impl", "library,ring",
-             "--iters", "2", "--json", timeout=300)
+def test_bench_measures_both_implementations_as_json(tmp_path):
+    saved = tmp_path / "deep" / "allreduce.json"
+    argv = ["--size-mb", "0.01,0.1", "--workers", "3", "--impl", "library,ring", "--iters", "2", "--json",
+            "--out", str(saved)]
+    r = psgd("bench", "allreduce", *argv, timeout=300)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
+    assert json.loads(saved.read_text()) == {**out, "command": "psgd bench allreduce " + " ".join(argv)}
     rows = out["rows"]
     assert {(x["impl"], x["workers"], x["size_mb"]) for x in rows} == {
         (i, 3, s) for i in ("library", "ring") for s in (0.01, 0.1)}
@@ -45,12 +48,24 @@ def test_table_has_a_row_per_point_and_the_ratios():
     assert bench.bus_bandwidth(1.0, 4) == 1.5
 
 
+def test_out_writes_the_json_while_the_table_is_printed(monkeypatch, tmp_path, capsys):
+    rows = [dict(impl="ring", workers=2, backend="gloo", size_mb=1.0, bytes=2**20, time_ms=2.0, algbw_GBps=0.5,
+                 busbw_GBps=0.5, sent_bytes_per_rank=2**20, sent_estimated=False, correct=True)]
+    monkeypatch.setattr(bench, "run_group", lambda n, a: rows)  # the measuring is the test above's
+    saved = tmp_path / "allreduce.json"
+    assert main(["bench", "allreduce", "--workers", "2", "--impl", "ring", "--out", str(saved)]) == 0
+    assert capsys.readouterr().out == bench.format_table(rows, iters=5) + "\n"
+    assert json.loads(saved.read_text()) == {"benchmark": "allreduce", "rows": rows, "ratios": [],
+                                             "command": f"psgd bench allreduce --workers 2 --impl ring --out {saved}"}
+
+
 @pytest.mark.parametrize("argv,message", [
     (["--workers", "1"], "--workers needs group sizes >= 2"),
     (["--impl", "library,nope"], "--impl must be"),
     (["--size-mb", "0"], "--size-mb must be > 0"),
     (["--iters", "0"], "--iters must be >= 1"),
     (["--backend", "nccl"], "--backend nccl needs one CUDA device per rank"),
+    (["--out", "."], "--out wants a file, '.' is a folder"),
 ])
 def test_bad_flags_are_one_line_exit_2(capsys, argv, message):
     assert main(["bench", "allreduce", *argv]) == 2

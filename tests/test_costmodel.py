@@ -1,5 +1,6 @@
 """The alpha-beta cost model against its formulas, written out by hand."""
 
+import csv
 import dataclasses
 
 import pytest
@@ -89,3 +90,47 @@ def test_parse_workers_and_bad_input():
         cm.parse_workers("8..4")
     with pytest.raises(ValueError):
         cm.step_time("bogus", 2, 1, M, W)
+
+
+def _model(tmp_path, *args: str):
+    from tests.helpers import psgd_main
+
+    # --calibration "": the built-in machine, whose software moves 1 GB/s, so 10gbit and faster
+    # links are software-bound and 1gbit is not.
+    r = psgd_main("model", "--calibration", "", "--workers", "8..32", "--out", str(tmp_path), *args)
+    assert r.returncode == 0, r.stderr
+    titles = [line for line in r.stdout.splitlines() if line.endswith("samples/s")]
+    return r.stdout, titles, list(csv.DictReader(open(tmp_path / "model.csv")))
+
+
+def test_model_prints_each_distinct_table_once_and_keeps_every_csv_row(tmp_path):
+    out, titles, rows = _model(tmp_path, "--bandwidth", "1gbit,10gbit,100gbit,400gbit")
+    assert titles == ["1gbit: samples/s", "10gbit = 100gbit = 400gbit (software-bound): samples/s"]
+    assert len(rows) == 4 * 3 * 4  # bandwidths x N x (ring, K=1, K=8, K=N), as before
+    by_bw = {bw: [r["samples_per_s"] for r in rows if r["bandwidth"] == bw] for bw in ("1gbit", "10gbit", "400gbit")}
+    assert by_bw["10gbit"] == by_bw["400gbit"] != by_bw["1gbit"]  # the shared title tells the truth
+    assert len([line for line in out.splitlines() if line.lstrip().startswith(("8 ", "16 ", "32 "))]) == 2 * 3
+    assert "note: at 10gbit, 100gbit, 400gbit the wire outruns the software" in out
+
+
+def test_model_shares_a_table_only_between_neighbours_with_equal_predictions(tmp_path):
+    _, titles, _ = _model(tmp_path, "--bandwidth", "10gbit,1gbit,100gbit")
+    assert titles == ["10gbit: samples/s", "1gbit: samples/s", "100gbit: samples/s"]
+    _, titles, rows = _model(tmp_path, "--bandwidth", "10gbit,100gbit,400gbit", "--no-software-bound")
+    assert titles == ["10gbit: samples/s", "100gbit: samples/s", "400gbit: samples/s"]
+    assert len(rows) == 3 * 3 * 4
+
+
+def test_model_jitter_is_in_ms_as_psgd_run_and_keeps_its_old_name(tmp_path):
+    from tests.helpers import psgd_main
+
+    _, _, still = _model(tmp_path / "still", "--bandwidth", "1gbit")
+    _, _, new = _model(tmp_path / "new", "--bandwidth", "1gbit", "--jitter", "50")
+    _, _, old = _model(tmp_path / "old", "--bandwidth", "1gbit", "--jitter-ms", "50")
+    assert new == old != still
+    work = cm.Workload()  # the built-in one _model predicts with
+    ring8 = next(r for r in new if r["mode"] == "ring" and r["workers"] == "8")
+    assert float(ring8["compute_s"]) == pytest.approx(work.compute_s + 0.050 * cm.harmonic(8))
+    assert "(old name of --jitter)" in psgd_main("model", "-h").stdout
+    r = psgd_main("model", "--calibration", "", "--out", str(tmp_path), "--jitter", "-1")
+    assert r.returncode == 2 and "--jitter must be >= 0" in r.stderr and len(r.stderr.strip().splitlines()) == 1

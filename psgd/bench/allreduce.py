@@ -14,11 +14,13 @@ with the definitions of nccl-tests (doc/PERFORMANCE.md):
     sent    bytes one rank sent: exact for the ring, 2(N-1)/N x size (the ring's) for the library
 
 and the ring/library time ratio per N and size. MiB = 2**20 bytes (as --bucket-mb); GB/s = 1e9
-bytes/s (as nccl-tests). A table by default, JSON with --json. Exit 2 on bad flags, 1 if a run
-fails. Figures are measured side by side in one run; nothing here asserts a speed.
+bytes/s (as nccl-tests). A table by default, JSON with --json; `--out FILE` also writes the JSON
+(with the command that made it) to FILE, as `psgd bench transport --out` does. Exit 2 on bad
+flags, 1 if a run fails. Figures are measured side by side in one run; nothing here asserts a speed.
 
     psgd bench allreduce --size-mb 100 --workers 2,4 --impl library,ring
     psgd bench allreduce --size-mb 1,10,100 --workers 2 --json
+    psgd bench allreduce --out results/bench/allreduce.json
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ def build_parser():
                    help="auto: nccl with one CUDA device per rank, else gloo")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per group before it counts as hung")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    p.add_argument("--out", default="", metavar="FILE", help="also write the JSON result to this file")
     return p
 
 
@@ -84,6 +87,8 @@ def validate(a: argparse.Namespace) -> None:
         (a.iters >= 1, f"--iters must be >= 1, got {a.iters}"),
         (a.warmup >= 0, f"--warmup must be >= 0, got {a.warmup}"),
         (a.timeout > 0, f"--timeout must be > 0, got {a.timeout}"),
+        # Refused before the ranks start, not after minutes of measuring.
+        (not (a.out and Path(a.out).is_dir()), f"--out wants a file, {a.out!r} is a folder"),
     ]
     for ok, message in problems:
         if not ok:
@@ -103,6 +108,10 @@ def main(argv: list[str]) -> int:
         print(f"psgd bench allreduce: failed: {e}", file=sys.stderr)
         return 1
     result = {"benchmark": "allreduce", "rows": rows, "ratios": ratios(rows)}
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        command = "psgd bench allreduce " + " ".join(argv)
+        Path(a.out).write_text(json.dumps({**result, "command": command}, indent=1))
     print(json.dumps(result, indent=1) if a.json else format_table(rows, a.iters))
     return 0
 

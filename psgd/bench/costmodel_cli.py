@@ -3,7 +3,9 @@
 Contract: reads this machine's fitted numbers from `--calibration` (written by
 `psgd bench calibrate`; built-in defaults, said so, when the file is missing), predicts one step
 of PS sync (K shards) and the ring all-reduce for every `--bandwidth` and N in `--workers`, and
-writes OUT/model.csv, OUT/model.png (samples/s vs N, log-log) and OUT/command.txt. With
+writes OUT/model.csv, OUT/model.png (samples/s vs N, log-log) and OUT/command.txt. It prints one
+samples/s table per distinct prediction: neighbouring bandwidths that predict the same (the wire
+outruns the software at all of them) share one table, "10gbit = 100gbit (software-bound)". With
 `--validate CSV` (the scaling sweep's scaling.csv) it compares measured and predicted step times
 on this machine (one host, the calibrated cores), lists every point off by more than 25% and
 writes OUT/validation.csv and OUT/validation-command.txt.
@@ -61,6 +63,31 @@ def read_measured(path: Path) -> list[dict]:
     return out
 
 
+def format_tables(rows: list[dict], bandwidths: list[str], workers: list[int], capped: list[str]) -> str:
+    """The samples/s tables, one per distinct prediction: consecutive bandwidths whose predictions
+    are identical share one table titled with all their names, e.g. "10gbit = 100gbit (software-bound)".
+    Where the software is slower than every wire, one table says so instead of repeating itself."""
+    def table(bw: str) -> tuple[list, list]:
+        cols = list(dict.fromkeys((r["mode"], r["shards_label"]) for r in rows if r["bandwidth"] == bw))
+        vals = {(r["workers"], r["mode"], r["shards_label"]): r["samples_per_s"] for r in rows if r["bandwidth"] == bw}
+        return cols, [[vals[(n, *c)] for c in cols] for n in workers]
+
+    groups: list[tuple[list[str], tuple[list, list]]] = []
+    for bw in bandwidths:
+        t = table(bw)
+        if groups and groups[-1][1] == t:  # exact: a capped link's beta is the software's, bit for bit
+            groups[-1][0].append(bw)
+        else:
+            groups.append(([bw], t))
+    lines = []
+    for names, (cols, values) in groups:
+        why = " (software-bound)" if len(names) > 1 and set(names) <= set(capped) else ""
+        lines += ["", f"{' = '.join(names)}{why}: samples/s",
+                  "     N  " + "  ".join(f"{'ring' if m == 'ring' else 'PS K=' + k:>10}" for m, k in cols)]
+        lines += [f"{n:>6}  " + "  ".join(f"{v:>10.0f}" for v in row) for n, row in zip(workers, values, strict=True)]
+    return "\n".join(lines)
+
+
 def write_csv(rows: list[dict], path: Path) -> None:
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(rows[0]))
@@ -109,7 +136,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--shards", default="1,8,N", help="PS shard counts K to model (N: one shard per worker)")
     p.add_argument("--params", type=float, default=0, help="model parameters (default: the calibrated model's)")
     p.add_argument("--batch", type=int, default=0, help="samples per worker per step (default: calibrated)")
-    p.add_argument("--jitter-ms", type=float, default=0.0, help="mean exponential straggler delay per step")
+    p.add_argument("--jitter", type=float, default=0.0, metavar="MS",
+                   help="mean exponential straggler delay per step, ms (as psgd run --jitter)")
+    # One name across subcommands; the old one still works, so scripts that used it keep running.
+    p.add_argument("--jitter-ms", dest="jitter", type=float, default=argparse.SUPPRESS, metavar="MS",
+                   help="(old name of --jitter)")
     p.add_argument("--software-bound", action=argparse.BooleanOptionalAction, default=True,
                    help="a link moves no more than the calibrated software does (--no-software-bound: wire only)")
     p.add_argument("--calibration", default=DEFAULT_CALIBRATION, help="psgd bench calibrate's JSON")
@@ -125,14 +156,14 @@ def main(argv: list[str]) -> int:
     shards = [s.strip() for s in a.shards.split(",") if s.strip()]
     if not bandwidths or not shards or not all(s == "N" or (s.isdigit() and int(s) >= 1) for s in shards):
         raise UsageError("--bandwidth needs at least one speed; --shards takes integers >= 1 or N")
-    if a.params < 0 or a.batch < 0 or a.jitter_ms < 0:
-        raise UsageError("--params, --batch and --jitter-ms must be >= 0")
+    if a.params < 0 or a.batch < 0 or a.jitter < 0:
+        raise UsageError("--params, --batch and --jitter must be >= 0")
     machine, work, raw = load_calibration(a.calibration)
     if not raw:
         print(f"psgd model: no calibration at {a.calibration!r}: using built-in defaults "
               "(run `psgd bench calibrate` for this machine's numbers)", file=sys.stderr)
     work = dataclasses.replace(work, params=int(a.params or work.params), batch=a.batch or work.batch,
-                               jitter_s=a.jitter_ms / 1000.0)
+                               jitter_s=a.jitter / 1000.0)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     command = "psgd model " + " ".join(argv) + "\n"
@@ -156,15 +187,8 @@ def main(argv: list[str]) -> int:
              + ("" if a.software_bound else " (ignored: wire only)"))
     plot(rows, out / "model.png", title)
     print(title)
-    for bw, _, _ in bandwidths:
-        print(f"\n{bw}: samples/s")
-        cols = list(dict.fromkeys((r["mode"], r["shards_label"]) for r in rows if r["bandwidth"] == bw))
-        print("     N  " + "  ".join(f"{'ring' if m == 'ring' else 'PS K=' + k:>10}" for m, k in cols))
-        for n in workers:
-            vals = {(r["mode"], r["shards_label"]): r["samples_per_s"] for r in rows
-                    if r["bandwidth"] == bw and r["workers"] == n}
-            print(f"{n:>6}  " + "  ".join(f"{vals[c]:>10.0f}" for c in cols))
     capped = [bw for bw, bits, _ in bandwidths if a.software_bound and 8.0 / bits < machine.beta_s_per_byte]
+    print(format_tables(rows, [bw for bw, _, _ in bandwidths], workers, capped))
     if capped:
         print(f"\nnote: at {', '.join(capped)} the wire outruns the software (psgd's PS moves "
               f"{1 / machine.beta_s_per_byte / 1e9:.2f} GB/s per process here): those predictions are software-bound; "
