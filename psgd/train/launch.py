@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import itertools
 import json
 import os
 import selectors
@@ -137,16 +138,22 @@ def with_out_resolved(cfg: RunConfig, runs: Path = RUNS) -> RunConfig:
     if cfg.out:
         return cfg
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    out, n = runs / f"{cfg.mode}-{stamp}", 1
-    while out.exists():
-        n += 1
-        out = runs / f"{cfg.mode}-{stamp}-{n}"
-    out.mkdir(parents=True)
+    runs.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count(1):
+        out = runs / (f"{cfg.mode}-{stamp}" + (f"-{n}" if n > 1 else ""))
+        try:
+            out.mkdir()  # atomic: two runs started in the same second never share a folder
+            break
+        except FileExistsError:
+            continue
     (out / MARKER).write_text("psgd run folder\n")
     latest = runs / "latest"
     if latest.is_symlink() or not latest.exists():  # an old real folder named latest is left alone
-        latest.unlink(missing_ok=True)
-        latest.symlink_to(out.name)
+        # A new link renamed over the old one: concurrent runs never see latest missing or half made.
+        tmp = runs / f".latest-{os.getpid()}"
+        tmp.unlink(missing_ok=True)
+        tmp.symlink_to(out.name)
+        os.replace(tmp, latest)
     return dataclasses.replace(cfg, out=str(out))
 
 
