@@ -38,7 +38,7 @@ from psgd.core import link as link_mod
 from psgd.core.errors import ExchangeError
 from psgd.core.sharding import shard_ranges
 from psgd.ps import wire
-from psgd.ps.transport import Events, Transport, make_transport
+from psgd.ps.transport import NO_EVENTS, Events, Transport, make_transport
 
 
 @dataclass
@@ -88,7 +88,7 @@ class PSClient:
     def _pull(self, shards: list[int], clock: int, out: torch.Tensor, events: Events | None = None) -> list:
         def request(k: int) -> pb.PullRequest:
             return pb.PullRequest(worker_id=self.worker_id, clock=clock, dtype=wire.DTYPE_ENUMS[self.dtype], shard=k)
-        return self.transport.pull(shards, request, lambda k: self._slice(out, k), events or Events())
+        return self.transport.pull(shards, request, lambda k: self._slice(out, k), events or NO_EVENTS)
 
     def pull_result(self, results: list) -> PullResult:
         done = any(h.done for h, _ in results)
@@ -194,12 +194,3 @@ def make_client(transport: str, addresses: list[str], worker_id: int, num_elemen
     """A PSClient on `--transport grpc | tcp` (paced to `link` when given)."""
     return PSClient(make_transport(transport, addresses, rpc_timeout, link), worker_id, num_elements, wire_dtype,
                     rpc_timeout)
-
-
-def wait_for_servers(addresses: list[str], timeout: float) -> None:
-    """Block until every address answers Info (used by the launcher and tests)."""
-    client = make_client("grpc", addresses, 0, 0, rpc_timeout=timeout)
-    try:
-        client.wait_ready()
-    finally:
-        client.close()
