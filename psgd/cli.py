@@ -7,6 +7,7 @@ that does the work, and turn known failures into one-line errors (exit 2 for usa
     psgd run --mode sync --workers 4 --servers 2 --model mlp --dataset synthetic --steps 200
     psgd server --port 50051 --shard 0 --num-shards 2 --workers 4 --mode sync
     psgd worker --rank 0 --servers 127.0.0.1:50051,127.0.0.1:50052 --workers 4 --mode sync
+    psgd summarize results/runs/by-hand
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import json
 import os
 import signal
 import sys
+import threading
 
 from psgd.core import config as C
 from psgd.core.errors import Parser, UsageError
@@ -46,6 +48,12 @@ Serve one parameter shard: hold its slice of the parameters and its optimizer, a
 workers' gradients under --mode's policy, answer their pulls. `psgd run` starts K of these
 for you; start them by hand, with the same flags, to put shards on other hosts (each one
 prints READY host:port when it listens)."""
+
+SUMMARIZE_DESCRIPTION = """\
+Evaluate the parameter snapshots of a finished run and write OUT/summary.json (throughput,
+accuracy, staleness, time split, start-up apart). `psgd run` does this itself; run it after a
+run started by hand (psgd server / psgd worker) or by torchrun, once its processes ended.
+Running it again gives the same files."""
 
 WORKER_DESCRIPTION = """\
 Train as worker --rank against running shards (--servers HOST:PORT,...), or as one member
@@ -77,6 +85,11 @@ def build_parser() -> Parser:
                        description="Train one model with N workers and K parameter shards (or all-reduce).",
                        epilog=MODES_HELP, formatter_class=fmt)
     C.add_flags(p)
+    p.add_argument("--quiet", action="store_true", help="print only the summary line")
+
+    p = sub.add_parser("summarize", help="evaluate a finished run folder and write OUT/summary.json",
+                       description=SUMMARIZE_DESCRIPTION, formatter_class=fmt)
+    p.add_argument("out", metavar="OUT", help="the run folder (holds config.json and metrics.jsonl)")
     p.add_argument("--quiet", action="store_true", help="print only the summary line")
 
     p = sub.add_parser("server", help="serve one parameter shard (started by `psgd run`, or by hand)",
@@ -134,6 +147,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_server(args)
         if args.command == "worker":
             return cmd_worker(args)
+        if args.command == "summarize":
+            return cmd_summarize(args)
         if args.command in DELEGATED:
             import importlib
 
@@ -165,13 +180,39 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (launch.RunFailed, FileNotFoundError, ValueError) as e:
         print(f"psgd run: failed: {e}", file=sys.stderr)
         return 1
-    # Samples/s and gradients/s compare the modes on equal terms (a sync update is N gradients, an
-    # async one is one); staleness is the price async pays for them.
-    keys = ("mode", "workers", "servers", "global_updates", "wall_time_s", "samples_per_s", "worker_steps_per_s",
-            "staleness_mean", "final_test_accuracy", "final_test_loss")
+    print_summary(summary, cfg.out, args.quiet)
+    return 0
+
+
+def print_summary(summary: dict, out: str, quiet: bool) -> None:
+    """The one-line summary of a run. Samples/s and gradients/s compare the modes on equal terms (a
+    sync update is N gradients, an async one is one); staleness is the price async pays for them."""
+    keys = ("mode", "workers", "servers", "global_updates", "startup_s", "wall_time_s", "samples_per_s",
+            "worker_steps_per_s", "staleness_mean", "final_test_accuracy", "final_test_loss")
     summary = dict(summary, staleness_mean=(summary.get("staleness") or {}).get("mean"))
     line = {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items() if k in keys}
-    print(json.dumps(line) if args.quiet else f"{cfg.out}/summary.json: {json.dumps(line)}")
+    print(json.dumps(line) if quiet else f"{out}/summary.json: {json.dumps(line)}")
+
+
+def cmd_summarize(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from psgd.train import data, launch
+
+    out = Path(args.out)
+    if not (out / launch.MARKER).exists() or not (out / "config.json").is_file():
+        raise UsageError(f"{out} is not a psgd run folder (no {launch.MARKER} and config.json in it)")
+    try:
+        cfg = C.from_dict(json.loads((out / "config.json").read_text()))
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"{out}/config.json: {e}") from None
+    cfg = dataclasses.replace(cfg, out=str(out))  # the folder may have moved since the run
+    try:
+        summary = launch.finish(cfg, data.load(cfg.data))
+    except (launch.RunFailed, FileNotFoundError) as e:
+        print(f"psgd summarize: failed: {e}", file=sys.stderr)
+        return 1
+    print_summary(summary, str(out), args.quiet)
     return 0
 
 
@@ -185,8 +226,8 @@ def cmd_server(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from psgd.ps import server
-    from psgd.train import data
-    from psgd.train.metrics import Metrics
+    from psgd.train import data, launch
+    from psgd.train.metrics import Metrics, process_start_time
 
     if not isinstance(args.servers, int):
         raise UsageError("psgd server takes --num-shards K (a count)")
@@ -198,6 +239,8 @@ def cmd_server(args: argparse.Namespace) -> int:
     if cfg.mode == "allreduce":
         raise UsageError("--mode allreduce has no parameter servers")
     cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
+    if args.shard == 0:
+        launch.prepare_by_hand(cfg)  # by hand, shard 0 is the run's first process (workers need it up)
     # Block the stop signals in every thread (gRPC's threads inherit this mask) and take them
     # synchronously below: a clean shutdown always writes the shard's stats and snapshots.
     stop_signals = {signal.SIGTERM, signal.SIGINT}
@@ -210,13 +253,21 @@ def cmd_server(args: argparse.Namespace) -> int:
     print(f"READY {args.bind}:{srv.port}", flush=True)
     print(f"shard {args.shard}/{cfg.servers} ({cfg.mode}) listening on {args.bind}:{srv.port}", file=sys.stderr,
           flush=True)
+    # Stop on a signal, or when every worker has left (a run started by hand ends by itself): the
+    # watcher turns the latter into a SIGTERM for this thread, so one sigwait serves both.
+    main = threading.get_ident()
+    threading.Thread(target=lambda: (srv.shard.finished.wait(), signal.pthread_kill(main, signal.SIGTERM)),
+                     name="psgd-finished", daemon=True).start()
     signal.sigwait(stop_signals)
     srv.stop()
     out = Path(cfg.out)
     srv.shard.save(out)
     m = Metrics(out / "metrics.jsonl")
-    m.write(event="shard_end", **srv.shard.stats())
+    m.write(event="shard_end", process_start=process_start_time(), **srv.shard.stats())
     m.close()
+    if srv.shard.finished.is_set() and args.shard == 0 and not os.environ.get(launch.LAUNCHED):
+        print(f"all {cfg.workers} workers finished; `psgd summarize {out}` writes its summary.json", file=sys.stderr,
+              flush=True)
     # Everything is written and closed: leave without the interpreter's teardown of torch and
     # gRPC (about half a second on 2 cores, on every run's critical path).
     sys.stdout.flush()
@@ -229,7 +280,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     from psgd.core.errors import ExchangeError
     from psgd.ps.exchange import PSExchange
-    from psgd.train import data, worker
+    from psgd.train import data, launch, worker
     from psgd.train.metrics import Metrics
 
     cfg = by_hand(config_from_args(args))
@@ -241,6 +292,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
     if cfg.mode == "allreduce":
         from psgd.allreduce.collective import CollectiveError, CollectiveExchange
+
+        if rank == 0:
+            launch.prepare_by_hand(cfg)  # under torchrun rank 0 prepares; the others write after the barrier
 
         exchange, errors = CollectiveExchange.from_env(cfg, rank, init_method=args.rendezvous), (CollectiveError,)
     else:
@@ -258,6 +312,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         code = 130
     finally:
         metrics.close()
+    if code == 0 and rank == 0 and cfg.mode == "allreduce" and not os.environ.get(launch.LAUNCHED):
+        print(f"done; `psgd summarize {cfg.out}` writes its summary.json", file=sys.stderr, flush=True)
     # Leave without the interpreter's teardown: the metrics (and the all-reduce replica files) are
     # written and closed. After a gloo group has run, C++ destructors at exit sometimes meet one of
     # its threads still joinable and abort the process ("terminate called without an active

@@ -41,7 +41,12 @@ def test_sync_run_writes_everything(tmp_path):
     # Each worker pulls and pushes the whole model once per step (fp32).
     assert s["bytes_pushed"] == s["bytes_pulled"] == 120 * 4 * s["params"]
     kinds = [e["event"] for e in events(out)]
-    assert kinds.count("worker_end") == 4 and kinds.count("shard_end") == 2
+    assert kinds.count("worker_end") == 4 and kinds.count("shard_end") == 2 and kinds[0] == "launch"
+    # Start-up (the launcher's start to the start barrier's release) is apart from wall time.
+    launch = events(out)[0]
+    assert s["startup_s"] == pytest.approx(min(e["train_start"] for e in events(out) if e["event"] == "worker_end")
+                                           - launch["process_start"])
+    assert s["startup_s"] > 0 and line["startup_s"] == round(s["startup_s"], 4)
     assert [e["version"] for e in events(out) if e["event"] == "eval"] == [0, 10, 20, 30]
     assert (out / "config.json").exists()
     assert s["final_test_accuracy"] > 0.3  # 10 classes: well above chance after 30 steps

@@ -131,3 +131,25 @@ def test_a_failed_update_is_not_counted():
     with pytest.raises(RuntimeError, match="optimizer failed"):
         policy.push(0, 0, 0, torch.ones(2))
     assert policy.version == 0  # the version still names the parameters' state
+
+
+def test_the_wait_for_the_chiefs_init_is_start_up_not_pull_time():
+    """A worker whose first pull arrives before the chief's Init waits for it: that hold is reported
+    as wait_s (start-up, which the worker keeps out of its times), never as transfer time."""
+    import time
+
+    s = Shard(RunConfig(mode="async", workers=1, servers=1, steps=10), 0)
+
+    class InitArrivesDuringTheWait(threading.Event):
+        def wait(self, timeout=None):
+            # The chief's Init lands while this pull waits; the hold lasts at least `held`.
+            start, held = time.perf_counter(), 0.05
+            while time.perf_counter() - start < held:
+                pass
+            s.init(torch.zeros(4))
+            return super().wait(timeout)
+
+    s.ready = InitArrivesDuringTheWait()
+    with s.pull(0, 0, 0, "fp32", timeout=5) as p:
+        assert p.version == 0 and not p.done
+        assert p.wait_s >= 0.05

@@ -177,7 +177,7 @@ def test_stopped_shard_is_unavailable_and_leaves_no_thread():
         with pytest.raises(ExchangeError, match="UNAVAILABLE"):
             client.push(0, torch.ones(4))
     finally:
-        client.close()
+        client.close(failed=True)  # after a failure: no Leave to a shard that is gone
 
 
 def test_run_over_tcp_writes_everything(tmp_path):

@@ -49,6 +49,11 @@ class ParameterShardStub:
                 request_serializer=psgd_dot_v1_dot_parameter__server__pb2.PullRequest.SerializeToString,
                 response_deserializer=psgd_dot_v1_dot_parameter__server__pb2.PullChunk.FromString,
                 _registered_method=True)
+        self.Leave = channel.unary_unary(
+                '/psgd.v1.ParameterShard/Leave',
+                request_serializer=psgd_dot_v1_dot_parameter__server__pb2.LeaveRequest.SerializeToString,
+                response_deserializer=psgd_dot_v1_dot_parameter__server__pb2.LeaveReply.FromString,
+                _registered_method=True)
         self.Info = channel.unary_unary(
                 '/psgd.v1.ParameterShard/Info',
                 request_serializer=psgd_dot_v1_dot_parameter__server__pb2.InfoRequest.SerializeToString,
@@ -80,6 +85,13 @@ class ParameterShardServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Leave(self, request, context):
+        """Worker -> shard: this worker has finished (the last of N ends the shard's run).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Info(self, request, context):
         """Cheap status probe (readiness checks, tests).
         """
@@ -104,6 +116,11 @@ def add_ParameterShardServicer_to_server(servicer, server):
                     servicer.Pull,
                     request_deserializer=psgd_dot_v1_dot_parameter__server__pb2.PullRequest.FromString,
                     response_serializer=psgd_dot_v1_dot_parameter__server__pb2.PullChunk.SerializeToString,
+            ),
+            'Leave': grpc.unary_unary_rpc_method_handler(
+                    servicer.Leave,
+                    request_deserializer=psgd_dot_v1_dot_parameter__server__pb2.LeaveRequest.FromString,
+                    response_serializer=psgd_dot_v1_dot_parameter__server__pb2.LeaveReply.SerializeToString,
             ),
             'Info': grpc.unary_unary_rpc_method_handler(
                     servicer.Info,
@@ -192,6 +209,33 @@ class ParameterShard:
             '/psgd.v1.ParameterShard/Pull',
             psgd_dot_v1_dot_parameter__server__pb2.PullRequest.SerializeToString,
             psgd_dot_v1_dot_parameter__server__pb2.PullChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Leave(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psgd.v1.ParameterShard/Leave',
+            psgd_dot_v1_dot_parameter__server__pb2.LeaveRequest.SerializeToString,
+            psgd_dot_v1_dot_parameter__server__pb2.LeaveReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -23,7 +23,7 @@ import subprocess
 from pathlib import Path
 
 CODE_PATHS = ("psgd", "experiments", "protos", "pyproject.toml")
-LAB_FILES = ("psgd/lab", "psgd/bench", "psgd/core/costmodel.py")
+LAB_FILES = ("psgd/lab", "psgd/bench", "psgd/core/costmodel.py", "psgd/core/palette.py")
 RUN_PATHS = ("psgd", "protos", "pyproject.toml", *(f":(exclude){p}" for p in LAB_FILES))
 
 

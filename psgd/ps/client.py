@@ -119,12 +119,18 @@ class PSClient:
         return any(r.done for r in replies), any(r.refused for r in replies), sent
 
     def close(self, failed: bool = False) -> None:
-        """Close every connection; `failed`: first cut those still in use (their calls end at
-        once instead of at their deadline), then drop what has not started."""
+        """Tell every shard this worker has finished (Leave: the last of N ends the shards' run),
+        then close every connection. `failed`: no Leave (the run did not finish: the launcher, or
+        whoever started it, stops the shards); first cut the connections still in use (their calls
+        end at once instead of at their deadline), then drop what has not started."""
         if failed:
             self.transport.close()
         self.background.shutdown(wait=True, cancel_futures=failed)
-        self.transport.close()
+        try:
+            if not failed:
+                self.transport.leave(self.shards, self.worker_id)
+        finally:
+            self.transport.close()
 
 
 class PullStreams:

@@ -9,6 +9,7 @@ core (psgd/ps/shard.py), which holds every check and state change, and writes th
   reused fp32 buffers straight from gRPC's bytes (`codec.data_view`: no protobuf copy).
 - `Pull`: held by the policy, then header + ~1 MiB frames of the snapshot in the wire dtype,
   built one at a time outside the lock (`codec.frames`) and sent as they are.
+- `Leave`: a worker has finished (the last of N ends the shard's run: `Shard.finished`).
 - `Info`: the shard's place and state, and the port of its TCP data plane (psgd/ps/tcp_server.py).
 """
 
@@ -36,7 +37,7 @@ def aborts(context: grpc.ServicerContext):
 
 
 class ShardServicer:
-    """The four RPCs of one shard; all state is the Shard's (and guarded by its lock)."""
+    """The five RPCs of one shard; all state is the Shard's (and guarded by its lock)."""
 
     def __init__(self, shard: Shard, data_port: int = 0) -> None:
         self.shard = shard
@@ -75,6 +76,10 @@ class ShardServicer:
                 # lets malloc reuse one frame's memory for the next (measured: ~30% less server CPU
                 # than framing all chunks under the lock).
                 yield from link.paced(codec.frames(codec.encode(p.values, dtype)), self.shard.link_out)
+
+    def Leave(self, request, context):
+        with aborts(context):
+            return pb.LeaveReply(workers_left=self.shard.leave(request.worker_id, request.shard))
 
     def Info(self, request, context):
         s = self.shard
@@ -117,6 +122,8 @@ def rpc_handlers(servicer: ShardServicer) -> grpc.GenericRpcHandler:
         "Init": grpc.stream_unary_rpc_method_handler(servicer.Init, chunk, pb.InitReply.SerializeToString),
         "Push": grpc.stream_unary_rpc_method_handler(servicer.Push, chunk, pb.PushReply.SerializeToString),
         "Pull": grpc.unary_stream_rpc_method_handler(servicer.Pull, pb.PullRequest.FromString, wire.serialize_frame),
+        "Leave": grpc.unary_unary_rpc_method_handler(servicer.Leave, pb.LeaveRequest.FromString,
+                                                     pb.LeaveReply.SerializeToString),
         "Info": grpc.unary_unary_rpc_method_handler(servicer.Info, pb.InfoRequest.FromString,
                                                     pb.InfoReply.SerializeToString),
     }

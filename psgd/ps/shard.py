@@ -22,7 +22,11 @@ Contract (every method thread-safe; a refusal raises `ShardError(code, message)`
   LambdaLR warmup) on the shard tensor, so a sync run reproduces single-process training. With
   `--local-steps H` > 1 a push is a worker's model delta and the step is w <- w - mean(delta)
   (SGD with lr 1 and nothing else): the replicas' average (psgd/core/localsgd.py).
-- Start barrier: every worker's first pull (clock 0) is held until all N workers asked for it.
+- Start barrier: every worker's first pull (clock 0) is held until all N workers asked for it;
+  its `wait_s` includes the time it waited for the chief's Init before that.
+- `leave(worker_id, shard)`: a worker has finished and sends nothing more; returns how many
+  distinct workers have left. Once all N have, `finished` is set: the shard's run is over and its
+  server stops by itself (psgd/cli.py), so a run started by hand ends without a signal.
 - Snapshots of the parameters every `--eval-every` updates (and at 0 and the end) are saved by
   `save(out)` with the stats and evaluated after the run, so evaluation never disturbs timing.
 - `--link`: `link_in` / `link_out` pace this shard's NIC (pushes in, pulls out, shared by the N
@@ -78,6 +82,8 @@ class Shard:
         self.param: torch.Tensor | None = None
         self.opt: optim.SGD | None = None
         self.ready = threading.Event()
+        self.left: set[int] = set()  # workers that said they finished (Leave)
+        self.finished = threading.Event()  # set once all N workers have left
         self.snapshots: list[tuple[int, float, torch.Tensor]] = []  # (version, unix time, params)
         self.bytes_in = 0
         self.bytes_out = 0
@@ -174,8 +180,12 @@ class Shard:
         """Wait for the policy, then a snapshot of the parameters in `dtype` (see the module docstring)."""
         if shard != self.index:
             raise ShardError(Code.INVALID_ARGUMENT, f"pull for shard {shard} sent to shard {self.index}")
+        # Waiting for the chief's Init is part of the start, like the start barrier's hold: it is
+        # reported in wait_s with it, so that no worker counts the others' start-up as its pull.
+        started = time.perf_counter()
         if not self.ready.wait(timeout):
             raise ShardError(Code.DEADLINE_EXCEEDED, f"shard {self.index} was never initialised")
+        held_for_init = time.perf_counter() - started
         snap = self._borrow(codec.WIRE_DTYPES[dtype])
 
         def read() -> torch.Tensor:
@@ -189,9 +199,19 @@ class Shard:
                 raise ShardError(Code.DEADLINE_EXCEEDED, str(e)) from None
             except PolicyError as e:
                 raise ShardError(Code.INVALID_ARGUMENT, str(e)) from None
-            yield Pulled(out.version, out.done, out.wait_s, out.clock_gap, out.value)
+            yield Pulled(out.version, out.done, out.wait_s + held_for_init, out.clock_gap, out.value)
         finally:
             self._pools[snap.dtype].put(snap)
+
+    def leave(self, worker_id: int, shard: int) -> int:
+        """Worker `worker_id` has finished; returns how many distinct workers have left. A second
+        Leave of one worker counts once (a retried RPC must not end the run early)."""
+        self._check_sender(worker_id, shard)
+        with self.lock:
+            self.left.add(worker_id)
+            if len(self.left) == self.cfg.workers:
+                self.finished.set()
+            return len(self.left)
 
     def _borrow(self, dtype: torch.dtype) -> torch.Tensor:
         try:

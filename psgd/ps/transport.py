@@ -9,6 +9,7 @@ one line that names the shard and the status.
     init(shards, header_of, payload_of)                 -> [InitReply]
     push(shards, header_of, payload_of, events)         -> [PushReply]
     pull(shards, request_of, out_of, events)            -> [(PullHeader, bytes received)]
+    leave(shards, worker_id)                            -> [LeaveReply]  (this worker has finished)
 
 `header_of(k)` / `request_of(k)` build shard k's .proto header, `payload_of(k)` its bytes in the
 wire dtype, `out_of(k)` the fp32 slice its pulled values land in (written in place: no copy).
@@ -17,8 +18,8 @@ wire dtype, `out_of(k)` the fp32 slice its pulled values land in (written in pla
 
 - `GrpcTransport`: client-streaming Push / server-streaming Pull of ~1 MiB frames, one thread
   per shard (gRPC releases the GIL while waiting).
-- `TcpTransport`: the shards' raw-socket data planes (psgd/ps/framing.py; gRPC still does Info
-  and Init); unpaced shards of at most ROUND_MAX_BYTES in one round from the calling thread (send
+- `TcpTransport`: the shards' raw-socket data planes (psgd/ps/framing.py; gRPC still does Info,
+  Init and Leave); unpaced shards of at most ROUND_MAX_BYTES in one round from the calling thread (send
   every request, then read every reply: no thread hand-offs), larger or paced ones a thread each.
 - `PacedTransport(inner, link)`: `--link`, a wrapper that paces any transport's traffic to an
   emulated wire (psgd/core/link.py): one pacer for sends and one for receives, shared by the K
@@ -77,6 +78,7 @@ class Transport(Protocol):
     def init(self, shards: Sequence[int], header_of, payload_of) -> list[pb.InitReply]: ...
     def push(self, shards: Sequence[int], header_of, payload_of, events: Events = NO_EVENTS) -> list[pb.PushReply]: ...
     def pull(self, shards: Sequence[int], request_of, out_of, events: Events = NO_EVENTS) -> list[tuple]: ...
+    def leave(self, shards: Sequence[int], worker_id: int) -> list[pb.LeaveReply]: ...
     def close(self) -> None: ...
 
 
@@ -96,6 +98,7 @@ class GrpcTransport:
         self.addresses, self.timeout = addresses, timeout
         self.channels = [grpc.insecure_channel(a, options=wire.CHANNEL_OPTIONS) for a in addresses]
         self._info = [pb_grpc.ParameterShardStub(c).Info for c in self.channels]
+        self._leave = [pb_grpc.ParameterShardStub(c).Leave for c in self.channels]
         chunk = wire.serialize_frame
         # The tensor streams with frame-aware (de)serialisers (the same messages on the wire).
         self._push = [c.stream_unary(f"/{wire.SERVICE}/Push", request_serializer=chunk,
@@ -121,6 +124,10 @@ class GrpcTransport:
     def info(self, shards):
         return self.fan_out("info from", shards, lambda k: self._info[k](
             pb.InfoRequest(), timeout=self.timeout, wait_for_ready=True))
+
+    def leave(self, shards, worker_id):
+        return self.fan_out("leave", shards, lambda k: self._leave[k](
+            pb.LeaveRequest(worker_id=worker_id, shard=k), timeout=self.timeout))
 
     def init(self, shards, header_of, payload_of):
         return self.fan_out("init", shards, lambda k: self._init[k](
@@ -181,7 +188,7 @@ def _stream(k: int, header: pb.TensorHeader, payload: memoryview, events: Events
 
 
 class TcpTransport:
-    """Pushes and pulls on the shards' raw-TCP data planes; Info and Init on gRPC (`control`).
+    """Pushes and pulls on the shards' raw-TCP data planes; Info, Init and Leave on gRPC (`control`).
 
     A pool of idle connections per shard: a request takes one (or opens one) and gives it back
     when its reply was read in full; a connection that failed mid-frame is closed, never reused.
@@ -207,6 +214,9 @@ class TcpTransport:
 
     def init(self, shards, header_of, payload_of):
         return self.control.init(shards, header_of, payload_of)
+
+    def leave(self, shards, worker_id):
+        return self.control.leave(shards, worker_id)
 
     def push(self, shards, header_of, payload_of, events=NO_EVENTS):
         payloads = {k: payload_of(k) for k in shards}  # each slice encoded once (a view for fp32)
@@ -362,6 +372,9 @@ class PacedTransport:
 
     def init(self, shards, header_of, payload_of):
         return self.inner.init(shards, header_of, payload_of)  # set-up, not training traffic: unpaced
+
+    def leave(self, shards, worker_id):
+        return self.inner.leave(shards, worker_id)  # the end, not training traffic: unpaced
 
     def push(self, shards, header_of, payload_of, events=NO_EVENTS):
         return self.inner.push(shards, header_of, payload_of, chain(self._events, events))

@@ -11,9 +11,14 @@ Contract:
   earlier run's folder has psgd's own files replaced, and anything else (a file, a folder of
   other files) is refused with one line, exit 2: psgd never deletes what it did not write. No
   --out: a new results/runs/<mode>-<time>, and results/runs/latest a link to it.
-- After the workers finish, servers get SIGTERM, write their stats and snapshots, and exit;
-  then the snapshots are evaluated (psgd/train/evaluate.py) on the test set, a training subset and,
-  with --val-fraction, the validation split, and OUT/summary.json is written.
+- When the workers finish they tell the shards (Leave), and the servers write their stats and
+  snapshots and exit by themselves (the launcher's SIGTERM is the fallback); then `finish` evaluates
+  the snapshots (psgd/train/evaluate.py) on the test set, a training subset and, with
+  --val-fraction, the validation split, and writes OUT/summary.json.
+- Runs started by hand or by torchrun: the first process (`psgd server --shard 0`, or all-reduce
+  rank 0) prepares the folder with `prepare_by_hand` (children of `psgd run` find $PSGD_LAUNCHED
+  set and leave it to the launcher); the servers end when every worker has left; `psgd summarize
+  OUT` then runs the same `finish` from OUT/config.json.
 """
 
 from __future__ import annotations
@@ -37,7 +42,7 @@ from psgd.core.config import RunConfig, to_argv, to_dict
 from psgd.core.errors import UsageError
 from psgd.train import data as data_mod
 from psgd.train import evaluate, models
-from psgd.train.metrics import Metrics, read_events, samples_per_update, summarize
+from psgd.train.metrics import Metrics, process_start_time, read_events, samples_per_update, summarize
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
@@ -112,7 +117,8 @@ def _wait_workers(workers: list[Child], servers: list[Child]) -> None:
         # Block until some child is exitable, without reaping it (Popen reaps below).
         os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
         for c in servers:
-            if c.proc.poll() is not None:
+            # A server that ended by itself with 0 saw every worker leave: the workers end next.
+            if c.proc.poll() not in (None, 0):
                 raise RunFailed(f"{c.name} exited early with code {c.proc.returncode}: {c.last_error()}")
         for c in list(pending):
             rc = c.proc.poll()
@@ -127,7 +133,7 @@ def _wait_workers(workers: list[Child], servers: list[Child]) -> None:
 MARKER = ".psgd-run"  # in every folder psgd made for a run: the proof that its files are psgd's
 RUNS = Path("results/runs")
 # Everything a run writes into its folder, and nothing else: what a rerun may replace.
-OWN_FILES = ("metrics.jsonl", "summary.json", "config.json", "final_params.pt", "rendezvous")
+OWN_FILES = ("metrics.jsonl", "metrics.jsonl.tmp", "summary.json", "config.json", "final_params.pt", "rendezvous")
 OWN_GLOBS = ("shard-*.json", "shard-*.pt", "replica-*.json", "replica-*.pt", "logs/server-*.log",
              "logs/worker-*.log")
 
@@ -157,7 +163,7 @@ def with_out_resolved(cfg: RunConfig, runs: Path = RUNS) -> RunConfig:
     return dataclasses.replace(cfg, out=str(out))
 
 
-def prepare_out(out: Path) -> None:
+def prepare_out(out: Path, keep: tuple[str, ...] = ()) -> None:
     """Make `out` an empty psgd run folder, never touching a file psgd did not write.
 
     A new or empty folder is taken; a psgd run folder (it holds MARKER) has psgd's own files of the
@@ -170,7 +176,8 @@ def prepare_out(out: Path) -> None:
         raise UsageError(f"--out {out} holds files psgd did not write (no {MARKER} in it): give a new or empty "
                          "folder, or an earlier psgd run's folder")
     for name in OWN_FILES:
-        (out / name).unlink(missing_ok=True)
+        if name not in keep:
+            (out / name).unlink(missing_ok=True)
     for pattern in OWN_GLOBS:
         for p in out.glob(pattern):
             p.unlink()
@@ -178,8 +185,26 @@ def prepare_out(out: Path) -> None:
     (out / MARKER).write_text("psgd run folder\n")
 
 
+LAUNCHED = "PSGD_LAUNCHED"  # set in psgd run's children: the launcher prepared the run folder
+
+
+def prepare_by_hand(cfg: RunConfig) -> None:
+    """The first process of a run started by hand or by torchrun (shard 0, all-reduce rank 0):
+    prepare the run folder as `psgd run` does and write config.json, before any other process of
+    the run writes there (workers write after the start barrier, other shards when they stop; their
+    metrics files open at the first line). A rendezvous file there is left alone: the others may
+    be using it already. Children of `psgd run` skip this: the launcher did it."""
+    if os.environ.get(LAUNCHED):
+        return
+    out = Path(cfg.out)
+    prepare_out(out, keep=("rendezvous",))
+    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
+    Metrics(out / "metrics.jsonl").write(event="launch", by="hand", process_start=process_start_time())
+
+
 def child_env() -> dict:
     env = dict(os.environ)
+    env[LAUNCHED] = "1"
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     env.setdefault("NCCL_SOCKET_IFNAME", "lo")
     # Several processes on few cores: one intra-op thread each avoids oversubscription.
@@ -194,6 +219,9 @@ def run(cfg: RunConfig) -> dict:
     out = Path(cfg.out)
     prepare_out(out)
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
+    launch_event = Metrics(out / "metrics.jsonl")
+    launch_event.write(event="launch", by="psgd run", process_start=process_start_time())
+    launch_event.close()
     ds = data_mod.load(cfg.data)  # also fills the mnist1d cache before the workers race for it
     flags = to_argv(cfg)
     exe = [sys.executable, "-m", "psgd"]
@@ -230,8 +258,28 @@ def run(cfg: RunConfig) -> dict:
 
 
 def finish(cfg: RunConfig, ds: data_mod.Dataset) -> dict:
-    """Evaluate the snapshots, write final_params.pt and summary.json."""
+    """Evaluate the snapshots, write final_params.pt and summary.json (`psgd summarize` too).
+
+    Raises RunFailed naming what is missing when the run has not ended. Run again on the same
+    folder it gives the same files: the eval lines of an earlier call are replaced, not doubled.
+    """
     out = Path(cfg.out)
+    events = read_events(out / "metrics.jsonl")
+    ends = [e for e in events if e.get("event") == "worker_end"]
+    if len(ends) < cfg.workers:
+        raise RunFailed(f"{out}: {len(ends)} of {cfg.workers} workers finished (worker_end in metrics.jsonl): "
+                        "has the run ended?")
+    owners = ["replica-0"] if cfg.mode == "allreduce" else [f"shard-{k}" for k in range(cfg.servers)]
+    for name in owners:
+        if not (out / f"{name}.pt").exists():
+            who = "all-reduce rank 0" if cfg.mode == "allreduce" else f"server {name.split('-')[1]}"
+            raise RunFailed(f"{out} has no {name}.pt: {who} has not stopped yet (it writes it when every "
+                            "worker has left, or on Ctrl-C)")
+    if any(e.get("event") == "eval" for e in events):
+        kept = "".join(json.dumps(e, separators=(",", ":")) + "\n" for e in events if e.get("event") != "eval")
+        tmp = out / "metrics.jsonl.tmp"
+        tmp.write_text(kept)
+        os.replace(tmp, out / "metrics.jsonl")
     model = models.build(cfg.model, ds.input_dim, ds.num_classes, cfg.seed)
     x_tr, y_tr = ds.x_train[:10_000], ds.y_train[:10_000]  # train loss on a fixed subset: cheap
     if cfg.mode == "allreduce":
@@ -242,7 +290,7 @@ def finish(cfg: RunConfig, ds: data_mod.Dataset) -> dict:
         snaps = evaluate.load_shard_snapshots(out, cfg.servers)
         final = evaluate.load_final_params(out, cfg.servers)
         shard_stats = [json.loads((out / f"shard-{k}.json").read_text()) for k in range(cfg.servers)]
-    t0 = min(e["train_start"] for e in read_events(out / "metrics.jsonl") if e.get("event") == "worker_end")
+    t0 = min(e["train_start"] for e in ends)
     metrics = Metrics(out / "metrics.jsonl")
     evals = []
     for version, t, params in snaps:

@@ -7,7 +7,9 @@ Contract:
   events, the shards' `shard-K.json` stats and the offline evaluation (psgd/train/evaluate.py);
   `final_val_loss` / `final_val_accuracy` are None without a validation split (--val-fraction).
   Field meanings are in docs/architecture.md; `time_breakdown_s` is seconds per worker,
-  averaged over workers.
+  averaged over workers; `startup_s` runs from the first process's start (`process_start` of
+  the launcher's `launch` event, the shards' `shard_end`, the workers' `worker_end`) to the start
+  barrier's release, apart from `wall_time_s`, which runs from there to the last worker's end.
 """
 
 from __future__ import annotations
@@ -22,18 +24,42 @@ import numpy as np
 
 from psgd.core.config import RunConfig, to_dict
 
+_IMPORTED = time.time()
+
+
+def process_start_time() -> float:
+    """When this process started (unix time), from the kernel's record (Linux), so that start-up
+    counts the interpreter's and torch's imports too; elsewhere, when this module was imported."""
+    try:
+        # Field 22 of /proc/self/stat (starttime, clock ticks after boot); the command name in
+        # field 2 may hold spaces, so count from its closing parenthesis.
+        start_ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return time.time() - (uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return _IMPORTED
+
 
 class Metrics:
+    """Appends JSON lines to `path`; the file is opened at the first write, not before, so that a
+    run folder prepared after this object was made (a by-hand or torchrun run's rank 0 clears it
+    at start) gets every line."""
+
     def __init__(self, path: str | Path) -> None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self.fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        self.path = Path(path)
+        self.fd: int | None = None
 
     def write(self, **fields) -> None:
+        if self.fd is None:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         fields.setdefault("time", time.time())
         os.write(self.fd, (json.dumps(fields, separators=(",", ":")) + "\n").encode())
 
     def close(self) -> None:
-        os.close(self.fd)
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
 
 def read_events(path: str | Path) -> list[dict]:
@@ -75,6 +101,10 @@ def summarize(out: Path, cfg: RunConfig, evals: list[dict], params: int, params_
         raise RuntimeError(f"no worker_end events in {out / 'metrics.jsonl'}: did any worker finish?")
     start = min(e["train_start"] for e in ends)
     wall = max(e["train_end"] for e in ends) - start
+    # Start-up: from the first process of the run (the launcher, or the first server / worker
+    # started by hand) to the start barrier's release; none of it is in wall time.
+    launched = [e["process_start"] for e in events if "process_start" in e]
+    startup = start - min(launched) if launched else None
     worker_steps = sum(e["steps"] for e in ends)
     staleness: Counter = Counter()
     for s in shard_stats:
@@ -90,7 +120,7 @@ def summarize(out: Path, cfg: RunConfig, evals: list[dict], params: int, params_
         "clock_gap_bound": cfg.staleness if cfg.mode == "ssp" else (0 if cfg.mode in ("sync", "allreduce") else None),
         "model": cfg.model.model, "dataset": cfg.data.dataset, "params": params,
         "global_batch": cfg.global_batch, "global_updates": global_updates, "worker_steps": worker_steps,
-        "wall_time_s": wall, "updates_per_s": global_updates / wall if wall > 0 else 0.0,
+        "startup_s": startup, "wall_time_s": wall, "updates_per_s": global_updates / wall if wall > 0 else 0.0,
         "worker_steps_per_s": worker_steps / wall if wall > 0 else 0.0,
         "samples_per_s": worker_steps * cfg.batch_size * cfg.accumulate / wall if wall > 0 else 0.0,
         "final_train_loss": final.get("train_loss"), "final_test_loss": final.get("test_loss"),

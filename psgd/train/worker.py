@@ -43,7 +43,7 @@ from psgd.core.config import RunConfig
 from psgd.core.step import Exchange, StepReport
 from psgd.train import data as data_mod
 from psgd.train import models
-from psgd.train.metrics import Metrics
+from psgd.train.metrics import Metrics, process_start_time
 
 
 def resolve_device(name: str) -> torch.device:
@@ -73,7 +73,7 @@ def train(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None
         except Exception as close_error:  # noqa: BLE001 - kept as a note on the real error
             e.add_note(f"closing the exchange failed too: {close_error}")
         raise
-    end = dict(totals, rank=rank, train_start=train_start, train_end=time.time())
+    end = dict(totals, rank=rank, train_start=train_start, train_end=time.time(), process_start=process_start_time())
     exchange.close()
     if metrics is not None:
         metrics.write(event="worker_end", **end)

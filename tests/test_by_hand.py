@@ -1,0 +1,150 @@
+"""Runs started by hand (psgd server + psgd worker) or as torchrun would (psgd worker --mode allreduce)
+end by themselves, and `psgd summarize OUT` writes their summary.json."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from psgd.core.config import RunConfig
+from psgd.core.errors import ShardError
+from psgd.ps.shard import Shard
+from tests.helpers import ENV, events, processes_mentioning, psgd, psgd_main, summary
+
+TINY = ["--model", "mlp", "--dataset", "synthetic", "--num-samples", "600", "--batch-size", "16"]
+
+
+def start(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "psgd", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=ENV)
+
+
+def test_leave_counts_each_worker_once_and_finishes_after_all():
+    shard = Shard(RunConfig(mode="async", workers=2, servers=1), 0)
+    assert shard.leave(1, 0) == 1
+    assert shard.leave(1, 0) == 1  # a retried Leave must not end the run early
+    assert not shard.finished.is_set()
+    with pytest.raises(ShardError, match="out of range"):
+        shard.leave(2, 0)
+    with pytest.raises(ShardError, match="sent to shard 0"):
+        shard.leave(0, 1)
+    assert shard.leave(0, 0) == 2 and shard.finished.is_set()
+
+
+def test_by_hand_ps_run_ends_by_itself_and_summarize_writes_the_summary(tmp_path):
+    out = tmp_path / "by-hand"
+    flags = ["--mode", "sync", "--workers", "2", "--num-shards", "2", "--steps", "5", "--out", str(out), *TINY]
+    servers = [start("server", *flags, "--shard", str(k), "--port", "0") for k in range(2)]
+    procs = list(servers)
+    try:
+        addresses = []
+        for s in servers:
+            line = s.stdout.readline()  # blocks until the server listens (or exits)
+            assert line.startswith("READY "), s.stderr.read()
+            addresses.append(line.split()[1])
+        procs += [start("worker", *flags, "--rank", str(r), "--servers", ",".join(addresses)) for r in range(2)]
+        # No signal and no timeout-driven stop: the servers end because both workers left.
+        codes = [p.wait(timeout=120) for p in procs]
+        errs = [p.stderr.read() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert codes == [0, 0, 0, 0], errs
+    assert "psgd summarize" in errs[0]  # shard 0 tells what to run next
+    assert not processes_mentioning(str(out))
+    assert {"shard-0.json", "shard-1.pt", "config.json", ".psgd-run"} <= {p.name for p in out.iterdir()}
+    assert not (out / "summary.json").exists()
+
+    r = psgd_main("summarize", str(out))
+    assert r.returncode == 0, r.stderr
+    s = summary(out)
+    assert s["global_updates"] == 5 and s["workers"] == 2 and s["servers"] == 2
+    assert s["startup_s"] > 0 and s["wall_time_s"] > 0
+    first = [e for e in events(out) if e["event"] == "eval"]
+    assert [e["version"] for e in first] == sorted(e["version"] for e in first) and first[-1]["version"] == 5
+
+    # Again: the same summary, the eval lines replaced rather than doubled.
+    assert psgd_main("summarize", str(out), "--quiet").returncode == 0
+    again = [e for e in events(out) if e["event"] == "eval"]
+    assert [e["version"] for e in again] == [e["version"] for e in first]
+    assert summary(out)["params_sha256"] == s["params_sha256"]
+
+
+def test_a_second_by_hand_run_starts_from_an_empty_folder(tmp_path):
+    """Shard 0 prepares the folder: the metrics of an earlier run in it are not mixed in."""
+    out = tmp_path / "again"
+    flags = ["--mode", "async", "--workers", "1", "--num-shards", "1", "--steps", "3", "--out", str(out), *TINY]
+    for _ in range(2):
+        server = start("server", *flags, "--shard", "0", "--port", "0")
+        try:
+            address = server.stdout.readline().split()[1]
+            w = psgd("worker", *flags, "--rank", "0", "--servers", address, timeout=120)
+            assert w.returncode == 0, w.stderr
+            assert server.wait(timeout=60) == 0
+        finally:
+            if server.poll() is None:
+                server.kill()
+            server.wait()
+    ends = [e for e in events(out) if e["event"] == "worker_end"]
+    assert len(ends) == 1 and ends[0]["steps"] == 3
+
+
+def test_allreduce_workers_as_torchrun_starts_them_then_summarize(tmp_path):
+    out = tmp_path / "ring"
+    rendezvous = f"file://{tmp_path / 'rdv'}"  # outside the run folder, as a user would pick it
+    flags = ["--mode", "allreduce", "--workers", "2", "--steps", "4", "--out", str(out), *TINY]
+    env = dict(ENV, WORLD_SIZE="2")
+    procs = [subprocess.Popen([sys.executable, "-m", "psgd", "worker", *flags, "--rendezvous", rendezvous],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
+             for r in range(2)]
+    try:
+        codes = [p.wait(timeout=120) for p in procs]
+        errs = [p.stderr.read() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert codes == [0, 0], errs
+    assert "psgd summarize" in errs[0]
+    r = psgd_main("summarize", str(out))
+    assert r.returncode == 0, r.stderr
+    s = summary(out)
+    assert s["mode"] == "allreduce" and s["global_updates"] == 4 and s["startup_s"] > 0
+
+
+def test_summarize_refuses_what_is_not_a_finished_run(tmp_path):
+    r = psgd_main("summarize", str(tmp_path / "nowhere"))
+    assert r.returncode == 2 and "not a psgd run folder" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+    out = tmp_path / "unfinished"
+    out.mkdir()
+    (out / ".psgd-run").write_text("psgd run folder\n")
+    (out / "config.json").write_text(json.dumps({"mode": "sync", "workers": 1, "servers": 1}))
+    r = psgd_main("summarize", str(out))
+    assert r.returncode == 1 and "0 of 1 workers finished" in r.stderr
+
+    (out / "config.json").write_text(json.dumps({"no_such_key": 1}))
+    r = psgd_main("summarize", str(out))
+    assert r.returncode == 2 and "unknown key" in r.stderr
+
+
+def test_a_worker_that_cannot_leave_fails_loudly(tmp_path):
+    """Leave is part of a clean end: a shard that vanished before it is an error, not silence."""
+    from psgd.core.errors import ExchangeError
+    from psgd.ps import server as server_mod
+    from psgd.ps.client import make_client
+
+    srv = server_mod.start(RunConfig(mode="async", workers=1, servers=1), 0, "127.0.0.1", 0)
+    client = make_client("grpc", [f"127.0.0.1:{srv.port}"], 0, 4, rpc_timeout=10)
+    client.init(torch.zeros(4))
+    srv.stop(grace=0)
+    with pytest.raises(ExchangeError, match="leave shard 0"):
+        client.close()
