@@ -23,6 +23,18 @@ def start(*args: str) -> subprocess.Popen:
                             text=True, env=ENV)
 
 
+def wait_all(procs: list[subprocess.Popen]) -> tuple[list[int], list[str]]:
+    """Exit codes and stderr of every process, each ending by itself; any left is killed."""
+    try:
+        codes = [p.wait(timeout=120) for p in procs]
+        return codes, [p.stderr.read() for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+
+
 def test_leave_counts_each_worker_once_and_finishes_after_all():
     shard = Shard(RunConfig(mode="async", workers=2, servers=1), 0)
     assert shard.leave(1, 0) == 1
@@ -47,14 +59,9 @@ def test_by_hand_ps_run_ends_by_itself_and_summarize_writes_the_summary(tmp_path
             assert line.startswith("READY "), s.stderr.read()
             addresses.append(line.split()[1])
         procs += [start("worker", *flags, "--rank", str(r), "--servers", ",".join(addresses)) for r in range(2)]
-        # No signal and no timeout-driven stop: the servers end because both workers left.
-        codes = [p.wait(timeout=120) for p in procs]
-        errs = [p.stderr.read() for p in procs]
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+        # No signal and no timeout-driven stop: the servers end because both workers left.
+        codes, errs = wait_all(procs)
     assert codes == [0, 0, 0, 0], errs
     assert "psgd summarize" in errs[0]  # shard 0 tells what to run next
     assert not processes_mentioning(str(out))
@@ -104,14 +111,7 @@ def test_allreduce_workers_as_torchrun_starts_them_then_summarize(tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
              for r in range(2)]
-    try:
-        codes = [p.wait(timeout=120) for p in procs]
-        errs = [p.stderr.read() for p in procs]
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+    codes, errs = wait_all(procs)
     assert codes == [0, 0], errs
     assert "psgd summarize" in errs[0]
     r = psgd_main("summarize", str(out))
