@@ -1,4 +1,4 @@
-"""The `psgd` command line: run | server | worker (and the suite / plot / bench commands).
+"""The `psgd` command line: run | server | worker (and the suite / plot / trace / bench / model commands).
 
 Thin by design: parse flags into a RunConfig (psgd/core/config.py), validate once, call the module
 that does the work, and turn known failures into one-line errors (exit 2 for usage errors,
@@ -121,12 +121,13 @@ def build_parser() -> Parser:
 # command -> one-line help; `psgd NAME ...` calls psgd.NAME.main(argv) (bench: psgd.bench).
 DELEGATED = {
     "suite": "run an experiment suite (TOML) and write plots + REPORT.md",
-    "plot": "plot convergence curves of runs on one figure",
+    "plot": "plot runs on one figure: convergence curves, staleness, where the time went",
+    "trace": "per-worker timeline of one run: wait / pull / compute / push of every step",
     "bench": "benchmarks: transport | allreduce | scaling | calibrate",
     "model": "alpha-beta cost model: predict PS vs ring throughput up to 1024 workers",
 }
 MODULES = {"suite": "psgd.lab.suite", "plot": "psgd.lab.plots", "bench": "psgd.bench",
-           "model": "psgd.bench.costmodel_cli"}
+           "model": "psgd.bench.costmodel_cli", "trace": "psgd.lab.trace"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,6 +2,8 @@
 
 from pathlib import Path
 
+import matplotlib.colors
+
 from psgd.lab import plots
 from tests.helpers import psgd_main
 
@@ -56,6 +58,16 @@ def test_psgd_plot_cli(tmp_path):
     assert (tmp_path / "p.png").exists() and Path(tmp_path / "p.csv").read_text().count("\n") == 4
     r = psgd_main("plot", str(tmp_path / "nothing"))
     assert r.returncode == 2 and "no summary.json" in r.stderr
+    # The other views read summary.json: the staleness histogram and where the time went.
+    r = psgd_main("plot", str(out), "--view", "staleness", "--out", str(tmp_path / "s.png"))
+    assert r.returncode == 0, r.stderr
+    assert (tmp_path / "s.csv").read_text().splitlines()[1:] == ["run,sync,0,4,1.0"]  # sync: every gradient fresh
+    r = psgd_main("plot", str(out), "--view", "time", "--out", str(tmp_path / "t.png"))
+    assert r.returncode == 0, r.stderr
+    parts = [row.split(",")[1] for row in (tmp_path / "t.csv").read_text().splitlines()[1:]]
+    assert parts == ["wait", "pull", "compute", "push", "wall time"]
+    r = psgd_main("plot", str(out), "--view", "time", "--x", "version")
+    assert r.returncode == 2 and "--x and --y choose the axes of --view curves" in r.stderr
 
 
 def test_one_palette_modes_keep_their_colours_and_coinciding_modes_stay_visible(tmp_path):
@@ -73,6 +85,19 @@ def test_one_palette_modes_keep_their_colours_and_coinciding_modes_stay_visible(
     # The legend sits outside the axes (to the right), so it never covers data.
     anchor = ax.get_legend().get_bbox_to_anchor().transformed(ax.transAxes.inverted())
     assert anchor.x0 > 1.0
+
+
+def test_stacked_bars_stack_in_order_with_the_segment_colours_and_a_mark(tmp_path):
+    fig = plots.stacked(["sync", "async"], {"wait": [1.0, 0.0], "compute": [2.0, 3.0]}, "seconds",
+                        tmp_path / "s.png", marks=("wall time", [3.5, 3.2]))
+    ax = fig.axes[0]
+    assert [round(p.get_height(), 3) for p in ax.patches] == [1.0, 0.0, 2.0, 3.0]
+    assert [round(p.get_y(), 3) for p in ax.patches] == [0.0, 0.0, 1.0, 0.0]   # compute sits on wait
+    assert ax.patches[0].get_facecolor() == matplotlib.colors.to_rgba(plots.SEGMENT_COLORS["wait"])
+    # The legend reads top down, as the stack does.
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["wall time", "compute", "wait"]
+    assert not set(plots.SEGMENT_COLORS.values()) & set(plots.MODE_COLORS.values())
+    assert (tmp_path / "s.csv").read_text().splitlines()[-1] == "async,wall time,3.2"
 
 
 def test_interval_bars_and_the_grid_map(tmp_path):

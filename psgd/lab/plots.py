@@ -5,9 +5,13 @@ Contract:
   several seeds the line is the mean and the shaded band spans min..max over the seeds (`BAND`,
   which every caption quotes).
 - `curves(series, x, y, path)` plots eval metrics (`test_accuracy`, `test_loss`, `val_accuracy`,
-  ...) against `elapsed_s`, `version` (global updates) or `samples`; `bars(...)`, `lines(...)`
-  and `histograms(...)` cover the rest. Every function returns the matplotlib Figure (tests
-  inspect its content) and writes `path` (.png) and the same name with .csv.
+  ...) against `elapsed_s`, `version` (global updates) or `samples`; `bars(...)`, `lines(...)`,
+  `histograms(...)` and `stacked(...)` cover the rest. Every function returns the matplotlib
+  Figure (tests inspect its content) and writes `path` (.png) and the same name with .csv
+  (`save`, which psgd/lab/trace.py's timeline uses too).
+- `psgd plot RUN... --view curves | staleness | time`: convergence curves (the default), each
+  run's staleness histogram (summary.json `staleness.hist`), or where each run's worker time
+  went (summary.json `time_breakdown_s`, stacked in loop order, wall time as a grey mark).
 - One palette everywhere (psgd/core/palette.py: Okabe & Ito 2008, colour-blind safe): a colour per mode
   (`MODE_COLORS`) that nothing else uses; other variables (dtype, skew, batch, link) take
   `VARIANT_COLORS`. Every line has a marker, and modes that can coincide (sync and all-reduce
@@ -16,6 +20,7 @@ Contract:
   outside the axes, so they never cover data.
 
     psgd plot results/runs/E1/sync-s0 results/runs/E1/async-s0 --x elapsed_s --y test_accuracy --out fig.png
+    psgd plot results/runs/E1/sync-s0 results/runs/E1/async-s0 --view time --out time.png
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ from psgd.core.palette import (  # noqa: E402
     MODE_COLORS,
     MODE_MARKERS,
     REF_COLOR,
+    SEGMENT_COLORS,
     VARIANT_COLORS,
     VARIANT_MARKERS,
     color,
@@ -42,8 +48,9 @@ from psgd.core.palette import (  # noqa: E402
 )
 from psgd.lab.results import RunData, load_run  # noqa: E402
 
-__all__ = ["RunData", "load_run", "Series", "curves", "bars", "lines", "histograms", "color", "marker", "LINESTYLES",
-           "MODE_COLORS", "MODE_MARKERS", "REF_COLOR", "VARIANT_COLORS", "VARIANT_MARKERS"]
+__all__ = ["RunData", "load_run", "Series", "curves", "bars", "lines", "histograms", "stacked", "save", "color",
+           "marker", "LINESTYLES", "MODE_COLORS", "MODE_MARKERS", "REF_COLOR", "SEGMENT_COLORS", "VARIANT_COLORS",
+           "VARIANT_MARKERS"]
 
 BAND = "band: min-max over seeds"
 AXIS_LABELS = {
@@ -79,10 +86,12 @@ def _refs(ax, refs: list[tuple[float, str]] | None, horizontal: bool = True) -> 
             ax.axhline(value, color=REF_COLOR, linestyle=":", linewidth=1.2, label=text)
 
 
-def _legend(ax) -> None:
+def _legend(ax, handles: list | None = None) -> None:
     # Outside the axes, to the right: a legend never covers data (bbox_inches="tight" keeps it).
-    if ax.get_legend_handles_labels()[0]:
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
+    # `handles` (labelled artists) sets the order; by default, the order they were drawn in.
+    handles = handles if handles is not None else ax.get_legend_handles_labels()[0]
+    if handles:
+        ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
 
 
 def _band(runs: list[RunData], x: str, y: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -99,7 +108,8 @@ def _band(runs: list[RunData], x: str, y: str) -> tuple[np.ndarray, np.ndarray, 
     return grid, stack.mean(0), stack.min(0), stack.max(0)
 
 
-def _save(fig, path: Path, header: list[str], rows: list[list]) -> None:
+def save(fig, path: Path, header: list[str], rows: list[list]) -> None:
+    """Write the figure to `path` (.png) and its numbers, `header` then `rows`, to the .csv beside it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     with open(path.with_suffix(".csv"), "w", newline="") as f:
@@ -130,7 +140,7 @@ def curves(series: list[Series], x: str, y: str, path: Path, title: str = "", lo
     ax.set_title(title)
     ax.grid(alpha=0.3)
     _legend(ax)
-    _save(fig, path, ["series", "mode", x, f"{y}_mean", f"{y}_min", f"{y}_max"], rows)
+    save(fig, path, ["series", "mode", x, f"{y}_mean", f"{y}_min", f"{y}_max"], rows)
     plt.close(fig)
     return fig
 
@@ -165,7 +175,7 @@ def bars(groups: list[str], bars_: dict[str, tuple[str, list[float], list[float]
     ax.set_title(title)
     ax.grid(alpha=0.3, axis="y")
     _legend(ax)
-    _save(fig, path, ["bar", "mode", "group", "value", "error"], rows)
+    save(fig, path, ["bar", "mode", "group", "value", "error"], rows)
     plt.close(fig)
     return fig
 
@@ -192,7 +202,7 @@ def histograms(hists: dict[str, tuple[str, dict[str, int]]], path: Path, title: 
     ax.set_title(title)
     ax.grid(alpha=0.3)
     _legend(ax)
-    _save(fig, path, ["series", "mode", "value", "count", "fraction"], rows)
+    save(fig, path, ["series", "mode", "value", "count", "fraction"], rows)
     plt.close(fig)
     return fig
 
@@ -241,31 +251,84 @@ def lines(xs: list[float], ys: dict[str, tuple], xlabel: str, ylabel: str, path:
     ax.set_title(title)
     ax.grid(alpha=0.3)
     _legend(ax)
-    _save(fig, path, ["series", "mode", "x", "y"], rows)
+    save(fig, path, ["series", "mode", "x", "y"], rows)
     plt.close(fig)
     return fig
+
+
+VIEWS = ("curves", "staleness", "time")
 
 
 def main(argv: list[str]) -> int:
     from psgd.core.errors import Parser, UsageError
 
-    p = Parser(prog="psgd plot", description="Compare runs on one figure (PNG + CSV).")
+    p = Parser(prog="psgd plot", description="Compare runs on one figure (PNG + CSV). Views: curves (an eval "
+               "metric against --x), staleness (each run's staleness histogram), time (where each run's worker "
+               "time went: compute / pull / push / wait). One run's timeline: psgd trace RUN.")
     p.add_argument("runs", nargs="+", help="run folders (with summary.json and metrics.jsonl)")
-    p.add_argument("--x", default="elapsed_s", choices=("elapsed_s", "version", "samples"), help="x axis")
-    p.add_argument("--y", default="test_accuracy", choices=("test_accuracy", "test_loss", "train_loss"), help="y axis")
-    p.add_argument("--out", type=Path, default=Path("results/plot.png"), help="PNG path (a CSV is written beside)")
+    p.add_argument("--view", default="curves", choices=VIEWS, help="what to compare (default: %(default)s)")
+    p.add_argument("--x", default=None, choices=("elapsed_s", "version", "samples"),
+                   help="x axis of --view curves (default: elapsed_s)")
+    p.add_argument("--y", default=None, choices=("test_accuracy", "test_loss", "train_loss"),
+                   help="y axis of --view curves (default: test_accuracy)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="PNG path, a CSV is written beside (default: results/plot.png, results/plot-VIEW.png "
+                        "for the other views)")
     p.add_argument("--title", default="", help="figure title")
     a = p.parse_args(argv)
-    series = []
+    if a.view != "curves" and (a.x or a.y):
+        raise UsageError(f"--x and --y choose the axes of --view curves; --view {a.view} has fixed axes")
+    out = a.out or Path("results/plot.png" if a.view == "curves" else f"results/plot-{a.view}.png")
+    runs = {}
     for run in a.runs:
         try:
-            data = load_run(run)
+            runs[Path(run).name] = load_run(run)
         except (FileNotFoundError, ValueError) as e:
             raise UsageError(str(e)) from None
-        series.append(Series(Path(run).name, data.mode, [data]))
-    curves(series, a.x, a.y, a.out, a.title)
-    print(f"wrote {a.out} and {a.out.with_suffix('.csv')}")
+    if a.view == "curves":
+        curves([Series(name, data.mode, [data]) for name, data in runs.items()], a.x or "elapsed_s",
+               a.y or "test_accuracy", out, a.title)
+    elif a.view == "staleness":
+        # Sync and all-reduce apply every gradient fresh: one bar at 0, or none at all (no shards).
+        histograms({name: (data.mode, data.summary["staleness"]["hist"]) for name, data in runs.items()}, out,
+                   a.title or "staleness of applied gradients")
+    else:
+        # Stacked in loop order (the palette lists the parts so), as psgd trace draws a step.
+        parts = {k: [data.summary["time_breakdown_s"][k] for data in runs.values()] for k in SEGMENT_COLORS}
+        stacked(list(runs), parts,
+                "seconds per worker (mean over workers)", out, a.title or "where the workers' time went",
+                marks=("wall time", [data.summary["wall_time_s"] for data in runs.values()]))
+    print(f"wrote {out} and {out.with_suffix('.csv')}")
     return 0
+
+
+def stacked(groups: list[str], parts: dict[str, list[float]], ylabel: str, path: Path, title: str = "",
+            marks: tuple[str, list[float]] | None = None):
+    """One stacked bar per group: parts[name] = a value per group, stacked in the dict's order and
+    coloured by SEGMENT_COLORS (the parts of a step). `marks` = (label, a value per group) draws a
+    grey tick across each bar (e.g. wall time, whose gap to the stack is time no part accounts for)."""
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.2 + 1.1 * len(groups)), 4.2))
+    pos = np.arange(len(groups))
+    base = np.zeros(len(groups))
+    rows, handles = [], []
+    for name, values in parts.items():
+        handles.insert(0, ax.bar(pos, values, 0.6, bottom=base, color=SEGMENT_COLORS.get(name, REF_COLOR), label=name,
+                                 edgecolor="white"))
+        base += np.asarray(values, dtype=float)
+        rows += [[g, name, v] for g, v in zip(groups, values, strict=True)]
+    if marks is not None:
+        label, values = marks
+        handles.insert(0, ax.hlines(values, pos - 0.4, pos + 0.4, color=REF_COLOR, linestyle="--", linewidth=1.5,
+                                    label=label))
+        rows += [[g, label, v] for g, v in zip(groups, values, strict=True)]
+    ax.set_xticks(pos, groups)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, axis="y")
+    _legend(ax, handles)  # top down, as the stack shows its parts
+    save(fig, path, ["group", "part", "value"], rows)
+    plt.close(fig)
+    return fig
 
 
 def grid_map(rows: list[str], cols: list[str], values: list[list[float]], texts: list[list[str]], path: Path,
@@ -283,7 +346,7 @@ def grid_map(rows: list[str], cols: list[str], values: list[list[float]], texts:
     ax.set_xlabel(xlabel)
     ax.set_title(title)
     fig.colorbar(im, ax=ax, label=cbar, fraction=0.05)
-    _save(fig, path, ["row", "column", "value", "text"],
+    save(fig, path, ["row", "column", "value", "text"],
           [[r, c, data[i, j], texts[i][j]] for i, r in enumerate(rows) for j, c in enumerate(cols)])
     plt.close(fig)
     return fig
