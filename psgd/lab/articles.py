@@ -4,12 +4,14 @@ Contract:
 - A suite file may name the file (`[suite] articles = "seed_articles.toml"`, relative to it);
   `suite_articles(suite_path, ids)` reads it, or returns () when the suite names none.
 - The file is data (experiments/seed_articles.toml), never typed into Python: `[[articles]]`, each
-  with `title` (the original), `title_en`, and `[[articles.claims]]`, each with `text` (one claim,
-  in English) and either `tested_by = ["E1", ...]` (the experiment ids that measure it) or
-  `not_tested = "why, in a few words"`. A bad key or value, or an id that is not one of the suite's
-  experiments, is a SuiteError naming the file and the key.
+  with an optional `id` (the article's number, "000" for shared/seeds/000_*.txt: what an
+  experiment's `quote_source` names), `title` (the original), `title_en`, and `[[articles.claims]]`,
+  each with `text` (one claim, in English) and either `tested_by = ["E1", ...]` (the experiment ids
+  that measure it) or `not_tested = "why, in a few words"`. A bad key or value, or an id that is not
+  one of the suite's experiments, is a SuiteError naming the file and the key.
 - REPORT.md prints them once, as "The seed articles" (psgd/lab/report.py). Each experiment's own
-  words from an article are its `quote`, their English its `quote_en` (psgd/lab/experiment.py).
+  words from an article are its `quote`, their English its `quote_en`, the article's number its
+  `quote_source` (psgd/lab/experiment.py).
 Pure reading: no process, no plotting.
 """
 
@@ -21,7 +23,7 @@ from pathlib import Path
 
 from psgd.lab.experiment import SuiteError, _read_toml
 
-ARTICLE_KEYS = {"title", "title_en", "claims"}
+ARTICLE_KEYS = {"id", "title", "title_en", "claims"}
 CLAIM_KEYS = {"text", "tested_by", "not_tested"}
 
 
@@ -35,10 +37,11 @@ class Claim:
 
 @dataclass(frozen=True)
 class Article:
-    """One seed article: its title as published, in English, and its claims."""
+    """One seed article: its title as published, in English, and its claims; `id` its number ("000")."""
     title: str
     title_en: str
     claims: tuple[Claim, ...]
+    id: str = ""
 
 
 def _text(table: dict, key: str, where: str) -> str:
@@ -89,8 +92,12 @@ def load_articles(path: Path, ids: Collection[str] | None = None) -> tuple[Artic
         claims = table.get("claims")
         if not isinstance(claims, list) or not claims:
             raise SuiteError(f"{where}: needs at least one [[articles.claims]] table")
+        article_id = table.get("id", "")
+        if "id" in table and (not isinstance(article_id, str) or not article_id.strip()):
+            raise SuiteError(f"{where}: key 'id' must be a non-empty string (the article's number)")
         articles.append(Article(_text(table, "title", where), _text(table, "title_en", where),
-                                tuple(_claim(c, ids, f"{where} claim #{j}") for j, c in enumerate(claims, 1))))
+                                tuple(_claim(c, ids, f"{where} claim #{j}") for j, c in enumerate(claims, 1)),
+                                article_id.strip()))
     return tuple(articles)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import sys
 import time
 from collections.abc import Collection, Sequence
@@ -62,10 +63,11 @@ def articles_section(articles: Sequence[Article], ids: Collection[str]) -> list[
     lines = ["", "## The seed articles", "",
              "The articles whose claims are measured here. For each: its title as published and in English, and a "
              "summary in English of what it claims, with the experiments that test each claim. Each claim's section "
-             "below opens with its quote, and an English translation under it where the quote is not in English.",
+             "below opens with its quote (an article's own words, and the article's number), and an English "
+             "translation under it where the quote is not in English.",
              ""]
     for a in articles:
-        lines += [f"### {a.title}", "", f"*{a.title_en}*", ""]
+        lines += [f"### {f'Seed article {a.id}: ' if a.id else ''}{a.title}", "", f"*{a.title_en}*", ""]
         for c in a.claims:
             where = (f"Tested by {', '.join(anchor(i, ids) for i in c.tested_by)}." if c.tested_by
                      else f"Not tested here: {c.not_tested}.")
@@ -74,10 +76,14 @@ def articles_section(articles: Sequence[Article], ids: Collection[str]) -> list[
     return lines[:-1]
 
 
-def quote_lines(quote: str, quote_en: str) -> list[str]:
-    """The seed's words as a blockquote, with their English translation (if any) under them, labelled."""
+def quote_lines(quote: str, quote_en: str, source: str = "") -> list[str]:
+    """The seed's words as a blockquote, followed by where they are from (a seed article's number
+    reads "seed article 000", another source as given), with their English translation (if any)
+    under them, labelled."""
     if not quote:
         return []
+    if source:
+        quote += f" — {'seed article ' if re.fullmatch(r'[0-9]+', source) else ''}{source}"
     return [f"> {quote}", *([">", f"> *English:* {quote_en}"] if quote_en else []), ""]
 
 
@@ -107,7 +113,7 @@ def write(results: Path, sections: list, command: str, wall_s: float, note: str 
     ]
     for s in sections:
         lines += ["", f"## {s.id}", "", f"### {s.title}", ""]
-        lines += quote_lines(s.quote, s.quote_en)
+        lines += quote_lines(s.quote, s.quote_en, s.quote_source)
         lines += [f"**Claim.** {s.claim}", ""]
         if s.why:
             lines += [f"**Why this setup.** {s.why}", ""]

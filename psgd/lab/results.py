@@ -220,3 +220,4 @@ class Section:
     key: dict = field(default_factory=dict)   # numbers for results/summary.json
     why: str = ""
     quote_en: str = ""           # the quote's English translation ("" when the quote is English)
+    quote_source: str = ""       # where the quote is from: a seed article's number ("000") or a citation
