@@ -194,13 +194,17 @@ def test_tiny_quick_suite_tunes_runs_and_reports(tmp_path):
             .replace('[[runs]]\nlabel = "fixed"\nmode = "sync"\nlr = 0.05\n', "")
             + '[profiles.quick]\nsteps = 3\nseeds = [0]\n')
     write(tmp_path, "wire.toml", wire)
-    suite_file = write(tmp_path, "suite.toml", '[suite]\nexperiments = ["modes.toml", "wire.toml"]\n')
+    write(tmp_path, "articles.toml", '[[articles]]\ntitle = "原题"\ntitle_en = "Title"\n[[articles.claims]]\n'
+                                     'text = "A claim."\ntested_by = ["W"]\n')
+    suite_file = write(tmp_path, "suite.toml", '[suite]\nexperiments = ["modes.toml", "wire.toml"]\n'
+                                               'articles = "articles.toml"\n')
     results = tmp_path / "results"
     r = psgd_main("suite", str(suite_file), "--quick", "--out", str(results))   # runs: real processes
     assert r.returncode == 0, r.stderr
     report = (results / "REPORT.md").read_text()
     assert report.splitlines()[0].endswith("(SMOKE RUN: --quick)") and f"runs under `{results}/`" in report
     assert "## M" in report and "## W" in report and "> 同步" in report
+    assert "## The seed articles" in report and "- A claim. Tested by [W](#w)." in report
     assert report.count("**Verdict: ") == 2
     assert "Code version: `" in report and "**Learning rates**" in report
     assert "**Setup** (from the run configs)" in report

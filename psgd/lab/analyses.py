@@ -221,4 +221,5 @@ def analyse(exp, summaries: list, out: Path, chosen: dict | None = None, scores:
     ctx = Context(exp, summaries, out, chosen or {}, scores or {})
     verdict, headline, text, figures, key = fn(ctx)
     return Section(exp.id, exp.title, exp.claim, exp.quote, verdict.outcome, headline,
-                   body(ctx, text, verdict), figures, key, exp.why)
+                   body(ctx, text, verdict), figures, key, exp.why, quote_en=exp.quote_en,
+                   quote_source=exp.quote_source)

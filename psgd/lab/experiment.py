@@ -1,7 +1,12 @@
 """Experiment files: the TOML schema of one claim, parsed into run plans (no process, no I/O but reading).
 
 Contract:
-- An experiment file is one claim: `id`, `title`, `claim`, `quote` (the seed article's words),
+- An experiment file is one claim: `id`, `title`, `claim`, `quote` (the seed article's words,
+  copied verbatim from one article; "……" marks a trim inside the passage; tools/check_quotes.py
+  checks them against the seed texts), `quote_en` (their English translation, printed under them
+  in the report; needs `quote`), `quote_source` (where the quote is from: a seed article's number,
+  "000" for shared/seeds/000_*.txt, printed as "seed article 000", or another source's citation;
+  needs `quote`),
   `analysis` (which analysis in psgd/analyses*.py reads its runs), `why` (why these models, data
   and budgets make the effect visible), `seeds`, a `[base]` table of run settings, `[[runs]]`
   (each a `label` plus settings that override base), optional `[params]` for the analysis,
@@ -39,8 +44,8 @@ from pathlib import Path
 from psgd.core import config as C
 from psgd.train.metrics import read_events, samples_per_update
 
-EXPERIMENT_KEYS = {"id", "title", "claim", "quote", "analysis", "why", "seeds", "base", "runs", "profiles",
-                   "params", "bench", "bench_args", "tune"}
+EXPERIMENT_KEYS = {"id", "title", "claim", "quote", "quote_en", "quote_source", "analysis", "why", "seeds", "base",
+                   "runs", "profiles", "params", "bench", "bench_args", "tune"}
 RUN_KEYS = {"label", "lr_from", "lr_factor", "tune_lr", "tune", "eval_samples"}  # besides RunConfig fields
 TUNE_KEYS = {"lr", "seeds", "last_k"}
 PROFILES = ("default", "quick", "full")
@@ -93,6 +98,8 @@ class Experiment:
     bench: str = ""
     bench_args: tuple[str, ...] = ()
     params: dict = field(default_factory=dict)
+    quote_en: str = ""                # the quote in English ("" when the quote is English already)
+    quote_source: str = ""            # a seed article's number ("000") or another source's citation
 
     @property
     def tuned(self) -> bool:
@@ -264,6 +271,13 @@ def load_experiment(path: Path, profile: str, results: Path, version: str = "",
     for key in ("id", "title", "claim", "analysis"):
         if not isinstance(doc.get(key), str) or not doc[key]:
             raise SuiteError(f"{path}: key {key!r} is required (a string)")
+    for key in ("quote", "quote_en", "quote_source"):
+        if not isinstance(doc.get(key, ""), str):
+            raise SuiteError(f"{path}: key {key!r} must be a string")
+    if doc.get("quote_en") and not doc.get("quote"):
+        raise SuiteError(f"{path}: key 'quote_en' translates 'quote', which is missing")
+    if doc.get("quote_source") and not doc.get("quote"):
+        raise SuiteError(f"{path}: key 'quote_source' says where 'quote' is from, which is missing")
     exp_id = doc["id"]
     if not re.fullmatch(r"[A-Za-z0-9_-]+", exp_id):
         raise SuiteError(f"{path}: key 'id' must be letters, digits, - or _, got {exp_id!r}")
@@ -279,6 +293,8 @@ def load_experiment(path: Path, profile: str, results: Path, version: str = "",
     if not isinstance(seeds, list) or not seeds or not all(isinstance(s, int) for s in seeds):
         raise SuiteError(f"{path}: key 'seeds' must be a non-empty list of integers")
     common = dict(id=exp_id, title=doc["title"], claim=doc["claim"], quote=doc.get("quote", ""),
+                  quote_en=" ".join(str(doc.get("quote_en", "")).split()),
+                  quote_source=" ".join(str(doc.get("quote_source", "")).split()),
                   why=" ".join(str(doc.get("why", "")).split()), analysis=doc["analysis"], path=path,
                   params=params, results=results, version=version, seeds=tuple(seeds))
     if "bench" in doc:

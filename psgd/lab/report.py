@@ -1,13 +1,15 @@
 """REPORT.md: one section per claim, generated from the results (never edited by hand).
 
-Contract: `write(results, sections, command, wall_s, version=...)` writes `results/REPORT.md`: the
-machine it ran on, the command, the code version, a verdict table, then for each claim: the
-seed's words, the claim, why this setup, the verdict with its key number, the figures with a
-one-line caption each, the setup sentence (from the run configs), the tuning, the table of
-measured numbers, the rule behind the verdict, and where the exact run commands are. It also
-writes `results/summary.json` (verdicts, key numbers, code version, wall time), from which
-`make readme` regenerates the README's verdict table (`update_readme`; a test fails when the
-README is stale).
+Contract: `write(results, sections, command, wall_s, version=..., articles=...)` writes
+`results/REPORT.md`: the machine it ran on, the command, the code version, a verdict table, "The
+seed articles" (each article's title, original and English, and an English summary of its claims,
+each naming the experiments that test it: psgd/lab/articles.py reads them from the suite's data
+file), then for each claim: the seed's words with their English translation under them, the
+claim, why this setup, the verdict with its key number, the figures with a one-line caption each,
+the setup sentence (from the run configs), the tuning, the table of measured numbers, the rule
+behind the verdict, and where the exact run commands are. It also writes `results/summary.json`
+(verdicts, key numbers, code version, wall time), from which `make readme` regenerates the
+README's verdict table (`update_readme`; a test fails when the README is stale).
 """
 
 from __future__ import annotations
@@ -15,12 +17,16 @@ from __future__ import annotations
 import json
 import os
 import platform
+import re
 import sys
 import time
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 import grpc
 import torch
+
+from psgd.lab.articles import Article
 
 
 def machine() -> str:
@@ -44,9 +50,47 @@ def verdict_table(sections: list, link_prefix: str = "") -> str:
     return "\n".join(rows)
 
 
+def anchor(exp_id: str, ids: Collection[str]) -> str:
+    """A link to an experiment's section of the report, or its bare id when the report has none."""
+    return f"[{exp_id}](#{exp_id.lower()})" if exp_id in ids else exp_id
+
+
+def articles_section(articles: Sequence[Article], ids: Collection[str]) -> list[str]:
+    """"The seed articles": each title (original, then English) and its claims in English, each with
+    the experiments that test it (linked when `ids`, the report's sections, has them) or why none does."""
+    if not articles:
+        return []
+    lines = ["", "## The seed articles", "",
+             "The articles whose claims are measured here. For each: its title as published and in English, and a "
+             "summary in English of what it claims, with the experiments that test each claim. Each claim's section "
+             "below opens with its quote (an article's own words, and the article's number), and an English "
+             "translation under it where the quote is not in English.",
+             ""]
+    for a in articles:
+        lines += [f"### {f'Seed article {a.id}: ' if a.id else ''}{a.title}", "", f"*{a.title_en}*", ""]
+        for c in a.claims:
+            where = (f"Tested by {', '.join(anchor(i, ids) for i in c.tested_by)}." if c.tested_by
+                     else f"Not tested here: {c.not_tested}.")
+            lines.append(f"- {c.text} {where}")
+        lines.append("")
+    return lines[:-1]
+
+
+def quote_lines(quote: str, quote_en: str, source: str = "") -> list[str]:
+    """The seed's words as a blockquote, followed by where they are from (a seed article's number
+    reads "seed article 000", another source as given), with their English translation (if any)
+    under them, labelled."""
+    if not quote:
+        return []
+    if source:
+        quote += f" — {'seed article ' if re.fullmatch(r'[0-9]+', source) else ''}{source}"
+    return [f"> {quote}", *([">", f"> *English:* {quote_en}"] if quote_en else []), ""]
+
+
 def write(results: Path, sections: list, command: str, wall_s: float, note: str = "", version: str = "",
-          profile: str = "default", run_version: str = "") -> Path:
-    """Write REPORT.md and summary.json under `results`; returns the REPORT.md path."""
+          profile: str = "default", run_version: str = "", articles: Sequence[Article] = ()) -> Path:
+    """Write REPORT.md and summary.json under `results`; returns the REPORT.md path. `articles`: the
+    seed articles' summary, printed once after the verdict table."""
     made = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     smoke = profile == "quick"
     lines = [
@@ -65,11 +109,11 @@ def write(results: Path, sections: list, command: str, wall_s: float, note: str 
         "from the rules in psgd/lab/verdicts.py (confirmed / refuted / depends / inconclusive / not testable here).",
         "",
         verdict_table(sections),
+        *articles_section(articles, {s.id for s in sections}),
     ]
     for s in sections:
         lines += ["", f"## {s.id}", "", f"### {s.title}", ""]
-        if s.quote:
-            lines += [f"> {s.quote}", ""]
+        lines += quote_lines(s.quote, s.quote_en, s.quote_source)
         lines += [f"**Claim.** {s.claim}", ""]
         if s.why:
             lines += [f"**Why this setup.** {s.why}", ""]

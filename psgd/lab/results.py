@@ -219,3 +219,5 @@ class Section:
     figures: list[Figure] = field(default_factory=list)
     key: dict = field(default_factory=dict)   # numbers for results/summary.json
     why: str = ""
+    quote_en: str = ""           # the quote's English translation ("" when the quote is English)
+    quote_source: str = ""       # where the quote is from: a seed article's number ("000") or a citation

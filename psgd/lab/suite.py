@@ -14,7 +14,9 @@ Contract:
   finished run (summary.json, matching config.json and provenance.json) is reused unless
   `--fresh`. Each experiment writes `RESULTS/<id>/` (PNG, CSV, `commands.txt` with the exact
   commands, tuning ones included) and the suite writes `RESULTS/REPORT.md` and
-  `RESULTS/summary.json` (verdicts, key numbers, code version, wall time).
+  `RESULTS/summary.json` (verdicts, key numbers, code version, wall time). A suite file may name
+  the seed articles' summary (`[suite] articles = "seed_articles.toml"`, psgd/lab/articles.py),
+  which the report prints once.
 
     psgd suite experiments/default.toml              # what `make experiments` runs
     psgd suite experiments/default.toml --only E2,E3   # rerun two; the report still covers all
@@ -30,11 +32,13 @@ import json
 import shlex
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from tqdm import tqdm
 
 from psgd.core import config as C
+from psgd.lab.articles import Article, suite_articles
 from psgd.lab.experiment import (
     PROFILES,
     Experiment,
@@ -151,9 +155,9 @@ def _commands(exp: Experiment, tune_specs: list[RunSpec], finals: list[RunSpec],
 
 
 def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False, command: str = "",
-              only: set[str] | None = None, profile: str = "default") -> Path:
+              only: set[str] | None = None, profile: str = "default", articles: Sequence[Article] = ()) -> Path:
     """Tune and run the experiments (all, or those in `only`), then analyse every experiment that has
-    results and write the whole report; returns the REPORT.md path."""
+    results and write the whole report (with the seed `articles`, if any); returns the REPORT.md path."""
     from psgd.lab import analyses, report
 
     chosen_exps = [e for e in experiments if only is None or e.id in only]   # only = set(): --report
@@ -215,7 +219,7 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
     if only == set():
         note = "--report: re-analysed the finished runs and benchmark outputs; nothing was run"
     path = report.write(results, sections, command=command, wall_s=time.time() - started, note=note,
-                        version=version, run_version=run_version, profile=profile)
+                        version=version, run_version=run_version, profile=profile, articles=articles)
     print(f"psgd suite: wrote {path} ({(time.time() - started) / 60:.1f} min)", file=sys.stderr)
     return path
 
@@ -245,13 +249,14 @@ def main(argv: list[str]) -> int:
     try:
         # Runs are keyed by the training code's version; the report names the whole code's too.
         experiments = load_suite(a.suite, profile, only, results, run_code_version())
+        articles = suite_articles(a.suite, [e.id for e in experiments])
     except SuiteError as e:
         raise UsageError(str(e)) from None
     from psgd.train.launch import RunFailed
 
     command = "psgd suite " + shlex.join(argv)
     try:
-        run_suite(experiments, results, a.fresh, command, only, profile)
+        run_suite(experiments, results, a.fresh, command, only, profile, articles)
     except (SuiteError, RunFailed) as e:  # one line naming the experiment or the failed process
         print(f"psgd suite: failed: {e}", file=sys.stderr)
         return 1

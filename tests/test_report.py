@@ -1,0 +1,131 @@
+"""REPORT.md's seed material: each quote with its English translation, and "The seed articles"
+(titles and an English summary of their claims, from experiments/seed_articles.toml). Fast: the
+report is written from hand-made sections, no run is made."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from psgd.lab import articles as articles_mod
+from psgd.lab import report, suite
+from psgd.lab.results import Section
+
+ROOT = Path(__file__).resolve().parent.parent
+SUITE = ROOT / "experiments" / "default.toml"
+CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
+
+
+def default_ids() -> list[str]:
+    return [e.id for e in suite.load_suite(SUITE, "default")]
+
+
+def section(exp_id: str, quote: str = "", quote_en: str = "", source: str = "") -> Section:
+    return Section(exp_id, f"title of {exp_id}", f"claim of {exp_id}", quote, "confirmed", "key number",
+                   "body text", quote_en=quote_en, quote_source=source)
+
+
+def test_seed_articles_name_only_experiments_of_the_suite():
+    ids = default_ids()
+    arts = articles_mod.suite_articles(SUITE, ids)   # raises on an id the suite lacks
+    assert len(arts) == 2
+    for a in arts:
+        assert a.title and a.title_en and not CJK.search(a.title_en)
+        assert 4 <= len(a.claims) <= 8
+        for c in a.claims:
+            assert not CJK.search(c.text)
+            assert bool(c.tested_by) != bool(c.not_tested)
+            assert set(c.tested_by) <= set(ids)
+    named = {i for a in arts for c in a.claims for i in c.tested_by}
+    assert named == set(ids) - {"E0"}   # every seed claim the suite measures is listed (E0 is a paper's)
+
+
+def test_every_chinese_quote_has_an_english_translation():
+    experiments = suite.load_suite(SUITE, "default")
+    quoted = [e for e in experiments if CJK.search(e.quote)]
+    assert len(quoted) >= 10
+    for e in quoted:
+        assert e.quote_en and not CJK.search(e.quote_en), f"{e.id}: quote_en missing or not English"
+    assert all(not e.quote_en for e in experiments if e.quote and not CJK.search(e.quote))
+
+
+def test_every_quote_names_its_source_and_a_seed_source_is_an_article():
+    # Whether the words are the article's is tools/check_quotes.py's (the seed texts are not in the repo).
+    experiments = suite.load_suite(SUITE, "default")
+    article_ids = {a.id for a in articles_mod.suite_articles(SUITE)}
+    assert article_ids == {"000", "003"}
+    for e in experiments:
+        assert e.quote and e.quote_source, f"{e.id}: a quote and where it is from"
+        if CJK.search(e.quote):
+            assert e.quote_source in article_ids, f"{e.id}: quote_source {e.quote_source!r} is not a seed article"
+
+
+def test_report_prints_the_english_quote_and_the_seed_articles(tmp_path):
+    arts = articles_mod.load_articles(ROOT / "experiments" / "seed_articles.toml")
+    sections = [section("E1", "同步更新收敛稳定。", "Synchronous updates converge stably.", "003"),
+                section("E0", "An English quote.", source="Someone 2020, Table 1"),
+                section("E2", "一句话。", "One sentence.")]
+    path = report.write(tmp_path, sections, command="psgd suite x.toml", wall_s=1.0, version="v1", articles=arts)
+    text = path.read_text()
+    # The original as a blockquote, the labelled English right under it (a quote in English has none).
+    # Where the words are from follows them: a seed article by its number, another source as given.
+    assert "> 同步更新收敛稳定。 — seed article 003\n>\n> *English:* Synchronous updates converge stably.\n" in text
+    assert "> An English quote. — Someone 2020, Table 1\n\n**Claim.**" in text
+    assert "> 一句话。\n>\n> *English:* One sentence.\n" in text
+    # The articles, once, between the verdict table and the first claim.
+    assert text.count("## The seed articles") == 1
+    assert text.index("| claim | verdict |") < text.index("## The seed articles") < text.index("## E1")
+    for a in arts:
+        assert f"### Seed article {a.id}: {a.title}\n\n*{a.title_en}*\n" in text
+        assert all(c.text in text for c in a.claims)
+    assert "Tested by [E1](#e1)" in text              # a section of this report: linked
+    assert "Tested by E5." in text                     # not in this report: the bare id
+    assert "Not tested here: " in text
+    # Without articles, no such section.
+    text = report.write(tmp_path, sections, command="c", wall_s=1.0).read_text()
+    assert "The seed articles" not in text
+
+
+@pytest.mark.parametrize("text,message", [
+    ('[[articles]]\ntitle_en = "t"\n[[articles.claims]]\ntext = "c"\ntested_by = ["E1"]\n', "'title' is required"),
+    ('[[articles]]\ntitle = "t"\ntitle_en = "t"\n', "at least one [[articles.claims]]"),
+    ('[[articles]]\ntitle = "t"\ntitle_en = "t"\n[[articles.claims]]\ntext = "c"\n', "exactly one of"),
+    ('[[articles]]\ntitle = "t"\ntitle_en = "t"\n[[articles.claims]]\ntext = "c"\ntested_by = ["E1"]\n'
+     'not_tested = "n"\n', "exactly one of"),
+    ('[[articles]]\ntitle = "t"\ntitle_en = "t"\n[[articles.claims]]\ntext = "c"\ntested_by = ["E99"]\n',
+     "names 'E99', which is not an experiment"),
+    ('[[articles]]\ntitle = "t"\ntitle_en = "t"\n[[articles.claims]]\ntext = "c"\ntested_by = []\n',
+     "non-empty list"),
+    ('[[articles]]\ntitle = "t"\ntitle_en = "t"\nbogus = 1\n[[articles.claims]]\ntext = "c"\nnot_tested = "n"\n',
+     "unknown key 'bogus'"),
+    ('[[articles]]\nid = 0\ntitle = "t"\ntitle_en = "t"\n[[articles.claims]]\ntext = "c"\nnot_tested = "n"\n',
+     "key 'id' must be a non-empty string"),
+    ('[[articles]\n', "not valid TOML"),
+])
+def test_bad_articles_files_name_file_and_key(tmp_path, text, message):
+    path = tmp_path / "articles.toml"
+    path.write_text(text)
+    (tmp_path / "suite.toml").write_text('[suite]\nexperiments = []\narticles = "articles.toml"\n')
+    with pytest.raises(suite.SuiteError, match=re.escape(message)) as e:
+        articles_mod.suite_articles(tmp_path / "suite.toml", ["E1", "E2"])
+    assert str(path) in str(e.value)
+
+
+def test_a_suite_without_articles_has_none(tmp_path):
+    (tmp_path / "suite.toml").write_text('[suite]\nexperiments = ["a.toml"]\n')
+    assert articles_mod.suite_articles(tmp_path / "suite.toml", ["E1"]) == ()
+
+
+@pytest.mark.parametrize("extra,message", [
+    ('quote_en = "English"\n', "'quote_en' translates 'quote', which is missing"),
+    ('quote = "原文"\nquote_en = 3\n', "key 'quote_en' must be a string"),
+    ('quote_source = "000"\n', "'quote_source' says where 'quote' is from, which is missing"),
+    ('quote = "原文"\nquote_source = 0\n', "key 'quote_source' must be a string"),
+])
+def test_quote_en_and_quote_source_need_a_quote_and_a_string(tmp_path, extra, message):
+    path = tmp_path / "x.toml"
+    path.write_text(f'id = "X"\ntitle = "t"\nclaim = "c"\nanalysis = "modes"\n{extra}[[runs]]\nlabel = "a"\n')
+    with pytest.raises(suite.SuiteError, match=re.escape(message)):
+        suite.load_experiment(path, "default", tmp_path)
