@@ -3,7 +3,10 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 # Installed only when torch is not importable yet; GPU users keep theirs (or set TORCH_SPEC).
+# pip takes it from its configured indexes; TORCH_INDEX adds one, e.g. PyTorch's CPU-only index
+# https://download.pytorch.org/whl/cpu where plain PyPI would pull the multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
+TORCH_INDEX ?=
 STAMP := $(VENV)/.psgd-installed
 
 .PHONY: install test experiments experiments-full readme proto lint clean
@@ -12,7 +15,7 @@ install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages $(VENV)
-	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install "$(TORCH_SPEC)"
+	@$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 	$(BIN)/python -m pip install -q -e '.[dev]'
 	@touch $(STAMP)
 

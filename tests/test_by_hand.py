@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from psgd.core.config import RunConfig
-from psgd.core.errors import ShardError
+from psgd.core.errors import ShardError, UsageError
 from psgd.ps.shard import Shard
-from tests.helpers import ENV, events, processes_mentioning, psgd, psgd_main, summary
+from tests.helpers import ENV, events, processes_mentioning, psgd_main, summary
 
 TINY = ["--model", "mlp", "--dataset", "synthetic", "--num-samples", "600", "--batch-size", "16"]
 
@@ -83,23 +83,32 @@ def test_by_hand_ps_run_ends_by_itself_and_summarize_writes_the_summary(tmp_path
     assert summary(out)["params_sha256"] == s["params_sha256"]
 
 
-def test_a_second_by_hand_run_starts_from_an_empty_folder(tmp_path):
-    """Shard 0 prepares the folder: the metrics of an earlier run in it are not mixed in."""
+def test_the_first_process_of_a_by_hand_run_prepares_its_folder(tmp_path, monkeypatch):
+    """Shard 0 (all-reduce rank 0) clears an earlier run's files, so two runs' metrics never mix;
+    under `psgd run` ($PSGD_LAUNCHED) it leaves the folder to the launcher."""
+    from psgd.train import launch
+
     out = tmp_path / "again"
-    flags = ["--mode", "async", "--workers", "1", "--num-shards", "1", "--steps", "3", "--out", str(out), *TINY]
-    for _ in range(2):
-        server = start("server", *flags, "--shard", "0", "--port", "0")
-        try:
-            address = server.stdout.readline().split()[1]
-            w = psgd("worker", *flags, "--rank", "0", "--servers", address, timeout=120)
-            assert w.returncode == 0, w.stderr
-            assert server.wait(timeout=60) == 0
-        finally:
-            if server.poll() is None:
-                server.kill()
-            server.wait()
-    ends = [e for e in events(out) if e["event"] == "worker_end"]
-    assert len(ends) == 1 and ends[0]["steps"] == 3
+    cfg = RunConfig(mode="async", workers=1, servers=1, out=str(out))
+    monkeypatch.delenv(launch.LAUNCHED, raising=False)
+    launch.prepare_by_hand(cfg)
+    (out / "metrics.jsonl").write_text('{"event":"worker_end"}\n')   # an earlier run's line
+    (out / "rendezvous").write_text("in use")                         # another process may hold it
+    launch.prepare_by_hand(cfg)
+    assert [e["event"] for e in events(out)] == ["launch"] and events(out)[0]["by"] == "hand"
+    assert (out / "rendezvous").exists() and json.loads((out / "config.json").read_text())["mode"] == "async"
+
+    (out / "metrics.jsonl").write_text('{"event":"launch","by":"psgd run"}\n')
+    monkeypatch.setenv(launch.LAUNCHED, "1")
+    launch.prepare_by_hand(cfg)
+    assert [e["by"] for e in events(out)] == ["psgd run"]
+
+    foreign = tmp_path / "foreign"
+    foreign.mkdir()
+    (foreign / "notes.txt").write_text("mine")
+    monkeypatch.delenv(launch.LAUNCHED)
+    with pytest.raises(UsageError, match="psgd did not write"):
+        launch.prepare_by_hand(RunConfig(mode="async", workers=1, servers=1, out=str(foreign)))
 
 
 def test_allreduce_workers_as_torchrun_starts_them_then_summarize(tmp_path):

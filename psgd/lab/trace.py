@@ -16,13 +16,12 @@ Contract:
   pull and drawn before compute); with --local-steps the local optimizer step is part of
   compute; in all-reduce mode waiting for the slowest rank is inside the all-reduce, so it is
   drawn as push (a collective cannot tell the two apart), never as wait.
-- `--steps A:B` picks clocks A <= clock < B of every worker. The default, 1:31, shows 30
-  steps: enough to see the pattern (sync: every worker's steps start together and the fast
+- `--steps A:B` picks clocks A <= clock < B of every worker. The default, 0:30, shows the first
+  30 steps: enough to see the pattern (sync: every worker's steps start together and the fast
   ones wait for the slowest; async: nobody waits and the fast workers run ahead, their clocks
   drifting apart; SSP: they drift until the bound holds them), few enough that every step
-  stays wider than a few pixels. It skips step 0, whose one-off start-up (the first transfer,
-  and in PS modes the other workers' wait for the chief's Init, counted as pull) is often many
-  steady-state steps long and would squash the rest; `--steps 0:31` shows it.
+  stays wider than a few pixels. Start-up is not in it: the start barrier's hold, and the wait
+  for the chief's Init before it, are outside the training time (summary.json's `startup_s`).
 - Output: the PNG (default RUN/trace.png) and a CSV beside it (rank, clock, segment, start_s,
   end_s; one row per segment, zero-length ones included), written as every psgd figure is
   (psgd/lab/plots.py `save`). A missing folder, or one without step events, is a one-line
@@ -45,7 +44,7 @@ from psgd.lab.plots import plt, save  # plots has chosen the file-only backend (
 from psgd.train.metrics import read_events
 
 KINDS = tuple(SEGMENT_COLORS)  # wait, pull, compute, push: loop order (psgd/train/worker.py), as the palette lists them
-DEFAULT_STEPS = (1, 31)
+DEFAULT_STEPS = (0, 30)
 LABEL_EVERY = 5  # a clock number on every 5th step: enough to read who is ahead, not a wall of text
 
 
@@ -136,7 +135,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("run", type=Path, help="a run folder (psgd run --out)")
     p.add_argument("--out", type=Path, default=None, help="PNG path, a CSV is written beside (default: RUN/trace.png)")
     p.add_argument("--steps", default=f"{DEFAULT_STEPS[0]}:{DEFAULT_STEPS[1]}", metavar="A:B",
-                   help="clocks A..B-1 of every worker (default: %(default)s, 30 steps after the start-up step 0; "
+                   help="clocks A..B-1 of every worker (default: %(default)s, the first 30 steps; "
                         "'A:' to the end)")
     a = p.parse_args(argv)
     first, last = parse_steps(a.steps)

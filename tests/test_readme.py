@@ -1,0 +1,112 @@
+"""Every command in README.md's ```bash blocks works as written.
+
+They run in order (later ones read what earlier ones wrote, as a reader's would) in a scratch
+folder, each with a small budget appended: argparse keeps a flag's last value, so `--steps 300
+--steps 3` is the README's command cut short. A command this test does not run must be listed in
+NOT_RUN with the reason and the test that covers it instead; a new README command that is neither
+run nor listed fails the test, so the README cannot rot unnoticed.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+import shlex
+from pathlib import Path
+
+from tests.helpers import ENV, processes_mentioning, psgd_main
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Appended to a command that starts with the key (the longest matching key wins).
+BUDGETS = {
+    "psgd run": ["--steps", "4", "--quiet"],
+    "psgd run --mode sync --workers 2 --servers 4 --model wide_mlp": ["--steps", "2", "--width", "256", "--quiet"],
+}
+
+# Not run here, with the reason and what covers it.
+NOT_RUN = {
+    "make install": "the environment this test runs in is what it makes (`make test` runs it first)",
+    "make test": "this test is part of it",
+    "make experiments": "ten minutes or more; tests/test_suite.py runs a tiny suite end to end",
+    "psgd server --port 50051": "needs hosts A and B; tests/test_by_hand.py runs the same recipe on 127.0.0.1",
+    "psgd worker --rank 0 --servers hostA": "as above",
+    "psgd summarize results/runs/by-hand": "as above (tests/test_by_hand.py summarizes its by-hand run)",
+    "torchrun": "env:// rendezvous is a TCP store, which makes reverse-DNS queries; tests/test_by_hand.py "
+                "starts the same `psgd worker --mode allreduce` processes as torchrun does, on a file:// "
+                "rendezvous, and summarizes them",
+    # The benchmarks run in tests/test_bench*.py with small budgets (and their outputs checked);
+    # running them twice would cost make test half a minute.
+    "psgd bench transport": "tests/test_bench.py::test_transport_json",
+    "psgd bench calibrate": "tests/test_bench.py::test_calibrate_then_model_then_scaling_with_validation",
+    "psgd bench scaling": "as above",
+    "psgd bench allreduce": "tests/test_bench_allreduce.py::test_bench_measures_both_implementations_as_json",
+}
+
+# The start-here path: each command reads what the one before wrote.
+WALK = ("psgd run --mode sync --workers 4 --servers 2", "psgd run --mode async --workers 4 --servers 2 --model mlp "
+        "--dataset mnist1d --steps 300 --out", "psgd plot", "psgd trace")
+
+
+def readme_commands(text: str) -> list[str]:
+    """The commands of every ```bash block: continuation lines joined, comments dropped."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            command = re.split(r"\s+#", line, maxsplit=1)[0].strip()
+            if command:
+                commands.append(command)
+    return commands
+
+
+def longest_key(command: str, table: dict) -> str | None:
+    keys = [k for k in table if command.startswith(k)]
+    return max(keys, key=len) if keys else None
+
+
+def test_every_readme_command_is_run_or_says_why_not():
+    commands = readme_commands((ROOT / "README.md").read_text())
+    assert len(commands) >= 15, "the README lost its commands (or this parser broke)"
+    unaccounted = [c for c in commands if not c.startswith("psgd ") and not longest_key(c, NOT_RUN)]
+    assert not unaccounted, f"commands neither run by this test nor in NOT_RUN: {unaccounted}"
+    assert set(NOT_RUN) <= {longest_key(c, NOT_RUN) for c in commands}, "NOT_RUN names a command the README lost"
+
+
+def run_all(commands: list[str], monkeypatch, folder: Path) -> None:
+    """Run README commands in `folder` in this process (what `psgd` runs, without an interpreter and
+    a torch import per command); the servers and workers they start are real processes."""
+    monkeypatch.chdir(folder)  # the README's relative paths (results/...) land in the scratch folder
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
+    for command in commands:
+        argv = shlex.split(command)
+        assert argv[0] == "psgd", command
+        r = psgd_main(*argv[1:], *BUDGETS.get(longest_key(command, BUDGETS) or "", []))
+        assert r.returncode == 0, f"{command}\n{r.stderr[-2000:]}"
+    assert processes_mentioning(str(folder)) == []
+
+
+def runnable() -> list[str]:
+    return [c for c in readme_commands((ROOT / "README.md").read_text()) if not longest_key(c, NOT_RUN)]
+
+
+def test_the_start_here_path_works_and_leaves_its_figures(tmp_path, monkeypatch):
+    walk = [c for c in runnable() if c.startswith(WALK)]
+    assert [c.split()[1] for c in walk] == ["run", "run", "plot", "plot", "trace"], walk
+    run_all(walk, monkeypatch, tmp_path)
+    for path in ("results/runs/sync/summary.json", "results/runs/async/summary.json", "results/first.png",
+                 "results/first-time.png", "results/runs/async/trace.png"):
+        assert (tmp_path / path).is_file(), path
+    # The trace of a real run: every worker's first steps, each segment in order, none before the start.
+    rows = list(csv.DictReader(open(tmp_path / "results/runs/async/trace.csv", newline="")))
+    assert {(r["rank"], r["clock"]) for r in rows} >= {(str(k), "0") for k in range(4)}
+    assert all(float(r["start_s"]) <= float(r["end_s"]) for r in rows)
+    # The tolerance is for mixing time.time() ends with perf_counter() durations, not slack in the rule.
+    assert all(float(r["start_s"]) >= -1e-3 for r in rows)
+
+
+def test_the_other_readme_commands_work_as_written(tmp_path, monkeypatch):
+    rest = [c for c in runnable() if not c.startswith(WALK)]
+    assert any(c.startswith("psgd run --mode allreduce") for c in rest)
+    assert any(c.startswith("psgd model") for c in rest)
+    run_all(rest, monkeypatch, tmp_path)
