@@ -1,6 +1,7 @@
 """Sync PS with N workers x batch b equals 1 worker x batch N*b equals a plain torch loop."""
 
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -60,3 +61,33 @@ def test_accumulation_equals_a_bigger_batch(shards):
 def test_sync_over_tcp_equals_torch(shards):
     over_tcp = run_ps(shards, workers=4, batch=8, servers=2, transport="tcp")
     assert (over_tcp - run_plain_torch(32)).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("transport", ["grpc", "tcp"])
+def test_push_pull_in_one_round_trip_equals_push_then_pull_bit_for_bit(shards, transport):
+    """The combined exchange (the default) sends the same requests to the same policy as a push and
+    then a pull, so the parameters are identical: bit for bit with one worker, whose sums have one
+    order (with several, the shard sums in arrival order, which differs from run to run)."""
+    combined = run_ps(shards, workers=1, batch=32, servers=2, transport=transport)
+    separate = run_ps(shards, workers=1, batch=32, servers=2, transport=transport, separate_pull=True)
+    assert torch.equal(combined, separate)
+    assert (run_ps(shards, workers=4, batch=8, servers=2, transport=transport) - combined).abs().max() < 1e-5
+
+
+@pytest.mark.parametrize("separate_pull,expected", [(False, {"pull": 1, "push_pull": STEPS}),
+                                                    (True, {"pull": STEPS, "push": STEPS})])
+def test_one_round_trip_per_step_by_default(shards, monkeypatch, separate_pull, expected):
+    """Clock 0 pulls on its own, then every step is one PushPull, where --separate-pull takes a
+    push and a pull (the last push's reply says the run is done: no pull follows it)."""
+    from psgd.ps import transport as transport_mod
+
+    calls: dict[str, int] = {}
+    for name in ("pull", "push", "push_pull"):
+        original = getattr(transport_mod.GrpcTransport, name)
+
+        def counted(self, *args, _name=name, _original=original, **kw):
+            calls[_name] = calls.get(_name, 0) + 1
+            return _original(self, *args, **kw)
+        monkeypatch.setattr(transport_mod.GrpcTransport, name, counted)
+    run_ps(shards, workers=1, batch=32, servers=2, separate_pull=separate_pull)
+    assert calls == expected

@@ -49,6 +49,11 @@ class ParameterShardStub:
                 request_serializer=psgd_dot_v1_dot_parameter__server__pb2.PullRequest.SerializeToString,
                 response_deserializer=psgd_dot_v1_dot_parameter__server__pb2.PullChunk.FromString,
                 _registered_method=True)
+        self.PushPull = channel.stream_stream(
+                '/psgd.v1.ParameterShard/PushPull',
+                request_serializer=psgd_dot_v1_dot_parameter__server__pb2.TensorChunk.SerializeToString,
+                response_deserializer=psgd_dot_v1_dot_parameter__server__pb2.PullChunk.FromString,
+                _registered_method=True)
         self.Leave = channel.unary_unary(
                 '/psgd.v1.ParameterShard/Leave',
                 request_serializer=psgd_dot_v1_dot_parameter__server__pb2.LeaveRequest.SerializeToString,
@@ -85,6 +90,17 @@ class ParameterShardServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def PushPull(self, request_iterator, context):
+        """Both in one round trip: a Push of clock c, answered by the Pull of clock c + 1 (the
+        parameters the worker computes on next, once the policy allows: sync, when clock c's update
+        is applied; SSP, when the bound allows; async, right after this gradient is applied). The
+        reply is a Pull's stream whose header carries the push's outcome in `pushed`; with
+        `pushed.done` the run is over and no values follow.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Leave(self, request, context):
         """Worker -> shard: this worker has finished (the last of N ends the shard's run).
         """
@@ -115,6 +131,11 @@ def add_ParameterShardServicer_to_server(servicer, server):
             'Pull': grpc.unary_stream_rpc_method_handler(
                     servicer.Pull,
                     request_deserializer=psgd_dot_v1_dot_parameter__server__pb2.PullRequest.FromString,
+                    response_serializer=psgd_dot_v1_dot_parameter__server__pb2.PullChunk.SerializeToString,
+            ),
+            'PushPull': grpc.stream_stream_rpc_method_handler(
+                    servicer.PushPull,
+                    request_deserializer=psgd_dot_v1_dot_parameter__server__pb2.TensorChunk.FromString,
                     response_serializer=psgd_dot_v1_dot_parameter__server__pb2.PullChunk.SerializeToString,
             ),
             'Leave': grpc.unary_unary_rpc_method_handler(
@@ -208,6 +229,33 @@ class ParameterShard:
             target,
             '/psgd.v1.ParameterShard/Pull',
             psgd_dot_v1_dot_parameter__server__pb2.PullRequest.SerializeToString,
+            psgd_dot_v1_dot_parameter__server__pb2.PullChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def PushPull(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/psgd.v1.ParameterShard/PushPull',
+            psgd_dot_v1_dot_parameter__server__pb2.TensorChunk.SerializeToString,
             psgd_dot_v1_dot_parameter__server__pb2.PullChunk.FromString,
             options,
             channel_credentials,

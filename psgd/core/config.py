@@ -159,6 +159,8 @@ class RunConfig:
                                "else gloo)", choices=BACKENDS)
     check_every: int = opt(50, "allreduce: compare a hash of every replica's parameters every this many updates "
                                "(and at the end; 0: end only)")
+    separate_pull: bool = opt(False, "PS: push, then pull in a second round trip (the textbook pattern); by "
+                                     "default one PushPull per step answers the push with the next parameters")
     overlap: bool = opt(False, "PS: push each shard's gradient as soon as backward produced it, pull while the "
                                "batch loads and forward runs (psgd/ps/exchange.py)")
     transport: str = opt("grpc", "PS: what carries pushes and pulls: grpc, or tcp (the shards' raw-socket data "
@@ -212,6 +214,8 @@ def validate(cfg: RunConfig) -> RunConfig:
          f"--servers is a parameter-server option: --mode allreduce has no servers (got --servers {cfg.servers})"),
         (cfg.mode != "allreduce" or cfg.transport == "grpc",
          "--transport is a parameter-server option: --mode allreduce talks through torch.distributed"),
+        (cfg.mode != "allreduce" or not cfg.separate_pull,
+         "--separate-pull is a parameter-server option: --mode allreduce has no pulls"),
         (cfg.mode != "allreduce" or not (cfg.overlap or cfg.link),
          "--overlap and --link are parameter-server options (the worker's gRPC client), not --mode allreduce"),
         (cfg.mode != "allreduce" or cfg.wire_dtype == "fp32",

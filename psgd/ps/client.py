@@ -15,6 +15,10 @@ Contract (ps-lite's worker API, in Python):
 - `push(clock, grad)` sends each shard its slice in parallel, tagged with the versions the
   last pull returned; `start_push(k, clock, grad)` sends one shard's slice in the background
   (a Future of its reply). Both read `grad` while sending: do not change it until they return.
+- `push_pull(clock, grad, out)`: both in one round trip per shard (PushPull): the push of
+  `clock`, answered by the pull of clock + 1 into `out`; returns a `PushPulled` (the push's
+  outcome, the pull's result, and when the replies began to arrive, which splits the round trip
+  into its push and pull parts).
 All methods but those of `PullStreams` are for one thread (one worker thread drives one client);
 they block the caller unless named start_*. Every request has the transport's deadline;
 failures raise `ExchangeError` with one line.
@@ -27,6 +31,7 @@ once, straight into `out` (the model's flat buffer).
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -48,6 +53,15 @@ class PullResult:
     wait_s: float        # longest time a policy held this pull (max over shards)
     clock_gap: int
     bytes: int
+
+
+@dataclass
+class PushPulled:
+    done: bool           # the budget is spent (said by the push or by the pull)
+    refused: bool        # a shard refused the gradient (the budget was spent before it came)
+    sent: int            # gradient bytes sent
+    pulled: PullResult   # the parameters of the next clock (versions unchanged when done)
+    replied_at: float    # perf_counter() when the last shard's reply header arrived
 
 
 class PSClient:
@@ -117,6 +131,18 @@ class PSClient:
     def push_outcome(self, replies: list[pb.PushReply]) -> tuple[bool, bool, int]:
         sent = sum((stop - start) * codec.itemsize(self.dtype) for start, stop in self.ranges)
         return any(r.done for r in replies), any(r.refused for r in replies), sent
+
+    def push_pull(self, clock: int, grad: torch.Tensor, out: torch.Tensor) -> PushPulled:
+        """Push `grad` of `clock` and pull clock + 1 into `out`, one round trip per shard."""
+        grad = grad.detach().to("cpu")
+        replied: list[float] = []  # appended from the shards' threads (list.append is atomic)
+        results = self.transport.push_pull(
+            self.shards, lambda k: self._header(k, clock, self.versions[k], self.dtype),
+            lambda k: codec.encode(self._slice(grad, k), self.dtype), lambda k: self._slice(out, k),
+            Events(replied=lambda k, header: replied.append(time.perf_counter())))
+        done, refused, sent = self.push_outcome([h.pushed for h, _ in results])
+        pulled = self.pull_result(results)
+        return PushPulled(done or pulled.done, refused, sent, pulled, max(replied))
 
     def close(self, failed: bool = False) -> None:
         """Tell every shard this worker has finished (Leave: the last of N ends the shards' run),

@@ -4,6 +4,13 @@ or both overlapped with compute (`Overlap`, `psgd run --overlap`).
 `PSExchange` is the `psgd.core.step.Exchange` of the PS modes: `setup` connects (`make_client`,
 psgd/ps/client.py) and lets the chief offer its seeded initial parameters; `before_compute` pulls
 the parameters straight into the model's flat buffer; `after_compute` pushes the flat gradient.
+By default the push and the next pull are one round trip (PushPull): `after_compute` pushes the
+gradient of clock c and receives the parameters of clock c + 1 in the reply, and the next
+`before_compute` has nothing left to fetch (only clock 0 pulls on its own). The same requests
+reach the same policy in the same order, so the parameters are the same bit for bit as with
+`--separate-pull` (push, then pull: two round trips, the textbook pattern); the time of the
+round trip is split at the first byte of the reply: before it, less the policy's hold, is push
+time; after it, pull time.
 With `local_steps` H > 1 (local SGD, sync mode, psgd/core/localsgd.py) the worker steps its own
 replica with a local optimizer, pulls only at the start of each round of H steps and pushes the
 delta w_pulled - w_local at its end; pull and push carry the round as clock.
@@ -64,7 +71,7 @@ class PSExchange:
 
     def __init__(self, addresses: list[str], wire_dtype: str = "fp32", rpc_timeout: float = 60.0,
                  link: str = "", overlap: bool = False, accumulate: int = 1, transport: str = "grpc",
-                 local_steps: int = 1, optim_cfg: OptimConfig | None = None) -> None:
+                 local_steps: int = 1, optim_cfg: OptimConfig | None = None, separate_pull: bool = False) -> None:
         if local_steps > 1 and overlap:
             raise UsageError("--overlap pushes gradients during backward, --local-steps pushes a model delta every "
                              "H steps: use one or the other")
@@ -72,14 +79,16 @@ class PSExchange:
         self.link, self.overlap, self.accumulate = link_mod.parse(link), overlap, accumulate
         self.transport = transport
         self.local_steps, self.optim = local_steps, optim_cfg or OptimConfig()
+        self.combined = not (separate_pull or overlap)  # --overlap streams its pulls apart, into forward
         self.client: PSClient | None = None
+        self._next = None  # the PushPull's pull, which the next before_compute hands to the loop
         self._overlap = None
         self._local: optim.SGD | None = None
 
     @classmethod
     def from_config(cls, cfg, addresses: list[str]) -> PSExchange:
         return cls(addresses, cfg.wire_dtype, cfg.rpc_timeout, cfg.link, cfg.overlap, cfg.accumulate, cfg.transport,
-                   cfg.local_steps, cfg.optim)
+                   cfg.local_steps, cfg.optim, cfg.separate_pull)
 
     def setup(self, flat, rank: int) -> None:
         self.client = make_client(self.transport, self.addresses, rank, flat.params.numel(), self.wire_dtype,
@@ -102,16 +111,25 @@ class PSExchange:
             return self._overlap.before_compute(clock)
         if clock % self.local_steps:
             return StepReport()  # local SGD, inside a round: the replica trains on its own
+        if self._next is not None:
+            # PushPull brought these parameters with the last push; its time and bytes were
+            # reported there.
+            r, self._next = self._next, None
+            return StepReport(done=r.done, clock_gap=r.clock_gap)
         t0 = time.perf_counter()
         # The shards count rounds: without local SGD a round is one step and this is the clock.
         r = self.client.pull(clock // self.local_steps, self._staging(flat))
+        self._landed(r, flat)
+        elapsed = time.perf_counter() - t0
+        return StepReport(done=r.done, pull_s=max(0.0, elapsed - r.wait_s), wait_s=r.wait_s,
+                          bytes_pulled=r.bytes, clock_gap=r.clock_gap)
+
+    def _landed(self, r, flat) -> None:
+        """Pulled parameters are in the staging buffer: give them to the model (and local SGD)."""
         if not r.done and self._host is not flat.params:
             flat.params.copy_(self._host, non_blocking=True)
         if not r.done and self._local is not None:
             self._pulled.copy_(flat.params)
-        elapsed = time.perf_counter() - t0
-        return StepReport(done=r.done, pull_s=max(0.0, elapsed - r.wait_s), wait_s=r.wait_s,
-                          bytes_pulled=r.bytes, clock_gap=r.clock_gap)
 
     def after_compute(self, clock: int, flat):
         if self._overlap is not None:
@@ -128,6 +146,14 @@ class PSExchange:
                 return StepReport(compute_s=local_s)
             pushed = torch.sub(self._pulled, flat.params, out=self._delta)
         t0 = time.perf_counter()
+        if self.combined:
+            o = self.client.push_pull(clock // self.local_steps, pushed, self._staging(flat))
+            self._landed(o.pulled, flat)
+            self._next = o.pulled
+            end, r = time.perf_counter(), o.pulled
+            return StepReport(done=o.done, counted=not o.refused, compute_s=local_s,
+                              push_s=max(0.0, o.replied_at - t0 - r.wait_s), pull_s=end - o.replied_at,
+                              wait_s=r.wait_s, bytes_pushed=0 if o.refused else o.sent, bytes_pulled=r.bytes)
         done, refused, sent = self.client.push(clock // self.local_steps, pushed)
         return StepReport(done=done, counted=not refused, push_s=time.perf_counter() - t0,
                           bytes_pushed=0 if refused else sent, compute_s=local_s)

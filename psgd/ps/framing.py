@@ -6,6 +6,7 @@ One frame per message in both directions, little-endian:
 
     PUSH  TensorHeader + the gradient's bytes in the wire dtype  ->  PUSHED  PushReply
     PULL  PullRequest                                            ->  PULLED  PullHeader + the values' bytes
+    PUSHPULL  as PUSH                                            ->  PULLED  of the next clock, PullHeader.pushed set
     any request                                                  ->  ERROR   "STATUS_NAME: message" (UTF-8)
 
 The headers are the .proto's own messages. Copies: a payload goes from the tensor's memory to
@@ -25,7 +26,7 @@ import torch
 from psgd.core import codec
 
 PREFIX = struct.Struct("<BIQ")  # op, header length, payload length
-PUSH, PULL, PUSHED, PULLED, ERROR = 1, 2, 0x81, 0x82, 0xFF
+PUSH, PULL, PUSHPULL, PUSHED, PULLED, ERROR = 1, 2, 3, 0x81, 0x82, 0xFF
 MAX_HEADER = 1 << 16            # our headers are < 100 bytes; anything bigger is not a psgd peer
 CHUNK = codec.CHUNK_BYTES       # the unit of pacing (--link) and of progress (--overlap)
 

@@ -9,6 +9,8 @@ core (psgd/ps/shard.py), which holds every check and state change, and writes th
   reused fp32 buffers straight from gRPC's bytes (`codec.data_view`: no protobuf copy).
 - `Pull`: held by the policy, then header + ~1 MiB frames of the snapshot in the wire dtype,
   built one at a time outside the lock (`codec.frames`) and sent as they are.
+- `PushPull`: a Push, answered by the Pull of the next clock (one round trip per step): the
+  pull's stream, its header carrying the push's outcome.
 - `Leave`: a worker has finished (the last of N ends the shard's run: `Shard.finished`).
 - `Info`: the shard's place and state, and the port of its TCP data plane (psgd/ps/tcp_server.py).
 """
@@ -37,7 +39,7 @@ def aborts(context: grpc.ServicerContext):
 
 
 class ShardServicer:
-    """The five RPCs of one shard; all state is the Shard's (and guarded by its lock)."""
+    """The six RPCs of one shard; all state is the Shard's (and guarded by its lock)."""
 
     def __init__(self, shard: Shard, data_port: int = 0) -> None:
         self.shard = shard
@@ -59,8 +61,7 @@ class ShardServicer:
             with self.shard.receive_buffer() as buf:
                 grad = _receive(h, link.paced(request_iterator, self.shard.link_in, _chunk_len), dtype, buf)
                 o = self.shard.push(h.worker_id, h.clock, h.base_version, grad, dtype)
-            return pb.PushReply(version=o.version, applied=o.applied, skipped=o.skipped, done=o.done,
-                                staleness=o.staleness, refused=o.refused)
+            return wire.push_reply(o)
 
     def Pull(self, request, context):
         with contextlib.ExitStack() as stack:
@@ -68,14 +69,32 @@ class ShardServicer:
                 dtype = wire.dtype_name(request.dtype)
                 p = stack.enter_context(self.shard.pull(request.worker_id, request.shard, request.clock, dtype,
                                                         context.time_remaining()))
-            n = 0 if p.values is None else p.values.numel()
-            yield pb.PullChunk(header=pb.PullHeader(version=p.version, num_elements=n, dtype=request.dtype,
-                                                    done=p.done, wait_s=p.wait_s, clock_gap=p.clock_gap))
-            if p.values is not None:
-                # Framing outside the lock, one chunk at a time, overlaps the copy with sending and
-                # lets malloc reuse one frame's memory for the next (measured: ~30% less server CPU
-                # than framing all chunks under the lock).
-                yield from link.paced(codec.frames(codec.encode(p.values, dtype)), self.shard.link_out)
+            yield from self._pulled(p, request.dtype)
+
+    def _pulled(self, p, dtype_enum: int, pushed: pb.PushReply | None = None):
+        """A pull's reply stream: the header (with a PushPull's push outcome), then the values."""
+        n = 0 if p.values is None else p.values.numel()
+        yield pb.PullChunk(header=pb.PullHeader(version=p.version, num_elements=n, dtype=dtype_enum, done=p.done,
+                                                wait_s=p.wait_s, clock_gap=p.clock_gap, pushed=pushed))
+        if p.values is not None:
+            # Framing outside the lock, one chunk at a time, overlaps the copy with sending and
+            # lets malloc reuse one frame's memory for the next (measured: ~30% less server CPU
+            # than framing all chunks under the lock).
+            yield from link.paced(codec.frames(codec.encode(p.values, wire.dtype_name(dtype_enum))),
+                                  self.shard.link_out)
+
+    def PushPull(self, request_iterator, context):
+        with contextlib.ExitStack() as stack:
+            with aborts(context):
+                h = _header(request_iterator)
+                dtype = wire.dtype_name(h.dtype)
+                self.shard.check_push(h.worker_id, h.shard, h.num_elements)
+                with self.shard.receive_buffer() as buf:
+                    grad = _receive(h, link.paced(request_iterator, self.shard.link_in, _chunk_len), dtype, buf)
+                    o = self.shard.push(h.worker_id, h.clock, h.base_version, grad, dtype)
+                p = stack.enter_context(self.shard.next_pull(o, h.worker_id, h.shard, h.clock, dtype,
+                                                             context.time_remaining()))
+            yield from self._pulled(p, h.dtype, pushed=wire.push_reply(o))
 
     def Leave(self, request, context):
         with aborts(context):
@@ -122,6 +141,7 @@ def rpc_handlers(servicer: ShardServicer) -> grpc.GenericRpcHandler:
         "Init": grpc.stream_unary_rpc_method_handler(servicer.Init, chunk, pb.InitReply.SerializeToString),
         "Push": grpc.stream_unary_rpc_method_handler(servicer.Push, chunk, pb.PushReply.SerializeToString),
         "Pull": grpc.unary_stream_rpc_method_handler(servicer.Pull, pb.PullRequest.FromString, wire.serialize_frame),
+        "PushPull": grpc.stream_stream_rpc_method_handler(servicer.PushPull, chunk, wire.serialize_frame),
         "Leave": grpc.unary_unary_rpc_method_handler(servicer.Leave, pb.LeaveRequest.FromString,
                                                      pb.LeaveReply.SerializeToString),
         "Info": grpc.unary_unary_rpc_method_handler(servicer.Info, pb.InfoRequest.FromString,

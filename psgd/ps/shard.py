@@ -18,6 +18,10 @@ Contract (every method thread-safe; a refusal raises `ShardError(code, message)`
   gives a `Pulled` whose `values` is a copy of the parameters in the wire dtype, taken under
   the lock (a concurrent update never tears it), or None when the run is done. The copy is a
   pool buffer, reused once the `with` block ends: send it inside the block.
+- PushPull, the combined exchange: `push` of clock c, then `next_pull(outcome, ...)`, the `pull` of
+  clock c + 1 (the parameters the worker computes on next, once the policy allows), or at once a
+  done Pulled when the push said the budget is spent. Two calls, so that an adapter gives the
+  received gradient's buffer back before the pull may be held.
 - Every update is one step of `psgd.core.optim.SGD` (torch.optim.SGD, momentum, weight decay,
   LambdaLR warmup) on the shard tensor, so a sync run reproduces single-process training. With
   `--local-steps H` > 1 a push is a worker's model delta and the step is w <- w - mean(delta)
@@ -212,6 +216,17 @@ class Shard:
             if len(self.left) == self.cfg.workers:
                 self.finished.set()
             return len(self.left)
+
+    @contextlib.contextmanager
+    def next_pull(self, pushed: PushOutcome, worker_id: int, shard: int, clock: int, dtype: str,
+                  timeout: float | None) -> Iterator[Pulled]:
+        """The second half of PushPull: after `pushed` (this worker's push of `clock`), the pull of
+        clock + 1, or at once a done Pulled when that push said the budget is spent."""
+        if pushed.done:
+            yield Pulled(pushed.version, True, 0.0, 0, None)
+            return
+        with self.pull(worker_id, shard, clock + 1, dtype, timeout) as pulled:
+            yield pulled
 
     def _borrow(self, dtype: torch.dtype) -> torch.Tensor:
         try:

@@ -92,13 +92,14 @@ class _Connection(socketserver.BaseRequestHandler):
                 if head is None:
                     return
                 op, header, payload_len = head
-                if op not in (fr.PUSH, fr.PULL):
+                handler = {fr.PUSH: self._push, fr.PULL: self._pull, fr.PUSHPULL: self._push_pull}.get(op)
+                if handler is None:
                     raise fr.FrameError(f"unknown frame op {op}")
                 try:
-                    (self._push if op == fr.PUSH else self._pull)(header, payload_len)
+                    handler(header, payload_len)
                 except ShardError as e:  # refused before the payload was read: drain it, keep going
                     fr.drain(sock, payload_len)
-                    fr.send_frame(sock, fr.ERROR, f"{e.code.name}: {e.message}".encode())
+                    self._error(e)
             except fr.FrameError as e:  # the stream cannot be trusted any more: say why, close it
                 with contextlib.suppress(OSError):
                     fr.send_frame(sock, fr.ERROR, f"INVALID_ARGUMENT: {e}".encode())
@@ -106,7 +107,9 @@ class _Connection(socketserver.BaseRequestHandler):
             except OSError:  # the worker went away (or the server is stopping)
                 return
 
-    def _push(self, header: bytes, payload_len: int) -> None:
+    def _received_push(self, header: bytes, payload_len: int) -> tuple[pb.TensorHeader, object]:
+        """Read a push's frame and hand it to the shard: (header, PushOutcome), or (header, None)
+        after answering an ERROR (a refusal once the payload is read: nothing left to drain)."""
         shard = self.server.shard
         h = _parse(pb.TensorHeader, header)
         dtype = wire.dtype_name(h.dtype)
@@ -119,13 +122,27 @@ class _Connection(socketserver.BaseRequestHandler):
             pace = _pacer(shard.link_in)
             fr.recv_tensor(self.request, buf, dtype, pace and (lambda n, _: pace(n)))
             try:
-                o = shard.push(h.worker_id, h.clock, h.base_version, buf, dtype)
-            except ShardError as e:  # the payload is read: answer without draining anything
-                fr.send_frame(self.request, fr.ERROR, f"{e.code.name}: {e.message}".encode())
-                return
-        reply = pb.PushReply(version=o.version, applied=o.applied, skipped=o.skipped, done=o.done,
-                             staleness=o.staleness, refused=o.refused)
-        fr.send_frame(self.request, fr.PUSHED, reply.SerializeToString())
+                return h, shard.push(h.worker_id, h.clock, h.base_version, buf, dtype)
+            except ShardError as e:
+                self._error(e)
+                return h, None
+
+    def _push(self, header: bytes, payload_len: int) -> None:
+        _, o = self._received_push(header, payload_len)
+        if o is not None:
+            fr.send_frame(self.request, fr.PUSHED, wire.push_reply(o).SerializeToString())
+
+    def _push_pull(self, header: bytes, payload_len: int) -> None:
+        h, o = self._received_push(header, payload_len)
+        if o is None:
+            return
+        shard = self.server.shard
+        try:
+            with shard.next_pull(o, h.worker_id, h.shard, h.clock, wire.dtype_name(h.dtype),
+                                 shard.cfg.rpc_timeout) as p:
+                self._send_pulled(p, h.dtype, wire.push_reply(o))
+        except ShardError as e:  # the payload is read: answer without draining anything
+            self._error(e)
 
     def _pull(self, header: bytes, payload_len: int) -> None:
         shard = self.server.shard
@@ -135,11 +152,17 @@ class _Connection(socketserver.BaseRequestHandler):
         dtype = wire.dtype_name(request.dtype)
         # A frame carries no deadline: the shard's own --rpc-timeout bounds a held pull.
         with shard.pull(request.worker_id, request.shard, request.clock, dtype, shard.cfg.rpc_timeout) as p:
-            n = 0 if p.values is None else p.values.numel()
-            reply = pb.PullHeader(version=p.version, num_elements=n, dtype=request.dtype, done=p.done,
-                                  wait_s=p.wait_s, clock_gap=p.clock_gap).SerializeToString()
-            payload = None if p.values is None else codec.encode(p.values, dtype)  # a view: no copy
-            fr.send_frame(self.request, fr.PULLED, reply, payload, _pacer(shard.link_out))
+            self._send_pulled(p, request.dtype)
+
+    def _send_pulled(self, p, dtype_enum: int, pushed: pb.PushReply | None = None) -> None:
+        n = 0 if p.values is None else p.values.numel()
+        reply = pb.PullHeader(version=p.version, num_elements=n, dtype=dtype_enum, done=p.done,
+                              wait_s=p.wait_s, clock_gap=p.clock_gap, pushed=pushed).SerializeToString()
+        payload = None if p.values is None else codec.encode(p.values, wire.dtype_name(dtype_enum))  # a view
+        fr.send_frame(self.request, fr.PULLED, reply, payload, _pacer(self.server.shard.link_out))
+
+    def _error(self, e: ShardError) -> None:
+        fr.send_frame(self.request, fr.ERROR, f"{e.code.name}: {e.message}".encode())
 
 
 def _pacer(pacer):

@@ -9,6 +9,9 @@ one line that names the shard and the status.
     init(shards, header_of, payload_of)                 -> [InitReply]
     push(shards, header_of, payload_of, events)         -> [PushReply]
     pull(shards, request_of, out_of, events)            -> [(PullHeader, bytes received)]
+    push_pull(shards, header_of, payload_of, out_of, events) -> [(PullHeader, bytes received)]
+                                                  (a push of clock c answered by the pull of c + 1;
+                                                   each header's `pushed` is the push's reply)
     leave(shards, worker_id)                            -> [LeaveReply]  (this worker has finished)
 
 `header_of(k)` / `request_of(k)` build shard k's .proto header, `payload_of(k)` its bytes in the
@@ -78,6 +81,8 @@ class Transport(Protocol):
     def init(self, shards: Sequence[int], header_of, payload_of) -> list[pb.InitReply]: ...
     def push(self, shards: Sequence[int], header_of, payload_of, events: Events = NO_EVENTS) -> list[pb.PushReply]: ...
     def pull(self, shards: Sequence[int], request_of, out_of, events: Events = NO_EVENTS) -> list[tuple]: ...
+    def push_pull(self, shards: Sequence[int], header_of, payload_of, out_of,
+                  events: Events = NO_EVENTS) -> list[tuple]: ...
     def leave(self, shards: Sequence[int], worker_id: int) -> list[pb.LeaveReply]: ...
     def close(self) -> None: ...
 
@@ -107,6 +112,9 @@ class GrpcTransport:
                                      response_deserializer=pb.InitReply.FromString) for c in self.channels]
         self._pull = [c.unary_stream(f"/{wire.SERVICE}/Pull", request_serializer=pb.PullRequest.SerializeToString,
                                      response_deserializer=wire.frame_parser(pb.PullChunk)) for c in self.channels]
+        self._push_pull = [c.stream_stream(f"/{wire.SERVICE}/PushPull", request_serializer=chunk,
+                                           response_deserializer=wire.frame_parser(pb.PullChunk))
+                           for c in self.channels]
         self.pool = ThreadPoolExecutor(max_workers=len(addresses)) if len(addresses) > 1 else None
 
     def fan_out(self, what: str, shards: Sequence[int], fn: Callable[[int], object]) -> list:
@@ -144,10 +152,20 @@ class GrpcTransport:
     def pull(self, shards, request_of, out_of, events=NO_EVENTS):
         return self.fan_out("pull from", shards, lambda k: self._pull_one(k, request_of(k), out_of(k), events))
 
+    def push_pull(self, shards, header_of, payload_of, out_of, events=NO_EVENTS):
+        def one(k: int):
+            header = header_of(k)
+            stream = self._push_pull[k](_stream(k, header, payload_of(k), events), timeout=self.timeout)
+            return self._read_pull(k, stream, header.dtype, out_of(k), events)
+        return self.fan_out("push-pull with", shards, one)
+
     def _pull_one(self, k: int, request: pb.PullRequest, out: torch.Tensor, events: Events):
         if events.sending:
             events.sending(k)
-        stream = self._pull[k](request, timeout=self.timeout)
+        return self._read_pull(k, self._pull[k](request, timeout=self.timeout), request.dtype, out, events)
+
+    def _read_pull(self, k: int, stream, dtype: int, out: torch.Tensor, events: Events):
+        """A pull's reply stream (Pull or PushPull): the header, then the values into `out`."""
         first = next(stream)
         if isinstance(first, memoryview) or first.WhichOneof("kind") != "header":
             raise ExchangeError(f"shard {k} did not start its pull stream with a header")
@@ -156,7 +174,7 @@ class GrpcTransport:
             events.replied(k, header)
         if not check_pull_header(k, header, out):
             return header, 0
-        asm = codec.Assembler(header.num_elements, wire.DTYPE_NAMES[request.dtype], out=out)
+        asm = codec.Assembler(header.num_elements, wire.DTYPE_NAMES[dtype], out=out)
         try:
             for msg in stream:
                 data = msg if isinstance(msg, memoryview) else msg.data
@@ -247,22 +265,44 @@ class TcpTransport:
             fr.send_frame(sock, fr.PULL, requests[k].SerializeToString())
 
         def receive(sock, k):
-            out, dtype = outs[k], wire.DTYPE_NAMES[requests[k].dtype]
-            body, payload_len = self._reply(sock, k, "pull from", fr.PULLED)
-            header = pb.PullHeader.FromString(body)
-            if events.replied:
-                events.replied(k, header)
-            # On an error below the payload is left unread: the connection is closed, not reused.
-            if not check_pull_header(k, header, out):
-                return header, 0
-            if header.dtype != requests[k].dtype or payload_len != out.numel() * codec.itemsize(dtype):
-                raise ExchangeError(f"shard {k} sent {payload_len} bytes of wire dtype {header.dtype} for "
-                                    f"{out.numel()} {dtype} elements")
-            got = events.received
-            return header, fr.recv_tensor(sock, out, dtype, got and (lambda n, e: got(k, n, e)))
+            return self._receive_pulled(sock, k, "pull from", requests[k].dtype, outs[k], events)
         width = codec.itemsize(wire.DTYPE_NAMES[requests[shards[0]].dtype])
         return self._exchange("pull from", shards, send, receive, max(o.numel() for o in outs.values()) * width,
                               events)
+
+    def push_pull(self, shards, header_of, payload_of, out_of, events=NO_EVENTS):
+        payloads = {k: payload_of(k) for k in shards}
+        headers = {k: header_of(k) for k in shards}
+        outs = {k: out_of(k) for k in shards}
+
+        def send(sock, k):
+            if events.sending:
+                events.sending(k)
+            sent = events.sent
+            fr.send_frame(sock, fr.PUSHPULL, headers[k].SerializeToString(), payloads[k],
+                          sent and (lambda n: sent(k, n)))
+
+        def receive(sock, k):
+            return self._receive_pulled(sock, k, "push-pull with", headers[k].dtype, outs[k], events)
+        largest = max(len(b) for b in payloads.values())
+        return self._exchange("push-pull with", shards, send, receive, largest, events)
+
+    def _receive_pulled(self, sock: socket.socket, k: int, what: str, dtype_enum: int, out: torch.Tensor,
+                        events: Events) -> tuple:
+        """A PULLED frame (a Pull's or a PushPull's reply): its header, then the values into `out`."""
+        dtype = wire.DTYPE_NAMES[dtype_enum]
+        body, payload_len = self._reply(sock, k, what, fr.PULLED)
+        header = pb.PullHeader.FromString(body)
+        if events.replied:
+            events.replied(k, header)
+        # On an error below the payload is left unread: the connection is closed, not reused.
+        if not check_pull_header(k, header, out):
+            return header, 0
+        if header.dtype != dtype_enum or payload_len != out.numel() * codec.itemsize(dtype):
+            raise ExchangeError(f"shard {k} sent {payload_len} bytes of wire dtype {header.dtype} for "
+                                f"{out.numel()} {dtype} elements")
+        got = events.received
+        return header, fr.recv_tensor(sock, out, dtype, got and (lambda n, e: got(k, n, e)))
 
     def _exchange(self, what: str, shards, send, receive, largest: int, events: Events) -> list:
         """send(sock, k) then receive(sock, k) for every shard. Small unpaced ones in one round from
@@ -372,6 +412,9 @@ class PacedTransport:
 
     def init(self, shards, header_of, payload_of):
         return self.inner.init(shards, header_of, payload_of)  # set-up, not training traffic: unpaced
+
+    def push_pull(self, shards, header_of, payload_of, out_of, events=NO_EVENTS):
+        return self.inner.push_pull(shards, header_of, payload_of, out_of, chain(self._events, events))
 
     def leave(self, shards, worker_id):
         return self.inner.leave(shards, worker_id)  # the end, not training traffic: unpaced

@@ -6,6 +6,7 @@
 - The (de)serialisers of the tensor streams: data frames built by `codec.frames` go out as they
   are, and come in as zero-copy memoryviews (`codec.data_view`); every other message is parsed
   by protobuf. The bytes on the wire are exactly the protobuf messages of the .proto.
+- `push_reply(outcome)`: a push's outcome as the .proto's PushReply.
 - `reuse_freed_memory()`: a process-wide allocator setting both ends make (see its docstring).
 """
 
@@ -23,6 +24,12 @@ SERVICE = pb.DESCRIPTOR.services_by_name["ParameterShard"].full_name
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", codec.MAX_MESSAGE_BYTES),
                    ("grpc.max_send_message_length", codec.MAX_MESSAGE_BYTES)]
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc <malloc.h>
+
+
+def push_reply(outcome) -> pb.PushReply:
+    """A policy's PushOutcome (psgd/core/consistency.py) as the .proto's PushReply (both transports)."""
+    return pb.PushReply(version=outcome.version, applied=outcome.applied, skipped=outcome.skipped,
+                        done=outcome.done, staleness=outcome.staleness, refused=outcome.refused)
 
 
 def serialize_frame(message) -> bytes:
