@@ -18,11 +18,11 @@ def test_every_example_is_tested():
 
 
 CASES = [
-    ("01_single.py", "test accuracy"),
-    ("02_sync_ps_in_process.py", "largest difference from 01_single.py's parameters"),
-    ("03_consistency_policies.py", "max clock gap 1 (bound 1)"),
-    ("04_run_modes.py", "ssp  :"),
-    ("05_allreduce.py", "largest difference library vs ring"),
+    ("01_one_process.py", "test accuracy"),
+    ("04_threads_equal_torch.py", "largest difference from 01_one_process.py's parameters"),
+    ("02_consistency_policies.py", "max clock gap 1 (bound 1)"),
+    ("05_processes_straggler.py", "ssp  :"),
+    ("06_allreduce.py", "largest difference library vs ring"),
 ]
 
 

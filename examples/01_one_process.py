@@ -3,7 +3,7 @@
 Every other example (and psgd's equivalence tests) compares against this loop: sync PS with N
 workers x batch b must end with the same parameters as this loop with batch N x b.
 
-    python examples/01_single.py
+    python examples/01_one_process.py
 """
 
 import torch

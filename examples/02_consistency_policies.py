@@ -4,7 +4,7 @@ A fast worker and a slow one share an SSP(s=1) shard: the fast one may run at mo
 ahead, so it blocks on pull until the slow one pushes. Swap in `Async` and it never waits; swap in
 `Sync` and both advance in lockstep. This is all of psgd/core/consistency.py's job.
 
-    python examples/03_consistency_policies.py
+    python examples/02_consistency_policies.py
 """
 
 import threading

@@ -5,7 +5,7 @@ hand-written ring (psgd/allreduce/ring.py). Both reach the same parameters (to f
 replica stays identical (summary.json: replicas_consistent), and each worker sends
 2(N-1)/N x the model per step, 1.5 x for N = 4, where a PS worker pushes 1 x and pulls 1 x.
 
-    python examples/05_allreduce.py
+    python examples/06_allreduce.py
 
 The same from the shell, and under torchrun (one host or several):
     psgd run --mode allreduce --workers 4 --model mlp --dataset mnist1d --steps 100

@@ -7,7 +7,7 @@ worker wait for it (both do the same number of steps), async lets the other run 
 more steps than the straggler, and more than one clock ahead), and SSP lets it run ahead by at
 most `staleness` clocks.
 
-    python examples/04_run_modes.py
+    python examples/05_processes_straggler.py
 """
 
 import tempfile

@@ -2,10 +2,10 @@
 
 The same pieces `psgd run` uses, without processes: `server.start` binds 127.0.0.1:0,
 `worker.train` runs the loop with a `PSExchange` (pull -> compute -> push). The claim, checked at
-the end: the parameters equal those of examples/01_single.py's plain torch loop with batch
+the end: the parameters equal those of examples/01_one_process.py's plain torch loop with batch
 4 x 16 = 64, to float rounding (the shards average 4 gradients of 16 where torch takes one of 64).
 
-    python examples/02_sync_ps_in_process.py
+    python examples/04_threads_equal_torch.py
 """
 
 import runpy
@@ -38,8 +38,8 @@ print(f"{cfg.workers} workers, {cfg.servers} shards: version {started[0].shard.p
 for s in started:
     s.stop()
 
-reference = runpy.run_path(str(Path(__file__).with_name("01_single.py")))["model"]  # runs 01's loop
+reference = runpy.run_path(str(Path(__file__).with_name("01_one_process.py")))["model"]  # runs 01's loop
 expected = torch.cat([q.detach().reshape(-1) for q in reference.parameters()])
 gap = float((params - expected).abs().max())
-print(f"largest difference from 01_single.py's parameters: {gap:.1e}")
+print(f"largest difference from 01_one_process.py's parameters: {gap:.1e}")
 assert gap < 1e-4, "sync PS must reproduce single-process SGD on the same global batches"
