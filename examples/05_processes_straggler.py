@@ -14,7 +14,7 @@ hand on other hosts), waits for them, evaluates, and returns summary.json. Two t
 What async does with the same straggler (nobody waits; its gradients arrive stale) is step 07.
 
     python examples/05_processes_straggler.py
-    psgd run --mode sync --workers 2 --servers 1 --steps 20 --straggler 0=40    # one of them, by hand
+    psgd run --mode sync --workers 2 --servers 1 --steps 20 --num-samples 2000 --straggler 0=40   # one, by hand
 
 Times vary with the machine and its load; the claims checked at the end do not depend on them.
 """

@@ -35,7 +35,7 @@ def bars(hists: dict[str, dict], width: int = 30) -> None:
     """Print histograms (name -> hist_stats dict) side by side, one row per staleness value."""
     values = range(max(h["max"] for h in hists.values()) + 1)  # every value, so gaps in the tail show
     top = max(c for h in hists.values() for c in h["hist"].values())
-    print("staleness  " + "  ".join(f"{name:<{width + 6}s}" for name in hists))
+    print(("staleness  " + "  ".join(f"{name:<{width + 6}s}" for name in hists)).rstrip())
     skipped = False
     for v in values:
         counts = [h["hist"].get(str(v), 0) for h in hists.values()]
@@ -45,9 +45,9 @@ def bars(hists: dict[str, dict], width: int = 30) -> None:
             skipped = True
             continue
         skipped = False
-        print(f"{v:9d}  " + "  ".join(f"{c:4d}  {'#' * round(width * c / top):<{width}s}" for c in counts))
+        print((f"{v:9d}  " + "  ".join(f"{c:4d}  {'#' * round(width * c / top):<{width}s}" for c in counts)).rstrip())
     summary = [f"mean {h['mean']:.1f}, p99 {h['p99']:.0f}, max {h['max']}" for h in hists.values()]
-    print("           " + "  ".join(f"{line:<{width + 6}s}" for line in summary))
+    print(("           " + "  ".join(f"{line:<{width + 6}s}" for line in summary)).rstrip())
 
 
 def from_run(run: Path) -> None:

@@ -1,7 +1,9 @@
 """The guided lab (examples/, docs/tutorial.md, issue 11): every example runs as written and checks
-its own claims (each ends in assertions, so exit 0 means they held) and leaves no process behind."""
+its own claims (each ends in assertions, so exit 0 means they held), leaves no process behind, and
+every command the tutorial shows names an example that exists, with flags that example has."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +14,7 @@ from tests.helpers import ENV, processes_with_env
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
+TUTORIAL = ROOT / "docs" / "tutorial.md"
 
 # (example, arguments, a line its output must contain)
 CASES = [
@@ -59,3 +62,24 @@ def test_staleness_example_reads_a_runs_summary(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     assert "mode async, 2 workers, 6 gradients" in r.stdout
     assert "mean 1.0, p99 3, max 3" in r.stdout
+
+
+def tutorial_commands() -> list[str]:
+    """Every line of a ```bash block in docs/tutorial.md that runs an example."""
+    blocks = re.findall(r"```bash\n(.*?)```", TUTORIAL.read_text(), flags=re.S)
+    lines = [line.strip() for block in blocks for line in block.splitlines()]
+    return [line for line in lines if line.startswith("python examples/")]
+
+
+def test_tutorial_commands_name_examples_that_exist():
+    commands = tutorial_commands()
+    shown = set()
+    for command in commands:
+        words = command.split("#")[0].split()
+        path = ROOT / words[1]
+        assert path.parent == EXAMPLES and path.is_file(), f"docs/tutorial.md runs a missing example: {command}"
+        source = path.read_text()
+        for flag in (w.split("=")[0] for w in words[2:] if w.startswith("--")):
+            assert f'"{flag}"' in source, f"docs/tutorial.md passes {flag}, unknown to {path.name}: {command}"
+        shown.add(path.name)
+    assert shown == {p.name for p in EXAMPLES.glob("*.py")}, "the tutorial runs every example"
