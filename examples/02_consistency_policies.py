@@ -19,7 +19,7 @@ without bound; SSP(s) lets the fast worker run up to s clocks ahead of the slowe
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -36,7 +36,7 @@ class Worker:
     push_at: int = 0         # tick at which its gradient is ready
     held_since: int = -1     # tick its current pull was first held; -1: not held
     waited: int = 0          # ticks spent held by the policy
-    strip: str = ""          # one character per tick, for the timeline at the end
+    cells: list[str] = field(default_factory=list)  # what it did each tick, for the timeline
 
 
 def why_held(policy: Policy, clock: int, staleness: int) -> str:
@@ -49,16 +49,19 @@ def why_held(policy: Policy, clock: int, staleness: int) -> str:
 def tick(policy: Policy, workers: list[Worker], t: int, staleness: int) -> list[str]:
     """Play tick t, pushes first, then pulls; return one line per event."""
     lines = []
+    pushed = set()
     for w in workers:
         if w.base_version >= 0 and w.push_at == t:
+            pushed.add(w.rank)
             out = policy.push(w.rank, w.clock, w.base_version, torch.ones(1))
             what = (f"applied -> v{out.version}, staleness {out.staleness}" if out.applied
                     else f"buffered until all {policy.num_workers} workers pushed step {w.clock}")
             lines.append(f"{t:>4}  w{w.rank}  push c{w.clock}  computed on v{w.base_version}: {what}")
             w.clock, w.base_version = w.clock + 1, -1
     for w in workers:
+        mark = "^" if w.rank in pushed else ""  # pushed its gradient at the start of this tick
         if w.base_version >= 0:
-            w.strip += "-"                     # still computing
+            w.cells.append("-")                # still computing
             continue
         try:
             got = policy.pull(w.rank, w.clock, read=lambda: None, timeout=0)
@@ -67,12 +70,12 @@ def tick(policy: Policy, workers: list[Worker], t: int, staleness: int) -> list[
                 w.held_since = t
                 lines.append(f"{t:>4}  w{w.rank}  pull c{w.clock}  HELD: {why_held(policy, w.clock, staleness)}")
             w.waited += 1
-            w.strip += "."
+            w.cells.append(mark + ".")
             continue
         held = f", held {t - w.held_since} tick(s)" if w.held_since >= 0 else ""
         lines.append(f"{t:>4}  w{w.rank}  pull c{w.clock}  -> v{got.version} (clock gap {got.clock_gap}){held}")
         w.base_version, w.push_at, w.held_since = got.version, t + w.ticks_per_gradient, -1
-        w.strip += str(w.clock % 10)           # pulled; computes gradient number `clock` (last digit)
+        w.cells.append(mark + str(w.clock))    # pulled; computes the gradient of this clock
     return lines
 
 
@@ -94,13 +97,22 @@ def main() -> None:
     name = f"ssp(staleness={args.staleness})" if args.policy == "ssp" else args.policy
     print(f"policy {name}; worker 0 needs 1 tick per gradient, worker 1 needs {args.slow}")
     print("tick  who event")
+    versions = []
     for t in range(args.ticks):
         for line in tick(policy, workers, t, args.staleness):
             print(line)
+        versions.append(str(policy.version))
 
-    print("\ntimeline (digit: pulled and computes gradient c; -: still computing; .: blocked in pull)")
+    def row(name: str, cells: list[str], note: str = "") -> str:
+        return f"  {name:9s}" + "".join(f"{c:>4s}" for c in cells) + (f"   {note}" if note else "")
+
+    print("\ntimeline (^: pushed its gradient; a number c: pulled, computes the gradient of clock c;")
+    print("          -: still computing; .: its pull is held)")
+    print(row("tick", [str(t) for t in range(args.ticks)]))
     for w in workers:
-        print(f"  worker {w.rank}  {' '.join(w.strip)}   {w.clock} gradients pushed, {w.waited} ticks blocked")
+        print(row(f"worker {w.rank}", w.cells, f"{w.clock} gradients pushed, {w.waited} ticks held"))
+    print(row("version", versions, "the shard's, at the end of the tick"))
+
     gaps, stale = policy.stats.max_clock_gap, dict(sorted(policy.stats.staleness.items()))
     print(f"max clock gap {gaps}; staleness per gradient (staleness: count) {stale}")
 
