@@ -28,7 +28,7 @@ from pathlib import Path
 from psgd.core.config import RunConfig
 from psgd.train.metrics import hist_stats
 
-WORKERS, STEPS, DELAY_MS, BOUND_S = 4, 30, 40, 1
+WORKERS, STEPS, DELAY_MS, BOUND_S = 4, 20, 40, 1
 
 
 def bars(hists: dict[str, dict], width: int = 30) -> None:
