@@ -11,6 +11,7 @@ tick (a real worker would sleep in that call until the policy lets it go).
     python examples/02_consistency_policies.py --policy sync
     python examples/02_consistency_policies.py --policy async
     python examples/02_consistency_policies.py --policy ssp --staleness 1
+    python examples/02_consistency_policies.py --policy all       # the three, one after the other
 
 Sync (BSP) holds the fast worker every step; async never holds anyone and the clock gap grows
 without bound; SSP(s) lets the fast worker run up to s clocks ahead of the slowest, then holds it.
@@ -79,27 +80,18 @@ def tick(policy: Policy, workers: list[Worker], t: int, staleness: int) -> list[
     return lines
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--policy", choices=("sync", "async", "ssp"), default="ssp")
-    ap.add_argument("--staleness", type=int, default=1, help="SSP's bound s on the clock gap")
-    ap.add_argument("--slow", type=int, default=3, help="ticks worker 1 needs per gradient (worker 0: 1)")
-    ap.add_argument("--ticks", type=int, default=12)
-    args = ap.parse_args()
-    if args.staleness < 0 or args.slow < 1 or args.ticks < 1:
-        ap.error("--staleness must be >= 0, --slow and --ticks >= 1")
-
+def play(mode: str, staleness: int, slow_ticks: int, ticks: int) -> None:
+    """Run one policy for `ticks` ticks, print its events and timeline, and check its rule."""
     weights = torch.zeros(1)
     # The policy does no math: the shard hands it the optimizer step as `apply` (here: SGD, lr 0.1).
-    policy = make_policy(args.policy, num_workers=2, apply=lambda g: weights.sub_(0.1 * g),
-                         staleness=args.staleness)
-    workers = [Worker(0, 1), Worker(1, args.slow)]
-    name = f"ssp(staleness={args.staleness})" if args.policy == "ssp" else args.policy
-    print(f"policy {name}; worker 0 needs 1 tick per gradient, worker 1 needs {args.slow}")
+    policy = make_policy(mode, num_workers=2, apply=lambda g: weights.sub_(0.1 * g), staleness=staleness)
+    workers = [Worker(0, 1), Worker(1, slow_ticks)]
+    name = f"ssp(staleness={staleness})" if mode == "ssp" else mode
+    print(f"policy {name}; worker 0 needs 1 tick per gradient, worker 1 needs {slow_ticks}")
     print("tick  who event")
     versions = []
-    for t in range(args.ticks):
-        for line in tick(policy, workers, t, args.staleness):
+    for t in range(ticks):
+        for line in tick(policy, workers, t, staleness):
             print(line)
         versions.append(str(policy.version))
 
@@ -108,7 +100,7 @@ def main() -> None:
 
     print("\ntimeline (^: pushed its gradient; a number c: pulled, computes the gradient of clock c;")
     print("          -: still computing; .: its pull is held)")
-    print(row("tick", [str(t) for t in range(args.ticks)]))
+    print(row("tick", [str(t) for t in range(ticks)]))
     for w in workers:
         print(row(f"worker {w.rank}", w.cells, f"{w.clock} gradients pushed, {w.waited} ticks held"))
     print(row("version", versions, "the shard's, at the end of the tick"))
@@ -118,18 +110,34 @@ def main() -> None:
 
     fast, slow = workers
     # The claims, each a rule of psgd/core/consistency.py made visible.
-    if args.policy == "sync":
+    if mode == "sync":
         assert gaps == 0 and set(stale) <= {0}, "sync: everyone computes on the same version"
-        if args.slow > 1 and args.ticks > 1:
+        if slow_ticks > 1 and ticks > 1:
             assert fast.waited > 0, "sync: the fast worker waits for the slow one every step"
-    if args.policy == "async":
+    if mode == "async":
         assert fast.waited == 0 and slow.waited == 0, "async: a pull never blocks"
-        if args.slow > 1 and args.ticks > 3:
+        if slow_ticks > 1 and ticks > 3:
             assert gaps > 1, "async: nothing bounds how far the fast worker runs ahead"
-    if args.policy == "ssp":
-        assert gaps <= args.staleness, f"SSP({args.staleness}) let a worker run {gaps} clocks ahead"
-        assert fast.clock <= slow.clock + args.staleness + 1, "SSP: the fast worker's lead is bounded"
+    if mode == "ssp":
+        assert gaps <= staleness, f"SSP({staleness}) let a worker run {gaps} clocks ahead"
+        assert fast.clock <= slow.clock + staleness + 1, "SSP: the fast worker's lead is bounded"
     print(f"checked: {name} kept its rule")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--policy", choices=("sync", "async", "ssp", "all"), default="ssp",
+                    help="all: the three, one after the other")
+    ap.add_argument("--staleness", type=int, default=1, help="SSP's bound s on the clock gap")
+    ap.add_argument("--slow", type=int, default=3, help="ticks worker 1 needs per gradient (worker 0: 1)")
+    ap.add_argument("--ticks", type=int, default=12)
+    args = ap.parse_args()
+    if args.staleness < 0 or args.slow < 1 or args.ticks < 1:
+        ap.error("--staleness must be >= 0, --slow and --ticks >= 1")
+    for i, mode in enumerate(("sync", "async", "ssp") if args.policy == "all" else (args.policy,)):
+        if i:
+            print()
+        play(mode, args.staleness, args.slow, args.ticks)
 
 
 if __name__ == "__main__":
