@@ -58,10 +58,11 @@ def test_staleness_example_reads_a_runs_summary(tmp_path):
     run = tmp_path / "run"
     run.mkdir()
     hist = {"mean": 1.0, "p50": 1.0, "p99": 3.0, "max": 3, "hist": {"0": 2, "1": 3, "3": 1}}
-    (run / "summary.json").write_text(json.dumps({"mode": "async", "workers": 2, "worker_steps": 6, "staleness": hist}))
+    summary = {"mode": "async", "workers": 2, "servers": 2, "worker_steps": 3, "staleness": hist}
+    (run / "summary.json").write_text(json.dumps(summary))
     r = run_example("07_async_staleness.py", ["--run", str(run)], tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "mode async, 2 workers, 6 gradients" in r.stdout
+    assert "mode async, 2 workers, 2 shard(s), 3 gradients" in r.stdout
     assert "mean 1.0, p99 3, max 3" in r.stdout
 
 
