@@ -8,7 +8,7 @@ waits: each fast worker's gradient meets the pushes of the others that came in m
 N-1), and every straggler's gradient meets all the fast workers' pushes of 40 ms: the long tail.
 SSP(1) holds the fast workers within one clock of the straggler, which caps staleness: between a
 worker's pull at clock c and its push, each of the N-1 others pushes only clocks from c-s to c+s,
-so staleness <= (N-1)(2s+1), 9 here. The histogram is the one summary.json reports as `staleness`.
+so staleness <= (N-1)(2s+1), 9 here. summary.json reports it as `staleness` (summed over shards).
 
     python examples/07_async_staleness.py
     python examples/07_async_staleness.py --run results/runs/latest     # any psgd run's summary.json
