@@ -56,6 +56,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for name, cfg in runs.items():
             out = Path(tmp) / name
+            extra = f" --straggler 0={DELAY_MS}" if cfg.straggler else ""
+            print(f"{name}: psgd run --mode sync --workers 2 --servers 1 --steps {STEPS} --num-samples 2000 "
+                  f"--eval-every 0 --device cpu{extra}", flush=True)  # what launch.run(cfg) amounts to
             summaries[name] = launch.run(dataclasses.replace(cfg, out=str(out)))
             times[name] = step_times(out, rank=1)  # the fast worker: what it pays for the slow one
 
