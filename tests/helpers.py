@@ -16,9 +16,8 @@ def psgd(*args: str, timeout: float = 240, **kw) -> subprocess.CompletedProcess:
                           timeout=timeout, env=ENV, **kw)
 
 
-def processes_mentioning(text: str) -> list[str]:
-    """Command lines of live processes whose arguments contain `text` (orphan check)."""
-    found = []
+def _live_processes():
+    """(pid, command line) of every live process but this one and zombies."""
     for pid in os.listdir("/proc"):
         if not pid.isdigit() or int(pid) == os.getpid():
             continue
@@ -27,8 +26,26 @@ def processes_mentioning(text: str) -> list[str]:
             state = Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0]
         except OSError:
             continue
-        if text in cmd and state != "Z":
-            found.append(cmd)
+        if state != "Z":
+            yield pid, cmd
+
+
+def processes_mentioning(text: str) -> list[str]:
+    """Command lines of live processes whose arguments contain `text` (orphan check)."""
+    return [cmd for _, cmd in _live_processes() if text in cmd]
+
+
+def processes_with_env(name: str, value: str) -> list[str]:
+    """Command lines of live processes whose environment has name=value: every descendant of a
+    process started with that variable, whatever its command line (orphan check)."""
+    needle = f"{name}={value}".encode()
+    found = []
+    for pid, cmd in _live_processes():
+        try:
+            if needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                found.append(cmd)
+        except OSError:
+            continue  # gone meanwhile, or another user's
     return found
 
 
