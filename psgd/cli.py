@@ -133,6 +133,9 @@ MODULES = {"suite": "psgd.lab.suite", "plot": "psgd.lab.plots", "bench": "psgd.b
 def main(argv: list[str] | None = None) -> int:
     # gRPC's C core logs its own multi-line errors to stderr; ours are the one-line ones.
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    from psgd.train import lifeline
+
+    lifeline.die_with_launcher()  # a child of psgd run: first thing, before the imports that take time
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in DELEGATED:

@@ -33,7 +33,7 @@ CASES = [
 def run_example(name: str, args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
     """Run one example from a scratch folder; its temporary files and its children's run folders go
     under tmp_path, and every process it starts inherits a marker that the orphan check looks for."""
-    marker = f"psgd-example-{tmp_path.name}"
+    marker = f"psgd-example-{tmp_path}"  # the full path: unique across pytest-xdist workers
     env = dict(ENV, TMPDIR=str(tmp_path), PSGD_EXAMPLE_TEST=marker)
     r = subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True, text=True, timeout=300,
                        env=env, cwd=tmp_path)

@@ -169,3 +169,39 @@ def test_port_in_use_is_one_line(shards, tmp_path):
     (address,), _ = shards(RunConfig(servers=1))
     r = psgd("server", "--shard", "0", "--port", address.rsplit(":", 1)[1], "--out", str(tmp_path), timeout=60)
     assert r.returncode == 1 and "in use" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def wait_until(condition, timeout: float = 60.0) -> bool:
+    """Poll an observable condition (not a guess at a duration) until it holds or time runs out."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
+def test_a_killed_launcher_takes_its_children_with_it(tmp_path):
+    out = tmp_path / "killed"
+    launcher = subprocess.Popen([sys.executable, "-m", "psgd", "run", "--mode", "async", "--workers", "2", "--servers",
+                                 "1", "--steps", "100000", "--out", str(out), "--quiet", *COMMON],
+                                env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_until(lambda: (out / "metrics.jsonl").exists()
+                          and '"step"' in (out / "metrics.jsonl").read_text()), "no worker ever trained"
+        assert len(processes_mentioning(str(out))) == 4  # the launcher, one server, two workers
+    finally:
+        launcher.kill()
+        launcher.wait()
+    # PR_SET_PDEATHSIG: the kernel kills the children when the launcher dies, with no cleanup of ours.
+    assert wait_until(lambda: processes_mentioning(str(out)) == []), processes_mentioning(str(out))
+
+
+def test_a_child_whose_launcher_is_gone_exits_at_once(tmp_path):
+    """A child that finds another parent than the launcher named in its environment (the launcher
+    died before the child asked to die with it) exits instead of running on as an orphan."""
+    r = subprocess.run([sys.executable, "-m", "psgd", "worker", "--rank", "0", "--servers", "127.0.0.1:1"],
+                       env=dict(ENV, PSGD_LAUNCHER_PID="1"), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and r.stderr == ""

@@ -5,8 +5,8 @@ Contract:
   run by hand on other hosts. Servers bind 127.0.0.1 on port 0 and print `READY host:port`.
 - The launcher waits for any child to exit (os.waitid, no polling). If a worker exits non-zero
   or a server exits early, it stops every other child and fails naming the process. Ctrl-C
-  stops all children too. Children get PR_SET_PDEATHSIG, so even a SIGKILLed launcher leaves
-  no process behind.
+  stops all children too. Children ask for PR_SET_PDEATHSIG first thing (psgd/train/lifeline.py),
+  so even a SIGKILLed launcher leaves no process behind.
 - The run folder (--out) is psgd's alone: a MARKER file says so. A new or empty folder is taken, an
   earlier run's folder has psgd's own files replaced, and anything else (a file, a folder of
   other files) is refused with one line, exit 2: psgd never deletes what it did not write. No
@@ -23,7 +23,6 @@ Contract:
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
 import itertools
 import json
@@ -41,7 +40,7 @@ from psgd.core import codec
 from psgd.core.config import RunConfig, to_argv, to_dict
 from psgd.core.errors import UsageError
 from psgd.train import data as data_mod
-from psgd.train import evaluate, models
+from psgd.train import evaluate, lifeline, models
 from psgd.train.metrics import Metrics, process_start_time, read_events, samples_per_update, summarize
 
 READY_TIMEOUT_S = 60.0
@@ -52,20 +51,6 @@ class RunFailed(RuntimeError):
     """A child failed; the message names it."""
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux to SIGKILL it when the launcher dies, however it dies.
-
-    A failure raises (Popen then fails, and the launcher says so) rather than leave a child that
-    could outlive us. Elsewhere than Linux there is no PR_SET_PDEATHSIG: the launcher's own
-    cleanup (SIGTERM, then SIGKILL, on every exit path) is all there is.
-    """
-    if not sys.platform.startswith("linux"):
-        return
-    libc = ctypes.CDLL(None, use_errno=True)
-    if libc.prctl(1, signal.SIGKILL) != 0:  # PR_SET_PDEATHSIG
-        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG) failed")
-
-
 class Child:
     def __init__(self, name: str, argv: list[str], log: Path, env: dict | None = None,
                  capture_stdout: bool = False) -> None:
@@ -74,10 +59,9 @@ class Child:
         with open(log, "wb") as f:
             try:
                 self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE if capture_stdout else f, stderr=f,
-                                             stdin=subprocess.DEVNULL, env=env, start_new_session=True,
-                                             preexec_fn=_die_with_parent)
+                                             stdin=subprocess.DEVNULL, env=env, start_new_session=True)
             except (OSError, subprocess.SubprocessError) as e:
-                raise RunFailed(f"cannot start {name}: {e} (it must not be able to outlive the launcher)") from None
+                raise RunFailed(f"cannot start {name}: {e}") from None
 
     def last_error(self) -> str:
         lines = [ln for ln in self.log.read_text(errors="replace").splitlines() if ln.strip()]
@@ -203,7 +187,7 @@ def prepare_by_hand(cfg: RunConfig) -> None:
 
 
 def child_env() -> dict:
-    env = dict(os.environ)
+    env = dict(os.environ, **lifeline.env_for_children())
     env[LAUNCHED] = "1"
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     env.setdefault("NCCL_SOCKET_IFNAME", "lo")
