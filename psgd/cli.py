@@ -243,6 +243,7 @@ def cmd_server(args: argparse.Namespace) -> int:
     if cfg.mode == "allreduce":
         raise UsageError("--mode allreduce has no parameter servers")
     cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
+    launch.set_threads(cfg)
     if args.shard == 0:
         launch.prepare_by_hand(cfg)  # by hand, shard 0 is the run's first process (workers need it up)
     # Block the stop signals in every thread (gRPC's threads inherit this mask) and take them
@@ -294,6 +295,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         raise UsageError(f"--rank must be in 0..{cfg.workers - 1} (or set $RANK), got {rank}")
     # `psgd run` resolved --epochs already; by hand or under torchrun the worker is the first to know.
     cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
+    launch.set_threads(cfg)
     if cfg.mode == "allreduce":
         from psgd.allreduce.collective import CollectiveError, CollectiveExchange
 

@@ -205,3 +205,13 @@ def test_a_child_whose_launcher_is_gone_exits_at_once(tmp_path):
     r = subprocess.run([sys.executable, "-m", "psgd", "worker", "--rank", "0", "--servers", "127.0.0.1:1"],
                        env=dict(ENV, PSGD_LAUNCHER_PID="1"), capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and r.stderr == ""
+
+
+def test_the_thread_budget_shares_the_cores_once():
+    from psgd.core.config import RunConfig
+    from psgd.train.launch import thread_budget
+
+    assert thread_budget(RunConfig(mode="sync", workers=4, servers=2), cores=2) == 1      # never 0
+    assert thread_budget(RunConfig(mode="sync", workers=2, servers=2), cores=16) == 4
+    assert thread_budget(RunConfig(mode="allreduce", workers=4, servers=2), cores=16) == 4  # no servers
+    assert thread_budget(RunConfig(mode="sync", workers=2, servers=2, threads=3), cores=16) == 3

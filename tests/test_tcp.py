@@ -180,19 +180,20 @@ def test_stopped_shard_is_unavailable_and_leaves_no_thread():
         client.close(failed=True)  # after a failure: no Leave to a shard that is gone
 
 
-def test_run_over_tcp_writes_everything(tmp_path):
-    out = tmp_path / "tcp"
-    r = psgd("run", "--mode", "sync", "--workers", "2", "--servers", "2", "--steps", "8", "--transport", "tcp",
+def test_run_over_grpc_writes_everything(tmp_path):
+    """tcp is the default data plane (the other runs' tests use it); gRPC carries a whole run too."""
+    out = tmp_path / "grpc"
+    r = psgd("run", "--mode", "sync", "--workers", "2", "--servers", "2", "--steps", "8", "--transport", "grpc",
              "--dataset", "synthetic", "--num-samples", "1000", "--model", "mlp", "--out", str(out))
     assert r.returncode == 0, r.stderr
     s = summary(out)
-    assert s["global_updates"] == 8 and s["config"]["transport"] == "tcp"
+    assert s["global_updates"] == 8 and s["config"]["transport"] == "grpc"
     assert processes_mentioning(str(out)) == []
 
 
 @pytest.mark.parametrize("args,message", [
     (["--transport", "udp"], "--transport"),
-    (["--mode", "allreduce", "--transport", "tcp"], "--transport is a parameter-server option"),
+    (["--mode", "allreduce", "--transport", "grpc"], "--transport is a parameter-server option"),
 ])
 def test_transport_usage_errors(args, message):
     r = psgd("run", *args, timeout=60)

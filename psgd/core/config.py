@@ -144,6 +144,8 @@ class RunConfig:
     seed: int = opt(0, "seed of model init and batch order")
     eval_every: int = opt(20, "snapshot parameters every this many updates, evaluated after the run (0: end only)")
     device: str = opt("auto", "where workers compute", choices=DEVICES)
+    threads: int = opt(0, "torch intra-op threads per process; 0: the machine's cores shared by the run's "
+                          "processes on it (psgd run: the N workers and K servers), at least 1", metavar="T")
     wire_dtype: str = opt("fp32", "dtype of gradients and parameters on the wire (servers keep fp32)",
                           choices=WIRE_DTYPES)
     straggler: Pairs = opt((), "worker RANK sleeps MS extra per step (repeatable)", metavar="RANK=MS")
@@ -163,8 +165,9 @@ class RunConfig:
                                      "default one PushPull per step answers the push with the next parameters")
     overlap: bool = opt(False, "PS: push each shard's gradient as soon as backward produced it, pull while the "
                                "batch loads and forward runs (psgd/ps/exchange.py)")
-    transport: str = opt("grpc", "PS: what carries pushes and pulls: grpc, or tcp (the shards' raw-socket data "
-                                 "plane, psgd/ps/tcp_server.py; gRPC still does Init and Info)", choices=TRANSPORTS)
+    transport: str = opt("tcp", "PS: what carries pushes and pulls: tcp, the shards' raw-socket data plane "
+                                "(psgd/ps/tcp_server.py, the faster: psgd bench transport), or grpc (what gRPC "
+                                "Python costs); gRPC always does Init, Info and Leave", choices=TRANSPORTS)
     link: str = opt("", "PS: pace every worker's and shard's traffic to an EMULATED link, e.g. 1gbit,200us or "
                         "100mbit,1ms (psgd/core/link.py; loopback is still what carries the bytes)",
                     metavar="BANDWIDTH[,LATENCY]")
@@ -203,6 +206,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         (cfg.wire_dtype in WIRE_DTYPES, f"--wire-dtype must be one of {', '.join(WIRE_DTYPES)}"),
         (cfg.jitter >= 0, f"--jitter must be >= 0 ms, got {cfg.jitter}"),
         (cfg.rpc_timeout > 0, f"--rpc-timeout must be > 0, got {cfg.rpc_timeout}"),
+        (cfg.threads >= 0, f"--threads must be >= 0 (0: share the cores), got {cfg.threads}"),
         (cfg.allreduce_impl in ALLREDUCE_IMPLS, f"--allreduce-impl must be one of {', '.join(ALLREDUCE_IMPLS)}"),
         (cfg.bucket_mb > 0 and math.isfinite(cfg.bucket_mb), f"--bucket-mb must be > 0, got {cfg.bucket_mb}"),
         (cfg.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}, got {cfg.backend!r}"),
@@ -212,7 +216,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         # servers=1 is the default, so only a count asked for explicitly contradicts the mode.
         (cfg.mode != "allreduce" or cfg.servers == 1,
          f"--servers is a parameter-server option: --mode allreduce has no servers (got --servers {cfg.servers})"),
-        (cfg.mode != "allreduce" or cfg.transport == "grpc",
+        (cfg.mode != "allreduce" or cfg.transport == RunConfig.transport,
          "--transport is a parameter-server option: --mode allreduce talks through torch.distributed"),
         (cfg.mode != "allreduce" or not cfg.separate_pull,
          "--separate-pull is a parameter-server option: --mode allreduce has no pulls"),

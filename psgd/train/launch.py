@@ -186,13 +186,30 @@ def prepare_by_hand(cfg: RunConfig) -> None:
     Metrics(out / "metrics.jsonl").write(event="launch", by="hand", process_start=process_start_time())
 
 
-def child_env() -> dict:
+def thread_budget(cfg: RunConfig, cores: int | None = None) -> int:
+    """Intra-op threads per process: --threads, or the cores shared by the run's processes so that
+    together they use each core once (N workers and K shards on 2 cores, each with torch's default
+    of one thread per core, would ask for (N + K) x 2). A run by hand counts the processes of the
+    whole run as if on this host: give --threads there when they are spread over hosts."""
+    if cfg.threads:
+        return cfg.threads
+    processes = cfg.workers + (0 if cfg.mode == "allreduce" else cfg.servers)
+    return max(1, (cores or os.cpu_count() or 1) // processes)
+
+
+def set_threads(cfg: RunConfig) -> None:
+    """In a server or worker process: take its share of the cores (`thread_budget`)."""
+    torch.set_num_threads(thread_budget(cfg))
+
+
+def child_env(cfg: RunConfig | None = None) -> dict:
     env = dict(os.environ, **lifeline.env_for_children())
     env[LAUNCHED] = "1"
     env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     env.setdefault("NCCL_SOCKET_IFNAME", "lo")
-    # Several processes on few cores: one intra-op thread each avoids oversubscription.
-    env.setdefault("OMP_NUM_THREADS", "1")
+    # The thread budget (each process also sets it with torch.set_num_threads, which wins); without
+    # a run's config (a benchmark's lone process): one thread, as on a fully shared machine.
+    env.setdefault("OMP_NUM_THREADS", str(thread_budget(cfg) if cfg else 1))
     return env
 
 
@@ -209,7 +226,7 @@ def run(cfg: RunConfig) -> dict:
     ds = data_mod.load(cfg.data)  # also fills the mnist1d cache before the workers race for it
     flags = to_argv(cfg)
     exe = [sys.executable, "-m", "psgd"]
-    env = child_env()
+    env = child_env(cfg)
     servers: list[Child] = []
     workers: list[Child] = []
     if cfg.mode == "allreduce":
