@@ -226,7 +226,25 @@ def by_hand(cfg: C.RunConfig) -> C.RunConfig:
     return cfg if cfg.out else dataclasses.replace(cfg, out="results/runs/by-hand")
 
 
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
 def cmd_server(args: argparse.Namespace) -> int:
+    """Serve until every worker left or a stop signal came; on the way out write the shard's files.
+
+    First of all, before torch is even imported, block the stop signals in this thread: every
+    thread started later inherits the mask (gRPC's, and torch's intra-op pool, which importing
+    torch may start: one thread not blocking SIGTERM would take the launcher's and kill the
+    process unsaved). `_serve` takes them synchronously. Called in a process that goes on (a test),
+    a refusal gives the mask back."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return _serve(args)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)  # reached only when _serve did not os._exit
+
+
+def _serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from psgd.ps import server
@@ -243,13 +261,9 @@ def cmd_server(args: argparse.Namespace) -> int:
     if cfg.mode == "allreduce":
         raise UsageError("--mode allreduce has no parameter servers")
     cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
-    launch.set_threads(cfg)
     if args.shard == 0:
         launch.prepare_by_hand(cfg)  # by hand, shard 0 is the run's first process (workers need it up)
-    # Block the stop signals in every thread (gRPC's threads inherit this mask) and take them
-    # synchronously below: a clean shutdown always writes the shard's stats and snapshots.
-    stop_signals = {signal.SIGTERM, signal.SIGINT}
-    signal.pthread_sigmask(signal.SIG_BLOCK, stop_signals)
+    launch.set_threads(cfg)
     try:
         srv = server.start(cfg, args.shard, args.bind, args.port)
     except OSError as e:
@@ -263,7 +277,7 @@ def cmd_server(args: argparse.Namespace) -> int:
     main = threading.get_ident()
     threading.Thread(target=lambda: (srv.shard.finished.wait(), signal.pthread_kill(main, signal.SIGTERM)),
                      name="psgd-finished", daemon=True).start()
-    signal.sigwait(stop_signals)
+    signal.sigwait(STOP_SIGNALS)
     srv.stop()
     out = Path(cfg.out)
     srv.shard.save(out)

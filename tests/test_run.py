@@ -215,3 +215,13 @@ def test_the_thread_budget_shares_the_cores_once():
     assert thread_budget(RunConfig(mode="sync", workers=2, servers=2), cores=16) == 4
     assert thread_budget(RunConfig(mode="allreduce", workers=4, servers=2), cores=16) == 4  # no servers
     assert thread_budget(RunConfig(mode="sync", workers=2, servers=2, threads=3), cores=16) == 3
+
+
+def test_a_run_with_several_threads_per_process_stops_cleanly(tmp_path):
+    """With an intra-op pool (--threads 2) started as torch loads, the servers still take the
+    launcher's SIGTERM in their own sigwait (every thread blocks it), never die of it unsaved."""
+    out = tmp_path / "threads"
+    r = psgd("run", "--mode", "sync", "--workers", "2", "--servers", "1", "--steps", "4", "--threads", "2",
+             "--out", str(out), *COMMON)
+    assert r.returncode == 0, r.stderr
+    assert summary(out)["config"]["threads"] == 2 and (out / "shard-0.json").exists()
