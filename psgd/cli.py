@@ -123,7 +123,7 @@ DELEGATED = {
     "suite": "run an experiment suite (TOML) and write plots + REPORT.md",
     "plot": "plot runs on one figure: convergence curves, staleness, where the time went",
     "trace": "per-worker timeline of one run: wait / pull / compute / push of every step",
-    "bench": "benchmarks: transport | allreduce | scaling | calibrate",
+    "bench": "benchmarks: transport | allreduce | scaling | calibrate | peers",
     "model": "alpha-beta cost model: predict PS vs ring throughput up to 1024 workers",
 }
 MODULES = {"suite": "psgd.lab.suite", "plot": "psgd.lab.plots", "bench": "psgd.bench",

@@ -15,6 +15,7 @@ BENCHMARKS = {
     "allreduce": "the library's all-reduce against the hand-written ring, same bytes, busbw as in nccl-tests",
     "scaling": "the bottleneck sweep: real runs over N workers x K shards (and the ring); what sharding buys",
     "calibrate": "fit the cost model's machine and workload numbers on this machine (for psgd model)",
+    "peers": "the same training workload through psgd and through PyTorch RPC (and Ray) parameter servers",
 }
 NAMES = tuple(BENCHMARKS)
 
