@@ -41,6 +41,7 @@ NOT_RUN = {
     "psgd bench calibrate": "tests/test_bench.py::test_calibrate_then_model_then_scaling_with_validation",
     "psgd bench scaling": "as above",
     "psgd bench allreduce": "tests/test_bench_allreduce.py::test_bench_measures_both_implementations_as_json",
+    "psgd bench peers": "tests/test_bench_peers.py",
 }
 
 # The start-here path: each command reads what the one before wrote.
