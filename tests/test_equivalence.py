@@ -89,5 +89,5 @@ def test_one_round_trip_per_step_by_default(shards, monkeypatch, separate_pull, 
             calls[_name] = calls.get(_name, 0) + 1
             return _original(self, *args, **kw)
         monkeypatch.setattr(transport_mod.GrpcTransport, name, counted)
-    run_ps(shards, workers=1, batch=32, servers=2, separate_pull=separate_pull)
+    run_ps(shards, workers=1, batch=32, servers=2, separate_pull=separate_pull, transport="grpc")
     assert calls == expected
