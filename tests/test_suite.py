@@ -242,3 +242,18 @@ def test_readme_verdict_table_is_current():
     """The README's table is `make readme` output from the committed results/summary.json."""
     summary = json.loads((ROOT / "results" / "summary.json").read_text())
     assert report_mod.readme_block(summary) in (ROOT / "README.md").read_text(), "README is stale: run `make readme`"
+
+
+def test_the_run_key_is_the_last_commit_of_the_training_code():
+    """The cache key names the code that trains: git's last commit of the training paths, read
+    from the repository this psgd lives in (an empty key would let any code reuse any run)."""
+    import subprocess
+
+    from psgd.lab import provenance
+
+    root = Path(provenance.__file__).resolve().parents[2]
+    head = subprocess.run(["git", "log", "-1", "--format=%h", "--", *provenance.RUN_PATHS], cwd=root,
+                          capture_output=True, text=True, check=True).stdout.strip()
+    assert head and provenance.run_code_version().startswith(head)
+    assert provenance.code_version().split("-dirty")[0] == subprocess.run(
+        ["git", "describe", "--always"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()

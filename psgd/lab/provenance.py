@@ -35,7 +35,7 @@ def _git(root: Path, *args: str) -> str:
 
 
 def _version(root: Path | None, paths: tuple[str, ...], head_args: tuple[str, ...]) -> str:
-    root = root or Path(__file__).resolve().parent.parent
+    root = root or Path(__file__).resolve().parents[2]  # psgd/lab/provenance.py -> the repository
     try:
         head = _git(root, *head_args, "--", *paths) if head_args[0] == "log" else _git(root, *head_args)
         dirty = _git(root, "status", "--porcelain", "--", *paths)
