@@ -33,6 +33,7 @@ def test_transport_json(tmp_path):
     assert [s["transport"] for s in result["small"]] == ["grpc", "tcp"]
     for small in result["small"]:
         assert small["ratio"] == pytest.approx(small["exchange_s"] / small["unary_rtt_s"])
+        assert small["combined_ratio"] == pytest.approx(small["combined_s"] / small["unary_rtt_s"])
     assert processes_mentioning("psgd-bench-") == [] and processes_mentioning("serve_bare") == []
     table = transport.format_table(result)
     assert "raw TCP socket" in table and "bare gRPC" in table and "small, tcp: exchange" in table

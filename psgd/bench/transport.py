@@ -7,8 +7,9 @@ Contract: one run measures, side by side on 127.0.0.1,
   `--transports`: grpc and tcp (`psgd/ps/transport.py`; the raw-socket data plane is psgd/ps/tcp_server.py),
 - the shards' optimizer step (`apply`), reported apart: in async mode it runs inside the Push
   RPC, so `push_net` = push time minus the slowest shard's apply time is the transport alone,
-- small messages: one full step's exchange (pull + push) of a `--small-params` model over 2
-  shards, on each transport, against one bare unary gRPC round trip (`Info`) on the same channel,
+- small messages: one full step's exchange of a `--small-params` model over 2 shards, as two calls
+  (pull + push) and as one PushPull (the default), on each transport, against one bare unary
+  gRPC round trip (`Info`) on the same channel,
 - gRPC's own floor, to tell gRPC's cost from psgd's: a bare gRPC service (`serve_bare`, identity
   serialisers, no psgd code, in its own process) streaming the same 1 MiB frames pre-built, and
   the same small-message pattern (2 parallel server-streaming + 2 client-streaming calls).
@@ -155,23 +156,30 @@ def measure_push_pull(num_shards: int, num_elements: int, repeat: int, transport
 
 
 def measure_small(num_shards: int, num_elements: int, repeat: int, transport: str = "grpc") -> dict:
-    """Median seconds of one step's exchange (pull + push) and of one bare unary Info round trip."""
+    """Median seconds of one step's exchange as two calls (pull + push, `--separate-pull`), as one
+    PushPull (the default), and of one bare unary Info round trip, interleaved."""
     grad = torch.randn(num_elements) * 1e-3
     out_buf = torch.empty(num_elements)
     warm = max(5, repeat // 10)
-    exchange, rtt = [], []
+    exchange, combined, rtt = [], [], []
     with fresh_client(num_shards, num_elements, transport) as (client, _):
-        for clock in range(repeat + warm):
+        clock = 0
+        for i in range(repeat + warm):
             t0 = time.perf_counter()
             client.pull(clock, out_buf)
             client.push(clock, grad)
             t1 = time.perf_counter()
-            client.transport.info([0])  # one unary gRPC round trip (both transports ask Info on gRPC)
+            client.push_pull(clock + 1, grad, out_buf)  # pushes clock + 1, pulls clock + 2
             t2 = time.perf_counter()
-            if clock >= warm:
+            client.transport.info([0])  # one unary gRPC round trip (both transports ask Info on gRPC)
+            t3 = time.perf_counter()
+            clock += 2
+            if i >= warm:
                 exchange.append(t1 - t0)
-                rtt.append(t2 - t1)
-    return {"exchange_s": statistics.median(exchange), "unary_rtt_s": statistics.median(rtt)}
+                combined.append(t2 - t1)
+                rtt.append(t3 - t2)
+    return {"exchange_s": statistics.median(exchange), "combined_s": statistics.median(combined),
+            "unary_rtt_s": statistics.median(rtt)}
 
 
 BARE_SERVICE = "psgd.bench.Bare"
@@ -314,6 +322,7 @@ def run(size_mb: float, shards: list[int], repeat: int, small_params: int, small
         for transport in transports:
             small = measure_small(2, small_params, small_repeat, transport)
             small["ratio"] = small["exchange_s"] / small["unary_rtt_s"]
+            small["combined_ratio"] = small["combined_s"] / small["unary_rtt_s"]
             # The bare pattern against the round trip measured beside this transport's exchanges.
             small["bare_ratio"] = bare["small_exchange_s"] / small["unary_rtt_s"]
             result["small"].append({"transport": transport, "params": small_params, "shards": 2, **small})
@@ -333,7 +342,8 @@ def format_table(r: dict) -> str:
     for s in r["small"]:
         lines.append(f"small, {s['transport']}: exchange (pull + push) of {s['params']} params over {s['shards']} "
                      f"shards {s['exchange_s'] * 1e3:.2f} ms = {s['ratio']:.2f} x a bare unary gRPC round trip "
-                     f"({s['unary_rtt_s'] * 1e3:.2f} ms)")
+                     f"({s['unary_rtt_s'] * 1e3:.2f} ms); as one PushPull {s['combined_s'] * 1e3:.2f} ms = "
+                     f"{s['combined_ratio']:.2f} x")
     if r["small"]:
         lines.append(f"small, bare gRPC making the same calls: {r['grpc_bare']['small_exchange_s'] * 1e3:.2f} ms "
                      f"= {r['small'][0]['bare_ratio']:.2f} x")
