@@ -93,7 +93,9 @@ def _ring_vs_library(rank: int, n: int, rdv: str) -> None:
     dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("n", [2, 3, 4])
+# 3 and 4 ranks (an odd and an even ring: chunks of unequal and equal sizes); 2 ranks, where the
+# ring is a plain exchange, is covered by the pure schedule test above and by every 2-worker run.
+@pytest.mark.parametrize("n", [3, 4])
 def test_hand_written_ring_equals_dist_all_reduce(tmp_path, n):
     _spawn(_ring_vs_library, n, str(tmp_path / "rdv"))
 

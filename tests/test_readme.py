@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # Appended to a command that starts with the key (the longest matching key wins).
 BUDGETS = {
     "psgd run": ["--steps", "4", "--quiet"],
-    "psgd run --mode sync --workers 2 --servers 4 --model wide_mlp": ["--steps", "2", "--width", "256", "--quiet"],
+    "psgd run --mode sync --workers 2 --servers 4 --model wide_mlp": ["--steps", "2", "--width", "64", "--quiet"],
 }
 
 # Not run here, with the reason and what covers it.
