@@ -55,13 +55,18 @@ class ShardServicer:
 
     def Push(self, request_iterator, context):
         with aborts(context):
-            h = _header(request_iterator)
-            dtype = wire.dtype_name(h.dtype)
-            self.shard.check_push(h.worker_id, h.shard, h.num_elements)
-            with self.shard.receive_buffer() as buf:
-                grad = _receive(h, link.paced(request_iterator, self.shard.link_in, _chunk_len), dtype, buf)
-                o = self.shard.push(h.worker_id, h.clock, h.base_version, grad, dtype)
+            _, o = self._received_push(request_iterator)
             return wire.push_reply(o)
+
+    def _received_push(self, request_iterator):
+        """Read a push's stream (header checked before any data) and hand it to the shard's policy;
+        the receive buffer goes back to the pool before anything may wait. (header, PushOutcome)."""
+        h = _header(request_iterator)
+        dtype = wire.dtype_name(h.dtype)
+        self.shard.check_push(h.worker_id, h.shard, h.num_elements)
+        with self.shard.receive_buffer() as buf:
+            grad = _receive(h, link.paced(request_iterator, self.shard.link_in, _chunk_len), dtype, buf)
+            return h, self.shard.push(h.worker_id, h.clock, h.base_version, grad, dtype)
 
     def Pull(self, request, context):
         with contextlib.ExitStack() as stack:
@@ -86,14 +91,9 @@ class ShardServicer:
     def PushPull(self, request_iterator, context):
         with contextlib.ExitStack() as stack:
             with aborts(context):
-                h = _header(request_iterator)
-                dtype = wire.dtype_name(h.dtype)
-                self.shard.check_push(h.worker_id, h.shard, h.num_elements)
-                with self.shard.receive_buffer() as buf:
-                    grad = _receive(h, link.paced(request_iterator, self.shard.link_in, _chunk_len), dtype, buf)
-                    o = self.shard.push(h.worker_id, h.clock, h.base_version, grad, dtype)
-                p = stack.enter_context(self.shard.next_pull(o, h.worker_id, h.shard, h.clock, dtype,
-                                                             context.time_remaining()))
+                h, o = self._received_push(request_iterator)
+                p = stack.enter_context(self.shard.next_pull(o, h.worker_id, h.shard, h.clock,
+                                                             wire.dtype_name(h.dtype), context.time_remaining()))
             yield from self._pulled(p, h.dtype, pushed=wire.push_reply(o))
 
     def Leave(self, request, context):
