@@ -26,7 +26,7 @@ from psgd.core.errors import UsageError
 from psgd.core.sharding import shard_ranges
 from psgd.ps.exchange import PSExchange
 from psgd.train import models, worker
-from tests.helpers import ENV, events, processes_mentioning, psgd, summary
+from tests.helpers import ENV, events, processes_mentioning, psgd_main, summary
 from tests.test_equivalence import DATA, OPTIM, STEPS, run_plain_torch
 
 TIMEOUT = datetime.timedelta(seconds=60)  # a broken test fails, it does not hang
@@ -176,8 +176,8 @@ def sync_ps_params(shards, workers: int, batch: int, optim: OptimConfig) -> torc
 
 def test_allreduce_4x8_equals_sync_ps_4x8_equals_1x32(tmp_path, shards):
     out = tmp_path / "ar"
-    r = psgd("run", "--mode", "allreduce", "--workers", "4", "--batch-size", "8", "--check-every", "5",
-             "--out", str(out), *TRAIN)
+    r = psgd_main("run", "--mode", "allreduce", "--workers", "4", "--batch-size", "8", "--check-every", "5",
+                  "--out", str(out), *TRAIN)
     assert r.returncode == 0, r.stderr
     allreduce = torch.load(out / "final_params.pt")
     ps = sync_ps_params(shards, workers=4, batch=8, optim=OPTIM)
@@ -196,8 +196,8 @@ def test_allreduce_4x8_equals_sync_ps_4x8_equals_1x32(tmp_path, shards):
 
 def test_ring_run_with_warmup_and_buckets_equals_sync_ps(tmp_path, shards):
     out = tmp_path / "ring"
-    r = psgd("run", "--mode", "allreduce", "--allreduce-impl", "ring", "--workers", "3", "--batch-size", "8",
-             "--warmup", "5", "--bucket-mb", "0.02", "--out", str(out), *TRAIN)
+    r = psgd_main("run", "--mode", "allreduce", "--allreduce-impl", "ring", "--workers", "3", "--batch-size", "8",
+                  "--warmup", "5", "--bucket-mb", "0.02", "--out", str(out), *TRAIN)
     assert r.returncode == 0, r.stderr
     ring = torch.load(out / "final_params.pt")
     ps = sync_ps_params(shards, workers=3, batch=8, optim=OptimConfig(lr=0.1, momentum=0.9, weight_decay=1e-3,
@@ -216,8 +216,8 @@ def test_ring_run_with_warmup_and_buckets_equals_sync_ps(tmp_path, shards):
 
 def test_dead_rank_fails_the_run_and_leaves_no_process(tmp_path):
     out = tmp_path / "dead"
-    r = psgd("run", "--mode", "allreduce", "--workers", "3", "--steps", "500", "--fail-at", "1=3",
-             "--rpc-timeout", "30", "--out", str(out), *TRAIN[:8])
+    r = psgd_main("run", "--mode", "allreduce", "--workers", "3", "--steps", "500", "--fail-at", "1=3",
+                  "--rpc-timeout", "30", "--out", str(out), *TRAIN[:8])
     assert r.returncode == 1
     assert "worker" in r.stderr and "died" in r.stderr and "Traceback" not in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr

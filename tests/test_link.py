@@ -6,7 +6,7 @@ import torch
 from psgd.core import link
 from psgd.core.config import RunConfig, validate
 from psgd.ps.client import make_client
-from tests.helpers import processes_mentioning, psgd, summary
+from tests.helpers import processes_mentioning, psgd, psgd_main, summary
 
 
 @pytest.mark.parametrize("text,bits,latency", [
@@ -86,8 +86,8 @@ def test_paced_client_puts_every_byte_and_message_on_the_emulated_wire(shards, t
 
 def test_run_with_link(tmp_path):
     out = tmp_path / "linked"
-    r = psgd("run", "--mode", "sync", "--workers", "2", "--servers", "2", "--steps", "6", "--link", "100mbit,1ms",
-             "--dataset", "synthetic", "--num-samples", "1000", "--model", "mlp", "--out", str(out))
+    r = psgd_main("run", "--mode", "sync", "--workers", "2", "--servers", "2", "--steps", "6", "--link", "100mbit,1ms",
+                  "--dataset", "synthetic", "--num-samples", "1000", "--model", "mlp", "--out", str(out))
     assert r.returncode == 0, r.stderr
     s = summary(out)
     assert s["global_updates"] == 6 and s["config"]["link"] == "100mbit,1ms"

@@ -10,7 +10,7 @@ from psgd.core import localsgd
 from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig
 from psgd.train import data, models
 from psgd.train.metrics import samples_per_update
-from tests.helpers import events, processes_mentioning, psgd, summary, train_in_threads
+from tests.helpers import events, processes_mentioning, psgd_main, summary, train_in_threads
 from tests.test_equivalence import run_plain_torch
 
 DATA = DataConfig(dataset="synthetic", num_samples=2000)
@@ -78,11 +78,11 @@ def test_sync_ps_local_sgd_pushes_deltas_in_the_wire_dtype(shards):
 @pytest.mark.parametrize("impl", ["library", "ring"])
 def test_allreduce_local_sgd_equals_sync_ps_and_the_reference(tmp_path, shards, impl):
     out = tmp_path / "ar"
-    r = psgd("run", "--mode", "allreduce", "--allreduce-impl", impl, "--workers", str(WORKERS), "--batch-size",
-             str(BATCH), "--local-steps", str(H), "--steps", str(STEPS), "--eval-every", "2", "--check-every", "1",
-             "--dataset", "synthetic", "--num-samples", "2000", "--model", "mlp", "--width", "32", "--seed", "3",
-             "--lr", str(OPTIM.lr), "--momentum", str(OPTIM.momentum), "--weight-decay", str(OPTIM.weight_decay),
-             "--warmup", str(OPTIM.warmup), "--device", "cpu", "--out", str(out))
+    r = psgd_main("run", "--mode", "allreduce", "--allreduce-impl", impl, "--workers", str(WORKERS), "--batch-size",
+                  str(BATCH), "--local-steps", str(H), "--steps", str(STEPS), "--eval-every", "2", "--check-every", "1",
+                  "--dataset", "synthetic", "--num-samples", "2000", "--model", "mlp", "--width", "32", "--seed", "3",
+                  "--lr", str(OPTIM.lr), "--momentum", str(OPTIM.momentum), "--weight-decay", str(OPTIM.weight_decay),
+                  "--warmup", str(OPTIM.warmup), "--device", "cpu", "--out", str(out))
     assert r.returncode == 0, r.stderr
     allreduce = torch.load(out / "final_params.pt")
     ps, _ = sync_ps(shards)

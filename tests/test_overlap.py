@@ -8,7 +8,7 @@ from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig
 from psgd.ps.client import make_client
 from psgd.ps.exchange import PSExchange
 from psgd.train import data, models
-from tests.helpers import processes_mentioning, psgd, summary, train_in_threads
+from tests.helpers import processes_mentioning, psgd_main, summary, train_in_threads
 from tests.test_equivalence import run_plain_torch
 
 STEPS = 25
@@ -96,9 +96,9 @@ def test_pulled_ranges_are_complete_when_waited_for(shards):
 
 def test_run_with_overlap_and_link(tmp_path):
     out = tmp_path / "overlap"
-    r = psgd("run", "--mode", "sync", "--workers", "2", "--servers", "2", "--steps", "8", "--overlap",
-             "--link", "1gbit,100us", "--dataset", "synthetic", "--num-samples", "1000", "--model", "mlp",
-             "--out", str(out))
+    r = psgd_main("run", "--mode", "sync", "--workers", "2", "--servers", "2", "--steps", "8", "--overlap",
+                  "--link", "1gbit,100us", "--dataset", "synthetic", "--num-samples", "1000", "--model", "mlp",
+                  "--out", str(out))
     assert r.returncode == 0, r.stderr
     s = summary(out)
     assert s["global_updates"] == 8 and s["config"]["overlap"] is True

@@ -23,8 +23,8 @@ def test_sync_run_writes_everything(tmp_path):
     out = tmp_path / "sync"
     # --threads 2: an intra-op pool starts as torch loads, and the servers must still take the
     # launcher's SIGTERM in their own sigwait (every thread blocks it), never die of it unsaved.
-    r = psgd("run", "--mode", "sync", "--workers", "4", "--servers", "2", "--steps", "30", "--eval-every", "10",
-             "--threads", "2", "--out", str(out), *COMMON)
+    r = psgd_main("run", "--mode", "sync", "--workers", "4", "--servers", "2", "--steps", "30", "--eval-every", "10",
+                  "--threads", "2", "--out", str(out), *COMMON)
     assert r.returncode == 0, r.stderr
     s = summary(out)
     assert s["config"]["threads"] == 2
@@ -59,9 +59,9 @@ def test_sync_run_writes_everything(tmp_path):
 
 def test_local_sgd_run_with_a_validation_split_and_dirichlet_shards(tmp_path):
     out = tmp_path / "local"
-    r = psgd("run", "--mode", "sync", "--workers", "2", "--servers", "2", "--local-steps", "3", "--steps", "10",
-             "--eval-every", "1", "--val-fraction", "0.2", "--shard-data", "dirichlet", "--dirichlet-alpha", "0.5",
-             "--out", str(out), *COMMON)
+    r = psgd_main("run", "--mode", "sync", "--workers", "2", "--servers", "2", "--local-steps", "3", "--steps", "10",
+                  "--eval-every", "1", "--val-fraction", "0.2", "--shard-data", "dirichlet", "--dirichlet-alpha", "0.5",
+                  "--out", str(out), *COMMON)
     assert r.returncode == 0, r.stderr
     s = summary(out)
     # 10 local steps round down to 3 rounds of 3: one pull and one delta push per worker per round.
@@ -76,8 +76,8 @@ def test_local_sgd_run_with_a_validation_split_and_dirichlet_shards(tmp_path):
 
 def test_async_staleness_is_about_n_minus_1(tmp_path):
     out = tmp_path / "async"
-    r = psgd("run", "--mode", "async", "--workers", "4", "--servers", "1", "--steps", "40", "--out", str(out),
-             *COMMON)
+    r = psgd_main("run", "--mode", "async", "--workers", "4", "--servers", "1", "--steps", "40", "--out", str(out),
+                  *COMMON)
     assert r.returncode == 0, r.stderr
     st = summary(out)["staleness"]
     assert 1.5 <= st["mean"] <= 4.5, st   # N - 1 = 3, give or take the scheduler
@@ -85,8 +85,8 @@ def test_async_staleness_is_about_n_minus_1(tmp_path):
 
 def test_killed_worker_fails_the_run_and_leaves_no_process(tmp_path):
     out = tmp_path / "killed"
-    r = psgd("run", "--mode", "sync", "--workers", "2", "--servers", "1", "--steps", "200", "--fail-at", "1=5",
-             "--out", str(out), *COMMON)
+    r = psgd_main("run", "--mode", "sync", "--workers", "2", "--servers", "1", "--steps", "200", "--fail-at", "1=5",
+                  "--out", str(out), *COMMON)
     assert r.returncode == 1
     assert "worker 1" in r.stderr and "SIGKILL" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1

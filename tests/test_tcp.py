@@ -16,7 +16,7 @@ from psgd.core.config import RunConfig
 from psgd.core.errors import ExchangeError
 from psgd.ps import framing as tcp
 from psgd.ps.client import make_client
-from tests.helpers import open_start_barrier, processes_mentioning, psgd, summary
+from tests.helpers import open_start_barrier, processes_mentioning, psgd, psgd_main, summary
 
 
 @pytest.fixture
@@ -183,8 +183,8 @@ def test_stopped_shard_is_unavailable_and_leaves_no_thread():
 def test_run_over_grpc_writes_everything(tmp_path):
     """tcp is the default data plane (the other runs' tests use it); gRPC carries a whole run too."""
     out = tmp_path / "grpc"
-    r = psgd("run", "--mode", "sync", "--workers", "2", "--servers", "2", "--steps", "8", "--transport", "grpc",
-             "--dataset", "synthetic", "--num-samples", "1000", "--model", "mlp", "--out", str(out))
+    r = psgd_main("run", "--mode", "sync", "--workers", "2", "--servers", "2", "--steps", "8", "--transport", "grpc",
+                  "--dataset", "synthetic", "--num-samples", "1000", "--model", "mlp", "--out", str(out))
     assert r.returncode == 0, r.stderr
     s = summary(out)
     assert s["global_updates"] == 8 and s["config"]["transport"] == "grpc"
