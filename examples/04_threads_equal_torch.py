@@ -1,4 +1,4 @@
-"""04 - a parameter server in one process: K gRPC shards, N worker threads, sync mode, vs plain torch.
+"""04 - a parameter server in one process: K shard servers, N worker threads, sync mode, vs plain torch.
 
 What it shows: sync (BSP) SGD with N workers x batch b computes what one process computes with
 batch N x b. The pieces are the ones `psgd run` uses, minus the processes: `server.start` serves
@@ -87,7 +87,7 @@ def main() -> None:
     moved = float((reference - ONE["flat"](ONE["train"](0)[0])).abs().max())  # 0 steps: the seeded start
     print(f"01's loop (one process, batch {global_batch}, {steps} steps): |params| {reference.norm():.4f}; "
           f"training moved some parameter by up to {moved:.1e}")
-    print(f"sync PS, worker threads + gRPC shards in this process, {steps} steps; largest |difference| from 01 "
+    print(f"sync PS, worker threads + shard servers in this process, {steps} steps; largest |difference| from 01 "
           f"(tolerance {TOLERANCE:.0e}):")
     base = RunConfig(mode="sync", steps=steps, device="cpu", data=ONE["DATA"], model=ONE["MODEL"], seed=ONE["SEED"])
     gaps = {}
