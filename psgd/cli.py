@@ -107,6 +107,9 @@ def build_parser() -> Parser:
                        epilog=MODES_HELP, formatter_class=fmt)
     C.add_flags(p)
     p.add_argument("--rank", type=int, default=None, help="worker id 0..N-1 (default: $RANK, for torchrun)")
+    p.add_argument("--servers-on-stdin", action="store_true",
+                   help="read the shards' HOST:PORT,... from the first line of stdin once loaded (psgd run starts its "
+                        "workers side by side with the shards this way; --servers then gives their count K)")
     p.add_argument("--rendezvous", default="env://",
                    help="all-reduce group rendezvous (default: env://, $MASTER_ADDR:$MASTER_PORT as torchrun sets "
                         "them), tcp://H:P or file://PATH (psgd run uses a file in the run folder)")
@@ -318,9 +321,18 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
         exchange, errors = CollectiveExchange.from_env(cfg, rank, init_method=args.rendezvous), (CollectiveError,)
     else:
-        if isinstance(args.servers, int):
+        addresses = args.servers
+        if args.servers_on_stdin:
+            # torch and the rest are imported by now; the shards may still be starting.
+            try:
+                addresses = C.parse_servers(sys.stdin.readline().strip() or "0")
+            except ValueError as e:
+                raise UsageError(f"--servers-on-stdin: {e}") from None
+            if isinstance(addresses, int) or len(addresses) != cfg.servers:
+                raise UsageError(f"--servers-on-stdin: expected {cfg.servers} HOST:PORT on stdin, got {addresses!r}")
+        if isinstance(addresses, int):
             raise UsageError("psgd worker needs --servers HOST:PORT,... (the running shards, in shard order)")
-        exchange, errors = PSExchange.from_config(cfg, args.servers), (ExchangeError,)
+        exchange, errors = PSExchange.from_config(cfg, addresses), (ExchangeError,)
     metrics = Metrics(Path(cfg.out) / "metrics.jsonl")
     code = 0
     try:

@@ -157,3 +157,13 @@ def test_a_worker_that_cannot_leave_fails_loudly(tmp_path):
     srv.stop(grace=0)
     with pytest.raises(ExchangeError, match="leave shard 0"):
         client.close()
+
+
+@pytest.mark.parametrize("stdin,message", [("127.0.0.1:1\n", "expected 2 HOST:PORT"),
+                                           ("nonsense\n", "expected HOST:PORT")])
+def test_servers_on_stdin_refuses_what_is_not_k_addresses(stdin, message):
+    """psgd run's workers read the shards' addresses from stdin (they start side by side with the
+    shards); anything but K addresses there is a one-line usage error."""
+    r = subprocess.run([sys.executable, "-m", "psgd", "worker", "--rank", "0", "--servers", "2", "--servers-on-stdin",
+                        *TINY], input=stdin, capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -2,7 +2,9 @@
 
 Contract:
 - Children are `python -m psgd server|worker <the run's flags>`: exactly the commands you would
-  run by hand on other hosts. Servers bind 127.0.0.1 on port 0 and print `READY host:port`.
+  run by hand on other hosts. Servers bind 127.0.0.1 on port 0 and print `READY host:port`. The
+  workers start at the same time and get the addresses on stdin (`--servers-on-stdin`), so that
+  their start-up (importing torch, above all) overlaps the servers'.
 - The launcher waits for any child to exit (os.waitid, no polling). If a worker exits non-zero
   or a server exits early, it stops every other child and fails naming the process. Ctrl-C
   stops all children too. Children ask for PR_SET_PDEATHSIG first thing (psgd/train/lifeline.py),
@@ -53,13 +55,14 @@ class RunFailed(RuntimeError):
 
 class Child:
     def __init__(self, name: str, argv: list[str], log: Path, env: dict | None = None,
-                 capture_stdout: bool = False) -> None:
+                 capture_stdout: bool = False, stdin_pipe: bool = False) -> None:
         self.name = name
         self.log = log
         with open(log, "wb") as f:
             try:
                 self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE if capture_stdout else f, stderr=f,
-                                             stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                                             stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+                                             env=env, start_new_session=True)
             except (OSError, subprocess.SubprocessError) as e:
                 raise RunFailed(f"cannot start {name}: {e}") from None
 
@@ -234,16 +237,26 @@ def run(cfg: RunConfig) -> dict:
 
         worker_argv, env = launch_args(cfg, env)
     try:
-        if cfg.mode != "allreduce":
+        ps = cfg.mode != "allreduce"
+        if ps:
             for k in range(cfg.servers):
                 servers.append(Child(f"server {k}", exe + ["server"] + flags + ["--shard", str(k), "--port", "0"],
                                      out / "logs" / f"server-{k}.log", env, capture_stdout=True))
-            addresses = [_read_ready(c, READY_TIMEOUT_S) for c in servers]
-            worker_argv = ["--servers", ",".join(addresses)]
+            # The workers start now, side by side with the servers (a process's start-up is mostly
+            # importing torch), and read the shards' addresses from stdin once they have loaded.
+            worker_argv = ["--servers-on-stdin"]
         for r in range(cfg.workers):
             wenv = dict(env, RANK=str(r), LOCAL_RANK=str(r)) if cfg.mode == "allreduce" else env
             workers.append(Child(f"worker {r}", exe + ["worker"] + flags + ["--rank", str(r)] + worker_argv,
-                                 out / "logs" / f"worker-{r}.log", wenv))
+                                 out / "logs" / f"worker-{r}.log", wenv, stdin_pipe=ps))
+        if ps:
+            addresses = ",".join(_read_ready(c, READY_TIMEOUT_S) for c in servers)
+            for c in workers:
+                try:
+                    c.proc.stdin.write(f"{addresses}\n".encode())
+                    c.proc.stdin.close()
+                except BrokenPipeError:
+                    pass  # that worker is gone already: _wait_workers names it
         _wait_workers(workers, servers)
         _stop(servers)
         for c in servers:
