@@ -80,7 +80,9 @@ def _help(command: str, capsys) -> str:
 def test_help_shows_each_flags_default(command, capsys):
     text = _help(command, capsys)
     # Each flag's entry in the help: from its line to the next flag's or to its group's end.
-    starts = {leaf.name: re.search(rf"^  --{leaf.name.replace('_', '-')}\b", text, re.M) for leaf in C.leaves()}
+    # (?=[ ,\n]): the flag itself, not a longer one it begins (--servers, --servers-on-stdin).
+    starts = {leaf.name: re.search(rf"^  --{leaf.name.replace('_', '-')}(?=[ ,\n])", text, re.M)
+              for leaf in C.leaves()}
     assert all(starts.values()), [name for name, m in starts.items() if not m]
     bounds = sorted(m.start() for m in starts.values()) + [text.index("\nmodes:")]
     for leaf in C.leaves():
