@@ -186,7 +186,7 @@ def prepare_by_hand(cfg: RunConfig) -> None:
     out = Path(cfg.out)
     prepare_out(out, keep=("rendezvous",))
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
-    Metrics(out / "metrics.jsonl").write(event="launch", by="hand", process_start=process_start_time())
+    _write_launch(out, "hand")
 
 
 def thread_budget(cfg: RunConfig, cores: int | None = None) -> int:
@@ -203,6 +203,13 @@ def thread_budget(cfg: RunConfig, cores: int | None = None) -> int:
 def set_threads(cfg: RunConfig) -> None:
     """In a server or worker process: take its share of the cores (`thread_budget`)."""
     torch.set_num_threads(thread_budget(cfg))
+
+
+def _write_launch(out: Path, by: str) -> None:
+    """The run's first line: when its first process started (summary.json's startup_s counts from it)."""
+    m = Metrics(out / "metrics.jsonl")
+    m.write(event="launch", by=by, process_start=process_start_time())
+    m.close()
 
 
 def child_env(cfg: RunConfig | None = None) -> dict:
@@ -223,9 +230,7 @@ def run(cfg: RunConfig) -> dict:
     out = Path(cfg.out)
     prepare_out(out)
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
-    launch_event = Metrics(out / "metrics.jsonl")
-    launch_event.write(event="launch", by="psgd run", process_start=process_start_time())
-    launch_event.close()
+    _write_launch(out, "psgd run")
     ds = data_mod.load(cfg.data)  # also fills the mnist1d cache before the workers race for it
     flags = to_argv(cfg)
     exe = [sys.executable, "-m", "psgd"]
