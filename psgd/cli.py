@@ -266,7 +266,7 @@ def _serve(args: argparse.Namespace) -> int:
     cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
     if args.shard == 0:
         launch.prepare_by_hand(cfg)  # by hand, shard 0 is the run's first process (workers need it up)
-    launch.set_threads(cfg)
+    launch.set_threads(cfg, role="server")
     try:
         srv = server.start(cfg, args.shard, args.bind, args.port)
     except OSError as e:

@@ -214,7 +214,12 @@ def test_the_thread_budget_shares_the_cores_once():
     from psgd.core.config import RunConfig
     from psgd.train.launch import thread_budget
 
-    assert thread_budget(RunConfig(mode="sync", workers=4, servers=2), cores=2) == 1      # never 0
-    assert thread_budget(RunConfig(mode="sync", workers=2, servers=2), cores=16) == 4
+    assert thread_budget(RunConfig(mode="async", workers=4, servers=2), cores=2) == 1     # never 0
+    assert thread_budget(RunConfig(mode="ssp", workers=2, servers=2), cores=16) == 4
+    # Sync takes turns (workers compute, then shards apply): each side gets the cores while it works.
+    assert thread_budget(RunConfig(mode="sync", workers=2, servers=1), cores=2) == 1
+    assert thread_budget(RunConfig(mode="sync", workers=2, servers=1), cores=2, role="server") == 2
+    assert thread_budget(RunConfig(mode="sync", workers=4, servers=2), cores=16, role="server") == 8
+    assert thread_budget(RunConfig(mode="sync", workers=2, servers=1, overlap=True), cores=2, role="server") == 1
     assert thread_budget(RunConfig(mode="allreduce", workers=4, servers=2), cores=16) == 4  # no servers
     assert thread_budget(RunConfig(mode="sync", workers=2, servers=2, threads=3), cores=16) == 3

@@ -41,6 +41,20 @@ def test_init_push_pull_without_any_transport():
     assert stats["bytes_in"] == 16 and stats["bytes_out"] == 4 * 2  # one push in fp32, one pull in fp16
 
 
+def test_pulls_of_one_version_share_one_copy_that_no_update_changes():
+    s = ready_shard()
+    with s.pull(0, 0, 0, "fp32", timeout=5) as a, s.pull(1, 0, 0, "fp32", timeout=5) as b:
+        assert a.values is b.values  # one copy of version 0, lent to both pulls
+        s.push(0, 0, 0, torch.ones(4), "fp32")  # version 1 while version 0 is still being sent
+        with s.pull(0, 0, 1, "fp32", timeout=5) as c:
+            assert c.version == 1 and c.values is not a.values
+            assert torch.equal(c.values, torch.arange(4) - 0.05)
+        assert torch.equal(a.values, torch.arange(4, dtype=torch.float32))  # untouched by the update
+    with s.pull(1, 0, 0, "fp32", timeout=5) as d:  # async: the newest version
+        assert d.version == 1 and torch.equal(d.values, torch.arange(4) - 0.05)
+    assert s.stats()["bytes_out"] == 4 * 4 * 4  # counted per pull, shared or not
+
+
 def test_refusals_carry_a_code_and_change_nothing():
     s = Shard(RunConfig(mode="sync", workers=2, servers=1), 0)
     refused(lambda: s.check_push(0, 0, 4), Code.FAILED_PRECONDITION, "not initialised")
