@@ -100,7 +100,12 @@ def build_parser() -> Parser:
     p.add_argument("--port", type=int, default=0,
                    help="TCP port (default: 0, any free port, printed as READY host:port)")
     p.add_argument("--bind", default="127.0.0.1",
-                   help="address to listen on (default: 127.0.0.1; 0.0.0.0 for other hosts)")
+                   help="address to listen on (default: 127.0.0.1; another needs a token, see --token-file)")
+    p.add_argument("--insecure", action="store_true",
+                   help="serve on a non-loopback --bind without a token: anyone who reaches it may push and pull")
+    p.add_argument("--params", type=int, default=0,
+                   help="parameters of the whole model (default: counted from --model and --dataset); "
+                        "Init and pushes of another size are refused")
 
     p = sub.add_parser("worker", help="train as one worker against running shards (or in an all-reduce group)",
                        description=WORKER_DESCRIPTION,
@@ -223,6 +228,16 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _token(cfg: C.RunConfig) -> bytes | None:
+    """The run's shared secret (--token-file or PSGD_TOKEN; psgd/ps/auth.py); a bad file is a usage error."""
+    from psgd.ps import auth
+
+    try:
+        return auth.load(cfg.token_file)
+    except auth.TokenError as e:
+        raise UsageError(str(e)) from None
+
+
 def by_hand(cfg: C.RunConfig) -> C.RunConfig:
     """`psgd server` / `psgd worker` started by hand: every process of the run writes to one folder,
     so an empty --out cannot be a fresh one per process (as `psgd run` makes it)."""
@@ -250,8 +265,8 @@ def cmd_server(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from psgd.ps import server
-    from psgd.train import data, launch
+    from psgd.ps import auth, server
+    from psgd.train import data, launch, models
     from psgd.train.metrics import Metrics, process_start_time
 
     if not isinstance(args.servers, int):
@@ -264,11 +279,18 @@ def _serve(args: argparse.Namespace) -> int:
     if cfg.mode == "allreduce":
         raise UsageError("--mode allreduce has no parameter servers")
     cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
+    token = _token(cfg)
+    if token is None and not args.insecure and not auth.is_loopback(args.bind):
+        raise UsageError(f"refusing to serve on {args.bind} without a token: anyone who reaches it could push "
+                         "gradients and read the parameters; give --token-file FILE (or PSGD_TOKEN), or --insecure")
+    if args.params < 0:
+        raise UsageError(f"--params must be >= 0, got {args.params}")
+    num_params = args.params or models.count(cfg.model, *data.SHAPES[cfg.data.dataset])
     if args.shard == 0:
         launch.prepare_by_hand(cfg)  # by hand, shard 0 is the run's first process (workers need it up)
     launch.set_threads(cfg, role="server")
     try:
-        srv = server.start(cfg, args.shard, args.bind, args.port)
+        srv = server.start(cfg, args.shard, args.bind, args.port, token=token, num_params=num_params)
     except OSError as e:
         print(f"psgd server: error: {e}", file=sys.stderr)
         return 1
@@ -307,6 +329,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     cfg = by_hand(config_from_args(args))
     check_device(cfg)
+    _token(cfg)  # a bad token file is a usage error here, before anything starts
     rank = args.rank if args.rank is not None else int(os.environ.get("RANK", "-1"))
     if not 0 <= rank < cfg.workers:
         raise UsageError(f"--rank must be in 0..{cfg.workers - 1} (or set $RANK), got {rank}")

@@ -130,9 +130,16 @@ def test_shard_and_replica_take_the_same_warmed_up_steps():
 
 def test_init_header_is_checked_like_a_push():
     s = Shard(RunConfig(mode="sync", workers=2, servers=2), 0)
-    refused(lambda: s.check_init(0, 1), Code.INVALID_ARGUMENT, "for shard 1")
-    refused(lambda: s.check_init(2, 0), Code.INVALID_ARGUMENT, "worker id 2")
-    s.check_init(1, 0)
+    refused(lambda: s.check_init(0, 1, 4), Code.INVALID_ARGUMENT, "for shard 1")
+    refused(lambda: s.check_init(2, 0, 4), Code.INVALID_ARGUMENT, "worker id 2")
+    refused(lambda: s.check_init(1, 0, 2**62), Code.INVALID_ARGUMENT, "2..")  # never sizes memory by it
+    s.check_init(1, 0, 4)
+    # With the model's size from the server's own config (11 parameters, 2 shards: 6 + 5), the
+    # header must say exactly this shard's length, before a byte of data is read.
+    s = Shard(RunConfig(mode="sync", workers=2, servers=2), 1, num_params=11)
+    refused(lambda: s.check_init(0, 1, 6), Code.INVALID_ARGUMENT, "has 5 elements; Init header says 6")
+    s.check_init(0, 1, 5)
+    assert s.max_payload == 5 * 4
 
 
 def test_a_failed_update_is_not_counted():

@@ -124,7 +124,7 @@ def fresh_client(num_shards: int, num_elements: int, transport: str = "grpc"):
 
     stats: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="psgd-bench-") as tmp:
-        with shard_servers(num_shards, Path(tmp)) as addresses:
+        with shard_servers(num_shards, Path(tmp), extra=["--params", str(num_elements)]) as addresses:
             client = make_client(transport, addresses, 0, num_elements)
             try:
                 client.wait_ready()

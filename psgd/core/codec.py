@@ -32,6 +32,9 @@ import torch
 
 CHUNK_BYTES = 1 << 20
 MAX_MESSAGE_BYTES = CHUNK_BYTES + (1 << 16)  # a data frame plus its tag and length, with room
+# The largest tensor a shard allocates for a header whose length it cannot check against its own
+# config (a server started without the model's parameter count): 16 GiB, 4G fp32 elements.
+MAX_TENSOR_BYTES = 1 << 34
 
 # Name on the command line -> torch dtype on the wire.
 WIRE_DTYPES: dict[str, torch.dtype] = {

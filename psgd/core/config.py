@@ -153,6 +153,8 @@ class RunConfig:
     skip_nonfinite: bool = opt(False, "servers skip and count non-finite gradients instead of rejecting them")
     # Long: a pull that SSP or sync holds back waits under this deadline too.
     rpc_timeout: float = opt(60.0, "deadline of every RPC, seconds")
+    token_file: str = opt("", "PS: a file holding the run's shared secret; every request to a shard must carry it "
+                              "(without it: $PSGD_TOKEN if set, else no token)", metavar="FILE")
     fail_at: Pairs = opt((), "fault injection: worker RANK kills itself (SIGKILL) at STEP", metavar="RANK=STEP")
     allreduce_impl: str = opt("library", "allreduce: torch.distributed's all_reduce, or the hand-written ring "
                                          "(psgd/allreduce/ring.py)", choices=ALLREDUCE_IMPLS)

@@ -222,7 +222,7 @@ class PullStreams:
 
 
 def make_client(transport: str, addresses: list[str], worker_id: int, num_elements: int, wire_dtype: str = "fp32",
-                rpc_timeout: float = 60.0, link: link_mod.Link | None = None) -> PSClient:
-    """A PSClient on `--transport grpc | tcp` (paced to `link` when given)."""
-    return PSClient(make_transport(transport, addresses, rpc_timeout, link), worker_id, num_elements, wire_dtype,
+                rpc_timeout: float = 60.0, link: link_mod.Link | None = None, token: bytes | None = None) -> PSClient:
+    """A PSClient on `--transport grpc | tcp` (paced to `link` when given, carrying `token` when given)."""
+    return PSClient(make_transport(transport, addresses, rpc_timeout, link, token), worker_id, num_elements, wire_dtype,
                     rpc_timeout)

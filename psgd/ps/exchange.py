@@ -53,6 +53,7 @@ from psgd.core import optim
 from psgd.core.config import OptimConfig
 from psgd.core.errors import UsageError
 from psgd.core.step import StepReport
+from psgd.ps import auth
 from psgd.ps.client import PSClient, PullStreams, make_client
 
 
@@ -71,13 +72,14 @@ class PSExchange:
 
     def __init__(self, addresses: list[str], wire_dtype: str = "fp32", rpc_timeout: float = 60.0,
                  link: str = "", overlap: bool = False, accumulate: int = 1, transport: str = "grpc",
-                 local_steps: int = 1, optim_cfg: OptimConfig | None = None, separate_pull: bool = False) -> None:
+                 local_steps: int = 1, optim_cfg: OptimConfig | None = None, separate_pull: bool = False,
+                 token: bytes | None = None) -> None:
         if local_steps > 1 and overlap:
             raise UsageError("--overlap pushes gradients during backward, --local-steps pushes a model delta every "
                              "H steps: use one or the other")
         self.addresses, self.wire_dtype, self.rpc_timeout = addresses, wire_dtype, rpc_timeout
         self.link, self.overlap, self.accumulate = link_mod.parse(link), overlap, accumulate
-        self.transport = transport
+        self.transport, self.token = transport, token
         self.local_steps, self.optim = local_steps, optim_cfg or OptimConfig()
         self.combined = not (separate_pull or overlap)  # --overlap streams its pulls apart, into forward
         self.client: PSClient | None = None
@@ -88,11 +90,11 @@ class PSExchange:
     @classmethod
     def from_config(cls, cfg, addresses: list[str]) -> PSExchange:
         return cls(addresses, cfg.wire_dtype, cfg.rpc_timeout, cfg.link, cfg.overlap, cfg.accumulate, cfg.transport,
-                   cfg.local_steps, cfg.optim, cfg.separate_pull)
+                   cfg.local_steps, cfg.optim, cfg.separate_pull, auth.load(cfg.token_file))
 
     def setup(self, flat, rank: int) -> None:
         self.client = make_client(self.transport, self.addresses, rank, flat.params.numel(), self.wire_dtype,
-                                  self.rpc_timeout, self.link)
+                                  self.rpc_timeout, self.link, self.token)
         self.client.wait_ready()
         if rank == 0:
             self.client.init(flat.params)  # the chief's seeded init becomes the shards' start

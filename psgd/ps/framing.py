@@ -7,6 +7,7 @@ One frame per message in both directions, little-endian:
     PUSH  TensorHeader + the gradient's bytes in the wire dtype  ->  PUSHED  PushReply
     PULL  PullRequest                                            ->  PULLED  PullHeader + the values' bytes
     PUSHPULL  as PUSH                                            ->  PULLED  of the next clock, PullHeader.pushed set
+    HELLO  the token (auth.py), the first frame of a connection   ->  WELCOME (empty)
     any request                                                  ->  ERROR   "STATUS_NAME: message" (UTF-8)
 
 The headers are the .proto's own messages. Copies: a payload goes from the tensor's memory to
@@ -26,7 +27,7 @@ import torch
 from psgd.core import codec
 
 PREFIX = struct.Struct("<BIQ")  # op, header length, payload length
-PUSH, PULL, PUSHPULL, PUSHED, PULLED, ERROR = 1, 2, 3, 0x81, 0x82, 0xFF
+PUSH, PULL, PUSHPULL, HELLO, PUSHED, PULLED, WELCOME, ERROR = 1, 2, 3, 4, 0x81, 0x82, 0x84, 0xFF
 MAX_HEADER = 1 << 16            # our headers are < 100 bytes; anything bigger is not a psgd peer
 CHUNK = codec.CHUNK_BYTES       # the unit of pacing (--link) and of progress (--overlap)
 
@@ -72,12 +73,16 @@ def recv_exact(sock: socket.socket, view: memoryview) -> None:
         got += n
 
 
-def recv_head(sock: socket.socket) -> tuple[int, bytes, int] | None:
-    """(op, header bytes, payload length) of the next frame; None when the peer closed cleanly."""
+def recv_head(sock: socket.socket, started: Callable[[], None] | None = None) -> tuple[int, bytes, int] | None:
+    """(op, header bytes, payload length) of the next frame; None when the peer closed cleanly.
+    `started()` is called once the frame's first bytes arrived (a server tightens its read
+    deadline there: waiting for a frame may take long, a frame once begun may not)."""
     prefix = bytearray(PREFIX.size)
     n = sock.recv_into(prefix)
     if n == 0:
         return None
+    if started is not None:
+        started()
     recv_exact(sock, memoryview(prefix)[n:])
     op, header_len, payload_len = PREFIX.unpack(prefix)
     if header_len > MAX_HEADER:

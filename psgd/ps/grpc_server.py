@@ -48,7 +48,7 @@ class ShardServicer:
     def Init(self, request_iterator, context):
         with aborts(context):
             h = _header(request_iterator)
-            self.shard.check_init(h.worker_id, h.shard)
+            self.shard.check_init(h.worker_id, h.shard, h.num_elements)
             data = _receive(h, link.paced(request_iterator, self.shard.link_in, _chunk_len), wire.dtype_name(h.dtype))
             version, first = self.shard.init(data)
             return pb.InitReply(version=version, initialized_by_caller=first)

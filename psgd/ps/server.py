@@ -1,9 +1,11 @@
 """A shard server: one `Shard` (psgd/ps/shard.py) behind its gRPC service and its TCP data plane.
 
-Contract: `start(cfg, index, host, port)` starts both listeners on `host` (gRPC on `port`, 0 for
-any free one; the data plane on a free port of its own, told to workers by `Info`) and returns a
-`ShardServer`; `stop()` releases held pulls (they return done), then stops both. Raises OSError
-when a port cannot be bound. `psgd server` (psgd/cli.py) runs one per process:
+Contract: `start(cfg, index, host, port, token=, num_params=)` starts both listeners on `host`
+(gRPC on `port`, 0 for any free one; the data plane on a free port of its own, told to workers by
+`Info`), both gated by `token` when given (psgd/ps/auth.py), and returns a `ShardServer`; with
+`num_params` (the model's parameter count) Init headers are checked against the shard's length.
+`stop()` releases held pulls (they return done), then stops both. Raises OSError when a port
+cannot be bound. `psgd server` (psgd/cli.py) runs one per process:
 
     psgd server --port 50051 --shard 0 --servers 2 --workers 4 --mode sync
 """
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 import grpc
 
 from psgd.core.config import RunConfig
-from psgd.ps import wire
+from psgd.ps import auth, wire
 from psgd.ps.grpc_server import ShardServicer, rpc_handlers
 from psgd.ps.shard import Shard
 from psgd.ps.tcp_server import DataServer
@@ -37,16 +39,18 @@ class ShardServer:
         self.grpc_server.stop(grace).wait()
 
 
-def start(cfg: RunConfig, index: int, host: str = "127.0.0.1", port: int = 0) -> ShardServer:
+def start(cfg: RunConfig, index: int, host: str = "127.0.0.1", port: int = 0, *,
+          token: bytes | None = None, num_params: int | None = None) -> ShardServer:
     """Serve shard `index` of `cfg` on `host`; see the module docstring."""
     wire.reuse_freed_memory()
-    shard = Shard(cfg, index)
+    shard = Shard(cfg, index, num_params)
     try:
-        data = DataServer(shard, host)
+        data = DataServer(shard, host, token)
     except OSError as e:
         raise OSError(f"cannot open the TCP data plane on {host}: {e}") from None
     # Pulls may be held by the policy, one thread each: leave room for every worker's pull and push.
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4 * cfg.workers + 8),
+                         interceptors=[auth.ServerGate(token)] if token else None,
                          options=[("grpc.so_reuseport", 0), *wire.CHANNEL_OPTIONS])
     server.add_generic_rpc_handlers((rpc_handlers(ShardServicer(shard, data.port)),))
     try:

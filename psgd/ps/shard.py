@@ -9,6 +9,8 @@ Contract (every method thread-safe; a refusal raises `ShardError(code, message)`
 - `init(values)`: the first caller's values become the parameters (later calls only check the
   length): returns (version, whether this caller initialised). Until then pushes are refused
   with FAILED_PRECONDITION and pulls wait.
+- `check_init(worker_id, shard, num_elements)`: an Init header, checked against the shard's
+  length from the server's config (`num_params`) when given, before any memory is sized by it.
 - `check_push(worker_id, shard, num_elements)`: validates a push's header before any byte of its
   data is read. `receive_buffer()`: a reused fp32 buffer of the shard's length to read it into.
 - `push(worker_id, clock, base_version, grad, dtype)`: a non-finite gradient is refused (or with
@@ -59,7 +61,7 @@ from pathlib import Path
 
 import torch
 
-from psgd.core import codec, link, localsgd, optim
+from psgd.core import codec, link, localsgd, optim, sharding
 from psgd.core.config import OptimConfig, RunConfig
 from psgd.core.consistency import PolicyError, PullTimeout, PushOutcome, make_policy
 from psgd.core.errors import Code, ShardError
@@ -83,9 +85,15 @@ class _Snapshot:
 
 
 class Shard:
-    def __init__(self, cfg: RunConfig, index: int) -> None:
+    def __init__(self, cfg: RunConfig, index: int, num_params: int | None = None) -> None:
         assert 0 <= index < cfg.servers, f"shard {index} out of range for {cfg.servers} shards"
         self.cfg, self.index = cfg, index
+        # The shard's length from the server's own config (the model's parameter count), when
+        # given: an Init or push header that disagrees is refused before anything is allocated.
+        self.expected: int | None = None
+        if num_params is not None:
+            lo, hi = sharding.shard_ranges(num_params, cfg.servers)[index]
+            self.expected = hi - lo
         # Local SGD (--local-steps H > 1, sync only): a push is a worker's model delta at the end
         # of an averaging round, and the budget counts rounds x N pushes (psgd/core/localsgd.py).
         self.local_sgd = cfg.local_steps > 1
@@ -144,9 +152,23 @@ class Shard:
                                  f"shard {self.index} holds {self.param.numel()} elements; Init sent {values.numel()}")
             return self.policy.version, False
 
-    def check_init(self, worker_id: int, shard: int) -> None:
-        """Validate an init's header (its length is checked against the first init's in `init`)."""
+    def check_init(self, worker_id: int, shard: int, num_elements: int) -> None:
+        """Validate an init's header before any byte of its data is read or any memory sized by
+        it: its length must be the server's own (`expected`), else the first init's (in `init`)."""
         self._check_sender(worker_id, shard)
+        if self.expected is not None and num_elements != self.expected:
+            raise ShardError(Code.INVALID_ARGUMENT, f"shard {self.index} of this model has {self.expected} elements; "
+                             f"Init header says {num_elements}")
+        if not 0 < 4 * num_elements <= codec.MAX_TENSOR_BYTES:
+            raise ShardError(Code.INVALID_ARGUMENT, f"Init header says {num_elements} elements "
+                             f"(1..{codec.MAX_TENSOR_BYTES // 4})")
+
+    @property
+    def max_payload(self) -> int:
+        """The most bytes any request to this shard carries (fp32 values of the whole shard);
+        before the length is known, codec.MAX_TENSOR_BYTES."""
+        n = self.expected if self.expected is not None else self.num_elements
+        return 4 * n if n else codec.MAX_TENSOR_BYTES
 
     def check_push(self, worker_id: int, shard: int, num_elements: int) -> None:
         """Validate a push's header before any byte of its data is read."""

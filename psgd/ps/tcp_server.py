@@ -14,7 +14,18 @@ a time; a client keeps a pool of connections per shard.
 
 Errors: a refused request gets an ERROR frame and changes nothing; a push refused before its
 payload was read has the payload drained, so the connection stays usable. A frame that cannot be
-trusted (unknown op, oversized header) gets an ERROR and the connection is closed.
+trusted (unknown op, oversized header, a payload larger than any request of this shard can be)
+gets an ERROR and the connection is closed.
+
+Bounds (a slow, silent or hostile client must not take the shard from its workers):
+- With a token (psgd/ps/auth.py) the first frame must be HELLO with it; anything else is
+  UNAUTHENTICATED and the connection is closed. Nothing reaches the shard before that.
+- At most `max_connections` connections at once (4 per worker + 8: a client keeps a small pool
+  per shard); one more is answered RESOURCE_EXHAUSTED and closed at once.
+- The first frame must arrive within FIRST_FRAME_S of connecting, and once a frame has begun,
+  each read must make progress within the run's --rpc-timeout: a client that connects and says
+  nothing, or stops mid-frame, loses its connection. Between frames a connection may idle (a
+  worker computing). No read or send ever happens with the shard's lock held.
 """
 
 from __future__ import annotations
@@ -29,20 +40,25 @@ from google.protobuf.message import DecodeError
 from psgd._proto import parameter_server_pb2 as pb
 from psgd.core import codec
 from psgd.core.errors import Code, ShardError
+from psgd.ps import auth, wire
 from psgd.ps import framing as fr
-from psgd.ps import wire
 from psgd.ps.shard import Shard
+
+FIRST_FRAME_S = 10.0  # a connection's first frame (HELLO, or a request) must arrive this soon
 
 
 class DataServer(socketserver.ThreadingTCPServer):
     """The shard's TCP listener: one thread per connection, each running `_Connection.handle`."""
 
     daemon_threads = False   # stop() joins every connection thread: nothing outlives the server
+    request_queue_size = 256  # listen backlog: a burst of connections waits here instead of SYN retries
     block_on_close = True
     allow_reuse_address = False
 
-    def __init__(self, shard: Shard, host: str = "127.0.0.1") -> None:
+    def __init__(self, shard: Shard, host: str = "127.0.0.1", token: bytes | None = None) -> None:
         self.shard = shard
+        self.token = token
+        self.max_connections = 4 * shard.cfg.workers + 8
         self.connections: set[socket.socket] = set()
         self.lock = threading.Lock()  # guards connections and stopping
         self.stopping = False
@@ -74,11 +90,14 @@ class _Connection(socketserver.BaseRequestHandler):
 
     def setup(self) -> None:
         self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.full = False
         with self.server.lock:
             if self.server.stopping:
                 with contextlib.suppress(OSError):
                     self.request.shutdown(socket.SHUT_RDWR)  # handle() then reads EOF and returns
-            self.server.connections.add(self.request)
+            self.full = len(self.server.connections) >= self.server.max_connections
+            if not self.full:
+                self.server.connections.add(self.request)
 
     def finish(self) -> None:
         with self.server.lock:
@@ -86,15 +105,36 @@ class _Connection(socketserver.BaseRequestHandler):
 
     def handle(self) -> None:
         sock = self.request
+        if self.full:
+            with contextlib.suppress(OSError):
+                self._refuse(f"RESOURCE_EXHAUSTED: shard {self.server.shard.index} has "
+                             f"{self.server.max_connections} connections open already")
+            return
+        trusted = self.server.token is None  # without a token every peer is (loopback runs)
+        first = True
         while True:
             try:
-                head = fr.recv_head(sock)
+                sock.settimeout(FIRST_FRAME_S if first else None)  # between frames a worker may compute
+                head = fr.recv_head(sock, lambda: sock.settimeout(self.server.shard.cfg.rpc_timeout))
                 if head is None:
                     return
+                first = False
                 op, header, payload_len = head
+                if op == fr.HELLO:
+                    if payload_len or not auth.accepts(self.server.token, header):
+                        return self._refuse("UNAUTHENTICATED: wrong psgd token (--token-file / PSGD_TOKEN)")
+                    trusted = True
+                    fr.send_frame(sock, fr.WELCOME, b"")
+                    continue
+                if not trusted:
+                    return self._refuse("UNAUTHENTICATED: this shard needs a token: send HELLO first "
+                                        "(--token-file / PSGD_TOKEN)")
                 handler = {fr.PUSH: self._push, fr.PULL: self._pull, fr.PUSHPULL: self._push_pull}.get(op)
                 if handler is None:
                     raise fr.FrameError(f"unknown frame op {op}")
+                if payload_len > self.server.shard.max_payload:  # draining it would let it hold us
+                    raise fr.FrameError(f"payload of {payload_len} bytes; no request to this shard has more "
+                                        f"than {self.server.shard.max_payload}")
                 try:
                     handler(header, payload_len)
                 except ShardError as e:  # refused before the payload was read: drain it, keep going
@@ -104,8 +144,12 @@ class _Connection(socketserver.BaseRequestHandler):
                 with contextlib.suppress(OSError):
                     fr.send_frame(sock, fr.ERROR, f"INVALID_ARGUMENT: {e}".encode())
                 return
-            except OSError:  # the worker went away (or the server is stopping)
+            except OSError:  # the worker went away, stalled past its deadline, or the server is stopping
                 return
+
+    def _refuse(self, message: str) -> None:
+        """Say why in an ERROR frame, then close (handle() returns after this)."""
+        fr.send_frame(self.request, fr.ERROR, message.encode())
 
     def _received_push(self, header: bytes, payload_len: int) -> tuple[pb.TensorHeader, object]:
         """Read a push's frame and hand it to the shard: (header, PushOutcome), or (header, None)

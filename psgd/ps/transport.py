@@ -47,8 +47,8 @@ from psgd._proto import parameter_server_pb2_grpc as pb_grpc
 from psgd.core import codec
 from psgd.core import link as link_mod
 from psgd.core.errors import ExchangeError
+from psgd.ps import auth, wire
 from psgd.ps import framing as fr
-from psgd.ps import wire
 
 ROUND_MAX_BYTES = 1 << 20  # TCP: shards up to this size go in one round from the caller's thread
 
@@ -99,9 +99,9 @@ def check_pull_header(k: int, header: pb.PullHeader, out: torch.Tensor) -> bool:
 class GrpcTransport:
     """Every byte on gRPC; one channel per shard (see the module docstring)."""
 
-    def __init__(self, addresses: list[str], timeout: float) -> None:
+    def __init__(self, addresses: list[str], timeout: float, token: bytes | None = None) -> None:
         self.addresses, self.timeout = addresses, timeout
-        self.channels = [grpc.insecure_channel(a, options=wire.CHANNEL_OPTIONS) for a in addresses]
+        self.channels = [auth.channel(a, wire.CHANNEL_OPTIONS, token) for a in addresses]
         self._info = [pb_grpc.ParameterShardStub(c).Info for c in self.channels]
         self._leave = [pb_grpc.ParameterShardStub(c).Leave for c in self.channels]
         chunk = wire.serialize_frame
@@ -212,9 +212,9 @@ class TcpTransport:
     when its reply was read in full; a connection that failed mid-frame is closed, never reused.
     """
 
-    def __init__(self, addresses: list[str], timeout: float) -> None:
-        self.addresses, self.timeout = addresses, timeout
-        self.control = GrpcTransport(addresses, timeout)
+    def __init__(self, addresses: list[str], timeout: float, token: bytes | None = None) -> None:
+        self.addresses, self.timeout, self.token = addresses, timeout, token
+        self.control = GrpcTransport(addresses, timeout, token)
         self._data: list[tuple[str, int] | None] = [None] * len(addresses)
         self._idle: list[list[socket.socket]] = [[] for _ in addresses]
         self._busy: set[socket.socket] = set()  # connections a call is using now
@@ -350,6 +350,8 @@ class TcpTransport:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             except OSError as e:
                 raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: UNAVAILABLE: {e}") from None
+            if self.token is not None:  # a new connection says who it is first (psgd/ps/auth.py)
+                self._guarded(k, what, lambda s, _: self._hello(s, k, what), sock)
         with self._lock:
             self._busy.add(sock)
         try:
@@ -362,6 +364,14 @@ class TcpTransport:
         with self._lock:
             self._busy.discard(sock)
             self._idle[k].append(sock)
+
+    def _hello(self, sock: socket.socket, k: int, what: str) -> None:
+        try:
+            fr.send_frame(sock, fr.HELLO, self.token)
+            self._reply(sock, k, what, fr.WELCOME)
+        except BaseException:
+            _close(sock)
+            raise
 
     def _reply(self, sock: socket.socket, k: int, what: str, expected_op: int) -> tuple[bytes, int]:
         head = fr.recv_head(sock)
@@ -429,9 +439,10 @@ class PacedTransport:
         self.inner.close()
 
 
-def make_transport(name: str, addresses: list[str], timeout: float, link: link_mod.Link | None = None) -> Transport:
-    """`--transport grpc | tcp`, paced when `link` is given."""
+def make_transport(name: str, addresses: list[str], timeout: float, link: link_mod.Link | None = None,
+                   token: bytes | None = None) -> Transport:
+    """`--transport grpc | tcp`, paced when `link` is given, every request carrying `token` if given."""
     if name not in ("grpc", "tcp"):
         raise ValueError(f"unknown transport {name!r}; choose grpc or tcp")
-    inner = TcpTransport(addresses, timeout) if name == "tcp" else GrpcTransport(addresses, timeout)
+    inner = TcpTransport(addresses, timeout, token) if name == "tcp" else GrpcTransport(addresses, timeout, token)
     return PacedTransport(inner, link) if link else inner

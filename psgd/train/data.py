@@ -42,6 +42,9 @@ import torch
 from psgd.core.config import DataConfig, RunConfig
 
 TRAIN_FRACTION = 0.8  # split of generated datasets (mnist1d's own default)
+# (input features, classes) of each dataset, known without loading it: a shard server sizes the
+# model from them (`psgd server` checks every Init header against that size).
+SHAPES = {"synthetic": (32, 10), "mnist1d": (40, 10), "mnist": (784, 10)}
 
 
 @dataclass(frozen=True)

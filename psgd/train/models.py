@@ -67,6 +67,12 @@ def num_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+def count(cfg: ModelConfig, input_dim: int, num_classes: int) -> int:
+    """The model's parameter count without allocating it (built on torch's meta device)."""
+    with torch.device("meta"):
+        return num_params(_build(cfg, input_dim, num_classes))
+
+
 class FlatParams:
     """One flat buffer for all parameters (`.params`) and one for their gradients (`.grads`)."""
 

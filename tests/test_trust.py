@@ -1,0 +1,232 @@
+"""Who may talk to a shard, and how much a peer can make it do (psgd/ps/auth.py, the bounds in
+psgd/ps/tcp_server.py and psgd/ps/shard.py): tokens on both transports, the loopback rule, the
+connection cap, the first-frame deadline, and seeded fuzzing of both transports' parsers."""
+
+from __future__ import annotations
+
+import random
+import socket
+
+import grpc
+import pytest
+import torch
+
+from psgd._proto import parameter_server_pb2 as pb
+from psgd.core import codec
+from psgd.core.config import RunConfig
+from psgd.core.errors import ExchangeError
+from psgd.ps import auth, tcp_server, wire
+from psgd.ps import framing as fr
+from psgd.ps.client import make_client
+from psgd.ps.grpc_server import ShardServicer
+from tests.helpers import open_start_barrier, psgd_main
+
+TOKEN = b"s3cret-token"
+
+
+@pytest.fixture
+def gated(tmp_path):
+    """One async shard (2 workers, 10 elements) behind a token, initialised by a client holding it."""
+    from psgd.ps import server as server_mod
+
+    cfg = RunConfig(mode="async", workers=2, servers=1, steps=100)
+    srv = server_mod.start(cfg, 0, "127.0.0.1", 0, token=TOKEN, num_params=10)
+    good = make_client("tcp", [f"127.0.0.1:{srv.port}"], 0, 10, token=TOKEN)
+    try:
+        good.wait_ready()
+        good.init(torch.arange(10, dtype=torch.float32))
+        open_start_barrier(srv.shard)
+        yield srv, good
+    finally:
+        good.close()
+        srv.stop(grace=0)
+
+
+def state(shard) -> tuple:
+    return shard.policy.version, tuple(shard.policy.clocks), shard.param.detach().numpy().tobytes()
+
+
+@pytest.mark.parametrize("transport", ["grpc", "tcp"])
+@pytest.mark.parametrize("token", [None, b"wrong"])
+def test_a_missing_or_wrong_token_is_refused_and_changes_nothing(gated, transport, token):
+    srv, good = gated
+    before = state(srv.shard)
+    bad = make_client(transport, [f"127.0.0.1:{srv.port}"], 1, 10, token=token)
+    try:
+        with pytest.raises(ExchangeError, match="UNAUTHENTICATED"):
+            bad.wait_ready()
+    finally:
+        bad.close(failed=True)  # no Leave: it never joined
+    if transport == "tcp":  # the data port checks on its own: a peer may skip Info and go straight there
+        with socket.create_connection(("127.0.0.1", srv.data_port), timeout=10) as sock:
+            if token is not None:
+                fr.send_frame(sock, fr.HELLO, token)
+            header = pb.TensorHeader(worker_id=1, shard=0, num_elements=10, dtype=pb.FP32)
+            fr.send_frame(sock, fr.PUSH, header.SerializeToString(), codec.encode(torch.ones(10), "fp32"))
+            op, body, _ = fr.recv_head(sock)
+            assert op == fr.ERROR and body.decode().startswith("UNAUTHENTICATED: ")
+            assert fr.recv_head(sock) is None  # and closed
+    assert state(srv.shard) == before
+    out = torch.empty(10)
+    assert not good.pull(0, out).done and torch.equal(out, torch.arange(10, dtype=torch.float32))
+
+
+def test_grpc_refusal_is_the_unauthenticated_status(gated):
+    srv, _ = gated
+    with grpc.insecure_channel(f"127.0.0.1:{srv.port}") as ch:
+        info = ch.unary_unary(f"/{wire.SERVICE}/Info", request_serializer=pb.InfoRequest.SerializeToString,
+                              response_deserializer=pb.InfoReply.FromString)
+        with pytest.raises(grpc.RpcError) as err:
+            info(pb.InfoRequest(), timeout=10)
+        assert err.value.code() == grpc.StatusCode.UNAUTHENTICATED
+        assert info(pb.InfoRequest(), timeout=10, metadata=[(auth.METADATA_KEY, TOKEN.decode())]).data_port
+
+
+def test_the_token_comes_from_the_file_or_the_environment(tmp_path, monkeypatch):
+    monkeypatch.delenv(auth.ENV, raising=False)
+    assert auth.load("") is None
+    monkeypatch.setenv(auth.ENV, " from-env \n")
+    assert auth.load("") == b"from-env"
+    f = tmp_path / "token"
+    f.write_text("from-file\n")
+    assert auth.load(str(f)) == b"from-file"  # the file wins
+    for text, why in [("", "is empty"), ("caf\u00e9", "printable ASCII")]:
+        f.write_text(text)
+        with pytest.raises(auth.TokenError, match=why):
+            auth.load(str(f))
+    with pytest.raises(auth.TokenError, match="cannot read"):
+        auth.load(str(tmp_path / "missing"))
+    assert auth.is_loopback("127.0.0.1") and auth.is_loopback("::1") and auth.is_loopback("localhost")
+    assert not auth.is_loopback("0.0.0.0") and not auth.is_loopback("198.18.0.2") and not auth.is_loopback("h1")
+
+
+def test_serving_beyond_loopback_needs_a_token_or_insecure(tmp_path, monkeypatch):
+    # Refused before anything is bound: no socket is opened on any address but loopback here.
+    monkeypatch.delenv(auth.ENV, raising=False)
+    r = psgd_main("server", "--shard", "0", "--bind", "0.0.0.0", "--out", str(tmp_path / "run"))
+    assert r.returncode == 2 and "refusing to serve on 0.0.0.0 without a token" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    r = psgd_main("server", "--shard", "0", "--token-file", str(tmp_path / "none"), "--out", str(tmp_path / "run"))
+    assert r.returncode == 2 and "cannot read it" in r.stderr
+
+
+def test_a_full_shard_refuses_more_connections_and_silent_ones_are_cut(gated, monkeypatch):
+    srv, good = gated
+    monkeypatch.setattr(tcp_server, "FIRST_FRAME_S", 0.5)  # a silent connection is cut this soon
+    out = torch.empty(10)
+    good.pull(0, out)  # the worker's pooled connection is open before the crowd arrives
+    crowd = [socket.create_connection(("127.0.0.1", srv.data_port), timeout=30) for _ in range(200)]
+    try:
+        answers = []
+        for s in crowd:  # each either is cut for silence (EOF) or refused at once for lack of room
+            head = fr.recv_head(s)
+            answers.append("cut" if head is None else head[1].decode().split(":")[0])
+        # Never more than max_connections at once: most of the 200 find no room (the ones let in
+        # are cut half a second later, and only then could another take their place).
+        assert "RESOURCE_EXHAUSTED" in answers and set(answers) <= {"cut", "RESOURCE_EXHAUSTED"}
+        # ...and through all of it the real worker was served, on its own connection.
+        good.push(0, torch.ones(10))
+        assert not good.pull(1, out).done and torch.equal(out, torch.arange(10) - 0.05)
+    finally:
+        for s in crowd:
+            s.close()
+
+
+# -- fuzzing ------------------------------------------------------------------------------------
+class _FakeSocket:
+    """Just enough of a socket for tcp_server._Connection: reads from bytes, collects what is sent."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data, self.pos, self.sent = data, 0, bytearray()
+
+    def recv_into(self, view, n: int = 0) -> int:
+        view = memoryview(view).cast("B")
+        k = min(len(view), len(self.data) - self.pos)
+        view[:k] = self.data[self.pos:self.pos + k]
+        self.pos += k
+        return k
+
+    def sendall(self, data) -> None:
+        self.sent += bytes(data)
+
+    def sendmsg(self, parts) -> int:
+        for p in parts:
+            self.sent += bytes(p)
+        return sum(len(p) for p in parts)
+
+    def setsockopt(self, *a) -> None: ...
+    def settimeout(self, t) -> None: ...
+    def shutdown(self, how) -> None: ...
+
+
+def _random_frame(rng: random.Random) -> bytes:
+    """Mostly near-misses of real frames: valid ops with mangled headers and wrong lengths."""
+    op = rng.choice([fr.PUSH, fr.PULL, fr.PUSHPULL, fr.HELLO, fr.PUSHED, fr.ERROR, rng.randrange(256)])
+    if rng.random() < 0.5:
+        header = pb.TensorHeader(worker_id=rng.choice([0, 1, 2, 2**31]), shard=rng.choice([0, 1]),
+                                 num_elements=rng.choice([10, 9, 0, 2**40]), clock=rng.choice([0, 1, 5]),
+                                 dtype=rng.choice([pb.FP32, pb.FP16, 99])).SerializeToString()
+    else:
+        header = rng.randbytes(rng.randrange(0, 40))
+    payload = rng.randbytes(rng.choice([0, 20, 36, 40, 44]))
+    declared = len(payload) if rng.random() < 0.7 else rng.choice([0, 40, 2**40, 2**63])
+    frame = fr.PREFIX.pack(op, len(header), declared) + header + payload
+    return frame[:rng.randrange(len(frame) + 1)] if rng.random() < 0.2 else frame
+
+
+def _ops(sent: bytes) -> list[int]:
+    """The ops of the frames a handler sent back."""
+    ops, pos = [], 0
+    while pos < len(sent):
+        op, header_len, payload_len = fr.PREFIX.unpack_from(sent, pos)
+        ops.append(op)
+        pos += fr.PREFIX.size + header_len + payload_len
+    return ops
+
+
+def test_fuzzed_frames_never_crash_the_data_plane_nor_change_state(gated):
+    """10,000 seeded frames through the data plane's own handler (a fake socket, so it is fast):
+    every one ends in an answer or a closed connection, and only accepted pushes change state."""
+    srv, _ = gated
+    rng = random.Random(1234)
+    for case in range(10_000):
+        before = state(srv.shard)
+        hello = fr.PREFIX.pack(fr.HELLO, len(TOKEN), 0) + TOKEN if rng.random() < 0.8 else b""
+        conn = _FakeSocket(hello + b"".join(_random_frame(rng) for _ in range(rng.randrange(1, 4))))
+        tcp_server._Connection(conn, ("fuzz", case), srv.data_server)  # setup, handle, finish
+        if not {fr.PUSHED, fr.PULLED} & set(_ops(bytes(conn.sent))):  # nothing was accepted
+            assert state(srv.shard) == before, f"case {case} changed the shard"
+    assert srv.data_server.connections == set()  # every handler finished and let go
+
+
+def test_fuzzed_chunk_streams_never_crash_the_grpc_servicer_nor_change_state(gated):
+    srv, _ = gated
+    servicer = ShardServicer(srv.shard, srv.data_port)
+    parse = wire.frame_parser(pb.TensorChunk)
+
+    class Aborted(Exception):
+        pass
+
+    class Context:
+        def abort(self, code, message):
+            assert code in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION), (code, message)
+            raise Aborted
+
+    rng = random.Random(99)
+    header = pb.TensorChunk(header=pb.TensorHeader(worker_id=1, shard=0, num_elements=10, dtype=pb.FP32))
+    for case in range(2_000):
+        chunks = []
+        if rng.random() < 0.7:
+            chunks.append(header.SerializeToString())
+        for _ in range(rng.randrange(0, 4)):
+            data = pb.TensorChunk(data=rng.randbytes(rng.choice([0, 8, 40, 44]))).SerializeToString()
+            chunks.append(rng.choice([data, rng.randbytes(rng.randrange(0, 50)), header.SerializeToString()]))
+        try:
+            messages = [parse(c) for c in chunks]
+        except Exception:  # noqa: BLE001 - gRPC answers a message it cannot parse with an error status
+            continue
+        before = state(srv.shard)
+        try:
+            servicer.Push(iter(messages), Context())
+        except Aborted:
+            assert state(srv.shard) == before, f"case {case}: a refused stream changed the shard"
