@@ -87,6 +87,32 @@ def test_ssp_blocks_only_beyond_the_bound(threads):
     assert pol.stats.max_clock_gap == s
 
 
+def test_a_silent_worker_is_lost_after_its_lease_and_ssp_goes_on_without_it(threads):
+    import time
+
+    pol = SSP(3, Param().apply, staleness=0)
+    for w in (0, 1):
+        pol.pull(w, 0, lambda: None, timeout=1)
+        pol.push(w, 0, 0, torch.ones(3))
+    with pytest.raises(PullTimeout):
+        pol.pull(0, 1, lambda: None, timeout=0)   # s = 0: worker 2 (clock 0) holds everyone back
+    # Worker 0 waits at clock 1 (held by the policy: not silent); worker 1 and 2 say nothing.
+    held = threads.start(pol.pull, 0, 1, lambda: "ok", name="pull w0 held by the silent worker")
+    later = time.monotonic() + 11  # `now` is passed in: no test waits out a real lease
+    while 0 not in pol.held:       # the pull is parked in the policy (no sleep: the threads fixture times out)
+        with pol.cond:
+            pol.cond.wait(0.01)
+    assert pol.expire(10, now=time.monotonic()) == []         # nobody silent for 10 s yet
+    assert pol.expire(10, now=later) == [1, 2]                # worker 0 is held, not silent
+    threads.join()
+    assert held.result.value == "ok" and pol.stats.lost == {1: 1, 2: 0}
+    with pytest.raises(PolicyError, match="worker 2 was declared lost at clock 0"):
+        pol.push(2, 0, 0, torch.ones(3))
+    pol.push(0, 1, 2, torch.ones(3))
+    assert pol.pull(0, 2, lambda: "alone", timeout=0).value == "alone"  # the bound counts live workers
+    assert Sync(2, Param().apply).expire(0, now=time.monotonic() + 99) == []  # sync needs everyone
+
+
 def test_ssp_bound_holds_under_concurrency(threads):
     n, s, steps = 4, 1, 30
     pol = SSP(n, Param().apply, staleness=s)

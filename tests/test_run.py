@@ -2,6 +2,7 @@
 
 import hashlib
 import json
+import math
 import signal
 import subprocess
 import sys
@@ -91,6 +92,16 @@ def test_killed_worker_fails_the_run_and_leaves_no_process(tmp_path):
     assert "worker 1" in r.stderr and "SIGKILL" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     assert processes_mentioning(str(out)) == []
+
+
+def test_with_a_lease_an_async_run_survives_a_killed_worker(tmp_path):
+    out = tmp_path / "lost"
+    r = psgd_main("run", "--mode", "async", "--workers", "3", "--servers", "1", "--steps", "30", "--fail-at", "1=3",
+                  "--worker-lease", "2", "--out", str(out), *COMMON)
+    assert (r.returncode, processes_mentioning(str(out))) == (0, []), r.stderr
+    lost, s = summary(out)["lost_workers"], summary(out)
+    assert [(w["worker"], w["how"]) for w in lost] == [(1, "signal SIGKILL")]
+    assert s["global_updates"] == 90 and math.isfinite(s["final_test_loss"])  # the others spent the budget
 
 
 def test_ctrl_c_stops_everything(tmp_path):

@@ -153,6 +153,8 @@ class RunConfig:
     skip_nonfinite: bool = opt(False, "servers skip and count non-finite gradients instead of rejecting them")
     # Long: a pull that SSP or sync holds back waits under this deadline too.
     rpc_timeout: float = opt(60.0, "deadline of every RPC, seconds")
+    worker_lease: float = opt(0.0, "async/SSP: a worker that sends nothing for this many seconds is lost: the run "
+                                    "goes on without it (0: a worker that dies ends the run)", metavar="SECONDS")
     token_file: str = opt("", "PS: a file holding the run's shared secret; every request to a shard must carry it "
                               "(without it: $PSGD_TOKEN if set, else no token)", metavar="FILE")
     fail_at: Pairs = opt((), "fault injection: worker RANK kills itself (SIGKILL) at STEP", metavar="RANK=STEP")
@@ -239,6 +241,11 @@ def validate(cfg: RunConfig) -> RunConfig:
         (cfg.local_steps >= 1, f"--local-steps must be >= 1, got {cfg.local_steps}"),
         (cfg.local_steps == 1 or cfg.mode in ("sync", "allreduce"),
          "--local-steps is local SGD with synchronous averaging: use it with --mode sync or allreduce"),
+        (cfg.worker_lease >= 0 and math.isfinite(cfg.worker_lease),
+         f"--worker-lease must be seconds >= 0, got {cfg.worker_lease}"),
+        (cfg.worker_lease == 0 or cfg.mode in ("async", "ssp"),
+         "--worker-lease lets async and SSP runs go on without a lost worker; sync needs every worker's gradient "
+         "for each update, so there a lost worker ends the run"),
         (cfg.local_steps == 1 or cfg.accumulate == 1, "--local-steps and --accumulate exclude each other"),
         (cfg.local_steps == 1 or not cfg.overlap,
          "--overlap streams every step's gradient; with --local-steps there is one exchange per H steps"),

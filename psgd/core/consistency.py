@@ -22,6 +22,12 @@ step) that the policy calls under its lock, after counting the update (so `versi
 version that update makes), and a `read()` callback that copies the parameters under the same
 lock. Everything here is thread-safe; `self.cond` guards all fields.
 
+Lost workers (async and SSP, opt-in: the shard calls `expire(lease)` now and then, see
+psgd/ps/server.py): a worker that sent no push or pull for `lease` seconds, and whose pull the
+policy is not holding, is declared lost at its clock. It leaves the clock bookkeeping (SSP waits on
+the live workers only, the start barrier counts it as arrived), its later requests are refused, and
+the run's budget is spent by the others. Sync never expires anyone: its update needs every worker.
+
 Clock of a worker = how many of its gradients this shard has received. Staleness of an
 applied gradient = shard version when applied - version the worker computed it from.
 Clock gap of a served pull = the pulling worker's clock - the slowest worker's clock.
@@ -76,6 +82,7 @@ class Stats:
     gaps: Counter = field(default_factory=Counter)         # clock gap -> count of served pulls
     skipped_nonfinite: int = 0
     refused_after_budget: int = 0
+    lost: dict = field(default_factory=dict)               # worker -> its clock when declared lost
 
 
 class Policy:
@@ -97,6 +104,8 @@ class Policy:
         self.accepted = 0
         self.clocks = [0] * num_workers
         self.closed = False
+        self.last_seen = [time.monotonic()] * num_workers  # when each worker's last request came
+        self.held: set[int] = set()             # workers whose pull the policy is holding now
         self.stats = Stats()
 
     # -- rules, overridden per policy (called with self.cond held) --------------------------
@@ -117,6 +126,7 @@ class Policy:
         """Hand over one worker's gradient (None: non-finite, counted as skipped). Never blocks."""
         self._check_worker(worker)
         with self.cond:
+            self._check_live(worker)
             if self.done:
                 self.stats.refused_after_budget += 1
                 return PushOutcome(self.version, applied=False, done=True, staleness=0, refused=True)
@@ -145,6 +155,7 @@ class Policy:
         self._check_worker(worker)
         start = time.perf_counter()
         with self.cond:
+            self._check_live(worker)
             # A pull's clock is the clock of the push that follows it: anything else would
             # let a wrong clock slip past the gate (a pull at clock 0 is never held by SSP).
             # Once the run is done every pull is answered done, whatever its clock.
@@ -155,17 +166,22 @@ class Policy:
                 self.at_start.add(worker)
                 self.started = len(self.at_start) == self.num_workers
                 self.cond.notify_all()  # the barrier may be down now (and observers see arrivals)
-            ok = self.cond.wait_for(
-                lambda: self.done or ((clock > 0 or self.started) and self._pull_ready(worker, clock)), timeout)
+            self.held.add(worker)  # a worker we hold is not silent: we are the ones keeping it waiting
+            try:
+                ok = self.cond.wait_for(
+                    lambda: self.done or ((clock > 0 or self.started) and self._pull_ready(worker, clock)), timeout)
+            finally:
+                self.held.discard(worker)
+                self.last_seen[worker] = time.monotonic()
             waited = time.perf_counter() - start
             if not ok:
                 at_barrier = "" if self.started else \
                     f", at the start barrier: {len(self.at_start)} of {self.num_workers} workers arrived"
                 raise PullTimeout(f"worker {worker} at clock {clock} held {waited:.1f}s by {self.name} "
-                                  f"(slowest clock {min(self.clocks)}, version {self.version}{at_barrier})")
+                                  f"(slowest clock {self._slowest()}, version {self.version}{at_barrier})")
             if self.done:
                 return PullOutcome(self.version, done=True, wait_s=waited, clock_gap=0, value=None)
-            gap = max(0, clock - min(self.clocks))
+            gap = max(0, clock - self._slowest())
             self.stats.gaps[gap] += 1
             self.stats.max_clock_gap = max(self.stats.max_clock_gap, gap)
             return PullOutcome(self.version, done=False, wait_s=waited, clock_gap=gap, value=read())
@@ -179,6 +195,35 @@ class Policy:
         except BaseException:
             self.version -= 1
             raise
+
+    def expire(self, lease: float, now: float | None = None) -> list[int]:
+        """Declare lost every live worker not heard from for more than `lease` seconds whose pull
+        is not being held (see the module docstring); returns the newly lost. Never in sync, never
+        once the run is done. `now` (time.monotonic) lets a test drive it without waiting."""
+        now = time.monotonic() if now is None else now
+        with self.cond:
+            if self.name == "sync" or self.done:
+                return []
+            gone = [w for w in range(self.num_workers)
+                    if w not in self.stats.lost and w not in self.held and now - self.last_seen[w] > lease]
+            for w in gone:
+                self.stats.lost[w] = self.clocks[w]
+            if gone:
+                self.started = self.started or len(self.at_start | self.stats.lost.keys()) == self.num_workers
+                self.cond.notify_all()  # SSP's slowest clock and the start barrier may have moved
+            return gone
+
+    def _check_live(self, worker: int) -> None:
+        """Refuse a lost worker (cond held); note when a live one was last heard from."""
+        if worker in self.stats.lost:
+            raise PolicyError(f"worker {worker} was declared lost at clock {self.stats.lost[worker]} (silent for "
+                              "longer than --worker-lease); the run goes on without it")
+        self.last_seen[worker] = time.monotonic()
+
+    def _slowest(self) -> int:
+        """The slowest live worker's clock (cond held); a lost worker holds nobody back."""
+        live = [c for w, c in enumerate(self.clocks) if w not in self.stats.lost]
+        return min(live) if live else max(self.clocks)
 
     def close(self) -> None:
         """Stop: wake every blocked pull (they return done) and refuse further pushes."""
@@ -219,7 +264,7 @@ class SSP(Async):
         self.staleness_bound = staleness
 
     def _pull_ready(self, worker: int, clock: int) -> bool:
-        return clock - min(self.clocks) <= self.staleness_bound
+        return clock - self._slowest() <= self.staleness_bound
 
 
 class Sync(Policy):

@@ -12,6 +12,8 @@ cannot be bound. `psgd server` (psgd/cli.py) runs one per process:
 
 from __future__ import annotations
 
+import sys
+import threading
 from concurrent import futures
 from dataclasses import dataclass
 
@@ -31,9 +33,12 @@ class ShardServer:
     data_port: int       # TCP data plane
     grpc_server: grpc.Server
     data_server: DataServer
+    lease: _LeaseWatch | None = None
 
     def stop(self, grace: float = 1.0) -> None:
         """Release held pulls (they return done), then stop serving on both transports."""
+        if self.lease is not None:
+            self.lease.stop()
         self.shard.close()
         self.data_server.stop()
         self.grpc_server.stop(grace).wait()
@@ -61,4 +66,26 @@ def start(cfg: RunConfig, index: int, host: str = "127.0.0.1", port: int = 0, *,
         data.stop()
         raise OSError(f"cannot listen on {host}:{port}: the port is in use or the address is not this host's")
     server.start()
-    return ShardServer(shard, bound, data.port, server, data)
+    lease = _LeaseWatch(shard, cfg.worker_lease) if cfg.worker_lease > 0 else None
+    return ShardServer(shard, bound, data.port, server, data, lease)
+
+
+class _LeaseWatch:
+    """--worker-lease: a thread that asks the shard, a few times per lease, to declare lost the
+    workers it has not heard from for a whole lease (psgd/core/consistency.py `expire`)."""
+
+    def __init__(self, shard: Shard, lease: float) -> None:
+        self.shard, self.lease = shard, lease
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._watch, name=f"psgd-lease-{shard.index}", daemon=True)
+        self.thread.start()
+
+    def _watch(self) -> None:
+        while not self.stopping.wait(self.lease / 4):
+            for w in self.shard.expire(self.lease):
+                print(f"shard {self.shard.index}: worker {w} sent nothing for {self.lease:g}s: lost at clock "
+                      f"{self.shard.policy.stats.lost[w]}; the run goes on without it", file=sys.stderr, flush=True)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        self.thread.join()

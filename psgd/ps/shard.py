@@ -271,9 +271,21 @@ class Shard:
         self._check_sender(worker_id, shard)
         with self.lock:
             self.left.add(worker_id)
-            if len(self.left) == self.cfg.workers:
-                self.finished.set()
+            self._maybe_finished()
             return len(self.left)
+
+    def expire(self, lease: float) -> list[int]:
+        """Declare lost the workers silent for `lease` seconds (the policy's `expire`); a lost
+        worker never Leaves, so it counts as gone for `finished`."""
+        gone = self.policy.expire(lease)
+        if gone:
+            with self.lock:
+                self._maybe_finished()
+        return gone
+
+    def _maybe_finished(self) -> None:
+        if len(self.left | self.policy.stats.lost.keys()) == self.cfg.workers:  # lock held
+            self.finished.set()
 
     @contextlib.contextmanager
     def next_pull(self, pushed: PushOutcome, worker_id: int, shard: int, clock: int, dtype: str,
@@ -306,6 +318,7 @@ class Shard:
                 "clock_gap_hist": {str(k): v for k, v in sorted(s.gaps.items())},
                 "max_clock_gap": s.max_clock_gap, "skipped_nonfinite": s.skipped_nonfinite,
                 "refused_after_budget": s.refused_after_budget, "bytes_in": self.bytes_in,
+                "lost_workers": {str(w): c for w, c in sorted(s.lost.items())},
                 "bytes_out": self.bytes_out, "apply_s": self.apply_s, "num_elements": self.num_elements,
             }
 

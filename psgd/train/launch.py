@@ -97,9 +97,12 @@ def _stop(children: list[Child], sig: int = signal.SIGTERM) -> None:
             c.proc.wait()
 
 
-def _wait_workers(workers: list[Child], servers: list[Child]) -> None:
-    """Return when every worker exited 0; raise RunFailed as soon as any child fails."""
+def _wait_workers(workers: list[Child], servers: list[Child], cfg: RunConfig | None = None) -> None:
+    """Return when every worker exited 0; raise RunFailed as soon as any child fails. With
+    --worker-lease (async / SSP) a worker that dies is written down (a `worker_lost` event) and
+    the others go on; the run fails only when none is left."""
     pending = list(workers)
+    tolerate = cfg is not None and cfg.worker_lease > 0
     while pending:
         # Block until some child is exitable, without reaping it (Popen reaps below).
         os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
@@ -111,10 +114,16 @@ def _wait_workers(workers: list[Child], servers: list[Child]) -> None:
             rc = c.proc.poll()
             if rc is None:
                 continue
+            pending.remove(c)
             if rc != 0:
                 how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
-                raise RunFailed(f"{c.name} (pid {c.proc.pid}) died with {how}: {c.last_error()}")
-            pending.remove(c)
+                if not tolerate or not any(p.proc.poll() in (None, 0) for p in workers):
+                    raise RunFailed(f"{c.name} (pid {c.proc.pid}) died with {how}: {c.last_error()}")
+                print(f"psgd run: {c.name} died with {how}; the others go on without it (--worker-lease)",
+                      file=sys.stderr, flush=True)
+                m = Metrics(Path(cfg.out) / "metrics.jsonl")
+                m.write(event="worker_lost", rank=int(c.name.split()[-1]), how=how)
+                m.close()
 
 
 MARKER = ".psgd-run"  # in every folder psgd made for a run: the proof that its files are psgd's
@@ -271,7 +280,7 @@ def run(cfg: RunConfig) -> dict:
                     c.proc.stdin.close()
                 except BrokenPipeError:
                     pass  # that worker is gone already: _wait_workers names it
-        _wait_workers(workers, servers)
+        _wait_workers(workers, servers, cfg)
         _stop(servers)
         for c in servers:
             if c.proc.returncode != 0:
@@ -294,7 +303,8 @@ def finish(cfg: RunConfig, ds: data_mod.Dataset) -> dict:
     out = Path(cfg.out)
     events = read_events(out / "metrics.jsonl")
     ends = [e for e in events if e.get("event") == "worker_end"]
-    if len(ends) < cfg.workers:
+    lost = {e["rank"] for e in events if e.get("event") == "worker_lost"}
+    if len(ends) + len(lost - {e["rank"] for e in ends}) < cfg.workers:
         raise RunFailed(f"{out}: {len(ends)} of {cfg.workers} workers finished (worker_end in metrics.jsonl): "
                         "has the run ended?")
     owners = ["replica-0"] if cfg.mode == "allreduce" else [f"shard-{k}" for k in range(cfg.servers)]

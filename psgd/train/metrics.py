@@ -93,6 +93,18 @@ def samples_per_update(cfg: RunConfig) -> int:
     return cfg.batch_size * cfg.accumulate
 
 
+def lost_workers(events: list[dict], shard_stats: list[dict]) -> list[dict]:
+    """Workers the run went on without (--worker-lease): each with the clock at which a shard
+    declared it lost (the smallest over shards; None if none did before the end) and how its
+    process ended when the launcher saw it die (None in a run by hand)."""
+    clock: dict[int, int] = {}
+    for s in shard_stats:
+        for w, c in s.get("lost_workers", {}).items():
+            clock[int(w)] = min(c, clock.get(int(w), c))
+    how = {e["rank"]: e["how"] for e in events if e.get("event") == "worker_lost"}
+    return [{"worker": w, "clock": clock.get(w), "how": how.get(w)} for w in sorted(clock.keys() | how.keys())]
+
+
 def summarize(out: Path, cfg: RunConfig, evals: list[dict], params: int, params_sha256: str,
               shard_stats: list[dict], extra: dict | None = None) -> dict:
     events = read_events(out / "metrics.jsonl")
@@ -132,6 +144,7 @@ def summarize(out: Path, cfg: RunConfig, evals: list[dict], params: int, params_
         "time_breakdown_s": {k: sum(e[f"{k}_s"] for e in ends) / n for k in ("compute", "push", "pull", "wait")},
         "per_worker_steps": {str(e["rank"]): e["steps"] for e in sorted(ends, key=lambda e: e["rank"])},
         "skipped_nonfinite": sum(s.get("skipped_nonfinite", 0) for s in shard_stats),
+        "lost_workers": lost_workers(events, shard_stats),
         "params_sha256": params_sha256,
         "config": to_dict(cfg),
     }
