@@ -86,6 +86,9 @@ def build_parser() -> Parser:
                        epilog=MODES_HELP, formatter_class=fmt)
     C.add_flags(p)
     p.add_argument("--quiet", action="store_true", help="print only the summary line")
+    p.add_argument("--resume", metavar="OUT", default="",
+                   help="continue the stopped run in OUT from its shards' checkpoints (--checkpoint-every), "
+                        "with its own config.json (give no other flags)")
 
     p = sub.add_parser("summarize", help="evaluate a finished run folder and write OUT/summary.json",
                        description=SUMMARIZE_DESCRIPTION, formatter_class=fmt)
@@ -103,6 +106,12 @@ def build_parser() -> Parser:
                    help="address to listen on (default: 127.0.0.1; another needs a token, see --token-file)")
     p.add_argument("--insecure", action="store_true",
                    help="serve on a non-loopback --bind without a token: anyone who reaches it may push and pull")
+    p.add_argument("--restore", metavar="DIR", default="",
+                   help="start from this shard's newest intact checkpoint in DIR (e.g. OUT/checkpoints) "
+                        "instead of a worker's Init; damaged ones are skipped with a warning")
+    p.add_argument("--restore-upto", type=int, default=None, metavar="VERSION",
+                   help="with --restore: the newest checkpoint of at most this version (psgd run --resume "
+                        "picks the newest all shards have)")
     p.add_argument("--params", type=int, default=0,
                    help="parameters of the whole model (default: counted from --model and --dataset); "
                         "Init and pushes of another size are refused")
@@ -180,13 +189,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not isinstance(args.servers, int):
         raise UsageError("psgd run starts its own shards: give --servers a count, not addresses")
     cfg = config_from_args(args)
+    if args.resume:
+        if C.to_dict(cfg) != C.to_dict(C.RunConfig()):
+            raise UsageError("--resume OUT continues the run with its own OUT/config.json: give no other flags")
+        cfg = launch.resumable(Path(args.resume))
     check_device(cfg)
     try:
         cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
-        cfg = launch.with_out_resolved(cfg)
-        launch.prepare_out(Path(cfg.out))  # before the live line starts reading the folder
+        if not args.resume:
+            cfg = launch.with_out_resolved(cfg)
+            launch.prepare_out(Path(cfg.out))  # before the live line starts reading the folder
         with progress.live(Path(cfg.out), cfg.budget, f"psgd run {cfg.mode}", enabled=not args.quiet):
-            summary = launch.run(cfg)
+            summary = launch.run(cfg, resume=bool(args.resume))
     except UsageError:
         raise  # e.g. --backend nccl without a GPU per worker: exit 2 like any usage error
     except (launch.RunFailed, FileNotFoundError, ValueError) as e:
@@ -286,11 +300,25 @@ def _serve(args: argparse.Namespace) -> int:
     if args.params < 0:
         raise UsageError(f"--params must be >= 0, got {args.params}")
     num_params = args.params or models.count(cfg.model, *data.SHAPES[cfg.data.dataset])
-    if args.shard == 0:
+    restored = None
+    if args.restore:
+        from psgd.ps import checkpoint
+
+        found = checkpoint.newest(Path(args.restore), args.shard, upto=args.restore_upto,
+                                  warn=lambda w: print(f"psgd server: warning: {w}", file=sys.stderr, flush=True))
+        if found is None:
+            raise UsageError(f"--restore {args.restore}: no intact checkpoint of shard {args.shard}"
+                             + (f" at version <= {args.restore_upto}" if args.restore_upto is not None else ""))
+        restored, path = found
+        print(f"shard {args.shard}: restored version {restored['version']} from {path}", file=sys.stderr, flush=True)
+    elif args.shard == 0:
         launch.prepare_by_hand(cfg)  # by hand, shard 0 is the run's first process (workers need it up)
     launch.set_threads(cfg, role="server")
     try:
-        srv = server.start(cfg, args.shard, args.bind, args.port, token=token, num_params=num_params)
+        srv = server.start(cfg, args.shard, args.bind, args.port, token=token, num_params=num_params,
+                           restore=restored)
+    except ValueError as e:  # a checkpoint of another run
+        raise UsageError(f"--restore {args.restore}: {e}") from None
     except OSError as e:
         print(f"psgd server: error: {e}", file=sys.stderr)
         return 1

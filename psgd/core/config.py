@@ -153,6 +153,8 @@ class RunConfig:
     skip_nonfinite: bool = opt(False, "servers skip and count non-finite gradients instead of rejecting them")
     # Long: a pull that SSP or sync holds back waits under this deadline too.
     rpc_timeout: float = opt(60.0, "deadline of every RPC, seconds")
+    checkpoint_every: int = opt(0, "PS: each shard writes a checkpoint to OUT/checkpoints every K updates, keeping "
+                                   "the last 3 (0: never); `psgd run --resume OUT` continues from them", metavar="K")
     worker_lease: float = opt(0.0, "async/SSP: a worker that sends nothing for this many seconds is lost: the run "
                                     "goes on without it (0: a worker that dies ends the run)", metavar="SECONDS")
     token_file: str = opt("", "PS: a file holding the run's shared secret; every request to a shard must carry it "
@@ -241,6 +243,9 @@ def validate(cfg: RunConfig) -> RunConfig:
         (cfg.local_steps >= 1, f"--local-steps must be >= 1, got {cfg.local_steps}"),
         (cfg.local_steps == 1 or cfg.mode in ("sync", "allreduce"),
          "--local-steps is local SGD with synchronous averaging: use it with --mode sync or allreduce"),
+        (cfg.checkpoint_every >= 0, f"--checkpoint-every must be >= 0, got {cfg.checkpoint_every}"),
+        (cfg.mode != "allreduce" or cfg.checkpoint_every == 0,
+         "--checkpoint-every is a parameter-server option: the shards write the checkpoints"),
         (cfg.worker_lease >= 0 and math.isfinite(cfg.worker_lease),
          f"--worker-lease must be seconds >= 0, got {cfg.worker_lease}"),
         (cfg.worker_lease == 0 or cfg.mode in ("async", "ssp"),

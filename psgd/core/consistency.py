@@ -106,6 +106,7 @@ class Policy:
         self.closed = False
         self.last_seen = [time.monotonic()] * num_workers  # when each worker's last request came
         self.held: set[int] = set()             # workers whose pull the policy is holding now
+        self.pushing: tuple[int, int] | None = None  # (worker, clock) of the push being handled
         self.stats = Stats()
 
     # -- rules, overridden per policy (called with self.cond held) --------------------------
@@ -135,7 +136,11 @@ class Policy:
             if base_version > self.version:
                 raise PolicyError(f"base_version {base_version} is ahead of shard version {self.version}")
             staleness = self.version - base_version
-            applied = self._on_gradient(worker, clock, grad)
+            self.pushing = (worker, clock)  # for apply(): the clocks once this push is counted (checkpoints)
+            try:
+                applied = self._on_gradient(worker, clock, grad)
+            finally:
+                self.pushing = None
             self.clocks[worker] = clock + 1
             self.accepted += 1
             self.stats.staleness[staleness] += 1

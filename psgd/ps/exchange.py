@@ -51,7 +51,7 @@ from torch import nn
 from psgd.core import link as link_mod
 from psgd.core import optim
 from psgd.core.config import OptimConfig
-from psgd.core.errors import UsageError
+from psgd.core.errors import ExchangeError, UsageError
 from psgd.core.step import StepReport
 from psgd.ps import auth
 from psgd.ps.client import PSClient, PullStreams, make_client
@@ -84,6 +84,7 @@ class PSExchange:
         self.combined = not (separate_pull or overlap)  # --overlap streams its pulls apart, into forward
         self.client: PSClient | None = None
         self._next = None  # the PushPull's pull, which the next before_compute hands to the loop
+        self.start_clock = 0  # the loop's first step: 0, or a restored run's (setup learns it)
         self._overlap = None
         self._local: optim.SGD | None = None
 
@@ -95,9 +96,16 @@ class PSExchange:
     def setup(self, flat, rank: int) -> None:
         self.client = make_client(self.transport, self.addresses, rank, flat.params.numel(), self.wire_dtype,
                                   self.rpc_timeout, self.link, self.token)
-        self.client.wait_ready()
+        infos = self.client.wait_ready()
+        # A run resumed from checkpoints (psgd run --resume) starts each worker at the clock its
+        # shards were saved at; every shard must agree, or the step numbers would disagree too.
+        starts = {tuple(i.clocks)[rank] if i.clocks else 0 for i in infos}
+        if len(starts) > 1:
+            raise ExchangeError(f"the shards hold worker {rank} at different clocks {sorted(starts)}: they were "
+                                "restored from checkpoints of different steps")
+        self.start_clock = starts.pop()
         if rank == 0:
-            self.client.init(flat.params)  # the chief's seeded init becomes the shards' start
+            self.client.init(flat.params)  # the chief's seeded init becomes the shards' start (unless restored)
         if self.local_steps > 1:
             flat.params.grad = flat.grads  # backward writes into grads, the local optimizer reads them there
             self._local = optim.SGD(flat.params, self.optim)

@@ -104,7 +104,7 @@ class ShardServicer:
         s = self.shard
         return pb.InfoReply(shard=s.index, num_shards=s.cfg.servers, num_workers=s.cfg.workers,
                             mode=s.cfg.mode, version=s.policy.version, initialized=s.ready.is_set(),
-                            num_elements=s.num_elements, data_port=self.data_port)
+                            num_elements=s.num_elements, data_port=self.data_port, clocks=s.policy.clocks)
 
 
 def _header(request_iterator) -> pb.TensorHeader:

@@ -45,10 +45,12 @@ class ShardServer:
 
 
 def start(cfg: RunConfig, index: int, host: str = "127.0.0.1", port: int = 0, *,
-          token: bytes | None = None, num_params: int | None = None) -> ShardServer:
+          token: bytes | None = None, num_params: int | None = None, restore: dict | None = None) -> ShardServer:
     """Serve shard `index` of `cfg` on `host`; see the module docstring."""
     wire.reuse_freed_memory()
     shard = Shard(cfg, index, num_params)
+    if restore is not None:
+        shard.restore(restore)  # before anything listens: no worker ever sees the shard uninitialised
     try:
         data = DataServer(shard, host, token)
     except OSError as e:

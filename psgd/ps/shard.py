@@ -51,6 +51,7 @@ buffer pools are `queue.SimpleQueue`s, thread-safe on their own.
 from __future__ import annotations
 
 import contextlib
+import copy
 import json
 import queue
 import threading
@@ -65,6 +66,7 @@ from psgd.core import codec, link, localsgd, optim, sharding
 from psgd.core.config import OptimConfig, RunConfig
 from psgd.core.consistency import PolicyError, PullTimeout, PushOutcome, make_policy
 from psgd.core.errors import Code, ShardError
+from psgd.ps import checkpoint
 
 
 @dataclass(frozen=True)
@@ -109,6 +111,9 @@ class Shard:
         self.bytes_in = 0
         self.bytes_out = 0
         self.apply_s = 0.0
+        self._pending: dict | None = None  # a checkpoint taken under the lock, not written yet
+        self.checkpoints, self.checkpoint_s = 0, 0.0
+        self.restored_from: int | None = None  # the version a `restore` started from
         lk = link.parse(cfg.link)
         self.link_in = link.Pacer(lk) if lk else None
         self.link_out = link.Pacer(lk) if lk else None
@@ -132,7 +137,56 @@ class Shard:
         version = self.policy.version  # the version this update makes (the policy counted it)
         if self.cfg.eval_every and version % self.cfg.eval_every == 0:
             self.snapshots.append((version, time.time(), self.param.detach().clone()))
+        if self.cfg.checkpoint_every and version % self.cfg.checkpoint_every == 0:
+            # A consistent cut: right after an update (in sync the next step's sum is still empty).
+            # Copied here, under the lock; written by the pushing thread once the lock is free.
+            self._pending = self.state()
         self.apply_s += time.perf_counter() - start
+
+    # -- checkpoints --------------------------------------------------------------------------
+    def state(self) -> dict:
+        """Everything a restored shard needs to go on as if nothing happened (lock held): the
+        parameters, the optimizer's state (momentum), the warmup schedule, version, clocks."""
+        clocks, accepted = list(self.policy.clocks), self.policy.accepted
+        if self.policy.pushing is not None:  # inside a push's apply: count that push as the policy will
+            worker, clock = self.policy.pushing
+            clocks[worker], accepted = clock + 1, accepted + 1
+        return {"shard": self.index, "mode": self.cfg.mode, "workers": self.cfg.workers,
+                "version": self.policy.version, "accepted": accepted,
+                "clocks": clocks, "param": self.param.detach().clone(),
+                "opt": copy.deepcopy(self.opt.opt.state_dict()),
+                "schedule": self.opt.schedule.state_dict() if self.opt.schedule is not None else None}
+
+    def _write_pending(self) -> None:
+        with self.lock:
+            pending, self._pending = self._pending, None
+        if pending is not None:
+            started = time.perf_counter()
+            checkpoint.write(Path(self.cfg.out) / "checkpoints", self.index, pending["version"], pending)
+            self.checkpoint_s += time.perf_counter() - started
+            self.checkpoints += 1
+
+    def restore(self, state: dict) -> None:
+        """Start from a checkpoint instead of a worker's Init (`psgd server --restore`): the
+        shard is initialised at the checkpoint's version, with its clocks, and no start barrier."""
+        want = (self.index, self.cfg.mode, self.cfg.workers)
+        got = (state["shard"], state["mode"], state["workers"])
+        if got != want:
+            raise ValueError(f"the checkpoint is shard {got[0]} of a {got[1]} run with {got[2]} workers; "
+                             f"this server is shard {want[0]} of a {want[1]} run with {want[2]} workers")
+        if self.expected is not None and state["param"].numel() != self.expected:
+            raise ValueError(f"the checkpoint holds {state['param'].numel()} elements; this model's shard "
+                             f"{self.index} has {self.expected}")
+        self.init(state["param"].clone())
+        with self.lock:
+            self.opt.opt.load_state_dict(state["opt"])
+            if self.opt.schedule is not None and state["schedule"] is not None:
+                self.opt.schedule.load_state_dict(state["schedule"])
+            p = self.policy
+            p.version, p.accepted, p.clocks = state["version"], state["accepted"], list(state["clocks"])
+            p.started = True  # the workers of a resumed run start at their clocks, not at 0
+            self.snapshots = [(p.version, time.time(), self.param.detach().clone())]
+            self.restored_from = state["version"]
 
     # -- requests -------------------------------------------------------------------------------
     def init(self, values: torch.Tensor) -> tuple[int, bool]:
@@ -207,6 +261,10 @@ class Shard:
             out = self.policy.push(worker_id, clock, base_version, None if skipped else grad)
         except PolicyError as e:
             raise ShardError(Code.INVALID_ARGUMENT, str(e)) from None
+        if self._pending is not None:
+            # Written before this push is answered: a worker that sees the next version knows
+            # the checkpoint is on disk (in sync, no worker gets past it before it is).
+            self._write_pending()
         with self.lock:
             self.bytes_in += grad.numel() * codec.itemsize(dtype)
         return out
@@ -319,6 +377,8 @@ class Shard:
                 "max_clock_gap": s.max_clock_gap, "skipped_nonfinite": s.skipped_nonfinite,
                 "refused_after_budget": s.refused_after_budget, "bytes_in": self.bytes_in,
                 "lost_workers": {str(w): c for w, c in sorted(s.lost.items())},
+                "checkpoints": self.checkpoints, "checkpoint_s": self.checkpoint_s,
+                "restored_from": self.restored_from,
                 "bytes_out": self.bytes_out, "apply_s": self.apply_s, "num_elements": self.num_elements,
             }
 

@@ -39,8 +39,9 @@ from pathlib import Path
 import torch
 
 from psgd.core import codec
-from psgd.core.config import RunConfig, to_argv, to_dict
+from psgd.core.config import RunConfig, from_dict, to_argv, to_dict
 from psgd.core.errors import UsageError
+from psgd.ps import checkpoint
 from psgd.train import data as data_mod
 from psgd.train import evaluate, lifeline, models
 from psgd.train.metrics import Metrics, process_start_time, read_events, samples_per_update, summarize
@@ -129,9 +130,10 @@ def _wait_workers(workers: list[Child], servers: list[Child], cfg: RunConfig | N
 MARKER = ".psgd-run"  # in every folder psgd made for a run: the proof that its files are psgd's
 RUNS = Path("results/runs")
 # Everything a run writes into its folder, and nothing else: what a rerun may replace.
-OWN_FILES = ("metrics.jsonl", "metrics.jsonl.tmp", "summary.json", "config.json", "final_params.pt", "rendezvous")
+OWN_FILES = ("metrics.jsonl", "metrics.jsonl.tmp", "metrics-before-resume.jsonl", "summary.json", "config.json",
+             "final_params.pt", "rendezvous")
 OWN_GLOBS = ("shard-*.json", "shard-*.pt", "replica-*.json", "replica-*.pt", "logs/server-*.log",
-             "logs/worker-*.log")
+             "logs/worker-*.log", "checkpoints/shard-*.ckpt")
 
 
 def with_out_resolved(cfg: RunConfig, runs: Path = RUNS) -> RunConfig:
@@ -241,14 +243,51 @@ def child_env(cfg: RunConfig | None = None) -> dict:
     return env
 
 
-def run(cfg: RunConfig) -> dict:
+def resumable(out: Path) -> RunConfig:
+    """The config of a stopped run in `out` that `run(cfg, resume=True)` can continue; UsageError
+    saying why not otherwise."""
+    if not (out / MARKER).exists() or not (out / "config.json").is_file():
+        raise UsageError(f"--resume {out}: not a psgd run folder (no {MARKER} and config.json)")
+    cfg = from_dict(json.loads((out / "config.json").read_text()))
+    if cfg.mode == "allreduce" or not cfg.checkpoint_every:
+        raise UsageError(f"--resume {out}: the run wrote no checkpoints (it needs --checkpoint-every K)")
+    if cfg.mode != "sync" and cfg.servers > 1:
+        # Async shards checkpoint the same version with each worker's pushes counted in another
+        # order, so their clocks differ per shard; one step number per worker cannot fit them all.
+        raise UsageError(f"--resume {out}: an {cfg.mode} run resumes with one shard only (this one had {cfg.servers})")
+    if cfg.local_steps > 1:
+        raise UsageError(f"--resume {out}: local SGD (--local-steps) runs do not resume")
+    # An injected fault (--fail-at) is how the first attempt was stopped, not part of the training
+    # to continue: the resumed run goes on without it.
+    return dataclasses.replace(cfg, fail_at=())
+
+
+def resume_version(cfg: RunConfig) -> int:
+    """The newest checkpoint version that every shard of the run has intact."""
+    folder = Path(cfg.out) / "checkpoints"
+    common = set.intersection(*(set(checkpoint.versions(folder, k)) for k in range(cfg.servers)))
+    if not common:
+        raise RunFailed(f"{folder}: no checkpoint version that all {cfg.servers} shards have intact")
+    return max(common)
+
+
+def run(cfg: RunConfig, resume: bool = False) -> dict:
     """Run one training job end to end; returns the summary. Raises RunFailed, or UsageError for an
-    --out that is not psgd's to write (an empty --out gets a folder of its own: with_out_resolved)."""
-    cfg = with_out_resolved(cfg)
-    out = Path(cfg.out)
-    prepare_out(out)
-    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
-    _write_launch(out, "psgd run")
+    --out that is not psgd's to write (an empty --out gets a folder of its own: with_out_resolved).
+    `resume`: continue the stopped run in cfg.out from its checkpoints (`resumable`); the first
+    attempt's metrics are kept as metrics-before-resume.jsonl."""
+    restore: list[str] = []
+    if resume:
+        out = Path(cfg.out)
+        restore = ["--restore", str(out / "checkpoints"), "--restore-upto", str(resume_version(cfg))]
+        if (out / "metrics.jsonl").exists():
+            os.replace(out / "metrics.jsonl", out / "metrics-before-resume.jsonl")
+    else:
+        cfg = with_out_resolved(cfg)
+        out = Path(cfg.out)
+        prepare_out(out)
+        (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
+    _write_launch(out, "psgd run --resume" if resume else "psgd run")
     ds = data_mod.load(cfg.data)  # also fills the mnist1d cache before the workers race for it
     flags = to_argv(cfg)
     exe = [sys.executable, "-m", "psgd"]
@@ -263,8 +302,8 @@ def run(cfg: RunConfig) -> dict:
         ps = cfg.mode != "allreduce"
         if ps:
             for k in range(cfg.servers):
-                servers.append(Child(f"server {k}", exe + ["server"] + flags + ["--shard", str(k), "--port", "0"],
-                                     out / "logs" / f"server-{k}.log", env, capture_stdout=True))
+                argv = exe + ["server"] + flags + restore + ["--shard", str(k), "--port", "0"]
+                servers.append(Child(f"server {k}", argv, out / "logs" / f"server-{k}.log", env, capture_stdout=True))
             # The workers start now, side by side with the servers (a process's start-up is mostly
             # importing torch), and read the shards' addresses from stdin once they have loaded.
             worker_argv = ["--servers-on-stdin"]

@@ -145,6 +145,9 @@ def summarize(out: Path, cfg: RunConfig, evals: list[dict], params: int, params_
         "per_worker_steps": {str(e["rank"]): e["steps"] for e in sorted(ends, key=lambda e: e["rank"])},
         "skipped_nonfinite": sum(s.get("skipped_nonfinite", 0) for s in shard_stats),
         "lost_workers": lost_workers(events, shard_stats),
+        "resumed_from": next((s["restored_from"] for s in shard_stats if s.get("restored_from") is not None), None),
+        "checkpoints": {"written": sum(s.get("checkpoints", 0) for s in shard_stats),
+                        "seconds": sum(s.get("checkpoint_s", 0.0) for s in shard_stats)},
         "params_sha256": params_sha256,
         "config": to_dict(cfg),
     }

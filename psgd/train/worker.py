@@ -94,13 +94,13 @@ def _loop(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None
         exchange.watch(model, flat)  # after the warm-up: its backward must not trigger --overlap's pushes
     totals = dict(steps=0, compute_s=0.0, pull_s=0.0, push_s=0.0, wait_s=0.0, bytes_pulled=0, bytes_pushed=0)
     train_start = 0.0
-    clock = 0
+    clock = first = getattr(exchange, "start_clock", 0)  # > 0 when the shards were restored from checkpoints
     while True:
         if fail_step is not None and clock == fail_step:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die like a crashed machine
         called = time.time()
         before = exchange.before_compute(clock, flat)
-        if clock == 0:
+        if clock == first:
             # The start barrier held this first call (PS: the shards hold the clock-0 pull until all
             # N workers asked; all-reduce: setup ended on a barrier). Training starts when it let
             # go: the call's start plus its hold. What follows, the first pull's transfer, is step

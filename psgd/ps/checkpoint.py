@@ -1,0 +1,108 @@
+"""A shard's checkpoints: written atomically with a checksum, read back only when intact.
+
+Contract:
+- `write(folder, shard, version, state, keep)` writes `shard-K-vVERSION.ckpt` in `folder`: the
+  state (a dict of tensors and plain values, `torch.save`d) after a fixed preamble that holds a
+  magic string, the payload's length and its SHA-256. It goes to a temporary file first, is
+  fsync'd, renamed into place and the folder fsync'd: a crash leaves the old checkpoint or the new
+  one, never half of one. Then all but the newest `keep` of this shard's checkpoints are deleted.
+- `newest(folder, shard, upto=V)` returns (state, path) of the newest checkpoint (of a version
+  <= V, when given: the shards of a sync run resume at one common version) of that shard whose
+  preamble, length and checksum all hold, or None; each one skipped (truncated, bit-flipped, not a
+  psgd checkpoint) is reported with its reason through `warn`, and never loaded.
+- `versions(folder, shard)`: the versions of a shard's intact checkpoints, newest first.
+
+Only files named like a checkpoint are read or deleted: the folder may hold anything else.
+The payload is read with `torch.load(weights_only=True)`: a checkpoint cannot run code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+MAGIC = b"PSGDCKP1"
+PREAMBLE = struct.Struct("<8sQ32s")  # magic, payload length, sha256 of the payload
+NAME = re.compile(r"shard-(\d+)-v(\d+)\.ckpt")
+
+
+def path_of(folder: Path, shard: int, version: int) -> Path:
+    return folder / f"shard-{shard}-v{version:010d}.ckpt"
+
+
+def write(folder: Path, shard: int, version: int, state: dict, keep: int = 3) -> Path:
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    payload = buf.getbuffer()
+    folder.mkdir(parents=True, exist_ok=True)
+    final = path_of(folder, shard, version)
+    tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        f.write(PREAMBLE.pack(MAGIC, len(payload), hashlib.sha256(payload).digest()))
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    _fsync_dir(folder)
+    for _, old in _listed(folder, shard)[keep:]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def newest(folder: Path, shard: int, warn: Callable[[str], None] = print,
+           upto: int | None = None) -> tuple[dict, Path] | None:
+    for version, path in _listed(folder, shard):
+        if upto is not None and version > upto:
+            continue
+        why = _check(path)
+        if why is None:
+            state = torch.load(io.BytesIO(path.read_bytes()[PREAMBLE.size:]), weights_only=True)
+            return state, path
+        warn(f"skipping checkpoint {path}: {why}")
+    return None
+
+
+def versions(folder: Path, shard: int) -> list[int]:
+    return [v for v, path in _listed(folder, shard) if _check(path) is None]
+
+
+def _check(path: Path) -> str | None:
+    """Why this file is not an intact checkpoint, or None."""
+    data = path.read_bytes()
+    if len(data) < PREAMBLE.size:
+        return "truncated (no complete preamble)"
+    magic, length, digest = PREAMBLE.unpack_from(data)
+    if magic != MAGIC:
+        return "not a psgd checkpoint"
+    if len(data) - PREAMBLE.size != length:
+        return f"truncated ({len(data) - PREAMBLE.size} of {length} payload bytes)"
+    if hashlib.sha256(memoryview(data)[PREAMBLE.size:]).digest() != digest:
+        return "checksum mismatch (corrupted)"
+    return None
+
+
+def _listed(folder: Path, shard: int) -> list[tuple[int, Path]]:
+    """(version, path) of this shard's checkpoint files, newest first."""
+    if not folder.is_dir():
+        return []
+    found = []
+    for p in folder.iterdir():
+        m = NAME.fullmatch(p.name)
+        if m and int(m.group(1)) == shard:
+            found.append((int(m.group(2)), p))
+    return sorted(found, reverse=True)
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,80 @@
+"""Checkpoints (psgd/ps/checkpoint.py, Shard.state / restore, psgd run --resume): atomic files
+whose damage is detected, and a restored shard that goes on exactly as the uninterrupted one."""
+
+from __future__ import annotations
+
+import torch
+
+from psgd.core.config import OptimConfig, RunConfig
+from psgd.ps import checkpoint
+from psgd.ps.shard import Shard
+from tests.helpers import open_start_barrier, psgd_main, summary
+
+
+def test_damaged_checkpoints_are_skipped_never_loaded(tmp_path):
+    folder = tmp_path / "ckpt"
+    for v in (1, 2, 3, 4):
+        checkpoint.write(folder, 0, v, {"version": v, "param": torch.full((5,), float(v))}, keep=3)
+    (folder / "notes.txt").write_text("not ours")
+    checkpoint.write(folder, 1, 4, {"version": 4}, keep=3)  # another shard's: never touched by shard 0's
+    assert checkpoint.versions(folder, 0) == [4, 3, 2]  # the oldest was pruned; others' files stay
+    assert (folder / "notes.txt").exists() and checkpoint.versions(folder, 1) == [4]
+    newest = checkpoint.path_of(folder, 0, 4)
+    data = bytearray(newest.read_bytes())
+    data[-7] ^= 0x10  # one bit flipped in the payload
+    newest.write_bytes(bytes(data))
+    older = checkpoint.path_of(folder, 0, 3)
+    older.write_bytes(older.read_bytes()[:-100])  # truncated
+    warnings: list[str] = []
+    state, path = checkpoint.newest(folder, 0, warn=warnings.append)
+    assert state["version"] == 2 and torch.equal(state["param"], torch.full((5,), 2.0))
+    assert "checksum mismatch" in warnings[0] and "truncated" in warnings[1]
+    assert checkpoint.newest(folder, 0, warn=warnings.append, upto=1) is None
+    assert checkpoint.versions(folder, 0) == [2]
+
+
+def test_a_restored_shard_goes_on_exactly_as_the_uninterrupted_one(tmp_path):
+    """Sync, momentum and a warmup schedule: the state a checkpoint carries is all the state."""
+    cfg = RunConfig(mode="sync", workers=1, servers=1, steps=100, checkpoint_every=3, out=str(tmp_path),
+                    optim=OptimConfig(lr=0.1, momentum=0.9, warmup=5))
+    grads = [torch.randn(6, generator=torch.Generator().manual_seed(i)) for i in range(8)]
+    a = Shard(cfg, 0)
+    a.init(torch.arange(6, dtype=torch.float32))
+    open_start_barrier(a)
+    for c, g in enumerate(grads):
+        a.push(0, c, c, g, "fp32")
+    state, _ = checkpoint.newest(tmp_path / "checkpoints", 0)
+    assert state["version"] == 6 and a.stats()["checkpoints"] == 2
+    b = Shard(cfg, 0)
+    b.restore(state)
+    assert b.policy.clocks == [6] and b.ready.is_set()
+    for c in (6, 7):
+        b.push(0, c, c, grads[c], "fp32")
+    assert torch.equal(a.param, b.param) and b.policy.version == a.policy.version == 8
+    wrong = Shard(RunConfig(mode="sync", workers=2, servers=1), 0)
+    try:
+        wrong.restore(state)
+        raise AssertionError("a checkpoint of another run was taken")
+    except ValueError as e:
+        assert "1 workers" in str(e)
+
+
+TRAIN = ["--mode", "sync", "--workers", "2", "--servers", "2", "--steps", "12", "--checkpoint-every", "5",
+         "--dataset", "synthetic", "--num-samples", "600", "--model", "mlp", "--width", "16", "--batch-size", "8",
+         "--eval-every", "0"]
+
+
+def test_a_crashed_sync_run_resumes_to_the_same_parameters_bit_for_bit(tmp_path):
+    ref = psgd_main("run", *TRAIN, "--out", str(tmp_path / "ref"))
+    assert ref.returncode == 0, ref.stderr
+    crashed = tmp_path / "crashed"
+    # Worker 0 dies at step 7: version 5 was checkpointed (and is on disk before anyone passed it).
+    r = psgd_main("run", *TRAIN, "--fail-at", "0=7", "--out", str(crashed))
+    assert r.returncode == 1 and "SIGKILL" in r.stderr
+    r = psgd_main("run", "--resume", str(crashed))
+    assert r.returncode == 0, r.stderr
+    s = summary(crashed)
+    assert s["resumed_from"] == 5 and s["global_updates"] == 12
+    assert s["params_sha256"] == summary(tmp_path / "ref")["params_sha256"]
+    r = psgd_main("run", "--resume", str(crashed), "--steps", "3")
+    assert r.returncode == 2 and "give no other flags" in r.stderr
