@@ -14,6 +14,9 @@ time; after it, pull time.
 With `local_steps` H > 1 (local SGD, sync mode, psgd/core/localsgd.py) the worker steps its own
 replica with a local optimizer, pulls only at the start of each round of H steps and pushes the
 delta w_pulled - w_local at its end; pull and push carry the round as clock.
+A model on a GPU pulls into and pushes from pinned host buffers allocated once (`HostStaging`,
+psgd/ps/staging.py); the plain exchange waits for each copy (host-to-device in pull time,
+device-to-host in push time), `Overlap` queues them per layer and per shard without waiting.
 
 `Overlap(model, flat, client, staging, accumulate)` (--overlap) registers hooks on the model, then
 drives each step in place of the plain pull-compute-push of `PSExchange`:

@@ -25,6 +25,11 @@ is about the same instant, and process start-up, loading, the model's build, the
 waiting for slower starters are all outside wall time and outside every time split; the first
 pull's transfer counts as step 0's pull time, as any other pull's does.
 
+Device: worker `rank` computes on `worker_device(cfg.device, rank, local_rank)` (psgd/core/devices.py:
+cuda:(LOCAL_RANK or rank) % GPUs, or the one --device names); on CUDA the loop synchronises the
+device at the end of the warm-up and of backward, so compute time is the kernels' run, not their
+launch. `worker_end` records the device, its name and the torch / CUDA versions.
+
 Run one by hand (servers already up):
     psgd worker --rank 0 --servers 127.0.0.1:50051,127.0.0.1:50052 --workers 4 --mode sync ...
 """
