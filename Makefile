@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 STAMP := $(VENV)/.psgd-installed
 
-.PHONY: install test experiments experiments-full readme proto lint clean
+.PHONY: install test experiments experiments-full readme proto lint gpu-check clean
 
 install: $(STAMP)
 
@@ -38,6 +38,12 @@ readme: install
 
 proto: install
 	$(BIN)/python tools/gen_proto.py
+
+# On a GPU host: the gpu-marked tests, a 2-worker sync run on the GPU against the same run on the CPU,
+# an overlapped run, `psgd bench transport --device cuda` and, with 2+ GPUs, NCCL vs the ring (E5),
+# within 5 minutes; writes results/gpu/ and fails on any failure. CPU-only: says so, checks nothing, exit 0.
+gpu-check: install
+	$(BIN)/psgd doctor --gpu --out results/gpu
 
 lint: install
 	$(BIN)/ruff check psgd tests tools examples

@@ -63,16 +63,14 @@ other hosts."""
 
 
 def check_device(cfg: C.RunConfig) -> None:
-    """Refuse --device cuda where torch sees no CUDA device: at once, before any process starts,
-    rather than as each worker's failure. Here and not in psgd/core, which imports no torch; the
-    servers skip it (they keep their shard on the CPU whatever --device says)."""
-    if cfg.device != "cuda":
-        return
-    import torch  # only for this flag: importing torch costs about a second
+    """Refuse a CUDA --device this host does not have (no CUDA device, or cuda:N beyond its count):
+    at once, before any process starts, rather than as each worker's failure. Here and not in
+    psgd/core, which imports no torch; the servers skip it (they keep their shard on the CPU
+    whatever --device says). Every worker checks its own host again (psgd/core/devices.py)."""
+    from psgd.core.devices import parse_device
 
-    if not torch.cuda.is_available():
-        raise UsageError("--device cuda, but torch sees no CUDA device (torch.cuda.is_available() is False); "
-                         "use --device auto or cpu")
+    if parse_device(cfg.device)[0] == "cuda":  # importing torch costs about a second: only then
+        worker_device_of(cfg, rank=0)
 
 
 def build_parser() -> Parser:
@@ -142,9 +140,11 @@ DELEGATED = {
     "trace": "per-worker timeline of one run: wait / pull / compute / push of every step",
     "bench": "benchmarks: transport | allreduce | scaling | calibrate | peers",
     "model": "alpha-beta cost model: predict PS vs ring throughput up to 1024 workers",
+    "doctor": "what this host offers (torch, CUDA, GPUs); --gpu checks psgd on its GPUs (make gpu-check)",
 }
 MODULES = {"suite": "psgd.lab.suite", "plot": "psgd.lab.plots", "bench": "psgd.bench",
-           "model": "psgd.bench.costmodel_cli", "trace": "psgd.lab.trace"}
+           "model": "psgd.bench.costmodel_cli", "trace": "psgd.lab.trace",
+           "doctor": "psgd.lab.doctor"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -347,6 +347,19 @@ def _serve(args: argparse.Namespace) -> int:
     os._exit(0)
 
 
+def worker_device_of(cfg: C.RunConfig, rank: int):
+    """This worker's torch.device: --device on this host, spread by $LOCAL_RANK (torchrun, psgd run's
+    all-reduce) or else the rank; a device the host lacks is a UsageError (exit 2)."""
+    from psgd.core.devices import DeviceError
+    from psgd.train.worker import worker_device
+
+    local = os.environ.get("LOCAL_RANK", "")
+    try:
+        return worker_device(cfg.device, rank, int(local) if local.isdigit() else None)
+    except DeviceError as e:
+        raise UsageError(str(e)) from None
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -356,11 +369,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from psgd.train.metrics import Metrics
 
     cfg = by_hand(config_from_args(args))
-    check_device(cfg)
     _token(cfg)  # a bad token file is a usage error here, before anything starts
     rank = args.rank if args.rank is not None else int(os.environ.get("RANK", "-1"))
     if not 0 <= rank < cfg.workers:
         raise UsageError(f"--rank must be in 0..{cfg.workers - 1} (or set $RANK), got {rank}")
+    device = worker_device_of(cfg, rank)
     # `psgd run` resolved --epochs already; by hand or under torchrun the worker is the first to know.
     cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
     launch.set_threads(cfg)
@@ -387,7 +400,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     metrics = Metrics(Path(cfg.out) / "metrics.jsonl")
     code = 0
     try:
-        worker.train(cfg, rank, exchange, metrics)
+        worker.train(cfg, rank, exchange, metrics, device)
     except errors as e:
         print(f"psgd worker {rank}: error: {e}", file=sys.stderr)
         code = 1

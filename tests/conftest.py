@@ -15,6 +15,24 @@ torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+def gpu_skip_reason(wanted: int, available: int) -> str | None:
+    """Why a test marked gpu(devices=wanted) cannot run with `available` CUDA devices (None: it can)."""
+    if available >= wanted:
+        return None
+    have = "torch sees no CUDA device" if available == 0 else f"torch sees {available} CUDA device(s)"
+    return f"needs {wanted} CUDA device(s), {have}: runs on a GPU host (make gpu-check)"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked `gpu` run wherever CUDA is present and are skipped, with the reason, elsewhere."""
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    for item in items:
+        marker = item.get_closest_marker("gpu")
+        reason = marker and gpu_skip_reason(marker.kwargs.get("devices", 1), available)
+        if reason:
+            item.add_marker(pytest.mark.skip(reason=reason))
+
+
 @pytest.fixture
 def shard_servers():
     """Factory: start cfg.servers in-process shard servers (gRPC + TCP data plane); returns them."""

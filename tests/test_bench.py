@@ -7,6 +7,7 @@ import csv
 import json
 
 import pytest
+import torch
 
 from psgd.bench import scaling, transport
 from tests.helpers import processes_mentioning, psgd_main
@@ -28,7 +29,7 @@ def test_transport_json(tmp_path):
         ("grpc", 2), ("tcp", 2)]
     for row in result["psgd"]:
         assert {"push_ratio", "pull_ratio", "push_net_ratio", "apply_s", "push_gbps", "pull_gbps"} <= set(row)
-        assert row["push_s"] > 0 and row["pull_s"] > 0 and row["apply_s"] >= 0
+        assert row["push_s"] > 0 and row["pull_s"] > 0 and row["apply_s"] >= 0 and row["device"] == "cpu"
     assert result["grpc_bare"]["push_ratio"] > 0
     assert [s["transport"] for s in result["small"]] == ["grpc", "tcp"]
     for small in result["small"]:
@@ -40,7 +41,9 @@ def test_transport_json(tmp_path):
 
 
 def test_transport_usage_errors():
-    for bad in (["--shards", "0"], ["--size-mb", "-1"], ["--transports", "udp"]):
+    no_gpu = [] if torch.cuda.is_available() else [["--device", "cuda"]]
+    for bad in (["--shards", "0"], ["--size-mb", "-1"], ["--transports", "udp"], ["--device", "gpu"],
+                ["--device", "auto"], *no_gpu):
         r = psgd_main("bench", "transport", *bad)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
 

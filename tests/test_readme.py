@@ -29,6 +29,8 @@ NOT_RUN = {
     "make install": "the environment this test runs in is what it makes (`make test` runs it first)",
     "make test": "this test is part of it",
     "make experiments": "ten minutes or more; tests/test_suite.py runs a tiny suite end to end",
+    "make gpu-check": "for a GPU host (about 5 minutes there); tests/test_doctor.py runs its CPU-only path, "
+                      "tests/test_gpu.py holds the gpu-marked tests it runs",
     "psgd server --port 50051": "needs hosts A and B; tests/test_by_hand.py runs the same recipe on 127.0.0.1",
     "psgd worker --rank 0 --servers hostA": "as above",
     "psgd summarize results/runs/by-hand": "as above (tests/test_by_hand.py summarizes its by-hand run)",

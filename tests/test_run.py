@@ -10,6 +10,7 @@ import sys
 import pytest
 import torch
 
+from psgd.core.errors import UsageError
 from tests.helpers import ENV, events, processes_mentioning, psgd, psgd_main, summary
 
 COMMON = ["--dataset", "synthetic", "--num-samples", "3000", "--model", "mlp", "--batch-size", "16"]
@@ -17,7 +18,8 @@ COMMON = ["--dataset", "synthetic", "--num-samples", "3000", "--model", "mlp", "
 SUMMARY_KEYS = {"mode", "workers", "servers", "clock_gap_bound", "model", "dataset", "params", "global_updates",
                 "worker_steps", "wall_time_s", "updates_per_s", "samples_per_s", "final_train_loss",
                 "final_test_loss", "final_test_accuracy", "staleness", "max_clock_gap", "bytes_pushed",
-                "bytes_pulled", "time_breakdown_s", "params_sha256"}
+                "bytes_pulled", "time_breakdown_s", "params_sha256", "worker_devices", "torch_version",
+                "cuda_version"}
 
 
 def test_sync_run_writes_everything(tmp_path):
@@ -31,6 +33,13 @@ def test_sync_run_writes_everything(tmp_path):
     assert s["config"]["threads"] == 2
     assert SUMMARY_KEYS <= set(s)
     assert s["global_updates"] == 30 and s["worker_steps"] == 120
+    # Each worker's device (--device auto: the CPU here, cuda:r % GPUs on a GPU host) and versions.
+    from psgd.train.worker import worker_device
+
+    assert s["torch_version"] == torch.__version__ and s["cuda_version"] == torch.version.cuda
+    assert {r: d["device"] for r, d in s["worker_devices"].items()} == {str(r): str(worker_device("auto", r))
+                                                                        for r in range(4)}
+    assert all(d["device_name"] and d["torch_version"] == torch.__version__ for d in s["worker_devices"].values())
     # No terminal, no live line (tests/test_progress.py follows it); the summary line compares modes
     # on equal terms.
     assert r.stderr == ""
@@ -159,7 +168,11 @@ def test_device_cuda_is_accepted_where_torch_sees_one(monkeypatch):
     from psgd.core.config import RunConfig
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     check_device(RunConfig(device="cuda"))   # no UsageError
+    check_device(RunConfig(device="cuda:1"))
+    with pytest.raises(UsageError, match=r"--device cuda:2, but this host has 2 CUDA device\(s\), cuda:0..cuda:1"):
+        check_device(RunConfig(device="cuda:2"))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     check_device(RunConfig(device="auto"))   # auto falls back to the CPU: nothing to refuse
 

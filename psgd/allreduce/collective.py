@@ -59,6 +59,7 @@ import torch.distributed as dist
 from psgd.allreduce.ring import Traffic, ring_all_reduce, ring_bytes
 from psgd.core import codec, localsgd, optim
 from psgd.core.config import RunConfig
+from psgd.core.devices import parse_device, pick_device
 from psgd.core.errors import UsageError
 from psgd.core.step import Flat, StepReport
 
@@ -119,13 +120,24 @@ def choose_backend(requested: str, device: str, local_world_size: int, cuda_devi
     """nccl when every rank on this host gets its own CUDA device, gloo otherwise (pure).
 
     NCCL needs one device per rank: two ranks on one GPU is unsupported and may hang, so asking
-    for it without enough devices is a usage error here, before any process waits for another.
+    for it without enough devices (or with `--device cuda:N`, one GPU for every rank of the host)
+    is a usage error here, naming the fix, before any process waits for another.
     """
-    one_gpu_each = device != "cpu" and cuda_devices >= local_world_size
+    kind, index = parse_device(device)
+    shared = index is not None and local_world_size > 1  # cuda:N: every rank of the host on GPU N
+    one_gpu_each = kind != "cpu" and cuda_devices >= local_world_size and not shared
     if requested == "nccl" and not one_gpu_each:
-        why = "--device cpu was asked for" if device == "cpu" else \
-            f"this host runs {local_world_size} ranks and torch sees {cuda_devices} CUDA device(s) for NCCL"
-        raise UsageError(f"--backend nccl needs one CUDA device per rank, but {why}; use --backend gloo or auto")
+        if kind == "cpu":
+            why, fix = "--device cpu was asked for", "use --device cuda (or auto)"
+        elif shared:
+            why, fix = (f"--device {device} puts all {local_world_size} ranks of this host on one GPU",
+                        "use --device cuda (rank r takes cuda:LOCAL_RANK)")
+        else:
+            why = f"this host runs {local_world_size} ranks and torch sees {cuda_devices} CUDA device(s) for NCCL"
+            fix = (f"run at most one rank per GPU (--workers {cuda_devices}, or torchrun --nproc-per-node "
+                   f"{cuda_devices})" if cuda_devices else "run on a host with a GPU per rank")
+        raise UsageError(f"--backend nccl needs one CUDA device per rank, but {why}: {fix}, or use --backend gloo "
+                         "or auto (GPUs shared, gradients reduced through CPU buffers)")
     if requested == "auto":
         return "nccl" if one_gpu_each else "gloo"
     return requested
@@ -160,12 +172,14 @@ class CollectiveExchange:
     def __init__(self, cfg: RunConfig, rdv: Rendezvous, backend: str) -> None:
         self.cfg, self.rdv, self.backend = cfg, rdv, backend
         self.n = rdv.world_size
-        # nccl reduces on the rank's own GPU; gloo on the CPU (a CUDA model is staged through it).
-        self.comm_device = torch.device("cuda", rdv.local_rank) if backend == "nccl" else torch.device("cpu")
+        # nccl reduces on the rank's own GPU, the one the worker picks (psgd/core/devices.py:
+        # cuda:LOCAL_RANK, as choose_backend made sure each rank has its own); gloo on the CPU (a
+        # CUDA model is staged through it).
+        self.comm_device = torch.device("cpu")
         if backend == "nccl":
-            torch.cuda.set_device(rdv.local_rank)  # the worker's "cuda" tensors land on this device
-        elif cfg.device != "cpu" and torch.cuda.is_available():
-            torch.cuda.set_device(rdv.local_rank % torch.cuda.device_count())
+            picked = pick_device(cfg.device, rdv.rank, rdv.local_rank, torch.cuda.device_count())
+            self.comm_device = torch.device(picked)
+            torch.cuda.set_device(self.comm_device)  # NCCL's communicator binds to the current device
         self.bucket_numel = max(1, int(cfg.bucket_mb * MIB) // 4)  # fp32 elements per bucket
         self.opt: optim.SGD | None = None
         self.local_steps = cfg.local_steps

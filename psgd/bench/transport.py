@@ -13,12 +13,16 @@ Contract: one run measures, side by side on 127.0.0.1,
 - gRPC's own floor, to tell gRPC's cost from psgd's: a bare gRPC service (`serve_bare`, identity
   serialisers, no psgd code, in its own process) streaming the same 1 MiB frames pre-built, and
   the same small-message pattern (2 parallel server-streaming + 2 client-streaming calls).
+With `--device cuda` the pushed gradient and the pulled parameters are device tensors, staged
+through pinned host buffers as a GPU worker's are (psgd/ps/staging.py): the bulk rows then include
+those copies (the raw socket and the small-message rows stay host-to-host).
 Every figure is a median over `--repeat` timed runs after one warm-up; rates are reported as
 ratios to the raw socket measured in the same run, because this machine is shared and noisy.
 Server processes bind 127.0.0.1:0 and are always stopped (SIGTERM, then their stats are read).
 
     psgd bench transport --size-mb 64 --json
     psgd bench transport --size-mb 4 --shards 1,2 --repeat 3      # quick look
+    psgd bench transport --device cuda --size-mb 16 --small-params 0   # a GPU worker's tensors
 """
 
 from __future__ import annotations
@@ -135,17 +139,25 @@ def fresh_client(num_shards: int, num_elements: int, transport: str = "grpc"):
         stats.extend(shard_stats(Path(tmp), num_shards))
 
 
-def measure_push_pull(num_shards: int, num_elements: int, repeat: int, transport: str = "grpc") -> dict:
-    """Median push / pull seconds of num_elements fp32 over K shards, and the shards' apply time."""
-    grad = torch.randn(num_elements) * 1e-3
-    out_buf = torch.empty(num_elements)
+def measure_push_pull(num_shards: int, num_elements: int, repeat: int, transport: str = "grpc",
+                      device: str = "cpu") -> dict:
+    """Median push / pull seconds of num_elements fp32 over K shards, and the shards' apply time.
+
+    On a CUDA `device` the gradient and the parameters live there, as a GPU worker's do: a push
+    includes the device-to-host copy into pinned staging, a pull the copy back (psgd/ps/staging.py)."""
+    from psgd.ps.staging import HostStaging
+
+    grad = (torch.randn(num_elements) * 1e-3).to(device)
+    out_buf = torch.empty(num_elements, device=device)
+    staging = HostStaging(out_buf, grad)
     push_s, pull_s = [], []
     with fresh_client(num_shards, num_elements, transport) as (client, stats):
         for clock in range(repeat + 1):
             t0 = time.perf_counter()
-            client.push(clock, grad)
+            client.push(clock, staging.host_copy(grad))
             t1 = time.perf_counter()
-            client.pull(clock + 1, out_buf)
+            client.pull(clock + 1, staging.host_params())
+            staging.to_device().wait()
             t2 = time.perf_counter()
             if clock:  # the first round trip is a warm-up
                 push_s.append(t1 - t0)
@@ -286,7 +298,7 @@ def measure_bare(nbytes: int, repeat: int, small_bytes: int, small_repeat: int) 
 
 
 def run(size_mb: float, shards: list[int], repeat: int, small_params: int, small_repeat: int,
-        transports: tuple[str, ...] = ("grpc", "tcp")) -> dict:
+        transports: tuple[str, ...] = ("grpc", "tcp"), device: str = "cpu") -> dict:
     torch.set_num_threads(1)  # like a worker process (launch.child_env sets OMP_NUM_THREADS=1)
     num_elements = int(size_mb * MIB) // 4
     nbytes = num_elements * 4
@@ -296,8 +308,8 @@ def run(size_mb: float, shards: list[int], repeat: int, small_params: int, small
         for k in shards:
             # Raw socket right before each psgd measurement: drift on a shared machine hits both.
             raw_samples += raw_socket_seconds(nbytes, repeat)
-            m = measure_push_pull(k, num_elements, repeat, transport)
-            rows.append({"transport": transport, "shards": k, **m})
+            m = measure_push_pull(k, num_elements, repeat, transport, device)
+            rows.append({"transport": transport, "shards": k, "device": device, **m})
     raw_samples += raw_socket_seconds(nbytes, repeat)
     bare = measure_bare(nbytes, repeat, small_params * 4, small_repeat)
     raw_s = statistics.median(raw_samples)
@@ -310,7 +322,7 @@ def run(size_mb: float, shards: list[int], repeat: int, small_params: int, small
         r["push_net_ratio"] = raw_s / net
         r["apply_gbps"] = nbytes / r["shards"] / max(r["apply_s"], 1e-9) / 1e9  # per shard, in parallel
     result: dict = {
-        "size_mb": size_mb, "bytes": nbytes, "repeat": repeat,
+        "size_mb": size_mb, "bytes": nbytes, "repeat": repeat, "device": device,
         "raw_socket": {"seconds": raw_s, "gbps": nbytes / raw_s / 1e9},
         "grpc_bare": {"push_s": bare["push_s"], "pull_s": bare["pull_s"], "push_ratio": raw_s / bare["push_s"],
                       "pull_ratio": raw_s / bare["pull_s"]},
@@ -350,6 +362,20 @@ def format_table(r: dict) -> str:
     return "\n".join(lines)
 
 
+def bench_device(spec: str) -> str:
+    """--device cpu | cuda | cuda:N -> "cpu" or "cuda:K" on this host; UsageError if absent or malformed."""
+    from psgd.core.devices import DeviceError, parse_device
+    from psgd.core.errors import UsageError
+    from psgd.train.worker import worker_device
+
+    try:
+        if parse_device(spec)[0] == "auto":
+            raise ValueError("--device of psgd bench transport is cpu, cuda or cuda:N (auto would hide which)")
+        return str(worker_device(spec, rank=0))
+    except (DeviceError, ValueError) as e:
+        raise UsageError(str(e)) from None
+
+
 def main(argv: list[str]) -> int:
     from psgd.core.errors import Parser, UsageError
 
@@ -362,6 +388,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--small-repeat", type=int, default=200, help="timed small-message exchanges")
     p.add_argument("--transports", default="grpc,tcp",
                    help="psgd transports to measure, comma-separated: grpc, tcp (default both)")
+    p.add_argument("--device", default="cpu", metavar="cpu|cuda|cuda:N",
+                   help="where the pushed gradient and the pulled parameters live (default cpu); on a GPU the bulk "
+                        "push / pull times include the copies through pinned host memory")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--out", default="", help="also write the JSON result to this file")
     a = p.parse_args(argv)
@@ -371,7 +400,7 @@ def main(argv: list[str]) -> int:
     if not transports or not set(transports) <= {"grpc", "tcp"}:
         raise UsageError(f"--transports takes grpc and / or tcp, comma-separated; got {a.transports!r}")
     result = run(a.size_mb, parse_int_list(a.shards, "--shards"), a.repeat, a.small_params, a.small_repeat,
-                 transports)
+                 transports, bench_device(a.device))
     result["command"] = "psgd bench transport " + " ".join(argv)
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)

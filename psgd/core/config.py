@@ -33,14 +33,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from psgd.core import link
+from psgd.core import devices, link
 
 PS_MODES = ("sync", "async", "ssp")
 MODES = PS_MODES + ("allreduce",)
 DATASETS = ("synthetic", "mnist1d", "mnist")
 MODELS = ("logreg", "mlp", "cnn", "wide_mlp")
 WIRE_DTYPES = ("fp32", "fp16", "bf16")
-DEVICES = ("auto", "cpu", "cuda")
 ALLREDUCE_IMPLS = ("library", "ring")
 BACKENDS = ("auto", "gloo", "nccl")
 TRANSPORTS = ("grpc", "tcp")
@@ -143,7 +142,9 @@ class RunConfig:
                               "averagings (sync PS or allreduce; 1 = average every step)", metavar="H")
     seed: int = opt(0, "seed of model init and batch order")
     eval_every: int = opt(20, "snapshot parameters every this many updates, evaluated after the run (0: end only)")
-    device: str = opt("auto", "where workers compute", choices=DEVICES)
+    device: str = opt("auto", "where workers compute: auto (a GPU when there is one), cpu, cuda (worker r takes "
+                              "cuda:(LOCAL_RANK or r) % GPUs) or cuda:N (every worker on GPU N; psgd/core/devices.py)",
+                      metavar="auto|cpu|cuda|cuda:N")
     threads: int = opt(0, "torch intra-op threads per process; 0: the machine's cores shared by the run's "
                           "processes on it (psgd run: the N workers and K servers), at least 1", metavar="T")
     wire_dtype: str = opt("fp32", "dtype of gradients and parameters on the wire (servers keep fp32)",
@@ -208,7 +209,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         (cfg.batch_size >= 1, f"--batch-size must be >= 1, got {cfg.batch_size}"),
         (cfg.accumulate >= 1, f"--accumulate must be >= 1, got {cfg.accumulate}"),
         (cfg.eval_every >= 0, f"--eval-every must be >= 0, got {cfg.eval_every}"),
-        (cfg.device in DEVICES, f"--device must be one of {', '.join(DEVICES)}, got {cfg.device!r}"),
+        (_error(devices.parse_device, cfg.device) is None, _error(devices.parse_device, cfg.device) or ""),
         (cfg.wire_dtype in WIRE_DTYPES, f"--wire-dtype must be one of {', '.join(WIRE_DTYPES)}"),
         (cfg.jitter >= 0, f"--jitter must be >= 0 ms, got {cfg.jitter}"),
         (cfg.rpc_timeout > 0, f"--rpc-timeout must be > 0, got {cfg.rpc_timeout}"),
@@ -217,7 +218,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         (cfg.bucket_mb > 0 and math.isfinite(cfg.bucket_mb), f"--bucket-mb must be > 0, got {cfg.bucket_mb}"),
         (cfg.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}, got {cfg.backend!r}"),
         (cfg.check_every >= 0, f"--check-every must be >= 0, got {cfg.check_every}"),
-        (_link_error(cfg.link) is None, _link_error(cfg.link) or ""),
+        (_error(link.parse, cfg.link) is None, _error(link.parse, cfg.link) or ""),
         (cfg.transport in TRANSPORTS, f"--transport must be one of {', '.join(TRANSPORTS)}, got {cfg.transport!r}"),
         # servers=1 is the default, so only a count asked for explicitly contradicts the mode.
         (cfg.mode != "allreduce" or cfg.servers == 1,
@@ -267,9 +268,10 @@ def validate(cfg: RunConfig) -> RunConfig:
     return cfg
 
 
-def _link_error(text: str) -> str | None:
+def _error(parse: Callable[[str], Any], text: str) -> str | None:
+    """parse(text)'s ValueError message, or None when it parses."""
     try:
-        link.parse(text)
+        parse(text)
     except ValueError as e:
         return str(e)
     return None

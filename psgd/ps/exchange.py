@@ -14,8 +14,11 @@ time; after it, pull time.
 With `local_steps` H > 1 (local SGD, sync mode, psgd/core/localsgd.py) the worker steps its own
 replica with a local optimizer, pulls only at the start of each round of H steps and pushes the
 delta w_pulled - w_local at its end; pull and push carry the round as clock.
+A model on a GPU pulls into and pushes from pinned host buffers allocated once (`HostStaging`,
+psgd/ps/staging.py); the plain exchange waits for each copy (host-to-device in pull time,
+device-to-host in push time), `Overlap` queues them per layer and per shard without waiting.
 
-`Overlap(model, flat, client, host, accumulate)` (--overlap) registers hooks on the model, then
+`Overlap(model, flat, client, staging, accumulate)` (--overlap) registers hooks on the model, then
 drives each step in place of the plain pull-compute-push of `PSExchange`:
 
 - `before_compute(clock)`: starts the pull of every shard and returns as soon as their headers
@@ -44,6 +47,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from torch import nn
@@ -55,6 +59,7 @@ from psgd.core.errors import ExchangeError, UsageError
 from psgd.core.step import StepReport
 from psgd.ps import auth
 from psgd.ps.client import PSClient, PullStreams, make_client
+from psgd.ps.staging import HostStaging
 
 
 class PSExchange:
@@ -73,7 +78,7 @@ class PSExchange:
     def __init__(self, addresses: list[str], wire_dtype: str = "fp32", rpc_timeout: float = 60.0,
                  link: str = "", overlap: bool = False, accumulate: int = 1, transport: str = "grpc",
                  local_steps: int = 1, optim_cfg: OptimConfig | None = None, separate_pull: bool = False,
-                 token: bytes | None = None) -> None:
+                 token: bytes | None = None, stage: bool | None = None) -> None:
         if local_steps > 1 and overlap:
             raise UsageError("--overlap pushes gradients during backward, --local-steps pushes a model delta every "
                              "H steps: use one or the other")
@@ -87,6 +92,8 @@ class PSExchange:
         self.start_clock = 0  # the loop's first step: 0, or a restored run's (setup learns it)
         self._overlap = None
         self._local: optim.SGD | None = None
+        self.stage = stage  # host staging (psgd/ps/staging.py): None = when the model is on a GPU
+        self.staging: HostStaging | None = None
 
     @classmethod
     def from_config(cls, cfg, addresses: list[str]) -> PSExchange:
@@ -104,6 +111,7 @@ class PSExchange:
             raise ExchangeError(f"the shards hold worker {rank} at different clocks {sorted(starts)}: they were "
                                 "restored from checkpoints of different steps")
         self.start_clock = starts.pop()
+        self.staging = HostStaging(flat.params, flat.grads, self.stage)
         if rank == 0:
             self.client.init(flat.params)  # the chief's seeded init becomes the shards' start (unless restored)
         if self.local_steps > 1:
@@ -114,7 +122,7 @@ class PSExchange:
 
     def watch(self, model, flat) -> None:
         if self.overlap:
-            self._overlap = Overlap(model, flat, self.client, self._staging(flat), self.accumulate)
+            self._overlap = Overlap(model, flat, self.client, self.staging, self.accumulate)
 
     def before_compute(self, clock: int, flat):
         if self._overlap is not None:
@@ -128,16 +136,17 @@ class PSExchange:
             return StepReport(done=r.done, clock_gap=r.clock_gap)
         t0 = time.perf_counter()
         # The shards count rounds: without local SGD a round is one step and this is the clock.
-        r = self.client.pull(clock // self.local_steps, self._staging(flat))
+        r = self.client.pull(clock // self.local_steps, self.staging.host_params())
         self._landed(r, flat)
         elapsed = time.perf_counter() - t0
         return StepReport(done=r.done, pull_s=max(0.0, elapsed - r.wait_s), wait_s=r.wait_s,
                           bytes_pulled=r.bytes, clock_gap=r.clock_gap)
 
     def _landed(self, r, flat) -> None:
-        """Pulled parameters are in the staging buffer: give them to the model (and local SGD)."""
-        if not r.done and self._host is not flat.params:
-            flat.params.copy_(self._host, non_blocking=True)
+        """Pulled parameters are in the staging buffer: give them to the model (and local SGD).
+        On a GPU the host-to-device copy is waited for, so that it counts as pull time."""
+        if not r.done:
+            self.staging.to_device().wait()
         if not r.done and self._local is not None:
             self._pulled.copy_(flat.params)
 
@@ -156,8 +165,9 @@ class PSExchange:
                 return StepReport(compute_s=local_s)
             pushed = torch.sub(self._pulled, flat.params, out=self._delta)
         t0 = time.perf_counter()
+        pushed = self.staging.host_copy(pushed)  # on a GPU: to the pinned host buffer (push time)
         if self.combined:
-            o = self.client.push_pull(clock // self.local_steps, pushed, self._staging(flat))
+            o = self.client.push_pull(clock // self.local_steps, pushed, self.staging.host_params())
             self._landed(o.pulled, flat)
             self._next = o.pulled
             end, r = time.perf_counter(), o.pulled
@@ -168,13 +178,6 @@ class PSExchange:
         return StepReport(done=done, counted=not refused, push_s=time.perf_counter() - t0,
                           bytes_pushed=0 if refused else sent, compute_s=local_s)
 
-    def _staging(self, flat) -> torch.Tensor:
-        # Pull straight into the model's flat buffer on CPU; through a host buffer on CUDA.
-        if not hasattr(self, "_host"):
-            on_cpu = flat.params.device.type == "cpu"
-            self._host = flat.params if on_cpu else torch.empty_like(flat.params, device="cpu")
-        return self._host
-
     def close(self, failed: bool = False) -> None:
         if self._overlap is not None:
             self._overlap.close()
@@ -183,8 +186,11 @@ class PSExchange:
 
 
 class Overlap:
-    def __init__(self, model: nn.Module, flat, client: PSClient, host: torch.Tensor, accumulate: int) -> None:
-        self.flat, self.client, self.host = flat, client, host
+    def __init__(self, model: nn.Module, flat, client: PSClient, staging: HostStaging, accumulate: int) -> None:
+        self.flat, self.client, self.staging = flat, client, staging
+        # On a GPU a shard's push waits for its device-to-host copy in one of these threads, not in
+        # backward's hook, so that backward keeps queueing kernels meanwhile.
+        self._copies = ThreadPoolExecutor(len(client.ranges), "psgd-d2h") if staging.staged else None
         base = flat.params.data_ptr()
         size = flat.params.element_size()
 
@@ -223,8 +229,8 @@ class Overlap:
                 return
             t0 = time.perf_counter()
             self._streams.wait_range(start, stop)
-            if self.host is not self.flat.params and key not in self._copied:  # CUDA: through host memory
-                self.flat.params[start:stop].copy_(self.host[start:stop])
+            if key not in self._copied:  # GPU: queue this layer's host-to-device copy (no wait)
+                self.staging.to_device(start, stop)
                 self._copied.add(key)
             self._blocked_s += time.perf_counter() - t0
         return hook
@@ -245,7 +251,15 @@ class Overlap:
         with self._lock:
             if self._futures[k] is not None:
                 return
-            self._futures[k] = self.client.start_push(k, self._clock, self.flat.grads)
+            if self._copies is None:
+                self._futures[k] = self.client.start_push(k, self._clock, self.flat.grads)
+            else:
+                ready = self.staging.to_host(*self.client.ranges[k])  # queued after backward's kernels so far
+                self._futures[k] = self._copies.submit(self._push_when_copied, ready, k, self._clock)
+
+    def _push_when_copied(self, ready, k: int, clock: int):
+        ready.wait()  # shard k's gradient is on the host
+        return self.client.start_push(k, clock, self.staging.grads).result()
 
     # -- one step -----------------------------------------------------------------------------------
     def before_compute(self, clock: int) -> StepReport:
@@ -254,7 +268,7 @@ class Overlap:
             self._clock, self._pending = clock, list(self._needed)
             self._futures = [None] * len(self.client.ranges)
         self._blocked_s, self._copied = 0.0, set()
-        self._streams = self.client.start_pull(clock, self.host)
+        self._streams = self.client.start_pull(clock, self.staging.host_params())
         headers = self._streams.wait_headers()
         done = any(h.done for h in headers)
         if not done:
@@ -280,3 +294,5 @@ class Overlap:
     def close(self) -> None:
         for h in self._handles:
             h.remove()
+        if self._copies is not None:
+            self._copies.shutdown(wait=True)

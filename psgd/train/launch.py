@@ -308,7 +308,9 @@ def run(cfg: RunConfig, resume: bool = False) -> dict:
             # importing torch), and read the shards' addresses from stdin once they have loaded.
             worker_argv = ["--servers-on-stdin"]
         for r in range(cfg.workers):
-            wenv = dict(env, RANK=str(r), LOCAL_RANK=str(r)) if cfg.mode == "allreduce" else env
+            # One host: the local rank is the rank (it picks worker r's GPU, psgd/core/devices.py, and
+            # the all-reduce rendezvous reads both); set, so that an inherited $LOCAL_RANK cannot pin them all.
+            wenv = dict(env, RANK=str(r), LOCAL_RANK=str(r))
             workers.append(Child(f"worker {r}", exe + ["worker"] + flags + ["--rank", str(r)] + worker_argv,
                                  out / "logs" / f"worker-{r}.log", wenv, stdin_pipe=ps))
         if ps:

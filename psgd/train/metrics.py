@@ -105,6 +105,18 @@ def lost_workers(events: list[dict], shard_stats: list[dict]) -> list[dict]:
     return [{"worker": w, "clock": clock.get(w), "how": how.get(w)} for w in sorted(clock.keys() | how.keys())]
 
 
+DEVICE_FIELDS = ("device", "device_name", "torch_version", "cuda_version")
+
+
+def devices_of(ends: list[dict]) -> dict:
+    """summary.json's `worker_devices` (rank -> device, its name, torch and CUDA versions: workers on
+    several hosts may differ) and rank 0's `torch_version` / `cuda_version` (None on a CPU-only build)."""
+    ends = sorted(ends, key=lambda e: e["rank"])
+    first = ends[0]
+    return {"worker_devices": {str(e["rank"]): {k: e.get(k) for k in DEVICE_FIELDS} for e in ends},
+            "torch_version": first.get("torch_version"), "cuda_version": first.get("cuda_version")}
+
+
 def summarize(out: Path, cfg: RunConfig, evals: list[dict], params: int, params_sha256: str,
               shard_stats: list[dict], extra: dict | None = None) -> dict:
     events = read_events(out / "metrics.jsonl")
@@ -143,6 +155,7 @@ def summarize(out: Path, cfg: RunConfig, evals: list[dict], params: int, params_
         "bytes_pushed": sum(e["bytes_pushed"] for e in ends), "bytes_pulled": sum(e["bytes_pulled"] for e in ends),
         "time_breakdown_s": {k: sum(e[f"{k}_s"] for e in ends) / n for k in ("compute", "push", "pull", "wait")},
         "per_worker_steps": {str(e["rank"]): e["steps"] for e in sorted(ends, key=lambda e: e["rank"])},
+        **devices_of(ends),
         "skipped_nonfinite": sum(s.get("skipped_nonfinite", 0) for s in shard_stats),
         "lost_workers": lost_workers(events, shard_stats),
         "resumed_from": next((s["restored_from"] for s in shard_stats if s.get("restored_from") is not None), None),

@@ -25,6 +25,11 @@ is about the same instant, and process start-up, loading, the model's build, the
 waiting for slower starters are all outside wall time and outside every time split; the first
 pull's transfer counts as step 0's pull time, as any other pull's does.
 
+Device: worker `rank` computes on `worker_device(cfg.device, rank, local_rank)` (psgd/core/devices.py:
+cuda:(LOCAL_RANK or rank) % GPUs, or the one --device names); on CUDA the loop synchronises the
+device at the end of the warm-up and of backward, so compute time is the kernels' run, not their
+launch. `worker_end` records the device, its name and the torch / CUDA versions.
+
 Run one by hand (servers already up):
     psgd worker --rank 0 --servers 127.0.0.1:50051,127.0.0.1:50052 --workers 4 --mode sync ...
 """
@@ -32,6 +37,7 @@ Run one by hand (servers already up):
 from __future__ import annotations
 
 import os
+import platform
 import random
 import signal
 import time
@@ -39,6 +45,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from psgd.core import devices
 from psgd.core.config import RunConfig
 from psgd.core.step import Exchange, StepReport
 from psgd.train import data as data_mod
@@ -46,18 +53,37 @@ from psgd.train import models
 from psgd.train.metrics import Metrics, process_start_time
 
 
-def resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda asked for, but torch sees no CUDA device")
-    return torch.device(name)
+def cuda_count() -> int:
+    """CUDA devices torch can use here (0 on a CPU-only machine or build)."""
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def worker_device(spec: str, rank: int, local_rank: int | None = None) -> torch.device:
+    """Worker `rank`'s device on this host (psgd/core/devices.py); DeviceError if it is not here."""
+    return torch.device(devices.pick_device(spec, rank, local_rank, cuda_count()))
+
+
+def device_info(device: torch.device) -> dict:
+    """What summary.json records of a worker's device: its name and the torch / CUDA versions."""
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu ({platform.machine()})"
+    return dict(device=str(device), device_name=name, torch_version=torch.__version__, cuda_version=torch.version.cuda)
+
+
+def sync_device(device: torch.device) -> None:
+    """Wait until the device has run everything queued on it (a no-op on the CPU, which is never behind).
+
+    CUDA kernels return before they run: a clock read right after backward would measure their
+    launch, and the rest of compute would show up as push time (the push's device-to-host copy
+    waits for it). The loop calls this at the boundaries it measures: end of warm-up, end of
+    backward."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def train(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None,
           device: torch.device | None = None) -> dict:
     """Run the loop; returns (and logs as `worker_end`) this worker's totals."""
-    device = device or resolve_device(cfg.device)
+    device = device or worker_device(cfg.device, rank)
     ds = data_mod.load(cfg.data)
     x, y = ds.x_train.to(device), ds.y_train.to(device)
     plan = data_mod.plan_for(cfg, ds.y_train)
@@ -73,7 +99,8 @@ def train(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None
         except Exception as close_error:  # noqa: BLE001 - kept as a note on the real error
             e.add_note(f"closing the exchange failed too: {close_error}")
         raise
-    end = dict(totals, rank=rank, train_start=train_start, train_end=time.time(), process_start=process_start_time())
+    end = dict(totals, rank=rank, train_start=train_start, train_end=time.time(), process_start=process_start_time(),
+               **device_info(device))
     exchange.close()
     if metrics is not None:
         metrics.write(event="worker_end", **end)
@@ -125,6 +152,7 @@ def _loop(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None
             loss = F.cross_entropy(model(x[micro]), y[micro]) / cfg.accumulate
             loss.backward()
             loss_sum += float(loss.detach())
+        sync_device(device)  # compute ends when backward has run, not when it was queued
         compute_s = time.perf_counter() - t0
         after = exchange.after_compute(clock, flat)
         compute_s = max(0.0, compute_s - after.overlapped_s) + after.compute_s
@@ -152,6 +180,7 @@ def warm_up(model: torch.nn.Module, flat: models.FlatParams, x: torch.Tensor, y:
     """
     F.cross_entropy(model(x[idx]), y[idx]).backward()
     flat.zero_grad()
+    sync_device(flat.grads.device)  # its kernels finish here, not inside step 0
 
 
 def _add(totals: dict, r: StepReport) -> None:
