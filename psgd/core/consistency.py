@@ -20,7 +20,11 @@ deadline ends the wait with PullTimeout as usual. Off, a unit test may drive any
 The policy does no math and no I/O: the shard passes an `apply(grad)` callback (the optimizer
 step) that the policy calls under its lock, after counting the update (so `version` is then the
 version that update makes), and a `read()` callback that copies the parameters under the same
-lock. Everything here is thread-safe; `self.cond` guards all fields.
+lock. An optional `adjust(grad, worker, staleness)` callback (the remedies for stale gradients,
+psgd/core/staleness.py) returns the gradient to take instead of an arriving one: it is called
+under the lock once the push is accepted, before the gradient is buffered or applied, with the
+staleness the policy measured, so it sees the same version the update is applied to.
+Everything here is thread-safe; `self.cond` guards all fields.
 
 Clock of a worker = how many of its gradients this shard has received. Staleness of an
 applied gradient = shard version when applied - version the worker computed it from.
@@ -39,6 +43,7 @@ from typing import Generic, TypeVar
 import torch
 
 T = TypeVar("T")
+Adjust = Callable[[torch.Tensor, int, int], torch.Tensor]   # (grad, worker, staleness) -> the gradient to take
 
 
 class PolicyError(ValueError):
@@ -84,7 +89,7 @@ class Policy:
     name = "base"
 
     def __init__(self, num_workers: int, apply: Callable[[torch.Tensor], None],
-                 budget: int | None = None, start_barrier: bool = False) -> None:
+                 budget: int | None = None, start_barrier: bool = False, adjust: Adjust | None = None) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self.num_workers = num_workers
@@ -92,6 +97,7 @@ class Policy:
         self.at_start: set[int] = set()         # workers that asked for their first pull (clock 0)
         self.started = not start_barrier        # the start barrier is down (or was never up)
         self._apply = apply
+        self._adjust = adjust
         self.cond = threading.Condition()
         self.version = 0
         self.accepted = 0
@@ -125,6 +131,8 @@ class Policy:
             if base_version > self.version:
                 raise PolicyError(f"base_version {base_version} is ahead of shard version {self.version}")
             staleness = self.version - base_version
+            if grad is not None and self._adjust is not None:
+                grad = self._adjust(grad, worker, staleness)
             applied = self._on_gradient(worker, clock, grad)
             self.clocks[worker] = clock + 1
             self.accepted += 1
@@ -212,10 +220,11 @@ class SSP(Async):
     name = "ssp"
 
     def __init__(self, num_workers: int, apply: Callable[[torch.Tensor], None],
-                 staleness: int, budget: int | None = None, start_barrier: bool = False) -> None:
+                 staleness: int, budget: int | None = None, start_barrier: bool = False,
+                 adjust: Adjust | None = None) -> None:
         if staleness < 0:
             raise ValueError(f"staleness bound must be >= 0, got {staleness}")
-        super().__init__(num_workers, apply, budget, start_barrier)
+        super().__init__(num_workers, apply, budget, start_barrier, adjust)
         self.staleness_bound = staleness
 
     def _pull_ready(self, worker: int, clock: int) -> bool:
@@ -265,12 +274,14 @@ class Sync(Policy):
 
 
 def make_policy(mode: str, num_workers: int, apply: Callable[[torch.Tensor], None],
-                staleness: int = 0, budget: int | None = None, start_barrier: bool = False) -> Policy:
-    """The policy for a run mode: 'sync', 'async' or 'ssp'."""
+                staleness: int = 0, budget: int | None = None, start_barrier: bool = False,
+                adjust: Adjust | None = None) -> Policy:
+    """The policy for a run mode: 'sync', 'async' or 'ssp' (`adjust`: async and SSP only)."""
     if mode == "sync":
+        assert adjust is None, "sync applies the mean of fresh gradients: nothing to adjust"
         return Sync(num_workers, apply, budget, start_barrier)
     if mode == "async":
-        return Async(num_workers, apply, budget, start_barrier)
+        return Async(num_workers, apply, budget, start_barrier, adjust)
     if mode == "ssp":
-        return SSP(num_workers, apply, staleness, budget, start_barrier)
+        return SSP(num_workers, apply, staleness, budget, start_barrier, adjust)
     raise ValueError(f"unknown parameter-server mode {mode!r}; choose sync, async or ssp")
