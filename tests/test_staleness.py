@@ -81,6 +81,25 @@ def test_dc_refuses_a_push_whose_parameters_it_never_served():
     assert torch.equal(s.param, before) and s.policy.clocks == [1, 0]   # refused: nothing changed
 
 
+@pytest.mark.parametrize("skip", [True, False])
+def test_a_compensated_gradient_that_overflows_is_skipped_or_refused(skip):
+    cfg = RunConfig(mode="async", workers=2, servers=1, steps=10, dc_lambda=LAM, skip_nonfinite=skip,
+                    optim=OptimConfig(lr=LR, momentum=0.0))
+    s = Shard(cfg, 0)
+    s.init(torch.tensor(W0))
+    pull_first(s, 2, "fp32")
+    s.push(1, 0, 0, torch.full((4,), 1e30), "fp32")   # finite, but w_now is now ~1e30 from w_then
+    before = s.param.clone()
+    if skip:   # lambda g g (w_now - w_then) ~ 1e70: not an fp32 number
+        assert s.push(0, 0, 0, torch.full((4,), 1e20), "fp32").skipped
+        assert s.policy.stats.skipped_nonfinite == 1 and s.stats()["remedy"]["gradients"] == 1
+    else:
+        with pytest.raises(ShardError, match="compensated gradient of worker 0 is not finite"):
+            s.push(0, 0, 0, torch.full((4,), 1e20), "fp32")
+        assert s.policy.clocks == [0, 1]
+    assert torch.equal(s.param, before)
+
+
 TINY = dict(mode="async", servers=1, batch_size=8, steps=12, seed=1, device="cpu",
             data=DataConfig(dataset="synthetic", num_samples=400), model=ModelConfig(model="mlp", width=16))
 

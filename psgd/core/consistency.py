@@ -21,9 +21,10 @@ The policy does no math and no I/O: the shard passes an `apply(grad)` callback (
 step) that the policy calls under its lock, after counting the update (so `version` is then the
 version that update makes), and a `read()` callback that copies the parameters under the same
 lock. An optional `adjust(grad, worker, staleness)` callback (the remedies for stale gradients,
-psgd/core/staleness.py) returns the gradient to take instead of an arriving one: it is called
-under the lock once the push is accepted, before the gradient is buffered or applied, with the
-staleness the policy measured, so it sees the same version the update is applied to.
+psgd/core/staleness.py) returns the gradient to take instead of an arriving one (None: skip it,
+counted like a non-finite gradient): it is called under the lock once the push is accepted,
+before the gradient is buffered or applied, with the staleness the policy measured, so it sees
+the same version the update is applied to. If it raises, the push is refused, state unchanged.
 Everything here is thread-safe; `self.cond` guards all fields.
 
 Clock of a worker = how many of its gradients this shard has received. Staleness of an
@@ -43,7 +44,7 @@ from typing import Generic, TypeVar
 import torch
 
 T = TypeVar("T")
-Adjust = Callable[[torch.Tensor, int, int], torch.Tensor]   # (grad, worker, staleness) -> the gradient to take
+Adjust = Callable[[torch.Tensor, int, int], torch.Tensor | None]   # (grad, worker, staleness) -> what to take
 
 
 class PolicyError(ValueError):

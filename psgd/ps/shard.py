@@ -141,29 +141,46 @@ class Shard:
             self.snapshots.append((version, time.time(), self.param.detach().clone()))
         self.apply_s += time.perf_counter() - start
 
-    def _adjust(self, grad: torch.Tensor, worker: int, tau: int) -> torch.Tensor:
+    def _adjust(self, grad: torch.Tensor, worker: int, tau: int) -> torch.Tensor | None:
         """The remedies' gradient for `grad` of staleness `tau` from `worker` (the policy's adjust
         callback, lock held). Returns `grad` itself when there is nothing to do (tau <= 1 and no
         DC), so such a gradient is applied bit for bit as without the remedy."""
-        out = grad
+        out: torch.Tensor | None = grad
         if self.cfg.dc_lambda > 0:
-            then = self._then.get(worker)
-            base = self.policy.version - tau
-            if then is None or then.version != base:
-                raise ShardError(Code.FAILED_PRECONDITION,
-                                 f"DC-ASGD on shard {self.index}: worker {worker} pushed a gradient of version {base} "
-                                 f"but last pulled {'nothing' if then is None else then.version} here")
-            out = staleness.dc_term(grad, self.param.detach(), then.values, self.cfg.dc_lambda, self._scratch())
-            # How large the compensation is next to the gradient: what the remedy did, in summary.json.
-            self.remedy["dc_relative_sum"] += float(torch.linalg.vector_norm(out)
-                                                    / torch.linalg.vector_norm(grad).clamp_min(1e-30))
-            out.add_(grad)
-            del self._then[worker]   # used: this worker's next gradient comes from its next pull
-            self._release(then)
+            out = self._compensate(grad, worker, tau)
+            if out is None:
+                return None
         if self.cfg.staleness_lr and tau > 1:
             out = torch.div(out, tau, out=self._scratch())
         self.remedy["gradients"] += 1
         self.remedy["step_scale_sum"] += staleness.step_scale(tau) if self.cfg.staleness_lr else 1.0
+        return out
+
+    def _compensate(self, grad: torch.Tensor, worker: int, tau: int) -> torch.Tensor | None:
+        """DC-ASGD: grad + lambda g g (w_now - w_then) in the scratch buffer, w_then the snapshot
+        `worker` pulled (lock held). A compensated gradient that overflowed (a diverging run's
+        w_now - w_then) is treated like a non-finite push: skipped with --skip-nonfinite (None),
+        else refused."""
+        then = self._then.get(worker)
+        base = self.policy.version - tau
+        if then is None or then.version != base:
+            raise ShardError(Code.FAILED_PRECONDITION,
+                             f"DC-ASGD on shard {self.index}: worker {worker} pushed a gradient of version {base} "
+                             f"but last pulled {'nothing' if then is None else then.version} here")
+        out = staleness.dc_term(grad, self.param.detach(), then.values, self.cfg.dc_lambda, self._scratch())
+        # How large the compensation is next to the gradient: what the remedy did, in summary.json.
+        relative = float(torch.linalg.vector_norm(out) / torch.linalg.vector_norm(grad).clamp_min(1e-30))
+        out.add_(grad)
+        finite = all_finite(out)
+        if not finite and not self.cfg.skip_nonfinite:
+            raise ShardError(Code.INVALID_ARGUMENT,
+                             f"DC-ASGD on shard {self.index}: the compensated gradient of worker {worker} is not "
+                             "finite (run servers with --skip-nonfinite to skip such gradients)")
+        del self._then[worker]   # used: this worker's next gradient comes from its next pull
+        self._release(then)
+        if not finite:
+            return None
+        self.remedy["dc_relative_sum"] += relative
         return out
 
     def _scratch(self) -> torch.Tensor:
