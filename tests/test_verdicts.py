@@ -143,3 +143,32 @@ def test_e4_needs_separate_hosts():
     assert V.server_bottleneck(1, GOOD).outcome == V.NOT_TESTABLE
     assert V.server_bottleneck(3, iv(1.0, 0.5, 1.5)).outcome == V.CONFIRMED
     assert V.server_bottleneck(3, iv(0.0, -0.1, 0.1)).outcome == V.REFUTED
+
+
+def test_gap_closed_is_the_gain_over_the_gap():
+    half = stats.gap_closed_ci([0.2, 0.21, 0.19], [0.4, 0.41, 0.39], [0.6, 0.61, 0.59])
+    assert half.estimate == pytest.approx(0.5) and 0.4 < half.lo <= half.hi < 0.6
+
+
+GAP = iv(0.3, 0.25, 0.35)   # sync far ahead of plain async
+
+
+@pytest.mark.parametrize("gains,outcome", [
+    ([GOOD, GOOD], V.CONFIRMED),
+    ([NONE, NONE], V.REFUTED),
+    ([GOOD, NONE], V.DEPENDS),        # one remedy closes part of the gap, the other does not
+    ([GOOD, UNSURE], V.INCONCLUSIVE),
+])
+def test_e12_remedies(gains, outcome):
+    cells = [V.RemedyCell(r, 4, 0.1, GAP, g) for r, g in zip(("staleness-aware rate", "DC-ASGD"), gains, strict=True)]
+    assert V.remedies_close_the_gap(cells).outcome == outcome
+
+
+def test_e12_no_gap_no_verdict():
+    # Plain async as good as sync wherever a remedy ran: whatever the remedies gain, nothing to close.
+    cells = [V.RemedyCell("DC-ASGD", 4, 0.03, iv(0.0, -0.02, 0.02), GOOD)]
+    v = V.remedies_close_the_gap(cells)
+    assert v.outcome == V.INCONCLUSIVE and "no gap to close" in v.reason
+    # A remedy that helps at one degraded rate and not at another: the rate decides.
+    mixed = [V.RemedyCell("DC-ASGD", 4, lr, GAP, g) for lr, g in ((0.1, GOOD), (0.3, NONE))]
+    assert V.remedies_close_the_gap(mixed).outcome == V.DEPENDS

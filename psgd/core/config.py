@@ -152,6 +152,12 @@ class RunConfig:
     straggler: Pairs = opt((), "worker RANK sleeps MS extra per step (repeatable)", metavar="RANK=MS")
     jitter: float = opt(0.0, "every worker sleeps an exponential random delay of this mean per step", metavar="MS")
     skip_nonfinite: bool = opt(False, "servers skip and count non-finite gradients instead of rejecting them")
+    # Remedies for stale gradients, applied by the shard (psgd/core/staleness.py): async / SSP only.
+    staleness_lr: bool = opt(False, "async / SSP: the shard divides the step of a gradient of staleness tau by "
+                                    "max(1, tau) (Zhang et al. 2016, staleness-aware async SGD)")
+    dc_lambda: float = opt(0.0, "async / SSP: DC-ASGD (Zheng et al. 2017): the shard adds lambda * g * g * "
+                                "(w_now - w_then) to each gradient g, w_then the parameters its worker pulled "
+                                "(0: off; the shard keeps up to N pulled copies)", metavar="LAMBDA")
     # Long: a pull that SSP or sync holds back waits under this deadline too.
     rpc_timeout: float = opt(60.0, "deadline of every RPC, seconds")
     checkpoint_every: int = opt(0, "PS: each shard writes a checkpoint to OUT/checkpoints every K updates, keeping "
@@ -253,6 +259,10 @@ def validate(cfg: RunConfig) -> RunConfig:
          "--worker-lease lets async and SSP runs go on without a lost worker; sync needs every worker's gradient "
          "for each update, so there a lost worker ends the run"),
         (cfg.local_steps == 1 or cfg.accumulate == 1, "--local-steps and --accumulate exclude each other"),
+        (cfg.dc_lambda >= 0 and math.isfinite(cfg.dc_lambda), f"--dc-lambda must be >= 0, got {cfg.dc_lambda}"),
+        (cfg.mode in ("async", "ssp") or not (cfg.staleness_lr or cfg.dc_lambda),
+         f"--staleness-lr and --dc-lambda correct stale gradients: use them with --mode async or ssp "
+         f"(--mode {cfg.mode} has no stale gradients)"),
         (cfg.local_steps == 1 or not cfg.overlap,
          "--overlap streams every step's gradient; with --local-steps there is one exchange per H steps"),
         (cfg.model.model in MODELS, f"--model must be one of {', '.join(MODELS)}"),

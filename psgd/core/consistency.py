@@ -20,7 +20,12 @@ deadline ends the wait with PullTimeout as usual. Off, a unit test may drive any
 The policy does no math and no I/O: the shard passes an `apply(grad)` callback (the optimizer
 step) that the policy calls under its lock, after counting the update (so `version` is then the
 version that update makes), and a `read()` callback that copies the parameters under the same
-lock. Everything here is thread-safe; `self.cond` guards all fields.
+lock. An optional `adjust(grad, worker, staleness)` callback (the remedies for stale gradients,
+psgd/core/staleness.py) returns the gradient to take instead of an arriving one (None: skip it,
+counted like a non-finite gradient): it is called under the lock once the push is accepted,
+before the gradient is buffered or applied, with the staleness the policy measured, so it sees
+the same version the update is applied to. If it raises, the push is refused, state unchanged.
+Everything here is thread-safe; `self.cond` guards all fields.
 
 Lost workers (async and SSP, opt-in: the shard calls `expire(lease)` now and then, see
 psgd/ps/server.py): a worker that sent no push or pull for `lease` seconds, and whose pull the
@@ -45,6 +50,7 @@ from typing import Generic, TypeVar
 import torch
 
 T = TypeVar("T")
+Adjust = Callable[[torch.Tensor, int, int], torch.Tensor | None]   # (grad, worker, staleness) -> what to take
 
 
 class PolicyError(ValueError):
@@ -91,7 +97,7 @@ class Policy:
     name = "base"
 
     def __init__(self, num_workers: int, apply: Callable[[torch.Tensor], None],
-                 budget: int | None = None, start_barrier: bool = False) -> None:
+                 budget: int | None = None, start_barrier: bool = False, adjust: Adjust | None = None) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         self.num_workers = num_workers
@@ -99,6 +105,7 @@ class Policy:
         self.at_start: set[int] = set()         # workers that asked for their first pull (clock 0)
         self.started = not start_barrier        # the start barrier is down (or was never up)
         self._apply = apply
+        self._adjust = adjust
         self.cond = threading.Condition()
         self.version = 0
         self.accepted = 0
@@ -136,6 +143,8 @@ class Policy:
             if base_version > self.version:
                 raise PolicyError(f"base_version {base_version} is ahead of shard version {self.version}")
             staleness = self.version - base_version
+            if grad is not None and self._adjust is not None:
+                grad = self._adjust(grad, worker, staleness)
             self.pushing = (worker, clock)  # for apply(): the clocks once this push is counted (checkpoints)
             try:
                 applied = self._on_gradient(worker, clock, grad)
@@ -262,10 +271,11 @@ class SSP(Async):
     name = "ssp"
 
     def __init__(self, num_workers: int, apply: Callable[[torch.Tensor], None],
-                 staleness: int, budget: int | None = None, start_barrier: bool = False) -> None:
+                 staleness: int, budget: int | None = None, start_barrier: bool = False,
+                 adjust: Adjust | None = None) -> None:
         if staleness < 0:
             raise ValueError(f"staleness bound must be >= 0, got {staleness}")
-        super().__init__(num_workers, apply, budget, start_barrier)
+        super().__init__(num_workers, apply, budget, start_barrier, adjust)
         self.staleness_bound = staleness
 
     def _pull_ready(self, worker: int, clock: int) -> bool:
@@ -315,12 +325,14 @@ class Sync(Policy):
 
 
 def make_policy(mode: str, num_workers: int, apply: Callable[[torch.Tensor], None],
-                staleness: int = 0, budget: int | None = None, start_barrier: bool = False) -> Policy:
-    """The policy for a run mode: 'sync', 'async' or 'ssp'."""
+                staleness: int = 0, budget: int | None = None, start_barrier: bool = False,
+                adjust: Adjust | None = None) -> Policy:
+    """The policy for a run mode: 'sync', 'async' or 'ssp' (`adjust`: async and SSP only)."""
     if mode == "sync":
+        assert adjust is None, "sync applies the mean of fresh gradients: nothing to adjust"
         return Sync(num_workers, apply, budget, start_barrier)
     if mode == "async":
-        return Async(num_workers, apply, budget, start_barrier)
+        return Async(num_workers, apply, budget, start_barrier, adjust)
     if mode == "ssp":
-        return SSP(num_workers, apply, staleness, budget, start_barrier)
+        return SSP(num_workers, apply, staleness, budget, start_barrier, adjust)
     raise ValueError(f"unknown parameter-server mode {mode!r}; choose sync, async or ssp")

@@ -180,3 +180,34 @@ def server_bottleneck(hosts: int, ring_minus_ps_speedup: Interval, margin: float
                                      "separate hosts")
     return Verdict(effect(ring_minus_ps_speedup, margin),
                    f"ring speedup - PS speedup {ring_minus_ps_speedup.fmt(2, signed=True)}x (margin {margin}x)")
+
+
+@dataclass(frozen=True)
+class RemedyCell:
+    remedy: str                     # "staleness-aware rate", "DC-ASGD"
+    workers: int
+    lr: float
+    gap: Interval                   # sync's final accuracy - plain async's, at this (N, lr)
+    gain: Interval                  # the remedy's - plain async's
+    closed: Interval | None = None  # gain / gap (shown in the reason)
+
+
+def remedies_close_the_gap(cells: Sequence[RemedyCell], margin: float = 0.02) -> Verdict:
+    """E12: at the (N, lr) cells of the map where plain async falls behind sync (gap confirmed
+    beyond `margin`), each remedy gains on plain async (gain confirmed beyond `margin`). Per remedy,
+    the cells combine (all agree -> that outcome; a mix -> depends: the rate decides); then the
+    remedies combine the same way (one helps, one does not -> depends). Where plain async is never
+    clearly behind sync there is no gap to close: inconclusive."""
+    degraded = [c for c in cells if effect(c.gap, margin) == CONFIRMED]
+    if not degraded:
+        return Verdict(INCONCLUSIVE, f"plain async is not behind sync by more than {margin} at any cell where a "
+                                     "remedy ran: no gap to close")
+    remedies = list(dict.fromkeys(c.remedy for c in degraded))
+    per = {r: combine([effect(c.gain, margin) for c in degraded if c.remedy == r]) for r in remedies}
+    cells_text = "; ".join(
+        f"{c.remedy} at N={c.workers} lr {c.lr:g}: {c.gain.fmt(signed=True)} on a gap of {c.gap.fmt()}"
+        + (f" ({c.closed.fmt(2)} of it closed)" if c.closed is not None else "") for c in degraded)
+    outcome = combine(list(per.values()))
+    summary = ", ".join(f"{r} {o}" for r, o in per.items())
+    return Verdict(outcome, f"{summary} (accuracy gained on plain async where it trails sync: {cells_text}; "
+                            f"margin {margin})")

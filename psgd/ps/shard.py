@@ -41,6 +41,15 @@ Contract (every method thread-safe; a refusal raises `ShardError(code, message)`
   psgd/core/link.py `paced`, the TCP one through its frames' per-chunk callback).
 - A sync round in which every gradient was skipped (--skip-nonfinite) counts as an update but
   takes no optimizer step, so it does not advance the warmup schedule either.
+- Remedies for stale gradients (async / SSP; the arithmetic is psgd/core/staleness.py), applied by
+  the policy's `adjust` callback under the lock, before the step: `--staleness-lr` divides a
+  gradient of staleness tau by max(1, tau); `--dc-lambda L` adds L * g * g * (w_now - w_then).
+  w_then is the snapshot the pushing worker pulled last (in the wire dtype: exactly what it
+  received), kept lent to it from its pull to its push: no copy beyond the pull's own, but up to
+  N snapshots stay alive (N x the shard's length x the wire dtype's bytes; `stats` reports the
+  peak). A push whose base version is not the version that worker last pulled from this shard is
+  refused (FAILED_PRECONDITION): there is no w_then to compensate it with. Nothing extra crosses
+  the wire.
 
 Locking: the policy's condition (`self.lock`, the policy's `cond`) is the one lock of the shard;
 it guards the parameters, the optimizer, the snapshots and the counters. The policy calls
@@ -62,7 +71,7 @@ from pathlib import Path
 
 import torch
 
-from psgd.core import codec, link, localsgd, optim, sharding
+from psgd.core import codec, link, localsgd, optim, sharding, staleness
 from psgd.core.config import OptimConfig, RunConfig
 from psgd.core.consistency import PolicyError, PullTimeout, PushOutcome, make_policy
 from psgd.core.errors import Code, ShardError
@@ -100,7 +109,9 @@ class Shard:
         # of an averaging round, and the budget counts rounds x N pushes (psgd/core/localsgd.py).
         self.local_sgd = cfg.local_steps > 1
         budget = localsgd.rounds(cfg.steps, cfg.local_steps) * cfg.workers
-        self.policy = make_policy(cfg.mode, cfg.workers, self._apply, cfg.staleness, budget, start_barrier=True)
+        remedy = cfg.staleness_lr or cfg.dc_lambda > 0
+        self.policy = make_policy(cfg.mode, cfg.workers, self._apply, cfg.staleness, budget, start_barrier=True,
+                                  adjust=self._adjust if remedy else None)
         self.lock = self.policy.cond
         self.param: torch.Tensor | None = None
         self.opt: optim.SGD | None = None
@@ -123,6 +134,10 @@ class Shard:
         self._pools: dict[torch.dtype, queue.SimpleQueue[torch.Tensor]] = {
             dt: queue.SimpleQueue() for dt in codec.WIRE_DTYPES.values()}
         self._current: dict[torch.dtype, _Snapshot] = {}  # the newest snapshot per wire dtype
+        # Remedies (see the module docstring): w_then per worker (DC-ASGD), the corrected gradient.
+        self._then: dict[int, _Snapshot] = {}
+        self._corrected: torch.Tensor | None = None
+        self.remedy = {"gradients": 0, "step_scale_sum": 0.0, "dc_relative_sum": 0.0, "dc_then_peak_bytes": 0}
 
     @property
     def num_elements(self) -> int:
@@ -187,6 +202,66 @@ class Shard:
             p.started = True  # the workers of a resumed run start at their clocks, not at 0
             self.snapshots = [(p.version, time.time(), self.param.detach().clone())]
             self.restored_from = state["version"]
+
+    def _adjust(self, grad: torch.Tensor, worker: int, tau: int) -> torch.Tensor | None:
+        """The remedies' gradient for `grad` of staleness `tau` from `worker` (the policy's adjust
+        callback, lock held). Returns `grad` itself when there is nothing to do (tau <= 1 and no
+        DC), so such a gradient is applied bit for bit as without the remedy."""
+        out: torch.Tensor | None = grad
+        if self.cfg.dc_lambda > 0:
+            out = self._compensate(grad, worker, tau)
+            if out is None:
+                return None
+        if self.cfg.staleness_lr and tau > 1:
+            out = torch.div(out, tau, out=self._scratch())
+        self.remedy["gradients"] += 1
+        self.remedy["step_scale_sum"] += staleness.step_scale(tau) if self.cfg.staleness_lr else 1.0
+        return out
+
+    def _compensate(self, grad: torch.Tensor, worker: int, tau: int) -> torch.Tensor | None:
+        """DC-ASGD: grad + lambda g g (w_now - w_then) in the scratch buffer, w_then the snapshot
+        `worker` pulled (lock held). A compensated gradient that overflowed (a diverging run's
+        w_now - w_then) is treated like a non-finite push: skipped with --skip-nonfinite (None),
+        else refused."""
+        then = self._then.get(worker)
+        base = self.policy.version - tau
+        if then is None or then.version != base:
+            raise ShardError(Code.FAILED_PRECONDITION,
+                             f"DC-ASGD on shard {self.index}: worker {worker} pushed a gradient of version {base} "
+                             f"but last pulled {'nothing' if then is None else then.version} here")
+        out = staleness.dc_term(grad, self.param.detach(), then.values, self.cfg.dc_lambda, self._scratch())
+        # How large the compensation is next to the gradient: what the remedy did, in summary.json.
+        relative = float(torch.linalg.vector_norm(out) / torch.linalg.vector_norm(grad).clamp_min(1e-30))
+        out.add_(grad)
+        finite = all_finite(out)
+        if not finite and not self.cfg.skip_nonfinite:
+            raise ShardError(Code.INVALID_ARGUMENT,
+                             f"DC-ASGD on shard {self.index}: the compensated gradient of worker {worker} is not "
+                             "finite (run servers with --skip-nonfinite to skip such gradients)")
+        del self._then[worker]   # used: this worker's next gradient comes from its next pull
+        self._release(then)
+        if not finite:
+            return None
+        self.remedy["dc_relative_sum"] += relative
+        return out
+
+    def _scratch(self) -> torch.Tensor:
+        """The corrected gradient's buffer: one per shard, used under the lock and consumed there
+        (async applies at once; the step reads it before the next push can take the lock)."""
+        if self._corrected is None:
+            self._corrected = torch.empty(self.num_elements)
+        return self._corrected
+
+    def _hold_then(self, worker: int, snap: _Snapshot) -> None:
+        """DC-ASGD: keep `snap` (what `worker` just pulled) lent to it until its push (lock held)."""
+        snap.lent += 1
+        previous = self._then.get(worker)
+        self._then[worker] = snap
+        if previous is not None:  # pulled again without pushing (a retried pull): the new one counts
+            self._release(previous)
+        held = {id(t): t.values for t in self._then.values()}  # workers on one version share its copy
+        self.remedy["dc_then_peak_bytes"] = max(self.remedy["dc_then_peak_bytes"],
+                                                sum(v.numel() * v.element_size() for v in held.values()))
 
     # -- requests -------------------------------------------------------------------------------
     def init(self, values: torch.Tensor) -> tuple[int, bool]:
@@ -286,6 +361,8 @@ class Shard:
             snap = self._snapshot(codec.WIRE_DTYPES[dtype])
             lent.append(snap)
             self.bytes_out += snap.values.numel() * snap.values.element_size()
+            if self.cfg.dc_lambda > 0:
+                self._hold_then(worker_id, snap)
             return snap.values
 
         try:
@@ -319,9 +396,13 @@ class Shard:
         """A pull has sent `snap`: once no pull holds it and a newer version replaced it, its
         buffer goes back to the pool (the current one stays, for the next pull of its version)."""
         with self.lock:
-            snap.lent -= 1
-            if snap.lent == 0 and self._current.get(snap.values.dtype) is not snap:
-                self._pools[snap.values.dtype].put(snap.values)
+            self._release(snap)
+
+    def _release(self, snap: _Snapshot) -> None:
+        """One holder of `snap` is done with it (lock held); see `_give_back`."""
+        snap.lent -= 1
+        if snap.lent == 0 and self._current.get(snap.values.dtype) is not snap:
+            self._pools[snap.values.dtype].put(snap.values)
 
     def leave(self, worker_id: int, shard: int) -> int:
         """Worker `worker_id` has finished; returns how many distinct workers have left. A second
@@ -380,6 +461,7 @@ class Shard:
                 "checkpoints": self.checkpoints, "checkpoint_s": self.checkpoint_s,
                 "restored_from": self.restored_from,
                 "bytes_out": self.bytes_out, "apply_s": self.apply_s, "num_elements": self.num_elements,
+                "remedy": dict(self.remedy),
             }
 
     def save(self, out: Path) -> None:

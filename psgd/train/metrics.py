@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
+from psgd.core import codec
 from psgd.core.config import RunConfig, to_dict
 
 _IMPORTED = time.time()
@@ -117,6 +118,27 @@ def devices_of(ends: list[dict]) -> dict:
             "torch_version": first.get("torch_version"), "cuda_version": first.get("cuda_version")}
 
 
+def remedies(cfg: RunConfig, shard_stats: list[dict], params: int) -> dict | None:
+    """What --staleness-lr / --dc-lambda did, from the shards' counts; None when neither is on.
+
+    mean_step_scale: the mean over applied gradients of 1 / max(1, tau) (1 without
+    --staleness-lr); dc_relative_correction: the mean of |lambda g g (w_now - w_then)| / |g|;
+    dc_memory_peak_bytes: the w_then snapshots held at once, summed over shards (their bound is
+    N x the parameters x the wire dtype's bytes); bytes on the wire: none extra.
+    """
+    if not (cfg.staleness_lr or cfg.dc_lambda > 0):
+        return None
+    counts = [s["remedy"] for s in shard_stats if "remedy" in s]
+    n = sum(c["gradients"] for c in counts)
+    out = {"staleness_lr": cfg.staleness_lr, "dc_lambda": cfg.dc_lambda, "gradients": n,
+           "mean_step_scale": sum(c["step_scale_sum"] for c in counts) / n if n else None}
+    if cfg.dc_lambda > 0:
+        out.update(dc_relative_correction=sum(c["dc_relative_sum"] for c in counts) / n if n else None,
+                   dc_memory_peak_bytes=sum(c["dc_then_peak_bytes"] for c in counts),
+                   dc_memory_bound_bytes=cfg.workers * params * codec.itemsize(cfg.wire_dtype))
+    return out
+
+
 def summarize(out: Path, cfg: RunConfig, evals: list[dict], params: int, params_sha256: str,
               shard_stats: list[dict], extra: dict | None = None) -> dict:
     events = read_events(out / "metrics.jsonl")
@@ -161,6 +183,7 @@ def summarize(out: Path, cfg: RunConfig, evals: list[dict], params: int, params_
         "resumed_from": next((s["restored_from"] for s in shard_stats if s.get("restored_from") is not None), None),
         "checkpoints": {"written": sum(s.get("checkpoints", 0) for s in shard_stats),
                         "seconds": sum(s.get("checkpoint_s", 0.0) for s in shard_stats)},
+        "remedies": remedies(cfg, shard_stats, params),
         "params_sha256": params_sha256,
         "config": to_dict(cfg),
     }
