@@ -89,8 +89,11 @@ class Shard:
         # Local SGD (--local-steps H > 1, sync only): a push is a worker's model delta at the end
         # of an averaging round, and the budget counts rounds x N pushes (psgd/core/localsgd.py).
         self.local_sgd = cfg.local_steps > 1
-        budget = localsgd.rounds(cfg.steps, cfg.local_steps) * cfg.workers
-        self.policy = make_policy(cfg.mode, cfg.workers, self._apply, cfg.staleness, budget, start_barrier=True)
+        # With b backup workers (sync) each update takes N - b gradients and the late ones are not
+        # counted, so the budget still ends the run at exactly `steps` updates.
+        budget = localsgd.rounds(cfg.steps, cfg.local_steps) * (cfg.workers - cfg.backup_workers)
+        self.policy = make_policy(cfg.mode, cfg.workers, self._apply, cfg.staleness, budget, start_barrier=True,
+                                  backup=cfg.backup_workers)
         self.lock = self.policy.cond
         self.param: torch.Tensor | None = None
         self.opt: optim.SGD | None = None
@@ -284,6 +287,8 @@ class Shard:
                 "clock_gap_hist": {str(k): v for k, v in sorted(s.gaps.items())},
                 "max_clock_gap": s.max_clock_gap, "skipped_nonfinite": s.skipped_nonfinite,
                 "refused_after_budget": s.refused_after_budget, "bytes_in": self.bytes_in,
+                "dropped_gradients": sum(s.dropped.values()),
+                "dropped_per_worker": {str(w): n for w, n in sorted(s.dropped.items())},
                 "bytes_out": self.bytes_out, "apply_s": self.apply_s, "num_elements": self.num_elements,
             }
 

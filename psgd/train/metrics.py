@@ -132,6 +132,12 @@ def summarize(out: Path, cfg: RunConfig, evals: list[dict], params: int, params_
         "time_breakdown_s": {k: sum(e[f"{k}_s"] for e in ends) / n for k in ("compute", "push", "pull", "wait")},
         "per_worker_steps": {str(e["rank"]): e["steps"] for e in sorted(ends, key=lambda e: e["rank"])},
         "skipped_nonfinite": sum(s.get("skipped_nonfinite", 0) for s in shard_stats),
+        # Backup workers (sync): late gradients taken and never applied, summed over the shards
+        # (each shard drops its own slice: with K shards one whole late gradient counts K times).
+        "backup_workers": cfg.backup_workers,
+        "dropped_gradients": sum(s.get("dropped_gradients", 0) for s in shard_stats),
+        "dropped_per_worker": dict(sorted(sum((Counter(s.get("dropped_per_worker", {})) for s in shard_stats),
+                                              Counter()).items(), key=lambda kv: int(kv[0]))),
         "params_sha256": params_sha256,
         "config": to_dict(cfg),
     }
