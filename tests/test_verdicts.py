@@ -1,5 +1,7 @@
 """Verdict rules and intervals on synthetic numbers: every rule reaches every outcome it has."""
 
+import math
+
 import pytest
 
 from psgd.lab import stats
@@ -143,3 +145,21 @@ def test_e4_needs_separate_hosts():
     assert V.server_bottleneck(1, GOOD).outcome == V.NOT_TESTABLE
     assert V.server_bottleneck(3, iv(1.0, 0.5, 1.5)).outcome == V.CONFIRMED
     assert V.server_bottleneck(3, iv(0.0, -0.1, 0.1)).outcome == V.REFUTED
+
+
+def test_recovered_share_of_a_loss():
+    ci = stats.recovered_ci([100.0, 102.0, 98.0], [20.0, 21.0, 19.0], [90.0, 92.0, 88.0])
+    assert ci.estimate == pytest.approx(70 / 80) and ci.lo < ci.estimate < ci.hi and ci.lo > 0.7
+    assert math.isnan(stats.recovered_ci([10.0], [10.0], [12.0]).estimate)  # no loss: no share of it
+
+
+@pytest.mark.parametrize("loss,recovered,cost,outcome", [
+    (iv(0.8, 0.7, 0.9), iv(0.9, 0.8, 1.0), iv(0.0, -0.005, 0.005), V.CONFIRMED),
+    (iv(0.8, 0.7, 0.9), iv(0.2, 0.1, 0.3), iv(-0.05, -0.07, -0.03), V.REFUTED),
+    (iv(0.8, 0.7, 0.9), iv(0.9, 0.8, 1.0), iv(-0.05, -0.07, -0.03), V.DEPENDS),
+    (iv(0.8, 0.7, 0.9), iv(0.2, 0.1, 0.3), iv(0.0, -0.005, 0.005), V.DEPENDS),
+    (iv(0.8, 0.7, 0.9), iv(0.6, 0.3, 0.9), iv(0.0, -0.005, 0.005), V.INCONCLUSIVE),
+    (iv(0.0, -0.1, 0.1), iv(0.9, 0.8, 1.0), iv(0.0, -0.005, 0.005), V.INCONCLUSIVE),
+])
+def test_backup_recovers_reaches_every_outcome(loss, recovered, cost, outcome):
+    assert V.backup_recovers(loss, recovered, cost).outcome == outcome
