@@ -85,7 +85,7 @@ def backup_workers(ctx: Context):
     rec = stats.recovered_ci(base_t, hurt_t, tput[(b1, "persistent straggler")])
     cost = diff(by[(b1, "persistent straggler")], hurt)
     verdict = V.backup_recovers(loss, rec, cost)
-    key, lines = {}, []
+    key, lines, counted = {}, [], []
     for b in backups:
         g = by[(b, "persistent straggler")]
         r = stats.recovered_ci(base_t, hurt_t, tput[(b, "persistent straggler")])
@@ -93,22 +93,26 @@ def backup_workers(ctx: Context):
         share = float(np.mean([_dropped_share(x.summary) for x in g.runs]))
         wasted = float(np.mean([x.summary["bytes_pushed"] * _dropped_share(x.summary) / x.summary["global_updates"]
                                 for x in g.runs]))
-        per_update = float(np.mean([x.summary["bytes_pushed"] / x.summary["global_updates"] for x in hurt.runs]))
         lines.append(f"{b} recovers {_scaled(r).fmt(0)}% of the straggler's throughput loss at "
-                     f"{_scaled(d).fmt(1, signed=True)} accuracy points; it drops {100 * share:.0f}% of the gradients "
-                     f"pushed, {wasted / 1e3:.0f} kB per update "
-                     f"pushed for nothing (sync pushes {per_update / 1e3:.0f} kB per update)")
+                     f"{_scaled(d).fmt(1, signed=True)} accuracy points, dropping {100 * share:.0f}% of the gradients "
+                     f"pushed ({wasted / 1e3:.0f} kB per update pushed for nothing)")
+        per_s = stats.recovered_ci(by[("sync", "no straggler")].values("updates_per_s"), hurt.values("updates_per_s"),
+                                   g.values("updates_per_s"))
+        counted.append(f"{b}: {_scaled(per_s).fmt(0)}%")
         key[b] = {"recovered": r.estimate, "recovered_ci": [r.lo, r.hi], "accuracy_points": 100 * d.estimate,
                   "accuracy_points_ci": [100 * d.lo, 100 * d.hi], "dropped_share": share,
                   "wasted_bytes_per_update": wasted}
+    per_update = float(np.mean([x.summary["bytes_pushed"] / x.summary["global_updates"] for x in hurt.runs]))
     headline = (f"one worker {_delay(ctx)} ms slower per step costs sync {100 * loss.estimate:.0f}% of its throughput; "
-                + "; ".join(lines))
+                + "; ".join(lines) + f"; sync pushes {per_update / 1e3:.0f} kB per update; no extra memory")
     body += ("\n\nApplied samples/s: training samples per second that went into updates (a dropped gradient's "
              "samples do not count). Recovered share = (backup's - sync's with the straggler) / (sync's without - "
-             "with), bootstrap over seeds of each group; accuracy points: backup minus sync, both with the straggler. "
+             f"with), bootstrap over seeds of each group; counted in updates/s instead, whatever their size, the "
+             f"share recovered is {', '.join(counted)}. Accuracy points: backup minus sync, both with the straggler. "
              "Memory: backup workers add no buffer (a shard sums the first N-b gradients into sync's own sum "
              "buffer) and N integers of bookkeeping per shard; bytes: every dropped gradient was pushed in full. "
-             "Each arm runs at its own rate tuned on the validation split (sync's, async's and SSP's are E1's).")
+             "Rates: the tuning table above; a straggler or jitter run takes the rate of its arm without one (as in "
+             "E2), and the runs without a straggler are E1's.")
     figs = [Figure(f1, "Steady-state applied samples/s per arm; error bars: 95% bootstrap interval over seeds."),
             Figure(f2, ctx.caption("Test accuracy against steady-state wall time; dotted: the target."))]
     key["straggler_loss"] = loss.estimate
