@@ -141,3 +141,19 @@ def test_run_with_backup_workers_makes_exactly_steps_updates(shards, exchange):
         st = core.stats()
         assert st["accepted"] == cfg.steps * 2 and sum(st["staleness_hist"].values()) == cfg.steps * 2
         assert st["dropped_gradients"] == sum(st["dropped_per_worker"].values())
+
+
+def test_summary_sums_the_dropped_gradients_of_every_shard(tmp_path):
+    from psgd.train.metrics import Metrics, summarize
+
+    cfg = RunConfig(mode="sync", workers=3, backup_workers=1, servers=2)
+    m = Metrics(tmp_path / "metrics.jsonl")
+    for rank in range(3):
+        m.write(event="worker_end", rank=rank, steps=5, train_start=0.0, train_end=1.0, process_start=0.0,
+                bytes_pushed=0, bytes_pulled=0, compute_s=0.0, push_s=0.0, pull_s=0.0, wait_s=0.0)
+    m.close()
+    shard = {"version": 4, "staleness_hist": {"0": 8}, "max_clock_gap": 1}
+    s = summarize(tmp_path, cfg, [], 10, "", [dict(shard, dropped_gradients=3, dropped_per_worker={"2": 3}),
+                                            dict(shard, dropped_gradients=4, dropped_per_worker={"0": 1, "2": 3})])
+    assert s["dropped_gradients"] == 7 and s["dropped_per_worker"] == {"0": 1, "2": 6}
+    assert s["backup_workers"] == 1 and s["global_updates"] == 4
