@@ -1,5 +1,7 @@
 """Verdict rules and intervals on synthetic numbers: every rule reaches every outcome it has."""
 
+import math
+
 import pytest
 
 from psgd.lab import stats
@@ -172,3 +174,21 @@ def test_e12_no_gap_no_verdict():
     # A remedy that helps at one degraded rate and not at another: the rate decides.
     mixed = [V.RemedyCell("DC-ASGD", 4, lr, GAP, g) for lr, g in ((0.1, GOOD), (0.3, NONE))]
     assert V.remedies_close_the_gap(mixed).outcome == V.DEPENDS
+
+
+def test_recovered_share_of_a_loss():
+    ci = stats.recovered_ci([100.0, 102.0, 98.0], [20.0, 21.0, 19.0], [90.0, 92.0, 88.0])
+    assert ci.estimate == pytest.approx(70 / 80) and ci.lo < ci.estimate < ci.hi and ci.lo > 0.7
+    assert math.isnan(stats.recovered_ci([10.0], [10.0], [12.0]).estimate)  # no loss: no share of it
+
+
+@pytest.mark.parametrize("loss,recovered,cost,outcome", [
+    (iv(0.8, 0.7, 0.9), iv(0.9, 0.8, 1.0), iv(0.0, -0.005, 0.005), V.CONFIRMED),
+    (iv(0.8, 0.7, 0.9), iv(0.2, 0.1, 0.3), iv(-0.05, -0.07, -0.03), V.REFUTED),
+    (iv(0.8, 0.7, 0.9), iv(0.9, 0.8, 1.0), iv(-0.05, -0.07, -0.03), V.DEPENDS),
+    (iv(0.8, 0.7, 0.9), iv(0.2, 0.1, 0.3), iv(0.0, -0.005, 0.005), V.DEPENDS),
+    (iv(0.8, 0.7, 0.9), iv(0.6, 0.3, 0.9), iv(0.0, -0.005, 0.005), V.INCONCLUSIVE),
+    (iv(0.0, -0.1, 0.1), iv(0.9, 0.8, 1.0), iv(0.0, -0.005, 0.005), V.INCONCLUSIVE),
+])
+def test_backup_recovers_reaches_every_outcome(loss, recovered, cost, outcome):
+    assert V.backup_recovers(loss, recovered, cost).outcome == outcome

@@ -134,6 +134,8 @@ class RunConfig:
     servers: int = opt(1, "parameter shards K to start (run), or HOST:PORT,... of running shards (worker)",
                        aliases=("--num-shards",), parse=parse_servers, from_arg=shard_count)
     staleness: int = opt(2, "SSP bound s (clock lead allowed)")
+    backup_workers: int = opt(0, "sync: apply each update from the first N-b gradients of its step, drop the b late "
+                                 "ones (backup workers, Chen et al. 2016)", metavar="B")
     steps: int = opt(100, "budget: run until steps x workers gradients were applied (= steps updates in sync)")
     epochs: float = opt(0.0, "budget in epochs instead of --steps (if > 0)")
     batch_size: int = opt(32, "samples per worker per micro-batch")
@@ -210,6 +212,12 @@ def validate(cfg: RunConfig) -> RunConfig:
         (cfg.workers >= 1, f"--workers must be >= 1, got {cfg.workers}"),
         (cfg.servers >= 1, f"--servers must be >= 1, got {cfg.servers}"),
         (cfg.staleness >= 0, f"--staleness must be >= 0, got {cfg.staleness}"),
+        (0 <= cfg.backup_workers < max(cfg.workers, 1),
+         f"--backup-workers must be in 0..N-1 = 0..{cfg.workers - 1} (each update needs at least one of the N "
+         f"workers' gradients), got {cfg.backup_workers}"),
+        (cfg.backup_workers == 0 or cfg.mode == "sync",
+         f"--backup-workers drops the late gradients of a synchronous step: use it with --mode sync (--mode "
+         f"{cfg.mode} {'never waits for a step' if cfg.mode != 'allreduce' else 'reduces every gradient'})"),
         (cfg.steps >= 1, f"--steps must be >= 1, got {cfg.steps}"),
         (cfg.epochs >= 0 and math.isfinite(cfg.epochs), f"--epochs must be >= 0, got {cfg.epochs}"),
         (cfg.batch_size >= 1, f"--batch-size must be >= 1, got {cfg.batch_size}"),
@@ -255,9 +263,9 @@ def validate(cfg: RunConfig) -> RunConfig:
          "--checkpoint-every is a parameter-server option: the shards write the checkpoints"),
         (cfg.worker_lease >= 0 and math.isfinite(cfg.worker_lease),
          f"--worker-lease must be seconds >= 0, got {cfg.worker_lease}"),
-        (cfg.worker_lease == 0 or cfg.mode in ("async", "ssp"),
+        (cfg.worker_lease == 0 or cfg.mode in ("async", "ssp") or cfg.backup_workers > 0,
          "--worker-lease lets async and SSP runs go on without a lost worker; sync needs every worker's gradient "
-         "for each update, so there a lost worker ends the run"),
+         "for each update, so there a lost worker ends the run (unless --backup-workers lets it do without one)"),
         (cfg.local_steps == 1 or cfg.accumulate == 1, "--local-steps and --accumulate exclude each other"),
         (cfg.dc_lambda >= 0 and math.isfinite(cfg.dc_lambda), f"--dc-lambda must be >= 0, got {cfg.dc_lambda}"),
         (cfg.mode in ("async", "ssp") or not (cfg.staleness_lr or cfg.dc_lambda),

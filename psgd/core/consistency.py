@@ -5,6 +5,9 @@ Three policies share one small state machine (version counter, per-worker clocks
 - `Sync` (BSP, bulk synchronous parallel): gradients for step t are buffered until all N
   workers have pushed; their mean is applied once and the version becomes t+1. A pull for
   step t+1 blocks until then, so every worker computes on the same parameters.
+  With b backup workers (`--backup-workers b`, Chen et al. 2016, "Revisiting distributed
+  synchronous SGD") the mean of the first N-b gradients of step t is applied; the b late ones
+  are dropped and counted (see `Sync` for the clock bookkeeping).
 - `Async` (Hogwild-style parameter server, Dean et al. 2012 "Downpour SGD"): each gradient is
   applied on arrival; pulls never block. Gradients are stale by about N-1 updates.
 - `SSP(s)` (stale synchronous parallel, Ho et al., NIPS 2013): applies on arrival like Async,
@@ -69,6 +72,7 @@ class PushOutcome:
     staleness: int     # version when applied (or buffered) - base_version
     skipped: bool = False
     refused: bool = False  # budget already spent: not taken
+    dropped: bool = False  # sync with backup workers: late for its step, taken but never applied
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,7 @@ class Stats:
     skipped_nonfinite: int = 0
     refused_after_budget: int = 0
     lost: dict = field(default_factory=dict)               # worker -> its clock when declared lost
+    dropped: Counter = field(default_factory=Counter)     # worker -> late gradients dropped (backup workers)
 
 
 class Policy:
@@ -124,6 +129,10 @@ class Policy:
         """Take one arrived gradient (None = skipped); return True if an update was applied."""
         raise NotImplementedError
 
+    def _late(self, worker: int, base_version: int) -> bool:
+        """True: the gradient is too late to be used, and is dropped (only Sync with backup workers)."""
+        return False
+
     # -- public API ---------------------------------------------------------------------------
     @property
     def done(self) -> bool:
@@ -143,6 +152,13 @@ class Policy:
             if base_version > self.version:
                 raise PolicyError(f"base_version {base_version} is ahead of shard version {self.version}")
             staleness = self.version - base_version
+            if self._late(worker, base_version):
+                # Taken (the worker's clock moves on, so its next pull is served) but never applied;
+                # not in the staleness histogram, which is about applied gradients, nor in the budget.
+                self.clocks[worker] = clock + 1
+                self.stats.dropped[worker] += 1
+                self.cond.notify_all()
+                return PushOutcome(self.version, applied=False, done=self.done, staleness=staleness, dropped=True)
             if grad is not None and self._adjust is not None:
                 grad = self._adjust(grad, worker, staleness)
             self.pushing = (worker, clock)  # for apply(): the clocks once this push is counted (checkpoints)
@@ -283,23 +299,66 @@ class SSP(Async):
 
 
 class Sync(Policy):
-    """BSP: buffer the N gradients of step t, apply their mean once, then release step t+1."""
+    """BSP: buffer the gradients of step t, apply their mean once, then release step t+1.
+
+    Without backup workers (b = 0) a step's update waits for all N gradients, and a worker's
+    clock is the step it computes: its push of clock c must come while the shard is at version c.
+
+    With b backup workers (0 < b < N; Chen et al. 2016) the update of step t is applied once the
+    first N-b gradients computed from version t arrived; the b that come later are dropped. The
+    step a gradient belongs to is the version it was computed from (its `base_version`), no longer
+    its clock, because a slow worker falls behind:
+
+    - a push whose base_version is older than the shard's version is late: it is taken (the
+      worker's clock, the count of its pushes, moves on as always) and dropped, never applied,
+      and counted in `stats.dropped` per worker. Not in the budget (`accepted`), which counts the
+      gradients that went into updates: the budget is `steps x (N - b)`, so the run still ends at
+      exactly `steps` updates, and the late gradients still arriving then are refused with done;
+    - a worker's pull is served once the update of the step it last pushed for is applied
+      (`version > last_step[worker]`). A late worker's step is applied already, so its next pull
+      is served at once, with the newest parameters, and its next push is for the current step:
+      it catches up, however many steps it fell behind (the client tags each push with the
+      version its pull returned). A worker that was in time waits for its step's update, as in
+      BSP, so no worker pushes twice for one step (a second push for a step is refused);
+    - the start barrier is unchanged: every worker's clock-0 pull waits until all N arrived.
+
+    With K > 1 shards each shard picks its own first N-b, so one update may hold worker A's
+    gradient on shard 0 and worker B's on shard 1 (TensorFlow's SyncReplicasOptimizer does the
+    same per variable): every slice of the update is still a mean of N-b gradients of step t.
+    With b = 0 every rule above reduces to BSP's, and the code takes BSP's path unchanged.
+    """
 
     name = "sync"
 
     def __init__(self, num_workers: int, apply: Callable[[torch.Tensor], None],
-                 budget: int | None = None, start_barrier: bool = False) -> None:
+                 budget: int | None = None, start_barrier: bool = False, backup: int = 0) -> None:
+        if not 0 <= backup < num_workers:
+            raise ValueError(f"backup workers must be in 0..{num_workers - 1} (N - 1), got {backup}")
         super().__init__(num_workers, apply, budget, start_barrier)
+        self.backup = backup
+        self.quorum = num_workers - backup          # gradients that make a step's update
+        self.last_step = [-1] * num_workers         # step (base_version) of each worker's last push
         self._sum: torch.Tensor | None = None
         self._arrived = 0
         self._contributors = 0
 
     def _pull_ready(self, worker: int, clock: int) -> bool:
+        if self.backup:
+            return self.version > self.last_step[worker]  # its last step's update is applied
         # Step `clock` may start once `clock` mean updates have been applied.
         return self.version >= clock
 
+    def _late(self, worker: int, base_version: int) -> bool:
+        if not self.backup:
+            return False
+        if base_version <= self.last_step[worker]:
+            raise PolicyError(f"sync: worker {worker} pushed for step {base_version} after pushing for step "
+                              f"{self.last_step[worker]}")
+        self.last_step[worker] = base_version
+        return base_version < self.version
+
     def _on_gradient(self, worker: int, clock: int, grad: torch.Tensor | None) -> bool:
-        if clock != self.version:
+        if not self.backup and clock != self.version:
             raise PolicyError(f"sync: worker {worker} pushed for step {clock} while the shard is at step "
                               f"{self.version}")
         if grad is not None:
@@ -314,7 +373,7 @@ class Sync(Policy):
                 self._sum.add_(grad)
             self._contributors += 1
         self._arrived += 1
-        if self._arrived < self.num_workers:
+        if self._arrived < self.quorum:
             return False
         contributors, self._arrived, self._contributors = self._contributors, 0, 0
         if contributors:
@@ -326,11 +385,14 @@ class Sync(Policy):
 
 def make_policy(mode: str, num_workers: int, apply: Callable[[torch.Tensor], None],
                 staleness: int = 0, budget: int | None = None, start_barrier: bool = False,
-                adjust: Adjust | None = None) -> Policy:
-    """The policy for a run mode: 'sync', 'async' or 'ssp' (`adjust`: async and SSP only)."""
+                adjust: Adjust | None = None, backup: int = 0) -> Policy:
+    """The policy for a run mode: 'sync' (with `backup` backup workers), 'async' or 'ssp' (`adjust`:
+    async and SSP only)."""
+    if backup and mode != "sync":
+        raise ValueError(f"backup workers are a rule of sync mode, not of {mode}")
     if mode == "sync":
         assert adjust is None, "sync applies the mean of fresh gradients: nothing to adjust"
-        return Sync(num_workers, apply, budget, start_barrier)
+        return Sync(num_workers, apply, budget, start_barrier, backup)
     if mode == "async":
         return Async(num_workers, apply, budget, start_barrier, adjust)
     if mode == "ssp":

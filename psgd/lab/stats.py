@@ -104,3 +104,22 @@ def gap_closed_ci(plain: Sequence[float], remedy: Sequence[float], reference: Se
         samples = (mr - mp) / (mref - mp)
         estimate = float((r.mean() - p.mean()) / (ref.mean() - p.mean()))
     return _percentiles(samples, estimate, min(p.size, r.size, ref.size), level)
+
+
+def recovered_ci(base: Sequence[float], hurt: Sequence[float], remedy: Sequence[float],
+                 level: float = LEVEL) -> Interval:
+    """(mean(remedy) - mean(hurt)) / (mean(base) - mean(hurt)): the share of a loss (base -> hurt)
+    that a remedy wins back; 1 = all of it, 0 = none, > 1 = more. Three independent groups, each
+    resampled on its own; a resample whose loss is not positive has no share (left out)."""
+    a, h, r = _clean(base), _clean(hurt), _clean(remedy)
+    rng = np.random.default_rng(SEED)
+    ma, mh, mr = (_resampled_means(x, rng) for x in (a, h, r))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        samples = (mr - mh) / (ma - mh)
+    samples = samples[ma > mh]
+    loss = a.mean() - h.mean()
+    estimate = float((r.mean() - h.mean()) / loss) if loss > 0 else float("nan")
+    n = min(a.size, h.size, r.size)
+    if samples.size == 0:
+        return Interval(estimate, float("nan"), float("nan"), n)
+    return _percentiles(samples, estimate, n, level)

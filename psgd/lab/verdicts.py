@@ -211,3 +211,22 @@ def remedies_close_the_gap(cells: Sequence[RemedyCell], margin: float = 0.02) ->
     summary = ", ".join(f"{r} {o}" for r, o in per.items())
     return Verdict(outcome, f"{summary} (accuracy gained on plain async where it trails sync: {cells_text}; "
                             f"margin {margin})")
+
+
+def backup_recovers(loss: Interval, recovered: Interval, accuracy_cost: Interval, share: float = 0.5,
+                    margin: float = 0.01) -> Verdict:
+    """E11: backup workers recover most of the throughput sync loses to a straggler (the share
+    `recovered` of the loss above `share`) at little cost in accuracy (backup minus sync above
+    -`margin`). Inconclusive when the straggler did not measurably slow sync (`loss`, the relative
+    throughput loss, not above 0): there is nothing to recover."""
+    if not loss.lo > 0:
+        return Verdict(INCONCLUSIVE, f"the straggler cost sync {loss.fmt(2)} of its throughput: no loss to recover")
+    shifted = Interval(recovered.estimate - share, recovered.lo - share, recovered.hi - share, recovered.n)
+    parts = [effect(shifted, 0.0), no_worse(accuracy_cost, margin)]
+    reason = (f"recovered share of sync's straggler loss {recovered.fmt(2)} (claim: > {share:g}), accuracy backup - "
+              f"sync {accuracy_cost.fmt(signed=True)} (margin -{margin})")
+    outcome = combine(parts)
+    if outcome == DEPENDS:
+        reason += ": " + ("throughput recovered, accuracy lost" if parts[0] == CONFIRMED else
+                          "accuracy kept, throughput not recovered")
+    return Verdict(outcome, reason)

@@ -19,6 +19,11 @@ Contract (ps-lite's worker API, in Python):
   `clock`, answered by the pull of clock + 1 into `out`; returns a `PushPulled` (the push's
   outcome, the pull's result, and when the replies began to arrive, which splits the round trip
   into its push and pull parts).
+- The run is over for this worker once a shard says its budget is spent (`done`), or, with
+  `all_done` (sync with backup workers), once every shard has said so: there each shard picks
+  its own first N-b gradients, so one shard may make its last update before another, which still
+  needs this worker's gradients (a done shard's range keeps its last values; its pushes are
+  refused and count for nothing).
 All methods but those of `PullStreams` are for one thread (one worker thread drives one client);
 they block the caller unless named start_*. Every request has the transport's deadline;
 failures raise `ExchangeError` with one line.
@@ -66,8 +71,9 @@ class PushPulled:
 
 class PSClient:
     def __init__(self, transport: Transport, worker_id: int, num_elements: int, wire_dtype: str = "fp32",
-                 timeout: float = 60.0) -> None:
+                 timeout: float = 60.0, all_done: bool = False) -> None:
         self.transport, self.worker_id, self.dtype, self.timeout = transport, worker_id, wire_dtype, timeout
+        self.all_done = all_done
         self.addresses = transport.addresses
         self.shards = list(range(len(self.addresses)))
         self.ranges = shard_ranges(num_elements, len(self.addresses))
@@ -104,8 +110,12 @@ class PSClient:
             return pb.PullRequest(worker_id=self.worker_id, clock=clock, dtype=wire.DTYPE_ENUMS[self.dtype], shard=k)
         return self.transport.pull(shards, request, lambda k: self._slice(out, k), events or NO_EVENTS)
 
+    def over(self, flags) -> bool:
+        """Whether the shards' done (or refused) flags end this worker's run (see the module docstring)."""
+        return all(flags) if self.all_done else any(flags)
+
     def pull_result(self, results: list) -> PullResult:
-        done = any(h.done for h, _ in results)
+        done = self.over([h.done for h, _ in results])
         if not done:
             self.versions = [h.version for h, _ in results]
         return PullResult(done=done, versions=list(self.versions), wait_s=max(h.wait_s for h, _ in results),
@@ -130,7 +140,7 @@ class PSClient:
 
     def push_outcome(self, replies: list[pb.PushReply]) -> tuple[bool, bool, int]:
         sent = sum((stop - start) * codec.itemsize(self.dtype) for start, stop in self.ranges)
-        return any(r.done for r in replies), any(r.refused for r in replies), sent
+        return self.over([r.done for r in replies]), self.over([r.refused for r in replies]), sent
 
     def push_pull(self, clock: int, grad: torch.Tensor, out: torch.Tensor) -> PushPulled:
         """Push `grad` of `clock` and pull clock + 1 into `out`, one round trip per shard."""
@@ -222,7 +232,8 @@ class PullStreams:
 
 
 def make_client(transport: str, addresses: list[str], worker_id: int, num_elements: int, wire_dtype: str = "fp32",
-                rpc_timeout: float = 60.0, link: link_mod.Link | None = None, token: bytes | None = None) -> PSClient:
+                rpc_timeout: float = 60.0, link: link_mod.Link | None = None, token: bytes | None = None,
+                all_done: bool = False) -> PSClient:
     """A PSClient on `--transport grpc | tcp` (paced to `link` when given, carrying `token` when given)."""
     return PSClient(make_transport(transport, addresses, rpc_timeout, link, token), worker_id, num_elements, wire_dtype,
-                    rpc_timeout)
+                    rpc_timeout, all_done)

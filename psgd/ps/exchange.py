@@ -78,7 +78,7 @@ class PSExchange:
     def __init__(self, addresses: list[str], wire_dtype: str = "fp32", rpc_timeout: float = 60.0,
                  link: str = "", overlap: bool = False, accumulate: int = 1, transport: str = "grpc",
                  local_steps: int = 1, optim_cfg: OptimConfig | None = None, separate_pull: bool = False,
-                 token: bytes | None = None, stage: bool | None = None) -> None:
+                 token: bytes | None = None, stage: bool | None = None, backup_workers: int = 0) -> None:
         if local_steps > 1 and overlap:
             raise UsageError("--overlap pushes gradients during backward, --local-steps pushes a model delta every "
                              "H steps: use one or the other")
@@ -87,6 +87,8 @@ class PSExchange:
         self.transport, self.token = transport, token
         self.local_steps, self.optim = local_steps, optim_cfg or OptimConfig()
         self.combined = not (separate_pull or overlap)  # --overlap streams its pulls apart, into forward
+        # Backup workers: one shard may finish before another (psgd/ps/client.py): work on until all have.
+        self.all_done = backup_workers > 0
         self.client: PSClient | None = None
         self._next = None  # the PushPull's pull, which the next before_compute hands to the loop
         self.start_clock = 0  # the loop's first step: 0, or a restored run's (setup learns it)
@@ -98,11 +100,12 @@ class PSExchange:
     @classmethod
     def from_config(cls, cfg, addresses: list[str]) -> PSExchange:
         return cls(addresses, cfg.wire_dtype, cfg.rpc_timeout, cfg.link, cfg.overlap, cfg.accumulate, cfg.transport,
-                   cfg.local_steps, cfg.optim, cfg.separate_pull, auth.load(cfg.token_file))
+                   cfg.local_steps, cfg.optim, cfg.separate_pull, auth.load(cfg.token_file),
+                   backup_workers=cfg.backup_workers)
 
     def setup(self, flat, rank: int) -> None:
         self.client = make_client(self.transport, self.addresses, rank, flat.params.numel(), self.wire_dtype,
-                                  self.rpc_timeout, self.link, self.token)
+                                  self.rpc_timeout, self.link, self.token, self.all_done)
         infos = self.client.wait_ready()
         # A run resumed from checkpoints (psgd run --resume) starts each worker at the clock its
         # shards were saved at; every shard must agree, or the step numbers would disagree too.
@@ -270,7 +273,7 @@ class Overlap:
         self._blocked_s, self._copied = 0.0, set()
         self._streams = self.client.start_pull(clock, self.staging.host_params())
         headers = self._streams.wait_headers()
-        done = any(h.done for h in headers)
+        done = self.client.over([h.done for h in headers])
         if not done:
             # Pushes may start during backward, before the pull's result is collected.
             self.client.versions = [h.version for h in headers]

@@ -108,10 +108,12 @@ class Shard:
         # Local SGD (--local-steps H > 1, sync only): a push is a worker's model delta at the end
         # of an averaging round, and the budget counts rounds x N pushes (psgd/core/localsgd.py).
         self.local_sgd = cfg.local_steps > 1
-        budget = localsgd.rounds(cfg.steps, cfg.local_steps) * cfg.workers
+        # With b backup workers (sync) each update takes N - b gradients and the late ones are not
+        # counted, so the budget still ends the run at exactly `steps` updates.
+        budget = localsgd.rounds(cfg.steps, cfg.local_steps) * (cfg.workers - cfg.backup_workers)
         remedy = cfg.staleness_lr or cfg.dc_lambda > 0
         self.policy = make_policy(cfg.mode, cfg.workers, self._apply, cfg.staleness, budget, start_barrier=True,
-                                  adjust=self._adjust if remedy else None)
+                                  adjust=self._adjust if remedy else None, backup=cfg.backup_workers)
         self.lock = self.policy.cond
         self.param: torch.Tensor | None = None
         self.opt: optim.SGD | None = None
@@ -460,6 +462,8 @@ class Shard:
                 "lost_workers": {str(w): c for w, c in sorted(s.lost.items())},
                 "checkpoints": self.checkpoints, "checkpoint_s": self.checkpoint_s,
                 "restored_from": self.restored_from,
+                "dropped_gradients": sum(s.dropped.values()),
+                "dropped_per_worker": {str(w): n for w, n in sorted(s.dropped.items())},
                 "bytes_out": self.bytes_out, "apply_s": self.apply_s, "num_elements": self.num_elements,
                 "remedy": dict(self.remedy),
             }

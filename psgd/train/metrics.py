@@ -184,6 +184,12 @@ def summarize(out: Path, cfg: RunConfig, evals: list[dict], params: int, params_
         "checkpoints": {"written": sum(s.get("checkpoints", 0) for s in shard_stats),
                         "seconds": sum(s.get("checkpoint_s", 0.0) for s in shard_stats)},
         "remedies": remedies(cfg, shard_stats, params),
+        # Backup workers (sync): late gradients taken and never applied, summed over the shards
+        # (each shard drops its own slice: with K shards one whole late gradient counts K times).
+        "backup_workers": cfg.backup_workers,
+        "dropped_gradients": sum(s.get("dropped_gradients", 0) for s in shard_stats),
+        "dropped_per_worker": dict(sorted(sum((Counter(s.get("dropped_per_worker", {})) for s in shard_stats),
+                                              Counter()).items(), key=lambda kv: int(kv[0]))),
         "params_sha256": params_sha256,
         "config": to_dict(cfg),
     }
