@@ -39,6 +39,7 @@ def topk(ctx: Context):
     # Accuracy against the bytes each run pushed (measured): one point per fraction, both arms at
     # the same bytes (feedback changes what is sent, not how much), dense shared by both lines.
     fractions = sorted({_fraction(g): g.cfg["topk"] for g in sparse}.items(), key=lambda kv: kv[1])
+    names = [f for f, _ in fractions] + ["dense"]
     xs = [_by_fraction(sparse, f).mean("bytes_pushed") / MIB for f, _ in fractions] + [dense.mean("bytes_pushed") / MIB]
 
     def arm(groups: dict[str, Group]) -> tuple[list[float], list[tuple[float, float]]]:
@@ -49,7 +50,7 @@ def topk(ctx: Context):
     plots.lines(xs, {"with error feedback": ("variant:0", *arm(with_ef)), "without": ("variant:1", *arm(without))},
                 "MiB pushed per run (all workers, measured)", "final test accuracy", f2,
                 f"{ctx.exp.id}: bytes on the wire vs accuracy", logx=True,
-                xticklabels=[f for f, _ in fractions] + ["dense"])
+                xticklabels=[f"{f}\n{x:.2f} MiB" for f, x in zip(names, xs, strict=True)])
 
     rows = []
     for g in order:
