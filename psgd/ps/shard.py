@@ -9,12 +9,13 @@ Contract (every method thread-safe; a refusal raises `ShardError(code, message)`
 - `init(values)`: the first caller's values become the parameters (later calls only check the
   length): returns (version, whether this caller initialised). Until then pushes are refused
   with FAILED_PRECONDITION and pulls wait.
-- `check_push(worker_id, shard, num_elements)`: validates a push's header before any byte of its
-  data is read. `receive_buffer()`: a reused fp32 buffer of the shard's length to read it into.
+- `check_push(worker_id, shard, num_elements, sparse_count)`: validates a push's header before any
+  byte of its data is read. `receive_buffer()`: a reused fp32 buffer of the shard's length to read
+  it into.
 - A sparse push (--topk) arrives as indices and values; its adapter scatters them into the pooled
   buffer (psgd/core/sparsify.py `Scatter`), so `push` always sees a dense gradient and every
   policy and the optimizer work unchanged; `check_push` refuses a count above the shard's length.
-- `push(worker_id, clock, base_version, grad, dtype)`: a non-finite gradient is refused (or with
+- `push(worker_id, clock, base_version, grad, dtype, wire_bytes)`: a non-finite gradient is refused (or with
   `--skip-nonfinite` counted and skipped); the policy buffers or applies it; returns the
   policy's `PushOutcome` (done once the run's budget is spent). The caller keeps `grad`.
 - `pull(worker_id, shard, clock, dtype, timeout)`: a context manager; waits for the policy, then
