@@ -76,7 +76,7 @@ def topk(ctx: Context):
                 + f" of dense (measured), for a residual of {4 * params / 1024:.0f} KiB per worker")
     figs = [Figure(f1, ctx.caption("Test accuracy against training samples, each run at its tuned rate.")),
             Figure(f2, "Final test accuracy against the bytes each run's workers pushed in all (log scale; measured, "
-                       "summary.json); bars: 95% bootstrap intervals over seeds. With and without error feedback a "
+                       "summary.json); band: 95% bootstrap interval over seeds. With and without error feedback a "
                        "fraction pushes the same bytes.")]
     key = {"ef_minus_dense": {f: d.estimate for f, d in ef_d.items()},
            "no_feedback_minus_dense": {f: -d.estimate for f, d in no_d.items()},
@@ -97,7 +97,11 @@ def topk(ctx: Context):
              f"residual of one fp32 per parameter ({4 * params:,} bytes here). Pulls stay dense: the parameters are "
              "not sparse, so the bytes a worker receives do not change. What is measured is whether accuracy at equal "
              "samples survives sending only the largest entries, with the rest carried over (error feedback: Stich "
-             "et al. 2018; Lin et al. 2018) or dropped; each run at its own rate tuned on the validation split.")
+             "et al. 2018; Lin et al. 2018) or dropped; each run at its own rate tuned on the validation split. Error "
+             "feedback delays the small coordinates instead of dropping them, so a sparse run that has not converged "
+             "(the table's last column) may still be closing its gap: the claim is judged at equal samples, not at "
+             "the plateau. Momentum is the server's, applied to the sum of the sparse gradients; Deep Gradient "
+             "Compression's momentum correction and sparsity warm-up are not done here.")
     return verdict, headline, body, figs, key
 
 
