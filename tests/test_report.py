@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from psgd.lab import analyses_remedies, report, suite
 from psgd.lab import articles as articles_mod
-from psgd.lab import report, suite
 from psgd.lab.results import Section
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -20,6 +20,12 @@ CJK = re.compile(r"[\u3000-\u303f\u4e00-\u9fff\uff00-\uffef]")
 
 def default_ids() -> list[str]:
     return [e.id for e in suite.load_suite(SUITE, "default")]
+
+
+def remedies() -> set[str]:
+    """The remedies' experiments (psgd/lab/analyses_remedies.py): measured answers to the seeds'
+    problems, citing their papers in the claim; no seed article's claim, so no seed quote."""
+    return {e.id for e in suite.load_suite(SUITE, "default") if e.analysis in analyses_remedies.ANALYSES}
 
 
 def section(exp_id: str, quote: str = "", quote_en: str = "", source: str = "") -> Section:
@@ -39,10 +45,8 @@ def test_seed_articles_name_only_experiments_of_the_suite():
             assert bool(c.tested_by) != bool(c.not_tested)
             assert set(c.tested_by) <= set(ids)
     named = {i for a in arts for c in a.claims for i in c.tested_by}
-    # Every seed claim the suite measures is listed; E0's quote is a paper's, and a remedy's claim
-    # (E11-, no quote) is the field's, measured beside the seed's problem it answers.
-    seed_claims = {e.id for e in suite.load_suite(SUITE, "default") if e.quote} - {"E0"}
-    assert named == seed_claims
+    # Every seed claim the suite measures is listed (E0 is a paper's, the remedies are the field's).
+    assert named == set(ids) - {"E0"} - remedies()
 
 
 def test_every_chinese_quote_has_an_english_translation():
@@ -59,10 +63,12 @@ def test_every_quote_names_its_source_and_a_seed_source_is_an_article():
     experiments = suite.load_suite(SUITE, "default")
     article_ids = {a.id for a in articles_mod.suite_articles(SUITE)}
     assert article_ids == {"000", "003"}
+    remedy_ids = remedies()
     for e in experiments:
-        # A remedy (E11-) has no seed article's words to quote: its claim cites its paper instead.
-        assert (e.quote and e.quote_source) or re.search(r"et al\. \d{4}", e.claim), \
-            f"{e.id}: a quote and where it is from, or a claim that cites its paper"
+        if e.id in remedy_ids:
+            assert not e.quote, f"{e.id}: a remedy quotes no seed article (its claim cites its papers)"
+            continue
+        assert e.quote and e.quote_source, f"{e.id}: a quote and where it is from"
         if CJK.search(e.quote):
             assert e.quote_source in article_ids, f"{e.id}: quote_source {e.quote_source!r} is not a seed article"
 

@@ -139,7 +139,7 @@ def test_init_header_is_checked_like_a_push():
     s = Shard(RunConfig(mode="sync", workers=2, servers=2), 1, num_params=11)
     refused(lambda: s.check_init(0, 1, 6), Code.INVALID_ARGUMENT, "has 5 elements; Init header says 6")
     s.check_init(0, 1, 5)
-    assert s.max_payload == 5 * 4
+    assert s.max_payload == 5 * 8  # at most every element as a sparse (index, fp32 value) pair
 
 
 def test_a_failed_update_is_not_counted():

@@ -84,8 +84,8 @@ def test_bad_push_is_refused_changes_nothing_and_the_connection_stays_usable(sha
     (tcp.PREFIX.pack(tcp.PUSH, tcp.MAX_HEADER + 1, 0), "not a psgd peer"),
     # More than any request to this 10-element shard carries: closed, not drained (a payload
     # length of 2**63 would otherwise hold the connection's thread for ever).
-    (tcp.PREFIX.pack(tcp.PUSH, 0, 44), "payload of 44 bytes"),
-    (tcp.PREFIX.pack(tcp.PUSH, 0, 2**63), "no request to this shard has more than 40"),
+    (tcp.PREFIX.pack(tcp.PUSH, 0, 84), "payload of 84 bytes"),
+    (tcp.PREFIX.pack(tcp.PUSH, 0, 2**63), "no request to this shard has more than 80"),
 ])
 def test_untrustworthy_frame_gets_an_error_and_the_connection_is_closed(shard, prefix, message):
     sock, core, client = shard

@@ -192,3 +192,20 @@ def test_recovered_share_of_a_loss():
 ])
 def test_backup_recovers_reaches_every_outcome(loss, recovered, cost, outcome):
     assert V.backup_recovers(loss, recovered, cost).outcome == outcome
+
+
+LOSS = iv(-0.1, -0.15, -0.05)
+
+
+@pytest.mark.parametrize("ef,without,outcome", [
+    ({"top 1%": NONE}, {"top 1%": GOOD}, V.CONFIRMED),                  # keeps up; without feedback it does not
+    ({"top 1%": LOSS}, {"top 1%": GOOD}, V.REFUTED),                    # feedback does not keep up
+    ({"top 1%": LOSS, "top 10%": NONE}, {"top 1%": GOOD}, V.DEPENDS),   # ... at one fraction only
+    ({"top 1%": NONE}, {"top 1%": NONE}, V.DEPENDS),                    # keeps up either way
+    ({"top 1%": UNSURE}, {"top 1%": GOOD}, V.INCONCLUSIVE),
+    ({"top 1%": NONE, "top 10%": NONE}, {"top 1%": GOOD, "top 10%": UNSURE}, V.INCONCLUSIVE),
+])
+def test_e13_error_feedback(ef, without, outcome):
+    v = V.error_feedback_keeps_accuracy(ef, without)
+    assert v.outcome == outcome
+    assert ("keep" in v.reason) == (outcome == V.DEPENDS)

@@ -151,6 +151,11 @@ class RunConfig:
                           "processes on it (psgd run: the N workers and K servers), at least 1", metavar="T")
     wire_dtype: str = opt("fp32", "dtype of gradients and parameters on the wire (servers keep fp32)",
                           choices=WIRE_DTYPES)
+    topk: float = opt(1.0, "PS: push only this fraction of each shard's gradient, its largest entries by magnitude, "
+                           "as indices and values (1: dense pushes); the rest stays on the worker and is added to "
+                           "its next gradient (error feedback: Stich et al. 2018, Lin et al. 2018)", metavar="FRACTION")
+    no_error_feedback: bool = opt(False, "with --topk < 1: drop what is not sent instead of carrying it over (the "
+                                         "control of experiment E13)")
     straggler: Pairs = opt((), "worker RANK sleeps MS extra per step (repeatable)", metavar="RANK=MS")
     jitter: float = opt(0.0, "every worker sleeps an exponential random delay of this mean per step", metavar="MS")
     skip_nonfinite: bool = opt(False, "servers skip and count non-finite gradients instead of rejecting them")
@@ -225,6 +230,13 @@ def validate(cfg: RunConfig) -> RunConfig:
         (cfg.eval_every >= 0, f"--eval-every must be >= 0, got {cfg.eval_every}"),
         (_error(devices.parse_device, cfg.device) is None, _error(devices.parse_device, cfg.device) or ""),
         (cfg.wire_dtype in WIRE_DTYPES, f"--wire-dtype must be one of {', '.join(WIRE_DTYPES)}"),
+        (0 < cfg.topk <= 1, f"--topk must be a fraction in (0, 1] (1: dense pushes), got {cfg.topk}"),
+        (cfg.topk == 1 or cfg.mode in PS_MODES,
+         "--topk sparsifies parameter-server pushes: --mode allreduce reduces dense gradients"),
+        (cfg.topk == 1 or cfg.local_steps == 1,
+         "--topk sparsifies gradients, --local-steps pushes model deltas: use one or the other"),
+        (not cfg.no_error_feedback or cfg.topk < 1,
+         "--no-error-feedback only applies to sparsified pushes: give --topk a fraction below 1"),
         (cfg.jitter >= 0, f"--jitter must be >= 0 ms, got {cfg.jitter}"),
         (cfg.rpc_timeout > 0, f"--rpc-timeout must be > 0, got {cfg.rpc_timeout}"),
         (cfg.threads >= 0, f"--threads must be >= 0 (0: share the cores), got {cfg.threads}"),

@@ -230,3 +230,30 @@ def backup_recovers(loss: Interval, recovered: Interval, accuracy_cost: Interval
         reason += ": " + ("throughput recovered, accuracy lost" if parts[0] == CONFIRMED else
                           "accuracy kept, throughput not recovered")
     return Verdict(outcome, reason)
+
+
+# -- the remedies -------------------------------------------------------------------------------
+def error_feedback_keeps_accuracy(ef_minus_dense: dict[str, Interval], dense_minus_no_ef: dict[str, Interval],
+                                  margin: float = 0.02) -> Verdict:
+    """E13: at equal samples, top-k pushes with error feedback end within `margin` of dense pushes
+    (`no_worse`, per fraction), and without error feedback more than `margin` below them (`effect`
+    of dense - without). The first half decides alone when it fails: refuted when feedback loses
+    accuracy at every fraction, depends when at some only, inconclusive when its intervals
+    straddle. When it holds, the second half: confirmed when dropping the rest costs accuracy,
+    depends when it does not (then sparse pushes keep up on this problem without feedback too)."""
+    with_ef = combine([no_worse(ci, margin) for ci in ef_minus_dense.values()])
+    without = combine([effect(ci, margin) for ci in dense_minus_no_ef.values()])
+    reason = ("accuracy with error feedback minus dense: "
+              + ", ".join(f"{k} {ci.fmt(signed=True)}" for k, ci in ef_minus_dense.items())
+              + "; dense minus without it: "
+              + ", ".join(f"{k} {ci.fmt(signed=True)}" for k, ci in dense_minus_no_ef.items())
+              + f" (margin {margin})")
+    if with_ef != CONFIRMED:
+        if with_ef == DEPENDS:
+            reason += "; error feedback keeps up at some fractions only"
+        return Verdict(with_ef, reason)
+    if without in (REFUTED, DEPENDS):
+        reason += ("; without error feedback the sparse pushes keep up too" if without == REFUTED
+                   else "; without error feedback some fractions keep up")
+        return Verdict(DEPENDS, reason)
+    return Verdict(without, reason)

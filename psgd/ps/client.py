@@ -13,8 +13,10 @@ Contract (ps-lite's worker API, in Python):
   `start_pull(clock, out)` does the same in the background and returns a `PullStreams` to wait
   on: for the headers, for a range of `out`, or for the result (--overlap uses it).
 - `push(clock, grad)` sends each shard its slice in parallel, tagged with the versions the
-  last pull returned; `start_push(k, clock, grad)` sends one shard's slice in the background
-  (a Future of its reply). Both read `grad` while sending: do not change it until they return.
+  last pull returned (with `topk`, only the slice's top entries by magnitude, as indices and
+  values; `error_feedback` carries the rest into the next push: psgd/core/sparsify.py);
+  `start_push(k, clock, grad)` sends one shard's slice in the background (a Future of its
+  reply). Both read `grad` while sending: do not change it until they return.
 - `push_pull(clock, grad, out)`: both in one round trip per shard (PushPull): the push of
   `clock`, answered by the pull of clock + 1 into `out`; returns a `PushPulled` (the push's
   outcome, the pull's result, and when the replies began to arrive, which splits the round trip
@@ -43,7 +45,7 @@ from dataclasses import dataclass
 import torch
 
 from psgd._proto import parameter_server_pb2 as pb
-from psgd.core import codec
+from psgd.core import codec, sparsify
 from psgd.core import link as link_mod
 from psgd.core.errors import ExchangeError
 from psgd.core.sharding import shard_ranges
@@ -71,12 +73,16 @@ class PushPulled:
 
 class PSClient:
     def __init__(self, transport: Transport, worker_id: int, num_elements: int, wire_dtype: str = "fp32",
-                 timeout: float = 60.0, all_done: bool = False) -> None:
+                 timeout: float = 60.0, all_done: bool = False, topk: float | None = None,
+                 error_feedback: bool = True) -> None:
         self.transport, self.worker_id, self.dtype, self.timeout = transport, worker_id, wire_dtype, timeout
         self.all_done = all_done
         self.addresses = transport.addresses
         self.shards = list(range(len(self.addresses)))
         self.ranges = shard_ranges(num_elements, len(self.addresses))
+        # --topk: every push sends the top fraction of each shard's slice (psgd/core/sparsify.py);
+        # None: dense pushes. A fraction of 1 still takes the sparse path (every entry, as pairs).
+        self.sparsifier = sparsify.Sparsifier(self.ranges, topk, error_feedback) if topk is not None else None
         self.versions = [0] * len(self.addresses)
         wire.reuse_freed_memory()
         # start_pull / start_push run here, so that K pulls and K pushes fit at once.
@@ -90,10 +96,21 @@ class PSClient:
                                     f"expected shard {k} of {len(self.shards)}: check the order of --servers")
         return infos
 
-    def _header(self, k: int, clock: int, base_version: int, dtype: str) -> pb.TensorHeader:
+    def _header(self, k: int, clock: int, base_version: int, dtype: str, sparse_count: int = 0) -> pb.TensorHeader:
         start, stop = self.ranges[k]
         return pb.TensorHeader(worker_id=self.worker_id, clock=clock, base_version=base_version,
-                               dtype=wire.DTYPE_ENUMS[dtype], shard=k, num_elements=stop - start)
+                               dtype=wire.DTYPE_ENUMS[dtype], shard=k, num_elements=stop - start,
+                               sparse_count=sparse_count)
+
+    def _push_header(self, k: int, clock: int) -> pb.TensorHeader:
+        count = self.sparsifier.counts[k] if self.sparsifier else 0
+        return self._header(k, clock, self.versions[k], self.dtype, count)
+
+    def _push_payload(self, grad: torch.Tensor, k: int) -> memoryview | sparsify.Sparse:
+        """Shard k's slice of `grad` as it goes out: its bytes, or its top entries (--topk)."""
+        if self.sparsifier is None:
+            return codec.encode(self._slice(grad, k), self.dtype)
+        return self.sparsifier.compress(k, self._slice(grad, k), self.dtype)
 
     def _slice(self, flat: torch.Tensor, k: int) -> torch.Tensor:
         start, stop = self.ranges[k]
@@ -128,8 +145,7 @@ class PSClient:
         return PullStreams(self, clock, out)
 
     def _push(self, shards: list[int], clock: int, grad: torch.Tensor) -> list[pb.PushReply]:
-        return self.transport.push(shards, lambda k: self._header(k, clock, self.versions[k], self.dtype),
-                                   lambda k: codec.encode(self._slice(grad, k), self.dtype))
+        return self.transport.push(shards, lambda k: self._push_header(k, clock), lambda k: self._push_payload(grad, k))
 
     def start_push(self, k: int, clock: int, grad: torch.Tensor) -> Future:
         return self.background.submit(lambda: self._push([k], clock, grad)[0])
@@ -139,7 +155,10 @@ class PSClient:
         return self.push_outcome(self._push(self.shards, clock, grad.detach().to("cpu")))
 
     def push_outcome(self, replies: list[pb.PushReply]) -> tuple[bool, bool, int]:
-        sent = sum((stop - start) * codec.itemsize(self.dtype) for start, stop in self.ranges)
+        if self.sparsifier is not None:
+            sent = sum(self.sparsifier.nbytes(k, self.dtype) for k in self.shards)
+        else:
+            sent = sum((stop - start) * codec.itemsize(self.dtype) for start, stop in self.ranges)
         return self.over([r.done for r in replies]), self.over([r.refused for r in replies]), sent
 
     def push_pull(self, clock: int, grad: torch.Tensor, out: torch.Tensor) -> PushPulled:
@@ -147,8 +166,8 @@ class PSClient:
         grad = grad.detach().to("cpu")
         replied: list[float] = []  # appended from the shards' threads (list.append is atomic)
         results = self.transport.push_pull(
-            self.shards, lambda k: self._header(k, clock, self.versions[k], self.dtype),
-            lambda k: codec.encode(self._slice(grad, k), self.dtype), lambda k: self._slice(out, k),
+            self.shards, lambda k: self._push_header(k, clock), lambda k: self._push_payload(grad, k),
+            lambda k: self._slice(out, k),
             Events(replied=lambda k, header: replied.append(time.perf_counter())))
         done, refused, sent = self.push_outcome([h.pushed for h, _ in results])
         pulled = self.pull_result(results)
@@ -233,7 +252,8 @@ class PullStreams:
 
 def make_client(transport: str, addresses: list[str], worker_id: int, num_elements: int, wire_dtype: str = "fp32",
                 rpc_timeout: float = 60.0, link: link_mod.Link | None = None, token: bytes | None = None,
-                all_done: bool = False) -> PSClient:
-    """A PSClient on `--transport grpc | tcp` (paced to `link` when given, carrying `token` when given)."""
+                all_done: bool = False, topk: float | None = None, error_feedback: bool = True) -> PSClient:
+    """A PSClient on `--transport grpc | tcp` (paced to `link` when given, carrying `token` when given;
+    sparse pushes with `topk`)."""
     return PSClient(make_transport(transport, addresses, rpc_timeout, link, token), worker_id, num_elements, wire_dtype,
-                    rpc_timeout, all_done)
+                    rpc_timeout, all_done=all_done, topk=topk, error_feedback=error_feedback)

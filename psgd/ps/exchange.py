@@ -70,6 +70,8 @@ class PSExchange:
     (called by the worker loop with the model) installs the hooks that does this. With `link`
     ("1gbit,200us", psgd/core/link.py) every stream is paced to that emulated wire. `transport`
     "tcp" moves the tensors on the shards' raw-TCP data planes (psgd/ps/tcp_server.py) instead of gRPC.
+    With `topk` (a fraction, --topk) each push sends the largest entries of each shard's slice, and
+    with `error_feedback` the worker keeps the rest for its next push (psgd/core/sparsify.py).
     With `local_steps` H > 1 (local SGD, sync mode, psgd/core/localsgd.py) the worker steps its own
     replica with a local optimizer (`optim`), pulls only at the start of each round of H steps
     and pushes the delta w_pulled - w_local at its end; pull and push carry the round as clock.
@@ -78,13 +80,15 @@ class PSExchange:
     def __init__(self, addresses: list[str], wire_dtype: str = "fp32", rpc_timeout: float = 60.0,
                  link: str = "", overlap: bool = False, accumulate: int = 1, transport: str = "grpc",
                  local_steps: int = 1, optim_cfg: OptimConfig | None = None, separate_pull: bool = False,
-                 token: bytes | None = None, stage: bool | None = None, backup_workers: int = 0) -> None:
+                 token: bytes | None = None, stage: bool | None = None, backup_workers: int = 0,
+                 topk: float | None = None, error_feedback: bool = True) -> None:
         if local_steps > 1 and overlap:
             raise UsageError("--overlap pushes gradients during backward, --local-steps pushes a model delta every "
                              "H steps: use one or the other")
         self.addresses, self.wire_dtype, self.rpc_timeout = addresses, wire_dtype, rpc_timeout
         self.link, self.overlap, self.accumulate = link_mod.parse(link), overlap, accumulate
         self.transport, self.token = transport, token
+        self.topk, self.error_feedback = topk, error_feedback
         self.local_steps, self.optim = local_steps, optim_cfg or OptimConfig()
         self.combined = not (separate_pull or overlap)  # --overlap streams its pulls apart, into forward
         # Backup workers: one shard may finish before another (psgd/ps/client.py): work on until all have.
@@ -99,13 +103,16 @@ class PSExchange:
 
     @classmethod
     def from_config(cls, cfg, addresses: list[str]) -> PSExchange:
+        # --topk 1 (the default) is a dense push; the sparse path at fraction 1 is for tests.
         return cls(addresses, cfg.wire_dtype, cfg.rpc_timeout, cfg.link, cfg.overlap, cfg.accumulate, cfg.transport,
                    cfg.local_steps, cfg.optim, cfg.separate_pull, auth.load(cfg.token_file),
-                   backup_workers=cfg.backup_workers)
+                   backup_workers=cfg.backup_workers, topk=cfg.topk if cfg.topk < 1 else None,
+                   error_feedback=not cfg.no_error_feedback)
 
     def setup(self, flat, rank: int) -> None:
         self.client = make_client(self.transport, self.addresses, rank, flat.params.numel(), self.wire_dtype,
-                                  self.rpc_timeout, self.link, self.token, self.all_done)
+                                  self.rpc_timeout, self.link, self.token, self.all_done, self.topk,
+                                  self.error_feedback)
         infos = self.client.wait_ready()
         # A run resumed from checkpoints (psgd run --resume) starts each worker at the clock its
         # shards were saved at; every shard must agree, or the step numbers would disagree too.

@@ -5,6 +5,7 @@ One frame per message in both directions, little-endian:
     op: u8 | header length: u32 | payload length: u64 | header | payload
 
     PUSH  TensorHeader + the gradient's bytes in the wire dtype  ->  PUSHED  PushReply
+          (sparse, header.sparse_count > 0: the int32 indices, then the values)
     PULL  PullRequest                                            ->  PULLED  PullHeader + the values' bytes
     PUSHPULL  as PUSH                                            ->  PULLED  of the next clock, PullHeader.pushed set
     HELLO  the token (auth.py), the first frame of a connection   ->  WELCOME (empty)
@@ -120,6 +121,19 @@ def recv_tensor(sock: socket.socket, out: torch.Tensor, dtype: str,
         if on_chunk:
             on_chunk(stop - start, stop // width)
     return nbytes
+
+
+def recv_bytes(sock: socket.socket, nbytes: int, on_chunk: Callable[[int], None] | None = None) -> bytearray:
+    """Receive an `nbytes` payload as it is (a sparse push's indices and values); `on_chunk(bytes)`
+    after each CHUNK, as `recv_tensor`'s."""
+    out = bytearray(nbytes)
+    view = memoryview(out)
+    for start in range(0, nbytes, CHUNK):
+        stop = min(start + CHUNK, nbytes)
+        recv_exact(sock, view[start:stop])
+        if on_chunk:
+            on_chunk(stop - start)
+    return out
 
 
 def drain(sock: socket.socket, nbytes: int) -> None:

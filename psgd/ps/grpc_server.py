@@ -6,7 +6,9 @@ core (psgd/ps/shard.py), which holds every check and state change, and writes th
 
 - `Init`: header + chunks of the initial values (always fp32).
 - `Push`: header + chunks of one gradient, received chunk by chunk into one of the shard's
-  reused fp32 buffers straight from gRPC's bytes (`codec.data_view`: no protobuf copy).
+  reused fp32 buffers straight from gRPC's bytes (`codec.data_view`: no protobuf copy); a sparse
+  push (--topk: the header's `sparse_count`) sends SparseChunks instead, checked and scattered
+  into that buffer (psgd/core/sparsify.py `Scatter`).
 - `Pull`: held by the policy, then header + ~1 MiB frames of the snapshot in the wire dtype,
   built one at a time outside the lock (`codec.frames`) and sent as they are.
 - `PushPull`: a Push, answered by the Pull of the next clock (one round trip per step): the
@@ -23,7 +25,7 @@ import grpc
 import torch
 
 from psgd._proto import parameter_server_pb2 as pb
-from psgd.core import codec, link
+from psgd.core import codec, link, sparsify
 from psgd.core.errors import Code, ShardError
 from psgd.ps import wire
 from psgd.ps.shard import Shard
@@ -63,10 +65,14 @@ class ShardServicer:
         the receive buffer goes back to the pool before anything may wait. (header, PushOutcome)."""
         h = _header(request_iterator)
         dtype = wire.dtype_name(h.dtype)
-        self.shard.check_push(h.worker_id, h.shard, h.num_elements)
+        self.shard.check_push(h.worker_id, h.shard, h.num_elements, h.sparse_count)
         with self.shard.receive_buffer() as buf:
-            grad = _receive(h, link.paced(request_iterator, self.shard.link_in, _chunk_len), dtype, buf)
-            return h, self.shard.push(h.worker_id, h.clock, h.base_version, grad, dtype)
+            chunks = link.paced(request_iterator, self.shard.link_in, _chunk_len)
+            if h.sparse_count:
+                grad, nbytes = _receive_sparse(h, chunks, dtype, buf), sparsify.wire_bytes(h.sparse_count, dtype)
+            else:
+                grad, nbytes = _receive(h, chunks, dtype, buf), None
+            return h, self.shard.push(h.worker_id, h.clock, h.base_version, grad, dtype, nbytes)
 
     def Pull(self, request, context):
         with contextlib.ExitStack() as stack:
@@ -115,7 +121,9 @@ def _header(request_iterator) -> pb.TensorHeader:
 
 
 def _chunk_len(msg) -> int:
-    return len(msg) if isinstance(msg, memoryview) else len(msg.data)
+    if isinstance(msg, memoryview):
+        return len(msg)
+    return len(msg.sparse.indices) + len(msg.sparse.values) if msg.WhichOneof("kind") == "sparse" else len(msg.data)
 
 
 def _receive(h: pb.TensorHeader, chunks, dtype: str, out: torch.Tensor | None = None) -> torch.Tensor:
@@ -128,8 +136,21 @@ def _receive(h: pb.TensorHeader, chunks, dtype: str, out: torch.Tensor | None = 
             elif msg.WhichOneof("kind") == "data":
                 asm.add(msg.data)
             else:
-                raise ValueError("a second header inside one stream")
+                raise ValueError(f"a {msg.WhichOneof('kind')} chunk inside a dense stream")
         return asm.finish()
+    except ValueError as e:
+        raise ShardError(Code.INVALID_ARGUMENT, str(e)) from None
+
+
+def _receive_sparse(h: pb.TensorHeader, chunks, dtype: str, out: torch.Tensor) -> torch.Tensor:
+    """The sparse chunks after a header with `sparse_count`, scattered into `out` (zeroed first)."""
+    try:
+        scatter = sparsify.Scatter(h.num_elements, h.sparse_count, dtype, out)
+        for msg in chunks:
+            if isinstance(msg, memoryview) or msg.WhichOneof("kind") != "sparse":
+                raise ValueError("a sparse push (header sparse_count > 0) carries sparse chunks only")
+            scatter.add(msg.sparse.indices, msg.sparse.values)
+        return scatter.finish()
     except ValueError as e:
         raise ShardError(Code.INVALID_ARGUMENT, str(e)) from None
 

@@ -11,9 +11,13 @@ Contract (every method thread-safe; a refusal raises `ShardError(code, message)`
   with FAILED_PRECONDITION and pulls wait.
 - `check_init(worker_id, shard, num_elements)`: an Init header, checked against the shard's
   length from the server's config (`num_params`) when given, before any memory is sized by it.
-- `check_push(worker_id, shard, num_elements)`: validates a push's header before any byte of its
-  data is read. `receive_buffer()`: a reused fp32 buffer of the shard's length to read it into.
-- `push(worker_id, clock, base_version, grad, dtype)`: a non-finite gradient is refused (or with
+- `check_push(worker_id, shard, num_elements, sparse_count)`: validates a push's header before any
+  byte of its data is read. `receive_buffer()`: a reused fp32 buffer of the shard's length to read
+  it into.
+- A sparse push (--topk) arrives as indices and values; its adapter scatters them into the pooled
+  buffer (psgd/core/sparsify.py `Scatter`), so `push` always sees a dense gradient and every
+  policy and the optimizer work unchanged; `check_push` refuses a count above the shard's length.
+- `push(worker_id, clock, base_version, grad, dtype, wire_bytes)`: a non-finite gradient is refused (or with
   `--skip-nonfinite` counted and skipped); the policy buffers or applies it; returns the
   policy's `PushOutcome` (done once the run's budget is spent). The caller keeps `grad`.
 - `pull(worker_id, shard, clock, dtype, timeout)`: a context manager; waits for the policy, then
@@ -296,19 +300,23 @@ class Shard:
 
     @property
     def max_payload(self) -> int:
-        """The most bytes any request to this shard carries (fp32 values of the whole shard);
-        before the length is known, codec.MAX_TENSOR_BYTES."""
+        """The most bytes any request to this shard carries: a sparse push (--topk) of every element,
+        an int32 index and an fp32 value each; before the length is known, codec.MAX_TENSOR_BYTES."""
         n = self.expected if self.expected is not None else self.num_elements
-        return 4 * n if n else codec.MAX_TENSOR_BYTES
+        return 8 * n if n else codec.MAX_TENSOR_BYTES
 
-    def check_push(self, worker_id: int, shard: int, num_elements: int) -> None:
-        """Validate a push's header before any byte of its data is read."""
+    def check_push(self, worker_id: int, shard: int, num_elements: int, sparse_count: int = 0) -> None:
+        """Validate a push's header before any byte of its data is read (`sparse_count`: the
+        entries of a sparse push, 0 for a dense one)."""
         if not self.ready.is_set():
             raise ShardError(Code.FAILED_PRECONDITION, f"shard {self.index} is not initialised yet")
         self._check_sender(worker_id, shard)
         if num_elements != self.num_elements:
             raise ShardError(Code.INVALID_ARGUMENT,
                              f"shard {self.index} has {self.num_elements} elements, header says {num_elements}")
+        if sparse_count > num_elements:
+            raise ShardError(Code.INVALID_ARGUMENT,
+                             f"sparse push of {sparse_count} entries for a shard of {num_elements} elements")
 
     def _check_sender(self, worker_id: int, shard: int) -> None:
         if shard != self.index:
@@ -325,8 +333,10 @@ class Shard:
         finally:
             self._pools[torch.float32].put(buf)  # the policy has applied, summed or cloned it by now
 
-    def push(self, worker_id: int, clock: int, base_version: int, grad: torch.Tensor, dtype: str) -> PushOutcome:
-        """Hand one received gradient (header checked) to the policy; `dtype` is what it travelled as."""
+    def push(self, worker_id: int, clock: int, base_version: int, grad: torch.Tensor, dtype: str,
+             wire_bytes: int | None = None) -> PushOutcome:
+        """Hand one received gradient (header checked) to the policy; `dtype` is what it travelled as,
+        `wire_bytes` the bytes it took (default: dense, every element in `dtype`)."""
         skipped = False
         if not all_finite(grad):
             if not self.cfg.skip_nonfinite:
@@ -343,7 +353,7 @@ class Shard:
             # the checkpoint is on disk (in sync, no worker gets past it before it is).
             self._write_pending()
         with self.lock:
-            self.bytes_in += grad.numel() * codec.itemsize(dtype)
+            self.bytes_in += grad.numel() * codec.itemsize(dtype) if wire_bytes is None else wire_bytes
         return out
 
     @contextlib.contextmanager

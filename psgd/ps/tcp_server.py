@@ -38,7 +38,7 @@ import threading
 from google.protobuf.message import DecodeError
 
 from psgd._proto import parameter_server_pb2 as pb
-from psgd.core import codec
+from psgd.core import codec, sparsify
 from psgd.core.errors import Code, ShardError
 from psgd.ps import auth, wire
 from psgd.ps import framing as fr
@@ -157,17 +157,23 @@ class _Connection(socketserver.BaseRequestHandler):
         shard = self.server.shard
         h = _parse(pb.TensorHeader, header)
         dtype = wire.dtype_name(h.dtype)
-        shard.check_push(h.worker_id, h.shard, h.num_elements)
-        expected = h.num_elements * codec.itemsize(dtype)
+        shard.check_push(h.worker_id, h.shard, h.num_elements, h.sparse_count)
+        if h.sparse_count:
+            expected = sparsify.wire_bytes(h.sparse_count, dtype)
+            what = f"{h.sparse_count} sparse entries (int32 index, {dtype} value)"
+        else:
+            expected, what = h.num_elements * codec.itemsize(dtype), f"{h.num_elements} {dtype} elements"
         if payload_len != expected:
-            raise ShardError(Code.INVALID_ARGUMENT,
-                             f"payload of {payload_len} bytes; {h.num_elements} {dtype} elements are {expected}")
+            raise ShardError(Code.INVALID_ARGUMENT, f"payload of {payload_len} bytes; {what} are {expected}")
         with shard.receive_buffer() as buf:
             pace = _pacer(shard.link_in)
-            fr.recv_tensor(self.request, buf, dtype, pace and (lambda n, _: pace(n)))
             try:
-                return h, shard.push(h.worker_id, h.clock, h.base_version, buf, dtype)
-            except ShardError as e:
+                if h.sparse_count:
+                    _scatter(fr.recv_bytes(self.request, payload_len, pace), h, dtype, buf)
+                else:
+                    fr.recv_tensor(self.request, buf, dtype, pace and (lambda n, _: pace(n)))
+                return h, shard.push(h.worker_id, h.clock, h.base_version, buf, dtype, payload_len)
+            except ShardError as e:  # refused once the payload is read: nothing left to drain
                 self._error(e)
                 return h, None
 
@@ -207,6 +213,18 @@ class _Connection(socketserver.BaseRequestHandler):
 
     def _error(self, e: ShardError) -> None:
         fr.send_frame(self.request, fr.ERROR, f"{e.code.name}: {e.message}".encode())
+
+
+def _scatter(payload: bytearray, h: pb.TensorHeader, dtype: str, out) -> None:
+    """A sparse push's payload (every index, then every value) checked and scattered into `out`."""
+    cut = h.sparse_count * sparsify.INDEX_BYTES
+    view = memoryview(payload)
+    try:
+        scatter = sparsify.Scatter(h.num_elements, h.sparse_count, dtype, out)
+        scatter.add(view[:cut], view[cut:])
+        scatter.finish()
+    except ValueError as e:
+        raise ShardError(Code.INVALID_ARGUMENT, str(e)) from None
 
 
 def _pacer(pacer):

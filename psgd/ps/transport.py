@@ -15,7 +15,8 @@ one line that names the shard and the status.
     leave(shards, worker_id)                            -> [LeaveReply]  (this worker has finished)
 
 `header_of(k)` / `request_of(k)` build shard k's .proto header, `payload_of(k)` its bytes in the
-wire dtype, `out_of(k)` the fp32 slice its pulled values land in (written in place: no copy).
+wire dtype (or a `sparsify.Sparse` for a sparse push, --topk: SparseChunks on gRPC, its indices
+then its values in the TCP frame), `out_of(k)` the fp32 slice its pulled values land in (written in place: no copy).
 `Events` lets a caller follow a transfer chunk by chunk: the emulated link paces there, and
 --overlap's forward hooks wait on a pull's progress.
 
@@ -44,7 +45,7 @@ import torch
 
 from psgd._proto import parameter_server_pb2 as pb
 from psgd._proto import parameter_server_pb2_grpc as pb_grpc
-from psgd.core import codec
+from psgd.core import codec, sparsify
 from psgd.core import link as link_mod
 from psgd.core.errors import ExchangeError
 from psgd.ps import auth, wire
@@ -194,15 +195,27 @@ class GrpcTransport:
             self.pool.shutdown(wait=True)
 
 
-def _stream(k: int, header: pb.TensorHeader, payload: memoryview, events: Events):
-    """A Push / Init request stream: the header, then ~1 MiB frames of the payload."""
+def _stream(k: int, header: pb.TensorHeader, payload: memoryview | sparsify.Sparse, events: Events):
+    """A Push / Init request stream: the header, then ~1 MiB frames of the payload (SparseChunks of
+    a sparse one)."""
     if events.sending:
         events.sending(k)
     yield pb.TensorChunk(header=header)
+    if isinstance(payload, sparsify.Sparse):
+        for indices, values in payload.pieces():
+            if events.sent:
+                events.sent(k, len(indices) + len(values))
+            yield pb.TensorChunk(sparse=pb.SparseChunk(indices=bytes(indices), values=bytes(values)))
+        return
     for frame in codec.frames(payload):
         if events.sent:
             events.sent(k, len(frame))
         yield frame
+
+
+def _flat(payload: memoryview | sparsify.Sparse) -> memoryview:
+    """A push's payload as the TCP frame carries it (a sparse one: every index, then every value)."""
+    return memoryview(payload.payload()) if isinstance(payload, sparsify.Sparse) else payload
 
 
 class TcpTransport:
@@ -237,7 +250,7 @@ class TcpTransport:
         return self.control.leave(shards, worker_id)
 
     def push(self, shards, header_of, payload_of, events=NO_EVENTS):
-        payloads = {k: payload_of(k) for k in shards}  # each slice encoded once (a view for fp32)
+        payloads = {k: _flat(payload_of(k)) for k in shards}  # each slice encoded once (a view for fp32)
 
         def send(sock, k):
             if events.sending:
@@ -271,7 +284,7 @@ class TcpTransport:
                               events)
 
     def push_pull(self, shards, header_of, payload_of, out_of, events=NO_EVENTS):
-        payloads = {k: payload_of(k) for k in shards}
+        payloads = {k: _flat(payload_of(k)) for k in shards}
         headers = {k: header_of(k) for k in shards}
         outs = {k: out_of(k) for k in shards}
 
