@@ -88,6 +88,15 @@ def build_parser() -> Parser:
                    help="continue the stopped run in OUT from its shards' checkpoints (--checkpoint-every), "
                         "with its own config.json (give no other flags)")
 
+    p = sub.add_parser("certs", help="make a lab CA and a shard certificate for --tls-cert / --tls-ca",
+                       description="Write DIR/ca.pem, DIR/ca-key.pem, DIR/server.pem and DIR/server-key.pem: a "
+                                   "lab CA and one certificate valid for every shard host. Shards: --tls-cert "
+                                   "DIR/server.pem --tls-key DIR/server-key.pem; workers: --tls-ca DIR/ca.pem.",
+                       formatter_class=fmt)
+    p.add_argument("dir", metavar="DIR", help="folder to write the four PEM files into")
+    p.add_argument("--hosts", required=True,
+                   help="comma-separated addresses (or names) the shards are reached at, e.g. 127.0.0.1,198.18.0.2")
+
     p = sub.add_parser("summarize", help="evaluate a finished run folder and write OUT/summary.json",
                        description=SUMMARIZE_DESCRIPTION, formatter_class=fmt)
     p.add_argument("out", metavar="OUT", help="the run folder (holds config.json and metrics.jsonl)")
@@ -170,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_worker(args)
         if args.command == "summarize":
             return cmd_summarize(args)
+        if args.command == "certs":
+            return cmd_certs(args)
         if args.command in DELEGATED:
             import importlib
 
@@ -179,6 +190,25 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     parser.error(f"unknown command {args.command}")
     return 2
+
+
+def cmd_certs(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from psgd.ps import tls
+
+    hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
+    if not hosts:
+        raise UsageError("--hosts needs at least one address")
+    out = Path(args.dir)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out} is a file, not a folder")
+    taken = [f for f in ("ca.pem", "ca-key.pem", "server.pem", "server-key.pem") if (out / f).exists()]
+    if taken:
+        raise UsageError(f"{out} already holds {', '.join(taken)}: psgd never overwrites keys; choose another folder")
+    for path in tls.make_certs(out, hosts):
+        print(path)
+    return 0
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -279,7 +309,7 @@ def cmd_server(args: argparse.Namespace) -> int:
 def _serve(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from psgd.ps import auth, server
+    from psgd.ps import auth, server, tls
     from psgd.train import data, launch, models
     from psgd.train.metrics import Metrics, process_start_time
 
@@ -317,6 +347,8 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         srv = server.start(cfg, args.shard, args.bind, args.port, token=token, num_params=num_params,
                            restore=restored)
+    except tls.TlsError as e:
+        raise UsageError(str(e)) from None
     except ValueError as e:  # a checkpoint of another run
         raise UsageError(f"--restore {args.restore}: {e}") from None
     except OSError as e:

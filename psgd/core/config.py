@@ -171,6 +171,11 @@ class RunConfig:
                                    "the last 3 (0: never); `psgd run --resume OUT` continues from them", metavar="K")
     worker_lease: float = opt(0.0, "async/SSP: a worker that sends nothing for this many seconds is lost: the run "
                                     "goes on without it (0: a worker that dies ends the run)", metavar="SECONDS")
+    tls_cert: str = opt("", "PS shard: serve both ports over TLS with this certificate (psgd certs makes one)",
+                        metavar="PEM")
+    tls_key: str = opt("", "PS shard: the private key of --tls-cert", metavar="PEM")
+    tls_ca: str = opt("", "PS worker: talk TLS to the shards and trust only certificates signed by this CA",
+                      metavar="PEM")
     token_file: str = opt("", "PS: a file holding the run's shared secret; every request to a shard must carry it "
                               "(without it: $PSGD_TOKEN if set, else no token)", metavar="FILE")
     fail_at: Pairs = opt((), "fault injection: worker RANK kills itself (SIGKILL) at STEP", metavar="RANK=STEP")
@@ -270,6 +275,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         (cfg.local_steps >= 1, f"--local-steps must be >= 1, got {cfg.local_steps}"),
         (cfg.local_steps == 1 or cfg.mode in ("sync", "allreduce"),
          "--local-steps is local SGD with synchronous averaging: use it with --mode sync or allreduce"),
+        (bool(cfg.tls_cert) == bool(cfg.tls_key), "--tls-cert and --tls-key go together (a certificate and its key)"),
         (cfg.checkpoint_every >= 0, f"--checkpoint-every must be >= 0, got {cfg.checkpoint_every}"),
         (cfg.mode != "allreduce" or cfg.checkpoint_every == 0,
          "--checkpoint-every is a parameter-server option: the shards write the checkpoints"),

@@ -15,8 +15,8 @@ so it needs a gate. The gate is a token every process of a run shares:
 - Binding anything but loopback without a token is refused at start (psgd/cli.py) unless
   `--insecure` is given: an open shard must be a decision, not a default.
 
-The token authenticates; it does not encrypt. On a network that others can read, TLS is what
-keeps the token and the tensors private (not built yet: see docs/architecture.md).
+The token authenticates; it does not encrypt. On a network that others can read, TLS
+(psgd/ps/tls.py: --tls-cert/--tls-key on shards, --tls-ca on workers) keeps it and the tensors private.
 """
 
 from __future__ import annotations
@@ -125,7 +125,10 @@ class _ClientToken(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInter
         return continuation(self._with_token(details), request_iterator)
 
 
-def channel(address: str, options: list, token: bytes | None) -> grpc.Channel:
-    """An (unencrypted) channel to `address` that sends the token with every call when there is one."""
-    ch = grpc.insecure_channel(address, options=options)
+def channel(address: str, options: list, token: bytes | None,
+            credentials: grpc.ChannelCredentials | None = None) -> grpc.Channel:
+    """A channel to `address` (TLS with `credentials`, psgd/ps/tls.py) that sends the token with
+    every call when there is one."""
+    ch = grpc.secure_channel(address, credentials, options=options) if credentials else \
+        grpc.insecure_channel(address, options=options)
     return grpc.intercept_channel(ch, _ClientToken(token)) if token else ch

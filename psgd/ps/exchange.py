@@ -81,14 +81,14 @@ class PSExchange:
                  link: str = "", overlap: bool = False, accumulate: int = 1, transport: str = "grpc",
                  local_steps: int = 1, optim_cfg: OptimConfig | None = None, separate_pull: bool = False,
                  token: bytes | None = None, stage: bool | None = None, backup_workers: int = 0,
-                 topk: float | None = None, error_feedback: bool = True) -> None:
+                 topk: float | None = None, error_feedback: bool = True, tls_ca: str = "") -> None:
         if local_steps > 1 and overlap:
             raise UsageError("--overlap pushes gradients during backward, --local-steps pushes a model delta every "
                              "H steps: use one or the other")
         self.addresses, self.wire_dtype, self.rpc_timeout = addresses, wire_dtype, rpc_timeout
         self.link, self.overlap, self.accumulate = link_mod.parse(link), overlap, accumulate
         self.transport, self.token = transport, token
-        self.topk, self.error_feedback = topk, error_feedback
+        self.topk, self.error_feedback, self.tls_ca = topk, error_feedback, tls_ca
         self.local_steps, self.optim = local_steps, optim_cfg or OptimConfig()
         self.combined = not (separate_pull or overlap)  # --overlap streams its pulls apart, into forward
         # Backup workers: one shard may finish before another (psgd/ps/client.py): work on until all have.
@@ -107,12 +107,12 @@ class PSExchange:
         return cls(addresses, cfg.wire_dtype, cfg.rpc_timeout, cfg.link, cfg.overlap, cfg.accumulate, cfg.transport,
                    cfg.local_steps, cfg.optim, cfg.separate_pull, auth.load(cfg.token_file),
                    backup_workers=cfg.backup_workers, topk=cfg.topk if cfg.topk < 1 else None,
-                   error_feedback=not cfg.no_error_feedback)
+                   error_feedback=not cfg.no_error_feedback, tls_ca=cfg.tls_ca)
 
     def setup(self, flat, rank: int) -> None:
         self.client = make_client(self.transport, self.addresses, rank, flat.params.numel(), self.wire_dtype,
                                   self.rpc_timeout, self.link, self.token, self.all_done, self.topk,
-                                  self.error_feedback)
+                                  self.error_feedback, self.tls_ca)
         infos = self.client.wait_ready()
         # A run resumed from checkpoints (psgd run --resume) starts each worker at the clock its
         # shards were saved at; every shard must agree, or the step numbers would disagree too.

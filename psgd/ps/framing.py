@@ -20,6 +20,7 @@ callbacks (the emulated link's pacing, --overlap's progress) see the payload in 
 from __future__ import annotations
 
 import socket
+import ssl
 import struct
 from collections.abc import Callable
 
@@ -55,6 +56,10 @@ def send_frame(sock: socket.socket, op: int, header: bytes, payload: memoryview 
 
 
 def _sendmsg_all(sock: socket.socket, parts: list) -> None:
+    if isinstance(sock, ssl.SSLSocket):  # TLS has no sendmsg: the record layer copies anyway
+        for part in parts:
+            sock.sendall(part)
+        return
     sent = sock.sendmsg(parts)
     for part in parts:  # a large payload may leave in several calls: send what is left
         if sent >= len(part):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import grpc
 
 from psgd.core.config import RunConfig
-from psgd.ps import auth, wire
+from psgd.ps import auth, tls, wire
 from psgd.ps.grpc_server import ShardServicer, rpc_handlers
 from psgd.ps.shard import Shard
 from psgd.ps.tcp_server import DataServer
@@ -51,8 +51,11 @@ def start(cfg: RunConfig, index: int, host: str = "127.0.0.1", port: int = 0, *,
     shard = Shard(cfg, index, num_params)
     if restore is not None:
         shard.restore(restore)  # before anything listens: no worker ever sees the shard uninitialised
+    secure = bool(cfg.tls_cert)  # TlsError (a ValueError) for files that cannot make it: before any port opens
+    context = tls.server_context(cfg.tls_cert, cfg.tls_key) if secure else None
+    credentials = tls.server_credentials(cfg.tls_cert, cfg.tls_key) if secure else None
     try:
-        data = DataServer(shard, host, token)
+        data = DataServer(shard, host, token, context)
     except OSError as e:
         raise OSError(f"cannot open the TCP data plane on {host}: {e}") from None
     # Pulls may be held by the policy, one thread each: leave room for every worker's pull and push.
@@ -61,7 +64,8 @@ def start(cfg: RunConfig, index: int, host: str = "127.0.0.1", port: int = 0, *,
                          options=[("grpc.so_reuseport", 0), *wire.CHANNEL_OPTIONS])
     server.add_generic_rpc_handlers((rpc_handlers(ShardServicer(shard, data.port)),))
     try:
-        bound = server.add_insecure_port(f"{host}:{port}")
+        bound = server.add_secure_port(f"{host}:{port}", credentials) if secure else \
+            server.add_insecure_port(f"{host}:{port}")
     except RuntimeError:
         bound = 0
     if bound == 0:

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import socketserver
+import ssl
 import threading
 
 from google.protobuf.message import DecodeError
@@ -55,9 +56,11 @@ class DataServer(socketserver.ThreadingTCPServer):
     block_on_close = True
     allow_reuse_address = False
 
-    def __init__(self, shard: Shard, host: str = "127.0.0.1", token: bytes | None = None) -> None:
+    def __init__(self, shard: Shard, host: str = "127.0.0.1", token: bytes | None = None,
+                 tls: ssl.SSLContext | None = None) -> None:
         self.shard = shard
         self.token = token
+        self.tls = tls
         self.max_connections = 4 * shard.cfg.workers + 8
         self.connections: set[socket.socket] = set()
         self.lock = threading.Lock()  # guards connections and stopping
@@ -69,6 +72,14 @@ class DataServer(socketserver.ThreadingTCPServer):
         self.thread = threading.Thread(target=self.serve_forever, kwargs={"poll_interval": 0.02},
                                        name=f"psgd-tcp-{shard.index}", daemon=True)
         self.thread.start()
+
+    def get_request(self):
+        sock, address = super().get_request()
+        if self.tls is None:
+            return sock, address
+        # The handshake runs in the connection's thread, on its first read (under FIRST_FRAME_S),
+        # never in the accept loop, where one silent client would hold every other.
+        return self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
 
     def stop(self) -> None:
         """Stop accepting, cut open connections (their threads end), join everything.
@@ -144,8 +155,8 @@ class _Connection(socketserver.BaseRequestHandler):
                 with contextlib.suppress(OSError):
                     fr.send_frame(sock, fr.ERROR, f"INVALID_ARGUMENT: {e}".encode())
                 return
-            except OSError:  # the worker went away, stalled past its deadline, or the server is stopping
-                return
+            except OSError:  # the worker went away, stalled past its deadline, failed the TLS handshake,
+                return       # or the server is stopping (ssl.SSLError is an OSError)
 
     def _refuse(self, message: str) -> None:
         """Say why in an ERROR frame, then close (handle() returns after this)."""

@@ -48,7 +48,7 @@ from psgd._proto import parameter_server_pb2_grpc as pb_grpc
 from psgd.core import codec, sparsify
 from psgd.core import link as link_mod
 from psgd.core.errors import ExchangeError
-from psgd.ps import auth, wire
+from psgd.ps import auth, tls, wire
 from psgd.ps import framing as fr
 
 ROUND_MAX_BYTES = 1 << 20  # TCP: shards up to this size go in one round from the caller's thread
@@ -100,9 +100,13 @@ def check_pull_header(k: int, header: pb.PullHeader, out: torch.Tensor) -> bool:
 class GrpcTransport:
     """Every byte on gRPC; one channel per shard (see the module docstring)."""
 
-    def __init__(self, addresses: list[str], timeout: float, token: bytes | None = None) -> None:
+    def __init__(self, addresses: list[str], timeout: float, token: bytes | None = None, tls_ca: str = "") -> None:
         self.addresses, self.timeout = addresses, timeout
-        self.channels = [auth.channel(a, wire.CHANNEL_OPTIONS, token) for a in addresses]
+        credentials = tls.channel_credentials(tls_ca) if tls_ca else None
+        # gRPC retries a refused TLS handshake until the deadline, and then says only that.
+        self.hint = (" (with --tls-ca: also what a shard shows whose certificate that CA did not sign, or "
+                     "that serves no TLS)") if tls_ca else ""
+        self.channels = [auth.channel(a, wire.CHANNEL_OPTIONS, token, credentials) for a in addresses]
         self._info = [pb_grpc.ParameterShardStub(c).Info for c in self.channels]
         self._leave = [pb_grpc.ParameterShardStub(c).Leave for c in self.channels]
         chunk = wire.serialize_frame
@@ -124,7 +128,8 @@ class GrpcTransport:
             try:
                 return fn(k)
             except grpc.RpcError as e:
-                raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: {e.code().name}: {e.details()}") \
+                hint = self.hint if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED else ""
+                raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: {e.code().name}: {e.details()}{hint}") \
                     from None
         if self.pool is None or len(shards) == 1:
             return [one(k) for k in shards]
@@ -225,9 +230,10 @@ class TcpTransport:
     when its reply was read in full; a connection that failed mid-frame is closed, never reused.
     """
 
-    def __init__(self, addresses: list[str], timeout: float, token: bytes | None = None) -> None:
+    def __init__(self, addresses: list[str], timeout: float, token: bytes | None = None, tls_ca: str = "") -> None:
         self.addresses, self.timeout, self.token = addresses, timeout, token
-        self.control = GrpcTransport(addresses, timeout, token)
+        self.control = GrpcTransport(addresses, timeout, token, tls_ca)
+        self.tls = tls.client_context(tls_ca) if tls_ca else None
         self._data: list[tuple[str, int] | None] = [None] * len(addresses)
         self._idle: list[list[socket.socket]] = [[] for _ in addresses]
         self._busy: set[socket.socket] = set()  # connections a call is using now
@@ -361,6 +367,8 @@ class TcpTransport:
             try:
                 sock = socket.create_connection(self._data[k], timeout=self.timeout)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if self.tls is not None:  # verifies the shard's certificate and its address
+                    sock = self.tls.wrap_socket(sock, server_hostname=self._data[k][0])
             except OSError as e:
                 raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: UNAVAILABLE: {e}") from None
             if self.token is not None:  # a new connection says who it is first (psgd/ps/auth.py)
@@ -453,9 +461,11 @@ class PacedTransport:
 
 
 def make_transport(name: str, addresses: list[str], timeout: float, link: link_mod.Link | None = None,
-                   token: bytes | None = None) -> Transport:
-    """`--transport grpc | tcp`, paced when `link` is given, every request carrying `token` if given."""
+                   token: bytes | None = None, tls_ca: str = "") -> Transport:
+    """`--transport grpc | tcp`, paced when `link` is given, every request carrying `token` if given,
+    over TLS that trusts the CA in `tls_ca` if given."""
     if name not in ("grpc", "tcp"):
         raise ValueError(f"unknown transport {name!r}; choose grpc or tcp")
-    inner = TcpTransport(addresses, timeout, token) if name == "tcp" else GrpcTransport(addresses, timeout, token)
+    kind = TcpTransport if name == "tcp" else GrpcTransport
+    inner = kind(addresses, timeout, token, tls_ca)
     return PacedTransport(inner, link) if link else inner
