@@ -59,22 +59,28 @@ def test_a_restored_shard_goes_on_exactly_as_the_uninterrupted_one(tmp_path):
         assert "1 workers" in str(e)
 
 
-TRAIN = ["--mode", "sync", "--workers", "2", "--servers", "2", "--steps", "12", "--checkpoint-every", "5",
+TRAIN = ["--mode", "sync", "--workers", "2", "--servers", "1", "--steps", "12", "--checkpoint-every", "5",
          "--dataset", "synthetic", "--num-samples", "600", "--model", "mlp", "--width", "16", "--batch-size", "8",
          "--eval-every", "0"]
 
 
-def test_a_crashed_sync_run_resumes_to_the_same_parameters_bit_for_bit(tmp_path):
+def test_a_killed_shard_is_restarted_from_its_checkpoint_and_the_run_ends_bit_for_bit(tmp_path):
     ref = psgd_main("run", *TRAIN, "--out", str(tmp_path / "ref"))
     assert ref.returncode == 0, ref.stderr
-    crashed = tmp_path / "crashed"
-    # Worker 0 dies at step 7: version 5 was checkpointed (and is on disk before anyone passed it).
-    r = psgd_main("run", *TRAIN, "--fail-at", "0=7", "--out", str(crashed))
-    assert r.returncode == 1 and "SIGKILL" in r.stderr
-    r = psgd_main("run", "--resume", str(crashed))
+    out = tmp_path / "restarted"
+    # Shard 0 dies right after update 7 (after writing nothing since version 5): the run goes back to 5.
+    r = psgd_main("run", *TRAIN, "--fail-shard-at", "0=7", "--restart-servers", "1", "--out", str(out))
     assert r.returncode == 0, r.stderr
-    s = summary(crashed)
+    s = summary(out)
+    (restart,) = s["restarts"]
+    assert (restart["shard"], restart["how"], restart["resumed_from"]) == (0, "signal SIGKILL", 5)
+    # `reached` counts the steps the workers finished: the update in flight when the shard died is not one.
+    assert restart["reached"] >= 6 and restart["updates_lost"] == restart["reached"] - 5
     assert s["resumed_from"] == 5 and s["global_updates"] == 12
-    assert s["params_sha256"] == summary(tmp_path / "ref")["params_sha256"]
-    r = psgd_main("run", "--resume", str(crashed), "--steps", "3")
+    assert s["params_sha256"] == summary(tmp_path / "ref")["params_sha256"]  # the lost updates were redone exactly
+    # --resume continues a stopped run the same way (here a finished one: from its newest checkpoint, 10).
+    r = psgd_main("run", "--resume", str(out))
+    assert r.returncode == 0, r.stderr
+    assert summary(out)["resumed_from"] == 10 and summary(out)["params_sha256"] == s["params_sha256"]
+    r = psgd_main("run", "--resume", str(out), "--steps", "3")
     assert r.returncode == 2 and "give no other flags" in r.stderr

@@ -179,6 +179,10 @@ class RunConfig:
     token_file: str = opt("", "PS: a file holding the run's shared secret; every request to a shard must carry it "
                               "(without it: $PSGD_TOKEN if set, else no token)", metavar="FILE")
     fail_at: Pairs = opt((), "fault injection: worker RANK kills itself (SIGKILL) at STEP", metavar="RANK=STEP")
+    fail_shard_at: Pairs = opt((), "fault injection: shard K kills itself (SIGKILL) once it reached update V",
+                               metavar="K=V")
+    restart_servers: int = opt(0, "PS: when a shard dies, restart the run from its newest checkpoint, at most N "
+                                  "times (needs --checkpoint-every)", metavar="N")
     allreduce_impl: str = opt("library", "allreduce: torch.distributed's all_reduce, or the hand-written ring "
                                          "(psgd/allreduce/ring.py)", choices=ALLREDUCE_IMPLS)
     bucket_mb: float = opt(25.0, "allreduce: gradients are reduced in flat buckets of this many MiB")  # DDP's 25
@@ -266,6 +270,15 @@ def validate(cfg: RunConfig) -> RunConfig:
          f"--straggler needs RANK=MS with 0 <= RANK < {cfg.workers} and MS >= 0"),
         (all(0 <= r < cfg.workers and s >= 0 for r, s in cfg.fail_at),
          f"--fail-at needs RANK=STEP with 0 <= RANK < {cfg.workers}"),
+        (all(0 <= k < cfg.servers and v >= 1 for k, v in cfg.fail_shard_at) and
+         (cfg.mode != "allreduce" or not cfg.fail_shard_at),
+         f"--fail-shard-at needs K=V with 0 <= K < {cfg.servers} and V >= 1 (parameter-server modes)"),
+        (cfg.restart_servers >= 0, f"--restart-servers must be >= 0, got {cfg.restart_servers}"),
+        (cfg.restart_servers == 0 or cfg.checkpoint_every > 0,
+         "--restart-servers restarts from checkpoints: give --checkpoint-every K too"),
+        (cfg.restart_servers == 0 or cfg.mode == "sync" or cfg.servers == 1,
+         "--restart-servers: an async or SSP run restarts with one shard only (its shards' clocks differ)"),
+        (cfg.restart_servers == 0 or cfg.local_steps == 1, "--restart-servers does not work with --local-steps"),
         (cfg.data.dataset in DATASETS, f"--dataset must be one of {', '.join(DATASETS)}"),
         (cfg.data.num_samples >= 10, f"--num-samples must be >= 10, got {cfg.data.num_samples}"),
         (cfg.data.shard_data in SHARD_DATA, f"--shard-data must be one of {', '.join(SHARD_DATA)}"),

@@ -66,7 +66,9 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
+import os
 import queue
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -131,6 +133,7 @@ class Shard:
         self._pending: dict | None = None  # a checkpoint taken under the lock, not written yet
         self.checkpoints, self.checkpoint_s = 0, 0.0
         self.restored_from: int | None = None  # the version a `restore` started from
+        self._fail_at = dict(cfg.fail_shard_at).get(index)
         lk = link.parse(cfg.link)
         self.link_in = link.Pacer(lk) if lk else None
         self.link_out = link.Pacer(lk) if lk else None
@@ -352,6 +355,8 @@ class Shard:
             # Written before this push is answered: a worker that sees the next version knows
             # the checkpoint is on disk (in sync, no worker gets past it before it is).
             self._write_pending()
+        if self._fail_at is not None and out.version >= self._fail_at:
+            os.kill(os.getpid(), signal.SIGKILL)  # fault injection (--fail-shard-at): die like a crashed host
         with self.lock:
             self.bytes_in += grad.numel() * codec.itemsize(dtype) if wire_bytes is None else wire_bytes
         return out

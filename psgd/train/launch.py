@@ -110,7 +110,9 @@ def _wait_workers(workers: list[Child], servers: list[Child], cfg: RunConfig | N
         for c in servers:
             # A server that ended by itself with 0 saw every worker leave: the workers end next.
             if c.proc.poll() not in (None, 0):
-                raise RunFailed(f"{c.name} exited early with code {c.proc.returncode}: {c.last_error()}")
+                rc = c.proc.returncode
+                how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
+                raise ShardDied(int(c.name.split()[-1]), how, f"{c.name} died with {how}: {c.last_error()}")
         for c in list(pending):
             rc = c.proc.poll()
             if rc is None:
@@ -127,13 +129,21 @@ def _wait_workers(workers: list[Child], servers: list[Child], cfg: RunConfig | N
                 m.close()
 
 
+class ShardDied(RunFailed):
+    """A shard's process ended before the run did (`--restart-servers` restarts the run then)."""
+
+    def __init__(self, shard: int, how: str, message: str) -> None:
+        super().__init__(message)
+        self.shard, self.how = shard, how
+
+
 MARKER = ".psgd-run"  # in every folder psgd made for a run: the proof that its files are psgd's
 RUNS = Path("results/runs")
 # Everything a run writes into its folder, and nothing else: what a rerun may replace.
-OWN_FILES = ("metrics.jsonl", "metrics.jsonl.tmp", "metrics-before-resume.jsonl", "summary.json", "config.json",
-             "final_params.pt", "rendezvous")
+OWN_FILES = ("metrics.jsonl", "metrics.jsonl.tmp", "summary.json", "config.json", "final_params.pt", "rendezvous",
+             "restart.json")
 OWN_GLOBS = ("shard-*.json", "shard-*.pt", "replica-*.json", "replica-*.pt", "logs/server-*.log",
-             "logs/worker-*.log", "checkpoints/shard-*.ckpt")
+             "logs/worker-*.log", "checkpoints/shard-*.ckpt", "metrics-attempt-*.jsonl")
 
 
 def with_out_resolved(cfg: RunConfig, runs: Path = RUNS) -> RunConfig:
@@ -265,7 +275,7 @@ def resumable(out: Path) -> RunConfig:
 def resume_version(cfg: RunConfig) -> int:
     """The newest checkpoint version that every shard of the run has intact."""
     folder = Path(cfg.out) / "checkpoints"
-    common = set.intersection(*(set(checkpoint.versions(folder, k)) for k in range(cfg.servers)))
+    common = checkpoint_versions(cfg)
     if not common:
         raise RunFailed(f"{folder}: no checkpoint version that all {cfg.servers} shards have intact")
     return max(common)
@@ -274,14 +284,61 @@ def resume_version(cfg: RunConfig) -> int:
 def run(cfg: RunConfig, resume: bool = False) -> dict:
     """Run one training job end to end; returns the summary. Raises RunFailed, or UsageError for an
     --out that is not psgd's to write (an empty --out gets a folder of its own: with_out_resolved).
-    `resume`: continue the stopped run in cfg.out from its checkpoints (`resumable`); the first
-    attempt's metrics are kept as metrics-before-resume.jsonl."""
+    `resume`: continue the stopped run in cfg.out from its checkpoints (`resumable`).
+
+    --restart-servers N: when a shard dies, every process is stopped and the run goes on from the
+    newest checkpoint all shards have (the same path as --resume), at most N times; each restart
+    is a `restart` event (which shard, how it died, the version reached, the one resumed from, the
+    updates lost between them) and summary.json lists them. The workers are restarted too: in sync
+    every shard and worker must go back to one step, and the checkpoint is that step."""
+    restarts = 0
+    while True:
+        try:
+            return _attempt(cfg, resume)
+        except ShardDied as e:
+            if restarts >= cfg.restart_servers or not checkpoint_versions(cfg):
+                raise
+            restarts += 1
+            print(f"psgd run: {e}; restart {restarts} of {cfg.restart_servers} from the newest checkpoint",
+                  file=sys.stderr, flush=True)
+            # Injected faults stopped this attempt; they are not part of the training to continue.
+            cfg, resume = dataclasses.replace(cfg, fail_at=(), fail_shard_at=()), True
+            _note_restart(Path(cfg.out), e, resume_version(cfg))
+
+
+def checkpoint_versions(cfg: RunConfig) -> set[int]:
+    folder = Path(cfg.out) / "checkpoints"
+    return set.intersection(*(set(checkpoint.versions(folder, k)) for k in range(cfg.servers)))
+
+
+def _note_restart(out: Path, died: ShardDied, resumed_from: int) -> None:
+    """Kept for the next attempt's metrics (it moves this one's aside): the restart, as an event.
+    `reached`: the steps the workers had finished (their step lines; the dead shard cannot say,
+    and the update in flight when it died is not counted), so `updates_lost` is a lower bound."""
+    events = read_events(out / "metrics.jsonl")
+    reached = max((e["clock"] + 1 for e in events if e.get("event") == "step"), default=0)
+    (out / "restart.json").write_text(json.dumps(dict(
+        shard=died.shard, how=died.how, reached=reached, resumed_from=resumed_from,
+        updates_lost=max(0, reached - resumed_from))))
+
+
+def _attempt(cfg: RunConfig, resume: bool) -> dict:
     restore: list[str] = []
     if resume:
         out = Path(cfg.out)
         restore = ["--restore", str(out / "checkpoints"), "--restore-upto", str(resume_version(cfg))]
-        if (out / "metrics.jsonl").exists():
-            os.replace(out / "metrics.jsonl", out / "metrics-before-resume.jsonl")
+        earlier = [e for e in read_events(out / "metrics.jsonl") if e.get("event") == "restart"] \
+            if (out / "metrics.jsonl").exists() else []
+        if (out / "metrics.jsonl").exists():  # the stopped attempt's lines, kept apart
+            n = len(list(out.glob("metrics-attempt-*.jsonl"))) + 1
+            os.replace(out / "metrics.jsonl", out / f"metrics-attempt-{n}.jsonl")
+        m = Metrics(out / "metrics.jsonl")
+        for e in earlier:
+            m.write(**e)
+        if (out / "restart.json").exists():
+            m.write(event="restart", **json.loads((out / "restart.json").read_text()))
+            (out / "restart.json").unlink()
+        m.close()
     else:
         cfg = with_out_resolved(cfg)
         out = Path(cfg.out)
