@@ -113,6 +113,19 @@ def test_with_a_lease_an_async_run_survives_a_killed_worker(tmp_path):
     assert s["global_updates"] == 90 and math.isfinite(s["final_test_loss"])  # the others spent the budget
 
 
+def test_a_restarted_worker_rejoins_at_its_clock(tmp_path):
+    out = tmp_path / "rejoined"
+    # SSP with bound 0: the others cannot get past clock 3 until worker 1 is back, so the run can only
+    # end if the restarted process rejoins at its clock, 3 (a pull at 0 would be refused).
+    r = psgd_main("run", "--mode", "ssp", "--staleness", "0", "--workers", "3", "--servers", "1", "--steps", "8",
+                  "--fail-at", "1=3", "--restart-workers", "1", "--out", str(out), *COMMON)
+    assert (r.returncode, processes_mentioning(str(out))) == (0, []), r.stderr
+    s = summary(out)
+    assert s["restarted_workers"] == [{"worker": 1, "how": "signal SIGKILL"}] and s["global_updates"] == 24
+    clocks = [e["clock"] for e in events(out) if e.get("event") == "step" and e["rank"] == 1]
+    assert clocks == list(range(8))  # steps 0-2, then the restarted process's 3-7
+
+
 def test_ctrl_c_stops_everything(tmp_path):
     out = tmp_path / "interrupted"
     proc = subprocess.Popen([sys.executable, "-m", "psgd", "run", "--mode", "ssp", "--workers", "2", "--steps",

@@ -181,6 +181,8 @@ class RunConfig:
     fail_at: Pairs = opt((), "fault injection: worker RANK kills itself (SIGKILL) at STEP", metavar="RANK=STEP")
     fail_shard_at: Pairs = opt((), "fault injection: shard K kills itself (SIGKILL) once it reached update V",
                                metavar="K=V")
+    restart_workers: int = opt(0, "PS: restart a worker that dies, at most N times in all; it rejoins at its "
+                                  "clock on the shards", metavar="N")
     restart_servers: int = opt(0, "PS: when a shard dies, restart the run from its newest checkpoint, at most N "
                                   "times (needs --checkpoint-every)", metavar="N")
     allreduce_impl: str = opt("library", "allreduce: torch.distributed's all_reduce, or the hand-written ring "
@@ -274,6 +276,10 @@ def validate(cfg: RunConfig) -> RunConfig:
          (cfg.mode != "allreduce" or not cfg.fail_shard_at),
          f"--fail-shard-at needs K=V with 0 <= K < {cfg.servers} and V >= 1 (parameter-server modes)"),
         (cfg.restart_servers >= 0, f"--restart-servers must be >= 0, got {cfg.restart_servers}"),
+        (cfg.restart_workers >= 0, f"--restart-workers must be >= 0, got {cfg.restart_workers}"),
+        (cfg.restart_workers == 0 or (cfg.mode != "allreduce" and cfg.local_steps == 1),
+         "--restart-workers: a parameter-server run without --local-steps (the shards keep each worker's clock; "
+         "an all-reduce group cannot take a new rank in)"),
         (cfg.restart_servers == 0 or cfg.checkpoint_every > 0,
          "--restart-servers restarts from checkpoints: give --checkpoint-every K too"),
         (cfg.restart_servers == 0 or cfg.mode == "sync" or cfg.servers == 1,

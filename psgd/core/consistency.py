@@ -34,7 +34,8 @@ Lost workers (async and SSP, opt-in: the shard calls `expire(lease)` now and the
 psgd/ps/server.py): a worker that sent no push or pull for `lease` seconds, and whose pull the
 policy is not holding, is declared lost at its clock. It leaves the clock bookkeeping (SSP waits on
 the live workers only, the start barrier counts it as arrived), its later requests are refused, and
-the run's budget is spent by the others. Sync never expires anyone: its update needs every worker.
+the run's budget is spent by the others; a worker that pulls again at the clock it was lost at (a
+restarted process) rejoins there. Sync never expires anyone: its update needs every worker.
 
 Clock of a worker = how many of its gradients this shard has received. Staleness of an
 applied gradient = shard version when applied - version the worker computed it from.
@@ -93,6 +94,7 @@ class Stats:
     skipped_nonfinite: int = 0
     refused_after_budget: int = 0
     lost: dict = field(default_factory=dict)               # worker -> its clock when declared lost
+    rejoined: Counter = field(default_factory=Counter)     # worker -> times a lost worker came back
     dropped: Counter = field(default_factory=Counter)     # worker -> late gradients dropped (backup workers)
 
 
@@ -185,6 +187,11 @@ class Policy:
         self._check_worker(worker)
         start = time.perf_counter()
         with self.cond:
+            if worker in self.stats.lost and clock == self.clocks[worker]:
+                # A restarted worker (psgd run --restart-workers) asks for the clock it was lost at:
+                # it rejoins the bookkeeping there, as if it had only been slow.
+                del self.stats.lost[worker]
+                self.stats.rejoined[worker] += 1
             self._check_live(worker)
             # A pull's clock is the clock of the push that follows it: anything else would
             # let a wrong clock slip past the gate (a pull at clock 0 is never held by SSP).

@@ -475,6 +475,7 @@ class Shard:
                 "max_clock_gap": s.max_clock_gap, "skipped_nonfinite": s.skipped_nonfinite,
                 "refused_after_budget": s.refused_after_budget, "bytes_in": self.bytes_in,
                 "lost_workers": {str(w): c for w, c in sorted(s.lost.items())},
+                "rejoined": {str(w): n for w, n in sorted(s.rejoined.items())},
                 "checkpoints": self.checkpoints, "checkpoint_s": self.checkpoint_s,
                 "restored_from": self.restored_from,
                 "dropped_gradients": sum(s.dropped.values()),

@@ -98,12 +98,16 @@ def _stop(children: list[Child], sig: int = signal.SIGTERM) -> None:
             c.proc.wait()
 
 
-def _wait_workers(workers: list[Child], servers: list[Child], cfg: RunConfig | None = None) -> None:
+def _wait_workers(workers: list[Child], servers: list[Child], cfg: RunConfig | None = None,
+                  restart=None) -> None:
     """Return when every worker exited 0; raise RunFailed as soon as any child fails. With
-    --worker-lease (async / SSP) a worker that dies is written down (a `worker_lost` event) and
-    the others go on; the run fails only when none is left."""
+    --restart-workers, `restart(child)` starts a dead worker again (a `worker_restarted` event; it
+    rejoins at its clock), while restarts remain. With --worker-lease (async / SSP) a worker that
+    dies is written down (a `worker_lost` event) and the others go on; the run fails only when
+    none is left."""
     pending = list(workers)
     tolerate = cfg is not None and cfg.worker_lease > 0
+    restarts_left = cfg.restart_workers if cfg is not None and restart is not None else 0
     while pending:
         # Block until some child is exitable, without reaping it (Popen reaps below).
         os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
@@ -120,13 +124,27 @@ def _wait_workers(workers: list[Child], servers: list[Child], cfg: RunConfig | N
             pending.remove(c)
             if rc != 0:
                 how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
+                rank = int(c.name.split()[-1])
+                if restarts_left > 0:
+                    restarts_left -= 1
+                    print(f"psgd run: {c.name} died with {how}; restarting it (--restart-workers)",
+                          file=sys.stderr, flush=True)
+                    _event(cfg, event="worker_restarted", rank=rank, how=how)
+                    again = restart(c)
+                    workers[workers.index(c)] = again  # the launcher stops this one if the run fails
+                    pending.append(again)
+                    continue
                 if not tolerate or not any(p.proc.poll() in (None, 0) for p in workers):
                     raise RunFailed(f"{c.name} (pid {c.proc.pid}) died with {how}: {c.last_error()}")
                 print(f"psgd run: {c.name} died with {how}; the others go on without it (--worker-lease)",
                       file=sys.stderr, flush=True)
-                m = Metrics(Path(cfg.out) / "metrics.jsonl")
-                m.write(event="worker_lost", rank=int(c.name.split()[-1]), how=how)
-                m.close()
+                _event(cfg, event="worker_lost", rank=rank, how=how)
+
+
+def _event(cfg: RunConfig, **fields) -> None:
+    m = Metrics(Path(cfg.out) / "metrics.jsonl")
+    m.write(**fields)
+    m.close()
 
 
 class ShardDied(RunFailed):
@@ -370,6 +388,7 @@ def _attempt(cfg: RunConfig, resume: bool) -> dict:
             wenv = dict(env, RANK=str(r), LOCAL_RANK=str(r))
             workers.append(Child(f"worker {r}", exe + ["worker"] + flags + ["--rank", str(r)] + worker_argv,
                                  out / "logs" / f"worker-{r}.log", wenv, stdin_pipe=ps))
+        restart = None
         if ps:
             addresses = ",".join(_read_ready(c, READY_TIMEOUT_S) for c in servers)
             for c in workers:
@@ -378,7 +397,16 @@ def _attempt(cfg: RunConfig, resume: bool) -> dict:
                     c.proc.stdin.close()
                 except BrokenPipeError:
                     pass  # that worker is gone already: _wait_workers names it
-        _wait_workers(workers, servers, cfg)
+            # A restarted worker gets the shards' addresses at once, and no injected fault: the
+            # fault is what it is being restarted from.
+            again_flags = to_argv(dataclasses.replace(cfg, fail_at=()))
+
+            def restart(c: Child) -> Child:
+                r = c.name.split()[-1]
+                log = out / "logs" / f"worker-{r}.restart{len(list((out / 'logs').glob(f'worker-{r}.*.log'))) + 1}.log"
+                return Child(c.name, exe + ["worker"] + again_flags + ["--rank", r, "--servers", addresses], log,
+                             dict(env, RANK=r, LOCAL_RANK=r))
+        _wait_workers(workers, servers, cfg, restart)
         _stop(servers)
         for c in servers:
             if c.proc.returncode != 0:

@@ -180,6 +180,8 @@ def summarize(out: Path, cfg: RunConfig, evals: list[dict], params: int, params_
         **devices_of(ends),
         "skipped_nonfinite": sum(s.get("skipped_nonfinite", 0) for s in shard_stats),
         "lost_workers": lost_workers(events, shard_stats),
+        "restarted_workers": [{"worker": e["rank"], "how": e["how"]} for e in events
+                              if e.get("event") == "worker_restarted"],
         "restarts": [{k: v for k, v in e.items() if k != "event"} for e in events if e.get("event") == "restart"],
         "resumed_from": next((s["restored_from"] for s in shard_stats if s.get("restored_from") is not None), None),
         "checkpoints": {"written": sum(s.get("checkpoints", 0) for s in shard_stats),
