@@ -235,14 +235,15 @@ def thread_budget(cfg: RunConfig, cores: int | None = None, role: str = "worker"
     whole run as if on this host: give --threads there when they are spread over hosts.
 
     Sync without --overlap takes turns: the workers compute while the shards wait for their
-    gradients, the shards apply while every worker waits for the update. Then each side gets the
-    cores to itself while it works: the N workers cores // N each, the K shards cores // K
-    (`role` "server"). Measured for a 4.3M-parameter shard, sync N = 2, 2 cores: the update took
-    a 1-thread shard ~3.7 ms after the last gradient arrived, a 2-thread one ~2 ms."""
+    gradients, the shards apply while every worker waits for the update; so does a single worker
+    in any mode (its exchange waits for the shards' answer). Then each side gets the cores to
+    itself while it works: the N workers cores // N each, the K shards cores // K (`role`
+    "server"). Measured for a 4.3M-parameter shard, sync N = 2, 2 cores: the update took a
+    1-thread shard ~3.7 ms after the last gradient arrived, a 2-thread one ~2 ms."""
     if cfg.threads:
         return cfg.threads
     cores = cores or os.cpu_count() or 1
-    if cfg.mode == "sync" and not cfg.overlap:
+    if (cfg.mode == "sync" or cfg.workers == 1) and not cfg.overlap and cfg.mode != "allreduce":
         return max(1, cores // (cfg.servers if role == "server" else cfg.workers))
     processes = cfg.workers + (0 if cfg.mode == "allreduce" else cfg.servers)
     return max(1, cores // processes)
