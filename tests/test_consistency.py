@@ -103,7 +103,7 @@ def test_a_silent_worker_is_lost_after_its_lease_and_ssp_goes_on_without_it(thre
         with pol.cond:
             pol.cond.wait(0.01)
     assert pol.expire(10, now=time.monotonic()) == []         # nobody silent for 10 s yet
-    assert pol.expire(10, now=later) == [1, 2]                # worker 0 is held, not silent
+    assert pol.expire(10, now=later) == [(1, 1), (2, 0)]      # worker 0 is held, not silent
     threads.join()
     assert held.result.value == "ok" and pol.stats.lost == {1: 1, 2: 0}
     with pytest.raises(PolicyError, match="worker 2 was declared lost at clock 0"):
@@ -111,6 +111,8 @@ def test_a_silent_worker_is_lost_after_its_lease_and_ssp_goes_on_without_it(thre
     pol.push(0, 1, 2, torch.ones(3))
     assert pol.pull(0, 2, lambda: "alone", timeout=0).value == "alone"  # the bound counts live workers
     assert Sync(2, Param().apply).expire(0, now=time.monotonic() + 99) == []  # sync needs everyone
+    # Before any worker was heard from, all are starting up (importing torch): nobody is lost.
+    assert SSP(2, Param().apply, staleness=0).expire(0, now=time.monotonic() + 99) == []
 
 
 def test_ssp_bound_holds_under_concurrency(threads):

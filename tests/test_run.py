@@ -258,6 +258,6 @@ def test_the_thread_budget_shares_the_cores_once():
     assert thread_budget(RunConfig(mode="sync", workers=2, servers=1), cores=2, role="server") == 2
     assert thread_budget(RunConfig(mode="sync", workers=4, servers=2), cores=16, role="server") == 8
     assert thread_budget(RunConfig(mode="sync", workers=2, servers=1, overlap=True), cores=2, role="server") == 1
-    assert thread_budget(RunConfig(mode="async", workers=1, servers=1), cores=2, role="server") == 2  # one worker: turns
+    assert thread_budget(RunConfig(mode="async", workers=1, servers=1), cores=2, role="server") == 2  # 1 worker: turns
     assert thread_budget(RunConfig(mode="allreduce", workers=4, servers=2), cores=16) == 4  # no servers
     assert thread_budget(RunConfig(mode="sync", workers=2, servers=2, threads=3), cores=16) == 3

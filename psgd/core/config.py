@@ -300,9 +300,13 @@ def validate(cfg: RunConfig) -> RunConfig:
          "--checkpoint-every is a parameter-server option: the shards write the checkpoints"),
         (cfg.worker_lease >= 0 and math.isfinite(cfg.worker_lease),
          f"--worker-lease must be seconds >= 0, got {cfg.worker_lease}"),
-        (cfg.worker_lease == 0 or cfg.mode in ("async", "ssp") or cfg.backup_workers > 0,
-         "--worker-lease lets async and SSP runs go on without a lost worker; sync needs every worker's gradient "
-         "for each update, so there a lost worker ends the run (unless --backup-workers lets it do without one)"),
+        (cfg.worker_lease == 0 or cfg.mode in ("async", "ssp"),
+         "--worker-lease lets async and SSP runs go on without a lost worker; in sync every worker is counted "
+         "(its start barrier and each step's quorum), so there a lost worker ends the run: --restart-workers "
+         "brings it back"),
+        (cfg.checkpoint_every == 0 or cfg.backup_workers == 0 or cfg.servers == 1,
+         "--checkpoint-every with --backup-workers needs one shard: each shard takes its own first N-b "
+         "gradients, so their checkpoints of one version disagree on the workers' clocks"),
         (cfg.local_steps == 1 or cfg.accumulate == 1, "--local-steps and --accumulate exclude each other"),
         (cfg.dc_lambda >= 0 and math.isfinite(cfg.dc_lambda), f"--dc-lambda must be >= 0, got {cfg.dc_lambda}"),
         (cfg.mode in ("async", "ssp") or not (cfg.staleness_lr or cfg.dc_lambda),

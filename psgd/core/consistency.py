@@ -118,7 +118,10 @@ class Policy:
         self.accepted = 0
         self.clocks = [0] * num_workers
         self.closed = False
-        self.last_seen = [time.monotonic()] * num_workers  # when each worker's last request came
+        # When each worker's last request came; None until its first. A worker never heard from is
+        # measured from the first request of any worker: before that, all are still starting up.
+        self.last_seen: list[float | None] = [None] * num_workers
+        self.first_seen: float | None = None
         self.held: set[int] = set()             # workers whose pull the policy is holding now
         self.pushing: tuple[int, int] | None = None  # (worker, clock) of the push being handled
         self.stats = Stats()
@@ -233,22 +236,23 @@ class Policy:
             self.version -= 1
             raise
 
-    def expire(self, lease: float, now: float | None = None) -> list[int]:
+    def expire(self, lease: float, now: float | None = None) -> list[tuple[int, int]]:
         """Declare lost every live worker not heard from for more than `lease` seconds whose pull
-        is not being held (see the module docstring); returns the newly lost. Never in sync, never
-        once the run is done. `now` (time.monotonic) lets a test drive it without waiting."""
+        is not being held (see the module docstring); returns the newly lost with their clocks.
+        Never in sync, never once the run is done, never before any worker was heard from (they
+        are all starting up). `now` (time.monotonic) lets a test drive it without waiting."""
         now = time.monotonic() if now is None else now
         with self.cond:
-            if self.name == "sync" or self.done:
+            if self.name == "sync" or self.done or self.first_seen is None:
                 return []
-            gone = [w for w in range(self.num_workers)
-                    if w not in self.stats.lost and w not in self.held and now - self.last_seen[w] > lease]
+            gone = [w for w in range(self.num_workers) if w not in self.stats.lost and w not in self.held
+                    and now - (self.last_seen[w] or self.first_seen) > lease]
             for w in gone:
                 self.stats.lost[w] = self.clocks[w]
             if gone:
                 self.started = self.started or len(self.at_start | self.stats.lost.keys()) == self.num_workers
                 self.cond.notify_all()  # SSP's slowest clock and the start barrier may have moved
-            return gone
+            return [(w, self.stats.lost[w]) for w in gone]
 
     def _check_live(self, worker: int) -> None:
         """Refuse a lost worker (cond held); note when a live one was last heard from."""
@@ -256,6 +260,8 @@ class Policy:
             raise PolicyError(f"worker {worker} was declared lost at clock {self.stats.lost[worker]} (silent for "
                               "longer than --worker-lease); the run goes on without it")
         self.last_seen[worker] = time.monotonic()
+        if self.first_seen is None:
+            self.first_seen = self.last_seen[worker]
 
     def _slowest(self) -> int:
         """The slowest live worker's clock (cond held); a lost worker holds nobody back."""

@@ -88,9 +88,9 @@ class _LeaseWatch:
 
     def _watch(self) -> None:
         while not self.stopping.wait(self.lease / 4):
-            for w in self.shard.expire(self.lease):
+            for w, clock in self.shard.expire(self.lease):
                 print(f"shard {self.shard.index}: worker {w} sent nothing for {self.lease:g}s: lost at clock "
-                      f"{self.shard.policy.stats.lost[w]}; the run goes on without it", file=sys.stderr, flush=True)
+                      f"{clock}; the run goes on without it", file=sys.stderr, flush=True)
 
     def stop(self) -> None:
         self.stopping.set()

@@ -69,6 +69,7 @@ import json
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -186,9 +187,15 @@ class Shard:
             pending, self._pending = self._pending, None
         if pending is not None:
             started = time.perf_counter()
-            checkpoint.write(Path(self.cfg.out) / "checkpoints", self.index, pending["version"], pending)
-            self.checkpoint_s += time.perf_counter() - started
-            self.checkpoints += 1
+            try:
+                checkpoint.write(Path(self.cfg.out) / "checkpoints", self.index, pending["version"], pending)
+            except OSError as e:  # the update stands; a missing checkpoint is said, not fatal
+                print(f"shard {self.index}: warning: checkpoint of version {pending['version']} not written: {e}",
+                      file=sys.stderr, flush=True)
+                return
+            with self.lock:
+                self.checkpoint_s += time.perf_counter() - started
+                self.checkpoints += 1
 
     def restore(self, state: dict) -> None:
         """Start from a checkpoint instead of a worker's Init (`psgd server --restore`): the
@@ -430,12 +437,16 @@ class Shard:
             self._maybe_finished()
             return len(self.left)
 
-    def expire(self, lease: float) -> list[int]:
-        """Declare lost the workers silent for `lease` seconds (the policy's `expire`); a lost
-        worker never Leaves, so it counts as gone for `finished`."""
+    def expire(self, lease: float) -> list[tuple[int, int]]:
+        """Declare lost the workers silent for `lease` seconds (the policy's `expire`), with their
+        clocks; a lost worker never Leaves, so it counts as gone for `finished`, and the DC-ASGD
+        snapshot it held goes back."""
         gone = self.policy.expire(lease)
         if gone:
             with self.lock:
+                for w, _ in gone:
+                    if w in self._then:
+                        self._release(self._then.pop(w))
                 self._maybe_finished()
         return gone
 

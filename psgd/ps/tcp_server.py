@@ -100,6 +100,9 @@ class _Connection(socketserver.BaseRequestHandler):
     server: DataServer
 
     def setup(self) -> None:
+        # Before anything is sent or read (a refusal on a TLS socket runs its handshake first):
+        # a silent client must not hold this thread, counted or not.
+        self.request.settimeout(FIRST_FRAME_S)
         self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.full = False
         with self.server.lock:
