@@ -61,21 +61,20 @@ def newest(folder: Path, shard: int, warn: Callable[[str], None] = print,
     for version, path in _listed(folder, shard):
         if upto is not None and version > upto:
             continue
-        why = _check(path)
+        data = path.read_bytes()  # read once: checked, then loaded from the same bytes
+        why = _check(data)
         if why is None:
-            state = torch.load(io.BytesIO(path.read_bytes()[PREAMBLE.size:]), weights_only=True)
-            return state, path
+            return torch.load(io.BytesIO(memoryview(data)[PREAMBLE.size:]), weights_only=True), path
         warn(f"skipping checkpoint {path}: {why}")
     return None
 
 
 def versions(folder: Path, shard: int) -> list[int]:
-    return [v for v, path in _listed(folder, shard) if _check(path) is None]
+    return [v for v, path in _listed(folder, shard) if _check(path.read_bytes()) is None]
 
 
-def _check(path: Path) -> str | None:
-    """Why this file is not an intact checkpoint, or None."""
-    data = path.read_bytes()
+def _check(data: bytes) -> str | None:
+    """Why these bytes are not an intact checkpoint, or None."""
     if len(data) < PREAMBLE.size:
         return "truncated (no complete preamble)"
     magic, length, digest = PREAMBLE.unpack_from(data)

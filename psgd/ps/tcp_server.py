@@ -162,7 +162,8 @@ class _Connection(socketserver.BaseRequestHandler):
                 return       # or the server is stopping (ssl.SSLError is an OSError)
 
     def _refuse(self, message: str) -> None:
-        """Say why in an ERROR frame, then close (handle() returns after this)."""
+        """An ERROR frame saying why; the caller decides whether the connection stays open (a refused
+        request) or closes (handle() returns: no token, no room)."""
         fr.send_frame(self.request, fr.ERROR, message.encode())
 
     def _received_push(self, header: bytes, payload_len: int) -> tuple[pb.TensorHeader, object]:
@@ -226,7 +227,7 @@ class _Connection(socketserver.BaseRequestHandler):
         fr.send_frame(self.request, fr.PULLED, reply, payload, _pacer(self.server.shard.link_out))
 
     def _error(self, e: ShardError) -> None:
-        fr.send_frame(self.request, fr.ERROR, f"{e.code.name}: {e.message}".encode())
+        self._refuse(f"{e.code.name}: {e.message}")
 
 
 def _scatter(payload: bytearray, h: pb.TensorHeader, dtype: str, out) -> None:
