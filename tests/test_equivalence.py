@@ -1,6 +1,8 @@
 """Sync PS with N workers x batch b equals 1 worker x batch N*b equals a plain torch loop."""
 
 
+import threading
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -89,5 +91,13 @@ def test_one_round_trip_per_step_by_default(shards, monkeypatch, separate_pull, 
             calls[_name] = calls.get(_name, 0) + 1
             return _original(self, *args, **kw)
         monkeypatch.setattr(transport_mod.GrpcTransport, name, counted)
+    from psgd.train import models as models_mod
+
+    zeroed_in: list[str] = []  # the exchange zeroes the gradient while it waits for the reply
+    original_zero = models_mod.FlatParams.zero_grad
+    monkeypatch.setattr(models_mod.FlatParams, "zero_grad",
+                        lambda self: (zeroed_in.append(threading.current_thread().name), original_zero(self))[-1])
     run_ps(shards, workers=1, batch=32, servers=2, separate_pull=separate_pull, transport="grpc")
     assert calls == expected
+    by_exchange = sum(1 for name in zeroed_in if not name.endswith("(work)"))  # not the worker's own thread
+    assert by_exchange == (0 if separate_pull else STEPS)

@@ -174,3 +174,42 @@ def test_the_wait_for_the_chiefs_init_is_start_up_not_pull_time():
     with s.pull(0, 0, 0, "fp32", timeout=5) as p:
         assert p.version == 0 and not p.done
         assert p.wait_s >= 0.05
+
+
+def test_sync_keeps_a_received_buffer_as_its_sum_and_lends_the_parameters_uncopied():
+    def step(s: Shard, keep: bool) -> torch.Tensor:
+        for w, g in enumerate((torch.tensor([1.0, 2.0, 3.0, 4.0]), torch.tensor([0.5, 0.25, -1.0, 3.0]))):
+            with s.receive_buffer() as buf:
+                buf.copy_(g)
+                out = s.push(w, 0, 0, buf if keep else g.clone(), "fp32")
+            assert out.kept == (keep and w == 0)  # the step's first gradient becomes its sum
+        with s.pull(0, 0, 1, "fp32", timeout=5) as p:
+            assert p.version == 1
+            assert p.values.data_ptr() == s.param.data_ptr()  # sync lends the parameters themselves
+            return p.values.clone()
+
+    kept, copied = ready_shard(mode="sync"), ready_shard(mode="sync")
+    assert torch.equal(step(kept, keep=True), step(copied, keep=False))  # bit for bit the same update
+    for other in (ready_shard(), ready_shard(mode="sync", backup_workers=1)):
+        with other.pull(0, 0, 0, "fp32", timeout=5) as p:  # pulls that overlap updates get a copy
+            assert p.values.data_ptr() != other.param.data_ptr()
+
+
+def test_a_sync_update_waits_for_the_pull_that_still_sends_the_parameters(threads):
+    s = ready_shard(mode="sync")
+    entered = threading.Event()
+
+    class Watched(threading.Condition):
+        def wait_for(self, predicate, timeout=None):
+            entered.set()
+            return super().wait_for(predicate, timeout)
+
+    s._live = Watched()
+    with s.pull(0, 0, 0, "fp32", timeout=5) as p:
+        before = p.values.clone()
+        s.push(0, 0, 0, torch.ones(4), "fp32")
+        pusher = threads.start(s.push, 1, 0, 0, torch.ones(4), "fp32", name="last push of step 0")
+        assert entered.wait(timeout=30)  # the update found the parameters lent...
+        assert torch.equal(p.values, before) and pusher.is_alive()  # ...and has not touched them
+    threads.join()
+    assert pusher.result.applied and torch.equal(s.param, before - 0.05)

@@ -52,9 +52,9 @@ def _train_one(shards, stage: bool | None, overlap: bool, monkeypatch) -> tuple[
     def spy(name: str, tensor_arg: int):
         original = getattr(PSClient, name)
 
-        def call(self, *args):
+        def call(self, *args, **kw):
             seen.add((name, args[tensor_arg].data_ptr()))
-            return original(self, *args)
+            return original(self, *args, **kw)
         monkeypatch.setattr(PSClient, name, call)
 
     spy("pull", 1)              # pull(clock, out)

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
@@ -161,14 +162,27 @@ class PSClient:
             sent = sum((stop - start) * codec.itemsize(self.dtype) for start, stop in self.ranges)
         return self.over([r.done for r in replies]), self.over([r.refused for r in replies]), sent
 
-    def push_pull(self, clock: int, grad: torch.Tensor, out: torch.Tensor) -> PushPulled:
-        """Push `grad` of `clock` and pull clock + 1 into `out`, one round trip per shard."""
+    def push_pull(self, clock: int, grad: torch.Tensor, out: torch.Tensor,
+                  on_sent: Callable[[], None] | None = None) -> PushPulled:
+        """Push `grad` of `clock` and pull clock + 1 into `out`, one round trip per shard.
+        `on_sent()` runs once every shard's push is out, while the replies are awaited (from a
+        transport thread): `grad` may be reused from then on."""
         grad = grad.detach().to("cpu")
         replied: list[float] = []  # appended from the shards' threads (list.append is atomic)
+        delivered: list[int] = []
+        lock = threading.Lock()
+
+        def on_delivered(k: int) -> None:
+            with lock:
+                delivered.append(k)
+                last = len(delivered) == len(self.shards)
+            if last:
+                on_sent()
         results = self.transport.push_pull(
             self.shards, lambda k: self._push_header(k, clock), lambda k: self._push_payload(grad, k),
             lambda k: self._slice(out, k),
-            Events(replied=lambda k, header: replied.append(time.perf_counter())))
+            Events(replied=lambda k, header: replied.append(time.perf_counter()),
+                   delivered=on_delivered if on_sent else None))
         done, refused, sent = self.push_outcome([h.pushed for h, _ in results])
         pulled = self.pull_result(results)
         return PushPulled(done or pulled.done, refused, sent, pulled, max(replied))

@@ -177,7 +177,10 @@ class PSExchange:
         t0 = time.perf_counter()
         pushed = self.staging.host_copy(pushed)  # on a GPU: to the pinned host buffer (push time)
         if self.combined:
-            o = self.client.push_pull(clock // self.local_steps, pushed, self.staging.host_params())
+            # The gradient is zeroed for the next step while the shards answer (on the CPU: a
+            # 17 MB memset is ~1.3 ms of a 4.3M-parameter step otherwise spent before compute).
+            zero = flat.zero_grad if flat.grads.device.type == "cpu" else None
+            o = self.client.push_pull(clock // self.local_steps, pushed, self.staging.host_params(), on_sent=zero)
             self._landed(o.pulled, flat)
             self._next = o.pulled
             end, r = time.perf_counter(), o.pulled

@@ -19,12 +19,16 @@ Contract (every method thread-safe; a refusal raises `ShardError(code, message)`
   policy and the optimizer work unchanged; `check_push` refuses a count above the shard's length.
 - `push(worker_id, clock, base_version, grad, dtype, wire_bytes)`: a non-finite gradient is refused (or with
   `--skip-nonfinite` counted and skipped); the policy buffers or applies it; returns the
-  policy's `PushOutcome` (done once the run's budget is spent). The caller keeps `grad`.
+  policy's `PushOutcome` (done once the run's budget is spent). The caller keeps `grad`, except
+  a buffer from `receive_buffer()`: sync may keep that one as its step's sum instead of copying
+  it, and the buffer it gives back goes to the pool in its place.
 - `pull(worker_id, shard, clock, dtype, timeout)`: a context manager; waits for the policy, then
   gives a `Pulled` whose `values` is a copy of the parameters in the wire dtype, taken under
   the lock (a concurrent update never tears it), or None when the run is done. The copy is
   made once per version and dtype and lent to every pull of that version (read-only: never
   write into it); its pool buffer is reused once no `with` block holds it: send it inside.
+  Sync without backup workers lends fp32 pulls the parameters themselves, and an update waits
+  until no `with` block holds them (`_snapshot` says why that wait costs nothing).
 - PushPull, the combined exchange: `push` of clock c, then `next_pull(outcome, ...)`, the `pull` of
   clock c + 1 (the parameters the worker computes on next, once the policy allows), or at once a
   done Pulled when the push said the budget is spent. Two calls, so that an adapter gives the
@@ -100,6 +104,7 @@ class _Snapshot:
     version: int
     values: torch.Tensor
     lent: int
+    live: bool = False  # `values` is the parameter tensor itself (sync, fp32): never pooled
 
 
 class Shard:
@@ -144,6 +149,10 @@ class Shard:
         self._pools: dict[torch.dtype, queue.SimpleQueue[torch.Tensor]] = {
             dt: queue.SimpleQueue() for dt in codec.WIRE_DTYPES.values()}
         self._current: dict[torch.dtype, _Snapshot] = {}  # the newest snapshot per wire dtype
+        self._receiving: dict[int, torch.Tensor | None] = {}  # receive buffers out, by id: what goes back
+        # Sync without backup workers lends the parameters themselves to fp32 pulls (see `_snapshot`).
+        self.lend_live = cfg.mode == "sync" and not cfg.backup_workers
+        self._live = threading.Condition()  # guards a live snapshot's `lent` (not the shard's lock)
         # Remedies (see the module docstring): w_then per worker (DC-ASGD), the corrected gradient.
         self._then: dict[int, _Snapshot] = {}
         self._corrected: torch.Tensor | None = None
@@ -155,6 +164,10 @@ class Shard:
 
     # -- the policy's callback (lock held) ------------------------------------------------------
     def _apply(self, grad: torch.Tensor) -> None:
+        cur = self._current.get(self.param.dtype)
+        if cur is not None and cur.live:
+            with self._live:  # a pull still sending the parameters themselves: wait (see `_snapshot`)
+                self._live.wait_for(lambda: cur.lent == 0)
         start = time.perf_counter()
         self.param.grad = grad
         self.opt.step()
@@ -336,12 +349,16 @@ class Shard:
 
     @contextlib.contextmanager
     def receive_buffer(self) -> Iterator[torch.Tensor]:
-        """An fp32 buffer of the shard's length to receive one push into, back to the pool after."""
+        """An fp32 buffer of the shard's length to receive one push into, back to the pool after
+        (or, when the policy kept it as sync's sum, the buffer the policy gave back in its place)."""
         buf = self._borrow(torch.float32)
+        self._receiving[id(buf)] = buf
         try:
             yield buf
         finally:
-            self._pools[torch.float32].put(buf)  # the policy has applied, summed or cloned it by now
+            back = self._receiving.pop(id(buf))  # the policy has applied, summed or kept it by now
+            if back is not None:
+                self._pools[torch.float32].put(back)
 
     def push(self, worker_id: int, clock: int, base_version: int, grad: torch.Tensor, dtype: str,
              wire_bytes: int | None = None) -> PushOutcome:
@@ -354,10 +371,14 @@ class Shard:
                                  f"non-finite gradient from worker {worker_id} at clock {clock} refused "
                                  "(run servers with --skip-nonfinite to skip such gradients)")
             skipped = True
+        # A receive buffer is the shard's own: the policy may keep it rather than copy it.
+        keep = id(grad) in self._receiving and self._receiving[id(grad)] is grad
         try:
-            out = self.policy.push(worker_id, clock, base_version, None if skipped else grad)
+            out = self.policy.push(worker_id, clock, base_version, None if skipped else grad, keep=keep)
         except PolicyError as e:
             raise ShardError(Code.INVALID_ARGUMENT, str(e)) from None
+        if out.kept:
+            self._receiving[id(grad)] = out.spare
         if self._pending is not None:
             # Written before this push is answered: a worker that sees the next version knows
             # the checkpoint is on disk (in sync, no worker gets past it before it is).
@@ -404,26 +425,46 @@ class Shard:
     def _snapshot(self, dtype: torch.dtype) -> _Snapshot:
         """The current version's parameters in `dtype`, copied once per version and lent to every
         pull of it (lock held): in sync the N workers pull the same version, and one copy instead
-        of N took 2 ms off each step of a 4.3M-parameter shard (the copies are made under the lock)."""
+        of N took 2 ms off each step of a 4.3M-parameter shard (the copies are made under the lock).
+
+        Sync without backup workers, fp32 pulls: no copy at all, the parameters themselves are
+        lent ("live"), and `_apply` waits until no pull holds them. That wait is a guard, not a
+        cost: a worker pushes its next gradient only after it has received all of its pull, so
+        by the time a step's last gradient arrives every send of the parameters is over. With
+        backup workers, or in async, pulls and updates do overlap: hence the copy there."""
         cur = self._current.get(dtype)
         if cur is not None and cur.version == self.policy.version:
-            cur.lent += 1
+            with self._live:
+                cur.lent += 1
             return cur
-        snap = _Snapshot(self.policy.version, self._borrow(dtype), lent=1)
-        snap.values.copy_(self.param.detach())
+        if self.lend_live and dtype == self.param.dtype:
+            snap = _Snapshot(self.policy.version, self.param.detach(), lent=1, live=True)
+        else:
+            snap = _Snapshot(self.policy.version, self._borrow(dtype), lent=1)
+            snap.values.copy_(self.param.detach())
         self._current[dtype] = snap
-        if cur is not None and cur.lent == 0:  # superseded and nobody is sending it: reuse its memory
+        if cur is not None and cur.lent == 0 and not cur.live:  # superseded and unsent: reuse its memory
             self._pools[dtype].put(cur.values)
         return snap
 
     def _give_back(self, snap: _Snapshot) -> None:
         """A pull has sent `snap`: once no pull holds it and a newer version replaced it, its
-        buffer goes back to the pool (the current one stays, for the next pull of its version)."""
+        buffer goes back to the pool (the current one stays, for the next pull of its version).
+        A live one is counted under `_live` alone: `_apply` may be waiting for it, lock held."""
+        if snap.live:
+            self._release(snap)
+            return
         with self.lock:
             self._release(snap)
 
     def _release(self, snap: _Snapshot) -> None:
-        """One holder of `snap` is done with it (lock held); see `_give_back`."""
+        """One holder of `snap` is done with it (lock held, or a live one); see `_give_back`."""
+        if snap.live:
+            with self._live:
+                snap.lent -= 1
+                if snap.lent == 0:
+                    self._live.notify_all()
+            return
         snap.lent -= 1
         if snap.lent == 0 and self._current.get(snap.values.dtype) is not snap:
             self._pools[snap.values.dtype].put(snap.values)

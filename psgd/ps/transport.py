@@ -33,6 +33,7 @@ then its values in the TCP frame), `out_of(k)` the fp32 slice its pulled values 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import socket
 import threading
 from collections.abc import Callable, Sequence
@@ -61,6 +62,8 @@ class Events:
     sent: Callable[[int, int], None] | None = None             # (k, bytes): before each payload chunk
     replied: Callable[[int, object], None] | None = None       # (k, reply or PullHeader): its header is in
     received: Callable[[int, int, int], None] | None = None    # (k, bytes, elements so far): after each chunk
+    delivered: Callable[[int], None] | None = None             # (k): a request's last byte is out (its payload
+                                                               #      may be reused; not called on a failure)
 
 
 NO_EVENTS = Events()
@@ -72,7 +75,7 @@ def chain(first: Events, then: Events) -> Events:
         if a is None or b is None:
             return a or b
         return lambda *args: (a(*args), b(*args))[-1]
-    return Events(*(both(getattr(first, f), getattr(then, f)) for f in ("sending", "sent", "replied", "received")))
+    return Events(*(both(getattr(first, f.name), getattr(then, f.name)) for f in dataclasses.fields(Events)))
 
 
 class Transport(Protocol):
@@ -211,11 +214,14 @@ def _stream(k: int, header: pb.TensorHeader, payload: memoryview | sparsify.Spar
             if events.sent:
                 events.sent(k, len(indices) + len(values))
             yield pb.TensorChunk(sparse=pb.SparseChunk(indices=bytes(indices), values=bytes(values)))
-        return
-    for frame in codec.frames(payload):
-        if events.sent:
-            events.sent(k, len(frame))
-        yield frame
+    else:
+        for frame in codec.frames(payload):
+            if events.sent:
+                events.sent(k, len(frame))
+            yield frame
+    # gRPC asks for the next message once it has serialised (copied) the last one.
+    if events.delivered:
+        events.delivered(k)
 
 
 def _flat(payload: memoryview | sparsify.Sparse) -> memoryview:
@@ -300,6 +306,8 @@ class TcpTransport:
             sent = events.sent
             fr.send_frame(sock, fr.PUSHPULL, headers[k].SerializeToString(), payloads[k],
                           sent and (lambda n: sent(k, n)))
+            if events.delivered:
+                events.delivered(k)
 
         def receive(sock, k):
             return self._receive_pulled(sock, k, "push-pull with", headers[k].dtype, outs[k], events)

@@ -82,6 +82,7 @@ class FlatParams:
         n = sum(p.numel() for p in params)
         self.params = torch.empty(n, dtype=torch.float32, device=device)
         self.grads = torch.zeros(n, dtype=torch.float32, device=device)
+        self.zeroed = True
         offset = 0
         for p in params:
             k = p.numel()
@@ -93,3 +94,10 @@ class FlatParams:
 
     def zero_grad(self) -> None:
         self.grads.zero_()
+        self.zeroed = True  # until the next backward (the worker loop clears it): see `zero_grad_once`
+
+    def zero_grad_once(self) -> None:
+        """Zero the gradients unless nothing was accumulated since they last were (the PS exchange
+        zeroes them while it waits for the shards' reply)."""
+        if not self.zeroed:
+            self.zero_grad()

@@ -143,7 +143,7 @@ def _loop(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None
         extra_ms = delay_ms + (jitter.expovariate(1.0 / cfg.jitter) if cfg.jitter > 0 else 0.0)
         if extra_ms:
             time.sleep(extra_ms / 1000.0)  # emulated slow device, not synchronisation
-        flat.zero_grad()
+        flat.zero_grad_once()
         idx = plan.indices(rank, clock).to(device)
         loss_sum = 0.0
         for micro in idx.chunk(cfg.accumulate):
@@ -151,6 +151,7 @@ def _loop(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None
             # the worker's whole slice, so accumulation equals one bigger batch.
             loss = F.cross_entropy(model(x[micro]), y[micro]) / cfg.accumulate
             loss.backward()
+            flat.zeroed = False
             loss_sum += float(loss.detach())
         sync_device(device)  # compute ends when backward has run, not when it was queued
         compute_s = time.perf_counter() - t0
