@@ -149,3 +149,36 @@ def test_closing_after_a_failure_cuts_held_calls_instead_of_waiting_for_their_de
     threads.join()
     with pytest.raises(ExchangeError):
         streams.result()
+
+
+def test_push_pull_is_one_call_for_the_run_and_a_held_step_fails_at_its_deadline(shard_servers, monkeypatch):
+    """gRPC's PushPull stays open from step to step (one call per shard per run); its steps are
+    timed by the client, since a call's deadline would span the run: a step the shard holds (sync,
+    worker 1 never pushes) fails with DEADLINE_EXCEEDED, and the next step opens a new call."""
+    from psgd.ps import transport as transport_mod
+
+    opened: list[int] = []
+    original = transport_mod._RunStream.__init__
+    monkeypatch.setattr(transport_mod._RunStream, "__init__",
+                        lambda self, method: (opened.append(1), original(self, method))[-1])
+    (alone,) = shard_servers(RunConfig(mode="sync", workers=1, servers=1, steps=100))
+    client = make_client("grpc", [f"127.0.0.1:{alone.port}"], 0, 4, rpc_timeout=60)
+    client.init(torch.zeros(4))
+    client.pull(0, torch.empty(4))
+    out = torch.empty(4)
+    for clock in range(3):
+        assert client.push_pull(clock, torch.ones(4), out).pulled.versions == [clock + 1]
+    assert opened == [1] and torch.equal(out, alone.shard.param)
+    client.close()
+
+    (held,) = shard_servers(RunConfig(mode="sync", workers=2, servers=1, rpc_timeout=600))
+    open_start_barrier(held.shard)
+    client = make_client("grpc", [f"127.0.0.1:{held.port}"], 0, 4, rpc_timeout=0.4)
+    client.init(torch.zeros(4))
+    client.pull(0, torch.empty(4))
+    with pytest.raises(ExchangeError, match="push-pull with shard 0 .*DEADLINE_EXCEEDED"):
+        client.push_pull(0, torch.ones(4), torch.empty(4))
+    with pytest.raises(ExchangeError, match="INVALID_ARGUMENT.*pushed clock 0, expected 1"):
+        client.push_pull(0, torch.ones(4), torch.empty(4))  # a new call, the same shard state
+    assert opened == [1, 1, 1]
+    client.close()

@@ -169,13 +169,13 @@ class PSClient:
         transport thread): `grad` may be reused from then on."""
         grad = grad.detach().to("cpu")
         replied: list[float] = []  # appended from the shards' threads (list.append is atomic)
-        delivered: list[int] = []
+        delivered: set[int] = set()
         lock = threading.Lock()
 
         def on_delivered(k: int) -> None:
             with lock:
-                delivered.append(k)
-                last = len(delivered) == len(self.shards)
+                last = k not in delivered and len(delivered) == len(self.shards) - 1
+                delivered.add(k)
             if last:
                 on_sent()
         results = self.transport.push_pull(

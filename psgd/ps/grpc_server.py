@@ -12,7 +12,10 @@ core (psgd/ps/shard.py), which holds every check and state change, and writes th
 - `Pull`: held by the policy, then header + ~1 MiB frames of the snapshot in the wire dtype,
   built one at a time outside the lock (`codec.frames`) and sent as they are.
 - `PushPull`: a Push, answered by the Pull of the next clock (one round trip per step): the
-  pull's stream, its header carrying the push's outcome.
+  pull's stream, its header carrying the push's outcome. One call carries a worker's whole run:
+  push after push on the request stream (each header + exactly its announced data), pull after
+  pull on the reply stream, until the worker closes its side; the pull's hold is bounded by the
+  shard's `rpc_timeout` (the call itself has no deadline). A call per step works the same.
 - `Leave`: a worker has finished (the last of N ends the shard's run: `Shard.finished`).
 - `Info`: the shard's place and state, and the port of its TCP data plane (psgd/ps/tcp_server.py).
 """
@@ -20,6 +23,7 @@ core (psgd/ps/shard.py), which holds every check and state change, and writes th
 from __future__ import annotations
 
 import contextlib
+import math
 
 import grpc
 import torch
@@ -52,18 +56,19 @@ class ShardServicer:
             h = _header(request_iterator)
             self.shard.check_init(h.worker_id, h.shard, h.num_elements)
             data = _receive(h, link.paced(request_iterator, self.shard.link_in, _chunk_len), wire.dtype_name(h.dtype))
+            _expect_end(request_iterator)
             version, first = self.shard.init(data)
             return pb.InitReply(version=version, initialized_by_caller=first)
 
     def Push(self, request_iterator, context):
         with aborts(context):
-            _, o = self._received_push(request_iterator)
+            _, o = self._received_push(_header(request_iterator), request_iterator, alone=True)
             return wire.push_reply(o)
 
-    def _received_push(self, request_iterator):
-        """Read a push's stream (header checked before any data) and hand it to the shard's policy;
-        the receive buffer goes back to the pool before anything may wait. (header, PushOutcome)."""
-        h = _header(request_iterator)
+    def _received_push(self, h: pb.TensorHeader, request_iterator, alone: bool = False):
+        """Read a push's data (its header `h` checked before any) and hand it to the shard's policy;
+        the receive buffer goes back to the pool before anything may wait. (header, PushOutcome).
+        `alone`: the stream's only message (Push): nothing may follow its data."""
         dtype = wire.dtype_name(h.dtype)
         self.shard.check_push(h.worker_id, h.shard, h.num_elements, h.sparse_count)
         with self.shard.receive_buffer() as buf:
@@ -72,6 +77,8 @@ class ShardServicer:
                 grad, nbytes = _receive_sparse(h, chunks, dtype, buf), sparsify.wire_bytes(h.sparse_count, dtype)
             else:
                 grad, nbytes = _receive(h, chunks, dtype, buf), None
+            if alone:
+                _expect_end(request_iterator)
             return h, self.shard.push(h.worker_id, h.clock, h.base_version, grad, dtype, nbytes)
 
     def Pull(self, request, context):
@@ -95,12 +102,18 @@ class ShardServicer:
                                   self.shard.link_out)
 
     def PushPull(self, request_iterator, context):
-        with contextlib.ExitStack() as stack:
-            with aborts(context):
-                h, o = self._received_push(request_iterator)
-                p = stack.enter_context(self.shard.next_pull(o, h.worker_id, h.shard, h.clock,
-                                                             wire.dtype_name(h.dtype), context.time_remaining()))
-            yield from self._pulled(p, h.dtype, pushed=wire.push_reply(o))
+        while True:
+            with contextlib.ExitStack() as stack:
+                with aborts(context):
+                    h = _header(request_iterator, end_ok=True)
+                    if h is None:
+                        return  # the worker closed its side: its run is over
+                    h, o = self._received_push(h, request_iterator)
+                    # A run-long call has no deadline (time_remaining: None, or gRPC's "infinite").
+                    timeout = min(context.time_remaining() or math.inf, self.shard.cfg.rpc_timeout)
+                    p = stack.enter_context(self.shard.next_pull(o, h.worker_id, h.shard, h.clock,
+                                                                 wire.dtype_name(h.dtype), timeout))
+                yield from self._pulled(p, h.dtype, pushed=wire.push_reply(o))
 
     def Leave(self, request, context):
         with aborts(context):
@@ -113,11 +126,20 @@ class ShardServicer:
                             num_elements=s.num_elements, data_port=self.data_port, clocks=s.policy.clocks)
 
 
-def _header(request_iterator) -> pb.TensorHeader:
+def _header(request_iterator, end_ok: bool = False) -> pb.TensorHeader | None:
+    """A message's header: the next item of the stream (`end_ok`: None at the stream's end)."""
     first = next(request_iterator, None)
+    if first is None and end_ok:
+        return None
     if first is None or isinstance(first, memoryview) or first.WhichOneof("kind") != "header":
-        raise ShardError(Code.INVALID_ARGUMENT, "stream must start with a header")
+        raise ShardError(Code.INVALID_ARGUMENT, "each message must start with a header")
     return first.header
+
+
+def _expect_end(request_iterator) -> None:
+    """A one-message stream (Init, Push) ends after its announced data."""
+    if next(request_iterator, None) is not None:
+        raise ShardError(Code.INVALID_ARGUMENT, "tensor data too long: more chunks than the header announced")
 
 
 def _chunk_len(msg) -> int:
@@ -130,7 +152,8 @@ def _receive(h: pb.TensorHeader, chunks, dtype: str, out: torch.Tensor | None = 
     """The data chunks after a header, assembled into `out` (or a new tensor)."""
     asm = codec.Assembler(h.num_elements, dtype, out=out)
     try:
-        for msg in chunks:
+        # Exactly the announced bytes: on a PushPull stream the next push's header follows.
+        while asm.received < asm.expected and (msg := next(chunks, None)) is not None:
             if isinstance(msg, memoryview):  # a data frame, parsed without a copy
                 asm.add(msg)
             elif msg.WhichOneof("kind") == "data":
@@ -146,7 +169,7 @@ def _receive_sparse(h: pb.TensorHeader, chunks, dtype: str, out: torch.Tensor) -
     """The sparse chunks after a header with `sparse_count`, scattered into `out` (zeroed first)."""
     try:
         scatter = sparsify.Scatter(h.num_elements, h.sparse_count, dtype, out)
-        for msg in chunks:
+        while scatter.received < scatter.entries and (msg := next(chunks, None)) is not None:
             if isinstance(msg, memoryview) or msg.WhichOneof("kind") != "sparse":
                 raise ValueError("a sparse push (header sparse_count > 0) carries sparse chunks only")
             scatter.add(msg.sparse.indices, msg.sparse.values)

@@ -21,7 +21,11 @@ then its values in the TCP frame), `out_of(k)` the fp32 slice its pulled values 
 --overlap's forward hooks wait on a pull's progress.
 
 - `GrpcTransport`: client-streaming Push / server-streaming Pull of ~1 MiB frames, one thread
-  per shard (gRPC releases the GIL while waiting).
+  per shard (gRPC releases the GIL while waiting). PushPull is one bidirectional call per shard
+  kept open for the run (`_RunStream`): each step queues its push's frames, built in the calling
+  thread, and reads exactly one pull's reply; a `_Watchdog` cancels a step that runs past the
+  transport's deadline (gRPC's deadlines are per call), and a failed step's call is dropped and
+  the next step opens a new one.
 - `TcpTransport`: the shards' raw-socket data planes (psgd/ps/framing.py; gRPC still does Info,
   Init and Leave); unpaced shards of at most ROUND_MAX_BYTES in one round from the calling thread (send
   every request, then read every reply: no thread hand-offs), larger or paced ones a thread each.
@@ -34,8 +38,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import queue
 import socket
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -123,6 +129,8 @@ class GrpcTransport:
         self._push_pull = [c.stream_stream(f"/{wire.SERVICE}/PushPull", request_serializer=chunk,
                                            response_deserializer=wire.frame_parser(pb.PullChunk))
                            for c in self.channels]
+        self._streams: list[_RunStream | None] = [None] * len(addresses)
+        self._watch = _Watchdog(timeout)
         self.pool = ThreadPoolExecutor(max_workers=len(addresses)) if len(addresses) > 1 else None
 
     def fan_out(self, what: str, shards: Sequence[int], fn: Callable[[int], object]) -> list:
@@ -131,8 +139,11 @@ class GrpcTransport:
             try:
                 return fn(k)
             except grpc.RpcError as e:
-                hint = self.hint if e.code() == grpc.StatusCode.DEADLINE_EXCEEDED else ""
-                raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: {e.code().name}: {e.details()}{hint}") \
+                code, details = e.code(), e.details()
+                if code == grpc.StatusCode.CANCELLED and self._watch.fired(k):
+                    code, details = grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self.timeout:g}s"
+                hint = self.hint if code == grpc.StatusCode.DEADLINE_EXCEEDED else ""
+                raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: {code.name}: {details}{hint}") \
                     from None
         if self.pool is None or len(shards) == 1:
             return [one(k) for k in shards]
@@ -164,8 +175,22 @@ class GrpcTransport:
     def push_pull(self, shards, header_of, payload_of, out_of, events=NO_EVENTS):
         def one(k: int):
             header = header_of(k)
-            stream = self._push_pull[k](_stream(k, header, payload_of(k), events), timeout=self.timeout)
-            return self._read_pull(k, stream, header.dtype, out_of(k), events)
+            stream = self._streams[k]
+            if stream is None:
+                stream = self._streams[k] = _RunStream(self._push_pull[k])
+            self._watch.arm(k, stream.call)
+            try:
+                for item in _stream(k, header, payload_of(k), events):
+                    stream.requests.put(item)  # frames are built here: the payload is free once queued
+                if events.delivered:
+                    events.delivered(k)
+                return self._read_pull(k, stream.call, header.dtype, out_of(k), events)
+            except BaseException:
+                self._streams[k] = None  # mid-message: the call cannot carry another step
+                stream.close(cancel=True)
+                raise
+            finally:
+                self._watch.disarm(k)
         return self.fan_out("push-pull with", shards, one)
 
     def _pull_one(self, k: int, request: pb.PullRequest, out: torch.Tensor, events: Events):
@@ -185,7 +210,8 @@ class GrpcTransport:
             return header, 0
         asm = codec.Assembler(header.num_elements, wire.DTYPE_NAMES[dtype], out=out)
         try:
-            for msg in stream:
+            # Exactly the announced bytes: on the run-long PushPull call the next step's reply follows.
+            while asm.received < asm.expected and (msg := next(stream, None)) is not None:
                 data = msg if isinstance(msg, memoryview) else msg.data
                 asm.add(data)
                 if events.received:
@@ -196,11 +222,83 @@ class GrpcTransport:
         return header, asm.received
 
     def close(self) -> None:
-        """Close the channels (which cancels any RPC still in flight), then join the pool. Idempotent."""
+        """End the PushPull calls (the shards see the end of their request streams), close the
+        channels (which cancels any RPC still in flight), then join the pool. Idempotent."""
+        for k, stream in enumerate(self._streams):
+            if stream is not None:
+                self._streams[k] = None
+                stream.close()
+        self._watch.close()
         for c in self.channels:
             c.close()
         if self.pool is not None:
             self.pool.shutdown(wait=True)
+
+
+_END = object()
+
+
+class _RunStream:
+    """One shard's PushPull call, open for the run: `requests` feeds its request stream (gRPC's
+    own thread sends them as flow control allows), and `call` iterates the replies."""
+
+    def __init__(self, method) -> None:
+        self.requests: queue.SimpleQueue = queue.SimpleQueue()
+        self.call = method(iter(self.requests.get, _END))  # no deadline: the watchdog times each step
+
+    def close(self, cancel: bool = False) -> None:
+        self.requests.put(_END)  # half-close: the shard's handler sees the end and returns
+        if cancel:
+            self.call.cancel()
+
+
+class _Watchdog:
+    """Cancels a run-long call whose step has run past the deadline. gRPC's deadlines are per
+    call, so each step is armed here instead; a thread checks every quarter of the timeout (a step
+    fails between 1 and 1.25 timeouts late), not per step: a wake-up per step would cost more than
+    the call it saves."""
+
+    def __init__(self, timeout: float) -> None:
+        self.timeout = timeout
+        self.cond = threading.Condition()
+        self.armed: dict[int, tuple[float, grpc.Call]] = {}
+        self._fired: set[int] = set()
+        self.thread: threading.Thread | None = None
+        self.closed = False
+
+    def arm(self, k: int, call) -> None:
+        with self.cond:
+            self._fired.discard(k)
+            self.armed[k] = (time.monotonic() + self.timeout, call)
+            if self.thread is None and not self.closed:
+                self.thread = threading.Thread(target=self._run, name="psgd-deadlines", daemon=True)
+                self.thread.start()
+
+    def disarm(self, k: int) -> None:
+        with self.cond:
+            self.armed.pop(k, None)
+
+    def fired(self, k: int) -> bool:
+        with self.cond:
+            return k in self._fired
+
+    def _run(self) -> None:
+        with self.cond:
+            while not self.closed:
+                now = time.monotonic()
+                for k, (deadline, call) in list(self.armed.items()):
+                    if now >= deadline:
+                        del self.armed[k]
+                        self._fired.add(k)
+                        call.cancel()
+                self.cond.wait(self.timeout / 4)
+
+    def close(self) -> None:
+        with self.cond:
+            self.closed = True
+            self.cond.notify_all()
+        if self.thread is not None:
+            self.thread.join()
 
 
 def _stream(k: int, header: pb.TensorHeader, payload: memoryview | sparsify.Sparse, events: Events):
@@ -219,9 +317,6 @@ def _stream(k: int, header: pb.TensorHeader, payload: memoryview | sparsify.Spar
             if events.sent:
                 events.sent(k, len(frame))
             yield frame
-    # gRPC asks for the next message once it has serialised (copied) the last one.
-    if events.delivered:
-        events.delivered(k)
 
 
 def _flat(payload: memoryview | sparsify.Sparse) -> memoryview:
