@@ -424,6 +424,9 @@ def cmd_node(args: argparse.Namespace) -> int:
     signals first (cmd_server)."""
     from psgd.train import node
 
+    # c10d's C++ side logs each failed connection to torchrun's store with a stack trace; ours is
+    # the one-line error (TORCH_CPP_LOG_LEVEL=INFO shows theirs). Read when torch loads, i.e. later.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     env = node.from_environ(os.environ)
     if not isinstance(args.servers, int):
         raise UsageError("psgd node starts its own shards on ranks 0..K-1: give --servers a count, not addresses")
