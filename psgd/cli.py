@@ -434,6 +434,8 @@ def cmd_node(args: argparse.Namespace) -> int:
         raise UsageError("--mode allreduce has no shards: under torchrun run `psgd worker --mode allreduce`")
     args.workers = node.workers_of(env.world_size, args.servers, args.workers)
     cfg = config_from_args(args)  # every rank refuses bad flags alike, before any of them listens
+    if not args.shards_timeout > 0:
+        raise UsageError(f"--shards-timeout must be > 0 seconds, got {args.shards_timeout}")
     advertise = args.advertise or args.bind
     if advertise in ("0.0.0.0", "::"):
         raise UsageError(f"--bind {args.bind} listens on every address: give --advertise ADDR, the one workers "

@@ -69,6 +69,7 @@ def test_workers_wait_for_every_shard_then_read_them_in_order():
     ({"WORLD_SIZE": "1"}, ["--servers", "1"], "WORLD_SIZE 1 leaves no worker"),
     ({}, ["--mode", "allreduce"], "--mode allreduce has no shards"),
     ({}, ["--bind", "0.0.0.0"], "--bind 0.0.0.0 listens on every address: give --advertise"),
+    ({}, ["--shards-timeout", "0"], "--shards-timeout must be > 0"),
 ])
 def test_usage_errors_are_one_line_exit_2(monkeypatch, env, args, message):
     torchrun = {"RANK": "0", "WORLD_SIZE": "3", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "1"} if env or args else {}
