@@ -8,6 +8,8 @@ that does the work, and turn known failures into one-line errors (exit 2 for usa
     psgd server --port 50051 --shard 0 --num-shards 2 --workers 4 --mode sync
     psgd worker --rank 0 --servers 127.0.0.1:50051,127.0.0.1:50052 --workers 4 --mode sync
     psgd summarize results/runs/by-hand
+    torchrun --nproc-per-node 3 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:0 --local-addr 127.0.0.1 \
+        -m psgd node --servers 1 --mode sync      # ranks 0..K-1 serve, the rest train (psgd/train/node.py)
 """
 
 from __future__ import annotations
@@ -54,6 +56,13 @@ Evaluate the parameter snapshots of a finished run and write OUT/summary.json (t
 accuracy, staleness, time split, start-up apart). `psgd run` does this itself; run it after a
 run started by hand (psgd server / psgd worker) or by torchrun, once its processes ended.
 Running it again gives the same files."""
+
+NODE_DESCRIPTION = """\
+One process of a parameter-server run started by torchrun (or Slurm / Kubernetes through
+torchrun): ranks 0..K-1 serve shards 0..K-1, ranks K.. train as workers 0..N-1
+(N = WORLD_SIZE - K unless --workers says). The shards publish their addresses in
+torchrun's rendezvous store; the workers read them there. Give every node the same flags;
+afterwards `psgd summarize OUT`. See psgd/train/node.py."""
 
 WORKER_DESCRIPTION = """\
 Train as worker --rank against running shards (--servers HOST:PORT,...), or as one member
@@ -135,6 +144,24 @@ def build_parser() -> Parser:
                    help="all-reduce group rendezvous (default: env://, $MASTER_ADDR:$MASTER_PORT as torchrun sets "
                         "them), tcp://H:P or file://PATH (psgd run uses a file in the run folder)")
 
+    p = sub.add_parser("node", help="one process of a PS run under torchrun: a shard or a worker, by $RANK",
+                       description=NODE_DESCRIPTION, epilog=MODES_HELP, formatter_class=fmt)
+    C.add_flags(p)
+    for action in p._actions:  # N is WORLD_SIZE - K unless given: the schema's default (2) does not apply
+        if action.dest == "workers":
+            action.default, action.help = None, "number of workers N (default: WORLD_SIZE - K)"
+    p.add_argument("--bind", default="127.0.0.1",
+                   help="shard ranks listen on this address, port 0 (default: 127.0.0.1; another needs a token, "
+                        "see --token-file)")
+    p.add_argument("--advertise", default="", metavar="ADDR",
+                   help="the address workers reach a shard at, published in torchrun's store (default: --bind; "
+                        "needed with --bind 0.0.0.0)")
+    p.add_argument("--insecure", action="store_true",
+                   help="serve on a non-loopback --bind without a token: anyone who reaches it may push and pull")
+    p.add_argument("--shards-timeout", type=float, default=300.0, metavar="S",
+                   help="how long a worker waits for torchrun's store and the shards' addresses in it "
+                        "(default: 300)")
+
     # These commands own their flags (each module builds its own Parser); the CLI only routes.
     for name, helptext in DELEGATED.items():
         p = sub.add_parser(name, help=helptext, add_help=False)
@@ -177,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_server(args)
         if args.command == "worker":
             return cmd_worker(args)
+        if args.command == "node":
+            return cmd_node(args)
         if args.command == "summarize":
             return cmd_summarize(args)
         if args.command == "certs":
@@ -291,7 +320,7 @@ def by_hand(cfg: C.RunConfig) -> C.RunConfig:
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
-def cmd_server(args: argparse.Namespace) -> int:
+def cmd_server(args: argparse.Namespace, on_ready=None) -> int:
     """Serve until every worker left or a stop signal came; on the way out write the shard's files.
 
     First of all, before torch is even imported, block the stop signals in this thread: every
@@ -301,12 +330,13 @@ def cmd_server(args: argparse.Namespace) -> int:
     a refusal gives the mask back."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
-        return _serve(args)
+        return _serve(args, on_ready)
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)  # reached only when _serve did not os._exit
 
 
-def _serve(args: argparse.Namespace) -> int:
+def _serve(args: argparse.Namespace, on_ready=None) -> int:
+    """`on_ready(port)` (psgd node's Publisher) runs once the shard listens; its NodeError stops it."""
     from pathlib import Path
 
     from psgd.ps import auth, server, tls
@@ -355,6 +385,15 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"psgd server: error: {e}", file=sys.stderr)
         return 1
     print(f"READY {args.bind}:{srv.port}", flush=True)
+    if on_ready is not None:
+        from psgd.train.node import NodeError
+
+        try:
+            on_ready(srv.port)
+        except NodeError as e:
+            srv.stop(grace=0)
+            print(f"psgd node: shard {args.shard}: error: {e}", file=sys.stderr, flush=True)
+            return 1
     print(f"shard {args.shard}/{cfg.servers} ({cfg.mode}) listening on {args.bind}:{srv.port}", file=sys.stderr,
           flush=True)
     # Stop on a signal, or when every worker has left (a run started by hand ends by itself): the
@@ -377,6 +416,42 @@ def _serve(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def cmd_node(args: argparse.Namespace) -> int:
+    """Under torchrun: serve shard RANK (RANK < K) or train as worker RANK - K (psgd/train/node.py).
+    The role comes from the environment alone, before torch loads: a shard must block its stop
+    signals first (cmd_server)."""
+    from psgd.train import node
+
+    # c10d's C++ side logs each failed connection to torchrun's store with a stack trace; ours is
+    # the one-line error (TORCH_CPP_LOG_LEVEL=INFO shows theirs). Read when torch loads, i.e. later.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    env = node.from_environ(os.environ)
+    if not isinstance(args.servers, int):
+        raise UsageError("psgd node starts its own shards on ranks 0..K-1: give --servers a count, not addresses")
+    if args.mode == "allreduce":
+        raise UsageError("--mode allreduce has no shards: under torchrun run `psgd worker --mode allreduce`")
+    args.workers = node.workers_of(env.world_size, args.servers, args.workers)
+    cfg = config_from_args(args)  # every rank refuses bad flags alike, before any of them listens
+    if not args.shards_timeout > 0:
+        raise UsageError(f"--shards-timeout must be > 0 seconds, got {args.shards_timeout}")
+    advertise = args.advertise or args.bind
+    if advertise in ("0.0.0.0", "::"):
+        raise UsageError(f"--bind {args.bind} listens on every address: give --advertise ADDR, the one workers "
+                         "reach this host at")
+    me = node.role(env.rank, cfg.servers)
+    if me.kind == "shard":
+        args.shard, args.port, args.restore, args.restore_upto, args.params = me.index, 0, "", None, 0
+        publisher = node.Publisher(env, me.index, advertise, args.shards_timeout)
+        return cmd_server(args, on_ready=publisher.publish)
+    try:
+        addresses = node.wait_for_shards(node.connect(env, args.shards_timeout), cfg.servers, args.shards_timeout)
+    except node.NodeError as e:
+        print(f"psgd node: worker {me.index}: error: {e}", file=sys.stderr)
+        return 1
+    args.rank, args.servers, args.servers_on_stdin, args.rendezvous = me.index, addresses, False, "env://"
+    return cmd_worker(args)
 
 
 def worker_device_of(cfg: C.RunConfig, rank: int):

@@ -38,9 +38,9 @@ NOT_RUN = {
     "psgd server --port 50051": "needs hosts A and B; tests/test_by_hand.py runs the same recipe on 127.0.0.1",
     "psgd worker --rank 0 --servers hostA": "as above",
     "psgd summarize results/runs/by-hand": "as above (tests/test_by_hand.py summarizes its by-hand run)",
-    "torchrun": "env:// rendezvous is a TCP store, which makes reverse-DNS queries; tests/test_by_hand.py "
-                "starts the same `psgd worker --mode allreduce` processes as torchrun does, on a file:// "
-                "rendezvous, and summarizes them",
+    "torchrun": "torchrun's c10d store sends reverse-DNS queries; tests/test_node.py runs `torchrun ... -m psgd "
+                "node` in a network namespace of its own (only lo) and summarizes it, tests/test_by_hand.py starts "
+                "the same `psgd worker --mode allreduce` processes as torchrun does, on a file:// rendezvous",
     # The benchmarks run in tests/test_bench*.py with small budgets (and their outputs checked);
     # running them twice would cost make test half a minute.
     "psgd bench transport": "tests/test_bench.py::test_transport_json",
