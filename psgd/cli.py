@@ -150,10 +150,11 @@ DELEGATED = {
     "bench": "benchmarks: transport | allreduce | scaling | calibrate | peers",
     "model": "alpha-beta cost model: predict PS vs ring throughput up to 1024 workers",
     "doctor": "what this host offers (torch, CUDA, GPUs); --gpu checks psgd on its GPUs (make gpu-check)",
+    "cluster": "hosts as network namespaces with kernel-shaped links: up | status | exec | down (needs root)",
 }
 MODULES = {"suite": "psgd.lab.suite", "plot": "psgd.lab.plots", "bench": "psgd.bench",
            "model": "psgd.bench.costmodel_cli", "trace": "psgd.lab.trace",
-           "doctor": "psgd.lab.doctor"}
+           "doctor": "psgd.lab.doctor", "cluster": "psgd.cluster.command"}
 
 
 def main(argv: list[str] | None = None) -> int:
