@@ -215,7 +215,7 @@ def cmd_certs(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from psgd.train import data, launch, progress
+    from psgd.train import data, hosts, launch, progress
 
     if not isinstance(args.servers, int):
         raise UsageError("psgd run starts its own shards: give --servers a count, not addresses")
@@ -225,6 +225,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UsageError("--resume OUT continues the run with its own OUT/config.json: give no other flags")
         cfg = launch.resumable(Path(args.resume))
     check_device(cfg)
+    hosts.seats(cfg)  # --hosts: the cluster is up and large enough, before a run folder is made
     try:
         cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
         if not args.resume:

@@ -18,11 +18,13 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from psgd.cluster import netns, placement, plan
+from psgd.core import config as C
 from psgd.core import link
 from psgd.core.errors import UsageError
-from tests.helpers import psgd_main
+from tests.helpers import processes_mentioning, psgd_main, summary, train_in_threads
 
 pytestmark = pytest.mark.xdist_group("cluster")  # one worker runs them all: one cluster, made once
 
@@ -161,10 +163,17 @@ def test_placement_gives_shards_hosts_of_their_own():
         placement.place("sync", servers=2, workers=1, hosts=2)
 
 
+def test_hosts_and_link_do_not_mix():
+    with pytest.raises(ValueError, match="psgd cluster up --link"):
+        C.validate(C.RunConfig(hosts=2, link="1gbit"))
+    with pytest.raises(ValueError, match="--hosts must be >= 0"):
+        C.validate(C.RunConfig(hosts=-1))
+
+
 def test_without_privileges_it_says_what_to_run_instead(monkeypatch):
     monkeypatch.setattr(os, "geteuid", lambda: 1000)
     monkeypatch.setattr(netns, "_has_caps", lambda *bits: False)
-    for args in (["cluster", "up", "--hosts", "2", "--name", unique_name()],):
+    for args in (["cluster", "up", "--hosts", "2", "--name", unique_name()], ["run", "--hosts", "2"]):
         r = psgd_main(*args)
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
         assert "needs root (or CAP_NET_ADMIN and CAP_SYS_ADMIN)" in r.stderr and "psgd run --link" in r.stderr
@@ -180,6 +189,15 @@ def test_without_privileges_it_says_what_to_run_instead(monkeypatch):
 def test_cluster_usage_errors_are_one_line_exit_2(args, message):
     r = psgd_main(*args)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_run_on_hosts_without_a_cluster_names_the_command(monkeypatch, tmp_path):
+    monkeypatch.setattr(netns, "need_privileges", lambda: None)
+    monkeypatch.setattr(netns, "STATE_DIR", tmp_path)  # an empty state folder: no cluster is up
+    r = psgd_main("run", "--hosts", "2", "--cluster", "nosuch", "--out", str(tmp_path / "run"))
+    assert r.returncode == 2 and "no cluster named 'nosuch' is up: `psgd cluster up --hosts 2 --name nosuch`" \
+        in r.stderr, r.stderr
+    assert not (tmp_path / "run").exists()
 
 
 # -- real namespaces (root) ---------------------------------------------------------------------------
@@ -312,3 +330,38 @@ def test_down_refuses_while_a_host_runs_a_process(cluster):
     finally:
         proc.kill()
         proc.wait()
+
+
+@needs_root
+def test_a_sync_ps_run_across_hosts_equals_the_run_on_loopback(cluster, tmp_path, shards):
+    flags = ["--mode", "sync", "--workers", "1", "--servers", "1", *TINY]  # 2 processes: the cheapest real run
+    out = tmp_path / "cluster"
+    r = psgd_main("run", *flags, "--hosts", "2", "--cluster", cluster.name, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    across = torch.load(out / "final_params.pt")
+    # The same flags on loopback, the workers as threads against in-process shards (tests/helpers.py).
+    from psgd.cli import build_parser
+
+    cfg = C.from_namespace(build_parser().parse_args(["run", *flags]))
+    addresses, cores = shards(cfg)
+    assert torch.equal(across, train_in_threads(cfg, addresses, cores))
+    s = summary(out)
+    assert s["config"]["hosts"] == 2 and s["config"]["cluster"] == cluster.name
+    assert s["cluster"]["placement"] == {"server 0": "h0 198.18.0.1", "worker 0": "h1 198.18.0.2"}
+    assert s["cluster"]["link"] == LINK and s["cluster"]["latency_by"] == "socket"
+    assert s["cluster"]["pacer_link"] == "unlimited,100us" and s["cluster"]["bandwidth_by"] == "kernel (tbf)"
+    assert processes_mentioning(str(out)) == []
+
+
+@needs_root
+def test_an_allreduce_run_across_hosts_equals_the_run_on_loopback(cluster, tmp_path):
+    flags = ["--mode", "allreduce", "--workers", "2", *TINY]
+    runs = {}
+    for where, extra in (("loopback", []), ("cluster", ["--hosts", "2", "--cluster", cluster.name])):
+        r = psgd_main("run", *flags, *extra, "--out", str(tmp_path / where))
+        assert r.returncode == 0, r.stderr
+        runs[where] = summary(tmp_path / where)
+    assert runs["cluster"]["params_sha256"] == runs["loopback"]["params_sha256"]
+    assert runs["cluster"]["cluster"]["placement"] == {"worker 0": "h0 198.18.0.1", "worker 1": "h1 198.18.0.2"}
+    assert runs["cluster"]["cluster"]["latency_applied"] is False  # gloo's sockets: no netem, no pacer
+    assert processes_mentioning(str(tmp_path)) == []
