@@ -13,6 +13,7 @@ import ipaddress
 import json
 import math
 import os
+import re
 import secrets
 import subprocess
 import sys
@@ -36,7 +37,15 @@ TINY = ["--dataset", "synthetic", "--num-samples", "2000", "--model", "mlp", "--
 
 
 def unique_name() -> str:
-    return f"t{os.getpid()}{secrets.token_hex(2)}"  # a letter, then digits and hex: plan.NAME
+    return f"t{os.getpid()}p{secrets.token_hex(2)}"  # the test process's pid: see remove_stale_test_clusters
+
+
+def remove_stale_test_clusters() -> None:
+    """Clusters these tests made in a test process that is gone (killed before its teardown ran)."""
+    for c in netns.all_clusters():
+        m = re.fullmatch(r"t(\d+)p[0-9a-f]{4}", c.name)
+        if m and not os.path.exists(f"/proc/{m.group(1)}"):
+            netns.down(c.name, kill=True)
 
 
 def privileges() -> str | None:
@@ -207,12 +216,13 @@ def ours(prefix: str) -> set[str]:
 
 def root_namespace() -> tuple[str, ...]:
     """What a cluster must never change: the root namespace's devices, qdiscs and routes (read-only)."""
-    return tuple(netns.run(argv) for argv in (["ip", "-br", "link"], ["tc", "qdisc", "show"],
+    return tuple(netns.run(argv) for argv in (["ip", "-o", "link", "show"], ["tc", "qdisc", "show"],
                                               ["ip", "route", "show", "table", "all"]))
 
 
 @pytest.fixture(scope="module")
 def cluster():
+    remove_stale_test_clusters()
     name = unique_name()
     before = root_namespace()
     c = netns.up(name, 2, LINK)

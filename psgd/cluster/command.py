@@ -65,7 +65,8 @@ def main(argv: list[str]) -> int:
         print(f"cluster {c.name!r} is down: deleted {', '.join(reversed(c.namespaces))}")
         return 0
     except netns.ClusterError as e:
-        print(f"psgd cluster {a.action}: failed: {e}", file=sys.stderr)
+        undone = "; undid what it had made" if a.action == "up" and "could not undo" not in str(e) else ""
+        print(f"psgd cluster {a.action}: failed: {e}{undone}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"psgd cluster {a.action}: interrupted" + ("; undid what it had made" if a.action == "up" else ""),

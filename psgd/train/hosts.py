@@ -17,7 +17,8 @@ Contract:
   at the PS sockets, the kernel shapes the bandwidth. gloo's sockets are not psgd's: an all-reduce
   run there goes without the latency, and says so (`record`: latency_applied false).
 - All-reduce ranks find each other with the file rendezvous in the run folder (the namespaces
-  share the filesystem) and talk over eth0 (GLOO_SOCKET_IFNAME); LOCAL_RANK and LOCAL_WORLD_SIZE
+  share the filesystem) and talk over eth0 (GLOO_SOCKET_IFNAME; NCCL without shared memory or GPU
+  peer-to-peer, which would bypass the links); LOCAL_RANK and LOCAL_WORLD_SIZE
   count the ranks on the rank's own host, as torchrun would there.
 - `record` is what summary.json says under "cluster": which host each process ran on, the link,
   who shaped the bandwidth and who added the latency.
@@ -110,7 +111,10 @@ def on_cluster(cfg: RunConfig) -> Seats:
     workers = []
     for r, i in enumerate(where.workers):
         local, local_world = where.local(r)
+        # NCCL sees one hostname on every namespace and would move the bytes through shared memory
+        # or GPU peer-to-peer, past the shaped links: sockets only, over eth0.
         env = (("GLOO_SOCKET_IFNAME", cluster_plan.HOST_IF), ("NCCL_SOCKET_IFNAME", cluster_plan.HOST_IF),
+               ("NCCL_P2P_DISABLE", "1"), ("NCCL_SHM_DISABLE", "1"), ("NCCL_IB_DISABLE", "1"),
                ("LOCAL_RANK", str(local)), ("LOCAL_WORLD_SIZE", str(local_world)))
         workers.append(Seat(prefix(i), env=env))
     token = () if allreduce or cfg.token_file or os.environ.get(auth.ENV) else ((auth.ENV, secrets.token_hex(32)),)
