@@ -62,7 +62,9 @@ def main(argv: list[str]) -> int:
         if a.action == "exec":
             return _exec(a, cmd)
         c = netns.down(a.name, kill=a.kill)
-        print(f"cluster {c.name!r} is down: deleted {', '.join(reversed(c.namespaces))}")
+        last = f"..{c.hosts[-1].name}" if len(c.hosts) > 1 else ""
+        print(f"cluster {c.name!r} is down: deleted its {len(c.namespaces)} namespaces ({c.switch}, "
+              f"{c.hosts[0].namespace}{last}) and with them its veths, bridge and qdiscs")
         return 0
     except netns.ClusterError as e:
         undone = "; undid what it had made" if a.action == "up" and "could not undo" not in str(e) else ""

@@ -9,9 +9,10 @@ Contract:
   makes a second `up` of the same name say so, and the record that `down` deletes exactly what
   psgd made (the namespaces it names, always psgd-NAME-*), nothing else. While `up` runs it says
   complete=false; a `psgd run` refuses such a cluster.
-- `up` failing midway, or interrupted (Ctrl-C, SIGTERM), deletes the namespaces it had made and
-  the state file before it re-raises: nothing is left behind. A namespace of the cluster's names
-  that exists without a state file is not psgd's to delete: `up` refuses and says so.
+- `up` failing midway, or interrupted (Ctrl-C, SIGTERM, SIGHUP), deletes the namespaces it had made
+  and the state file before it re-raises (holding those signals meanwhile): nothing is left behind.
+  A namespace of the cluster's names that exists without a state file is not psgd's to delete:
+  `up` refuses and says so.
 - Needs root, or CAP_NET_ADMIN and CAP_SYS_ADMIN (`ip netns add` mounts): `need_privileges`
   says so in one line, and what to run without them (`psgd run --link`, pacing in Python).
 - The root namespace is only read (the /run/netns listing), never changed.
@@ -150,8 +151,9 @@ def up(name: str, hosts: int, link: str = "", state_dir: Path | None = None) -> 
             c = dataclasses.replace(c, complete=True)
             _write(c, state_dir)
     except BaseException:
-        _undo(created)
-        state_path(name, state_dir).unlink(missing_ok=True)
+        with _signals_held():  # a second Ctrl-C must not cut the undoing short
+            _undo(created)
+            state_path(name, state_dir).unlink(missing_ok=True)
         raise
     return c
 
@@ -197,6 +199,18 @@ def _signals_raise():
             signal.signal(s, handler)
 
 
+@contextlib.contextmanager
+def _signals_held():
+    """Hold SIGINT, SIGTERM and SIGHUP until the block is done (then they are delivered): the block
+    deletes namespaces, and stopping halfway would leave some behind."""
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGHUP}
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
 def down(name: str, kill: bool = False, state_dir: Path | None = None) -> plan.Cluster:
     """Delete the cluster's namespaces and its state file; returns what was deleted. Processes still
     running in its namespaces are refused (UsageError naming them) unless `kill`: then they get
@@ -216,9 +230,10 @@ def down(name: str, kill: bool = False, state_dir: Path | None = None) -> plan.C
                          f"`psgd cluster down --name {name} --kill`")
     if busy:
         _terminate([p for ps in busy.values() for p in ps])
-    for step in plan.down_steps(c, there):
-        run(step)
-    state_path(name, state_dir).unlink(missing_ok=True)
+    with _signals_held():
+        for step in plan.down_steps(c, there):
+            run(step)
+        state_path(name, state_dir).unlink(missing_ok=True)
     return c
 
 
