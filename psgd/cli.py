@@ -177,10 +177,11 @@ DELEGATED = {
     "bench": "benchmarks: transport | allreduce | scaling | calibrate | peers",
     "model": "alpha-beta cost model: predict PS vs ring throughput up to 1024 workers",
     "doctor": "what this host offers (torch, CUDA, GPUs); --gpu checks psgd on its GPUs (make gpu-check)",
+    "cluster": "hosts as network namespaces with kernel-shaped links: up | status | exec | down (needs root)",
 }
 MODULES = {"suite": "psgd.lab.suite", "plot": "psgd.lab.plots", "bench": "psgd.bench",
            "model": "psgd.bench.costmodel_cli", "trace": "psgd.lab.trace",
-           "doctor": "psgd.lab.doctor"}
+           "doctor": "psgd.lab.doctor", "cluster": "psgd.cluster.command"}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -243,7 +244,7 @@ def cmd_certs(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from psgd.train import data, launch, progress
+    from psgd.train import data, hosts, launch, progress
 
     if not isinstance(args.servers, int):
         raise UsageError("psgd run starts its own shards: give --servers a count, not addresses")
@@ -253,6 +254,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UsageError("--resume OUT continues the run with its own OUT/config.json: give no other flags")
         cfg = launch.resumable(Path(args.resume))
     check_device(cfg)
+    hosts.seats(cfg)  # --hosts: the cluster is up and large enough, before a run folder is made
     try:
         cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
         if not args.resume:

@@ -4,7 +4,8 @@ Layers, bottom to top (docs/architecture.md draws them):
 
     _proto, core        the wire messages; pure cores: policies, sharding, codec, link, optimizer,
                         cost model, config schema, errors, the step types, the palette
-    ps | allreduce      the parameter-server plumbing | the all-reduce mode (never each other)
+    ps | allreduce      the parameter-server plumbing | the all-reduce mode | network namespaces
+      | cluster         with kernel-shaped links (psgd cluster); never each other
     train               the worker loop, data, models, metrics, evaluation, the launcher
     bench               benchmarks and the cost model's command line
     lab                 suite, experiments, analyses, verdicts, plots, report
@@ -21,7 +22,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "psgd"
-LAYER = {"_proto": 0, "core": 1, "ps": 2, "allreduce": 2, "train": 3, "bench": 4, "lab": 5, "cli": 6, "__main__": 7}
+LAYER = {"_proto": 0, "core": 1, "ps": 2, "allreduce": 2, "cluster": 2, "train": 3, "bench": 4, "lab": 5, "cli": 6,
+         "__main__": 7}
 # What the pure cores may not touch: transports, processes, plotting.
 NOT_IN_CORE = ("grpc", "socket", "socketserver", "subprocess", "matplotlib", "psgd._proto")
 

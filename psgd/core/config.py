@@ -202,6 +202,10 @@ class RunConfig:
     link: str = opt("", "PS: pace every worker's and shard's traffic to an EMULATED link, e.g. 1gbit,200us or "
                         "100mbit,1ms (psgd/core/link.py; loopback is still what carries the bytes)",
                     metavar="BANDWIDTH[,LATENCY]")
+    hosts: int = opt(0, "run on H hosts of a `psgd cluster` (network namespaces, links shaped by the kernel): PS "
+                        "shard k on host k, the workers on the other hosts; all-reduce worker r on host r mod H "
+                        "(psgd/cluster/placement.py). 0: every process on this host's loopback", metavar="H")
+    cluster: str = opt("lab", "with --hosts: the cluster's name (psgd cluster up --name)")
     out: str = opt("", "run folder: metrics.jsonl, summary.json, logs/. psgd run: default a new "
                        "results/runs/<mode>-<time> (results/runs/latest links to it); an earlier run's folder "
                        "has psgd's files replaced, any other non-empty folder or a file is refused. server / "
@@ -256,6 +260,10 @@ def validate(cfg: RunConfig) -> RunConfig:
         (cfg.backend in BACKENDS, f"--backend must be one of {', '.join(BACKENDS)}, got {cfg.backend!r}"),
         (cfg.check_every >= 0, f"--check-every must be >= 0, got {cfg.check_every}"),
         (_error(link.parse, cfg.link) is None, _error(link.parse, cfg.link) or ""),
+        (cfg.hosts >= 0, f"--hosts must be >= 0 (0: this host's loopback), got {cfg.hosts}"),
+        (cfg.hosts == 0 or not cfg.link,
+         "--link paces loopback; on a cluster (--hosts) its own links shape the run: give the link to "
+         "`psgd cluster up --link` instead"),
         (cfg.transport in TRANSPORTS, f"--transport must be one of {', '.join(TRANSPORTS)}, got {cfg.transport!r}"),
         # servers=1 is the default, so only a count asked for explicitly contradicts the mode.
         (cfg.mode != "allreduce" or cfg.servers == 1,

@@ -9,6 +9,8 @@ Contract:
 - `parse("1gbit,200us")` -> `Link(bits_per_s=1e9, latency_s=200e-6)`. Bandwidth in bit / kbit /
   mbit / gbit per second (decimal, as `tc` and NIC datasheets write them), optional one-way
   latency in ns / us / ms / s: "10gbit", "100mbit,1ms", "1gbit,200us". "" means no emulation.
+  "unlimited,200us" paces the latency alone (bandwidth infinite): on a `psgd cluster` whose kernel
+  lacks netem the kernel shapes the bandwidth and psgd adds the latency (psgd/cluster/).
 - The alpha-beta (Hockney) model of one message of n bytes: `link.transfer_s(n)` =
   latency + 8n / bandwidth. psgd/core/costmodel.py uses the same two numbers.
 - `Pacer(link)` paces one direction of a process's link (full duplex: one pacer for sends, one
@@ -24,6 +26,7 @@ Contract:
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 import time
@@ -62,9 +65,12 @@ def parse(text: str) -> Link | None:
     if len(parts) > 2:
         raise ValueError(usage)
     m = re.fullmatch(_NUMBER + r"\s*(" + "|".join(_RATE) + r")(?:/s|ps)?", parts[0])
-    if not m or float(m.group(1)) <= 0:
+    if parts[0] == "unlimited":
+        bits = math.inf
+    elif not m or float(m.group(1)) <= 0:
         raise ValueError(usage)
-    bits = float(m.group(1)) * _RATE[m.group(2)]
+    else:
+        bits = float(m.group(1)) * _RATE[m.group(2)]
     latency = 0.0
     if len(parts) == 2:
         m = re.fullmatch(_NUMBER + r"\s*(" + "|".join(_TIME) + r")", parts[1])

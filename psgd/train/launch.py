@@ -4,7 +4,10 @@ Contract:
 - Children are `python -m psgd server|worker <the run's flags>`: exactly the commands you would
   run by hand on other hosts. Servers bind 127.0.0.1 on port 0 and print `READY host:port`. The
   workers start at the same time and get the addresses on stdin (`--servers-on-stdin`), so that
-  their start-up (importing torch, above all) overlaps the servers'.
+  their start-up (importing torch, above all) overlaps the servers'. With --hosts H each child runs
+  on a host of a `psgd cluster` instead (`ip netns exec`, servers bound to their host's address,
+  a per-run token): psgd/train/hosts.py, which also records the hosts in OUT/cluster.json and
+  summary.json's "cluster".
 - The launcher waits for any child to exit (os.waitid, no polling). If a worker exits non-zero
   or a server exits early, it stops every other child and fails naming the process. Ctrl-C
   stops all children too. Children ask for PR_SET_PDEATHSIG first thing (psgd/train/lifeline.py),
@@ -43,7 +46,7 @@ from psgd.core.config import RunConfig, from_dict, to_argv, to_dict
 from psgd.core.errors import UsageError
 from psgd.ps import checkpoint
 from psgd.train import data as data_mod
-from psgd.train import evaluate, lifeline, models
+from psgd.train import evaluate, hosts, lifeline, models
 from psgd.train.metrics import Metrics, process_start_time, read_events, samples_per_update, summarize
 
 READY_TIMEOUT_S = 60.0
@@ -159,7 +162,7 @@ MARKER = ".psgd-run"  # in every folder psgd made for a run: the proof that its 
 RUNS = Path("results/runs")
 # Everything a run writes into its folder, and nothing else: what a rerun may replace.
 OWN_FILES = ("metrics.jsonl", "metrics.jsonl.tmp", "summary.json", "config.json", "final_params.pt", "rendezvous",
-             "restart.json")
+             "restart.json", "cluster.json")
 OWN_GLOBS = ("shard-*.json", "shard-*.pt", "replica-*.json", "replica-*.pt", "logs/server-*.log",
              "logs/worker-*.log", "checkpoints/shard-*.ckpt", "metrics-attempt-*.jsonl")
 
@@ -365,9 +368,14 @@ def _attempt(cfg: RunConfig, resume: bool) -> dict:
         (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
     _write_launch(out, "psgd run --resume" if resume else "psgd run")
     ds = data_mod.load(cfg.data)  # also fills the mnist1d cache before the workers race for it
-    flags = to_argv(cfg)
+    seats = hosts.seats(cfg)  # where each child runs: loopback, or --hosts on a psgd cluster
+    if seats.record is not None:
+        (out / "cluster.json").write_text(json.dumps(seats.record, indent=1))
+    if seats.note:
+        print(seats.note, file=sys.stderr, flush=True)
+    flags = to_argv(seats.cfg)
     exe = [sys.executable, "-m", "psgd"]
-    env = child_env(cfg)
+    env = seats.environment(child_env(cfg))
     servers: list[Child] = []
     workers: list[Child] = []
     if cfg.mode == "allreduce":
@@ -377,8 +385,9 @@ def _attempt(cfg: RunConfig, resume: bool) -> dict:
     try:
         ps = cfg.mode != "allreduce"
         if ps:
-            for k in range(cfg.servers):
-                argv = exe + ["server"] + flags + restore + ["--shard", str(k), "--port", "0"]
+            for k, seat in enumerate(seats.servers):
+                argv = [*seat.prefix, *exe, "server", *flags, *restore, "--shard", str(k), "--port", "0"]
+                argv += ["--bind", seat.bind] if seat.bind else []
                 servers.append(Child(f"server {k}", argv, out / "logs" / f"server-{k}.log", env, capture_stdout=True))
             # The workers start now, side by side with the servers (a process's start-up is mostly
             # importing torch), and read the shards' addresses from stdin once they have loaded.
@@ -386,9 +395,9 @@ def _attempt(cfg: RunConfig, resume: bool) -> dict:
         for r in range(cfg.workers):
             # One host: the local rank is the rank (it picks worker r's GPU, psgd/core/devices.py, and
             # the all-reduce rendezvous reads both); set, so that an inherited $LOCAL_RANK cannot pin them all.
-            wenv = dict(env, RANK=str(r), LOCAL_RANK=str(r))
-            workers.append(Child(f"worker {r}", exe + ["worker"] + flags + ["--rank", str(r)] + worker_argv,
-                                 out / "logs" / f"worker-{r}.log", wenv, stdin_pipe=ps))
+            wenv = {**env, "RANK": str(r), "LOCAL_RANK": str(r), **dict(seats.workers[r].env)}
+            workers.append(Child(f"worker {r}", [*seats.workers[r].prefix, *exe, "worker", *flags, "--rank", str(r),
+                                                 *worker_argv], out / "logs" / f"worker-{r}.log", wenv, stdin_pipe=ps))
         restart = None
         if ps:
             addresses = ",".join(_read_ready(c, READY_TIMEOUT_S) for c in servers)
@@ -400,13 +409,14 @@ def _attempt(cfg: RunConfig, resume: bool) -> dict:
                     pass  # that worker is gone already: _wait_workers names it
             # A restarted worker gets the shards' addresses at once, and no injected fault: the
             # fault is what it is being restarted from.
-            again_flags = to_argv(dataclasses.replace(cfg, fail_at=()))
+            again_flags = to_argv(dataclasses.replace(seats.cfg, fail_at=()))
 
             def restart(c: Child) -> Child:
                 r = c.name.split()[-1]
                 log = out / "logs" / f"worker-{r}.restart{len(list((out / 'logs').glob(f'worker-{r}.*.log'))) + 1}.log"
-                return Child(c.name, exe + ["worker"] + again_flags + ["--rank", r, "--servers", addresses], log,
-                             dict(env, RANK=r, LOCAL_RANK=r))
+                seat = seats.workers[int(r)]
+                return Child(c.name, [*seat.prefix, *exe, "worker", *again_flags, "--rank", r, "--servers", addresses],
+                             log, {**env, "RANK": r, "LOCAL_RANK": r, **dict(seat.env)})
         _wait_workers(workers, servers, cfg, restart)
         _stop(servers)
         for c in servers:
@@ -478,6 +488,8 @@ def finish(cfg: RunConfig, ds: data_mod.Dataset) -> dict:
         from psgd.allreduce.collective import summary_extra  # noqa: PLC0415 - only the collective mode needs it
 
         extra = summary_extra(out, sha)
+    if (out / "cluster.json").exists():  # the hosts and the link a --hosts run used (psgd/train/hosts.py)
+        extra = dict(extra or {}, cluster=json.loads((out / "cluster.json").read_text()))
     return summarize(out, cfg, evals + [final_eval], models.num_params(model), sha, shard_stats, extra)
 
 
