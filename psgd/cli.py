@@ -244,7 +244,7 @@ def cmd_certs(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from psgd.train import data, hosts, launch, progress
+    from psgd.train import hosts, launch, progress  # no torch: the launcher imports it after training
 
     if not isinstance(args.servers, int):
         raise UsageError("psgd run starts its own shards: give --servers a count, not addresses")
@@ -256,7 +256,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     check_device(cfg)
     hosts.seats(cfg)  # --hosts: the cluster is up and large enough, before a run folder is made
     try:
-        cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
+        if cfg.epochs > 0:
+            from psgd.train import data
+
+            cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
         if not args.resume:
             cfg = launch.with_out_resolved(cfg)
             launch.prepare_out(Path(cfg.out))  # before the live line starts reading the folder

@@ -17,6 +17,8 @@ Every import counts, also one inside a function (a lazy import is still a depend
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -122,3 +124,20 @@ def test_commands_the_cli_imports_by_name_point_down_too():
     here = LAYER["cli"]
     assert all(layer(target)[1] < here for target in cli.MODULES.values())
     assert all(target in modules() for target in cli.MODULES.values())
+
+
+def test_the_launcher_leaves_torch_to_its_children_and_optim_leaves_dynamo_out():
+    """Start-up costs: `psgd run` imports no torch until training is over (its children import it
+    meanwhile on the same cores), and psgd's SGD never imports torch._dynamo (~0.9 s of CPU that
+    constructing a torch.optim.Optimizer costs)."""
+    code = ("import sys\n"
+            "import psgd.cli, psgd.train.launch, psgd.train.progress, psgd.train.hosts\n"
+            "assert 'torch' not in sys.modules, 'the launcher imported torch'\n"
+            "import torch\n"
+            "from psgd.core.config import OptimConfig\n"
+            "from psgd.core.optim import SGD\n"
+            "p = torch.zeros(3); p.grad = torch.ones(3)\n"
+            "SGD(p, OptimConfig(momentum=0.9), fused=True).step()\n"
+            "assert 'torch._dynamo' not in sys.modules, 'optim imported torch._dynamo'\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]

@@ -213,3 +213,19 @@ def test_a_sync_update_waits_for_the_pull_that_still_sends_the_parameters(thread
         assert torch.equal(p.values, before) and pusher.is_alive()  # ...and has not touched them
     threads.join()
     assert pusher.result.applied and torch.equal(s.param, before - 0.05)
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("momentum,weight_decay,warmup", [(0.0, 0.0, 0), (0.9, 1e-3, 3)])
+def test_sgd_is_torch_optim_sgd_bit_for_bit(fused, momentum, weight_decay, warmup):
+    ours, theirs = torch.linspace(-1, 1, 64), torch.linspace(-1, 1, 64)
+    opt = optim.SGD(ours, OptimConfig(lr=0.1, momentum=momentum, weight_decay=weight_decay, warmup=warmup), fused)
+    reference = torch.optim.SGD([theirs], lr=0.1, momentum=momentum, weight_decay=weight_decay, fused=fused or None)
+    schedule = torch.optim.lr_scheduler.LambdaLR(reference, optim.warmup_factor(warmup))
+    for step in range(6):
+        g = torch.sin(torch.arange(64.0) * (step + 1))
+        ours.grad, theirs.grad = g.clone(), g.clone()
+        opt.step()
+        reference.step()
+        schedule.step()
+    assert torch.equal(ours, theirs)

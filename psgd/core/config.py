@@ -31,6 +31,7 @@ import math
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 from psgd.core import devices, link
@@ -108,6 +109,14 @@ class DataConfig:
     dirichlet_alpha: float = opt(1.0, "dirichlet label skew: 100 is nearly IID, 0.1 gives most workers a few "
                                       "classes", metavar="ALPHA")
     val_fraction: float = opt(0.0, "hold this fraction of the training set out as a validation split (LR tuning)")
+
+    def cache_path(self) -> Path | None:
+        """Where a generated dataset is cached (mnist1d; None for the others): psgd/train/data.py
+        writes it, and `psgd run` looks for it without importing torch."""
+        if self.dataset != "mnist1d":
+            return None
+        root = Path(self.data_dir) if self.data_dir else Path.home() / ".cache" / "psgd"
+        return root / f"mnist1d-n{self.num_samples}-seed{self.data_seed}.npz"
 
 
 @dataclass(frozen=True)

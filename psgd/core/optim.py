@@ -1,13 +1,20 @@
-"""The one SGD that every update in psgd takes: `torch.optim.SGD` with a linear warmup.
+"""The one SGD that every update in psgd takes: torch's SGD update with a linear warmup.
 
 A shard server (psgd/ps/shard.py) steps it on its slice of the parameters, an all-reduce
 replica (psgd/allreduce/collective.py) and a local-SGD worker (psgd/ps/exchange.py) on their
 whole flat parameter buffer: the same arithmetic everywhere, so a sync PS run, an all-reduce
 run and a single-process torch loop agree step for step.
 
+The update is `torch.optim.sgd.sgd`, the function `torch.optim.SGD.step` calls (momentum, weight
+decay), called directly on the one tensor: the same arithmetic as the class. Not the class
+itself, because constructing any `torch.optim.Optimizer` imports torch._dynamo (its
+`add_param_group` is wrapped to disable the compiler), which costs about 0.9 s of CPU in every
+shard and replica process at start-up (measured with `python -X importtime`), on 2 cores shared
+by all of a run's processes.
+
 Warmup (Goyal et al. 2017, sec. 2.2): update number n + 1 (n = 0, 1, ...) uses
-lr x min(1, (n + 1) / warmup), i.e. from lr / warmup up to lr over `warmup` updates, then lr;
-`torch.optim.lr_scheduler.LambdaLR` applies it and counts the updates (`step()` advances both).
+lr x min(1, (n + 1) / warmup), i.e. from lr / warmup up to lr over `warmup` updates, then lr
+(the rate `torch.optim.lr_scheduler.LambdaLR` would set with `warmup_factor`).
 
     opt = SGD(flat.params, OptimConfig(lr=0.1, momentum=0.9, warmup=100))
     flat.params.grad = flat.grads; ...backward...; opt.step()
@@ -16,44 +23,54 @@ lr x min(1, (n + 1) / warmup), i.e. from lr / warmup up to lr over `warmup` upda
 from __future__ import annotations
 
 import torch
-from torch.optim.lr_scheduler import LambdaLR
+from torch.optim.sgd import sgd
 
 from psgd.core.config import OptimConfig
 
+FUSED_DEVICES = ("cpu", "cuda")  # where this torch has a fused SGD kernel for float tensors
+
 
 def warmup_factor(warmup: int):
-    """LambdaLR's multiplier of the base lr for update number n + 1 (see the module docstring)."""
+    """The multiplier of the base lr for update number n + 1 (see the module docstring)."""
     return lambda n: min(1.0, (n + 1) / warmup) if warmup else 1.0
 
 
 class SGD:
-    """torch.optim.SGD over one tensor, with the warmup schedule; for one thread.
+    """SGD over one tensor (its .grad), with the warmup schedule; for one thread.
 
-    `fused=True` takes torch's fused CPU kernel where this torch has one (one pass over the
-    memory: 14 vs 22 ms for 16M elements on this machine), the same update up to float rounding.
+    `fused=True` takes torch's fused kernel where it has one (one pass over the memory: 14 vs
+    22 ms for 16M elements on this machine), the same update up to float rounding.
     """
 
     def __init__(self, param: torch.Tensor, cfg: OptimConfig, fused: bool = False) -> None:
-        kw = dict(lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-        opt = None
-        if fused:
-            try:
-                opt = torch.optim.SGD([param], fused=True, **kw)
-            except (RuntimeError, TypeError, ValueError):
-                opt = None  # no fused kernel for this tensor / torch: the plain one is the same update
-        self.opt = opt or torch.optim.SGD([param], **kw)
-        # The schedule only while it changes the rate: a LambdaLR step costs ~30 us, more than a
-        # small shard's whole update (measured with cProfile on the TCP data plane's push path).
+        self.param, self.cfg = param, cfg
+        self.fused = fused and param.device.type in FUSED_DEVICES and param.dtype.is_floating_point
         self.warmup = cfg.warmup
-        self.schedule = LambdaLR(self.opt, warmup_factor(cfg.warmup)) if cfg.warmup else None
+        self._factor = warmup_factor(cfg.warmup)
+        self.updates = 0                                  # steps taken: the warmup's n
+        self.momentum_buffer: torch.Tensor | None = None  # created by the first step (momentum > 0)
 
     @property
     def lr(self) -> float:
         """The rate the next step will use."""
-        return self.opt.param_groups[0]["lr"]
+        return self.cfg.lr * self._factor(self.updates) if self.updates < self.warmup else self.cfg.lr
 
     def step(self) -> None:
         """One update with the gradient in the parameter's .grad; then the schedule advances."""
-        self.opt.step()
-        if self.schedule is not None and self.schedule.last_epoch < self.warmup:
-            self.schedule.step()  # from here on the factor is 1: the rate is the base lr
+        buffers = [self.momentum_buffer]
+        with torch.no_grad():
+            sgd([self.param], [self.param.grad], buffers, fused=self.fused or None,
+                weight_decay=self.cfg.weight_decay, momentum=self.cfg.momentum, lr=self.lr,
+                dampening=0.0, nesterov=False, maximize=False)
+        self.momentum_buffer = buffers[0] if self.cfg.momentum != 0 else None
+        self.updates += 1
+
+    def state_dict(self) -> dict:
+        """What a checkpoint keeps: the momentum buffer (a copy) and the updates taken."""
+        buf = None if self.momentum_buffer is None else self.momentum_buffer.detach().clone()
+        return {"momentum_buffer": buf, "updates": self.updates}
+
+    def load_state_dict(self, state: dict) -> None:
+        buf = state["momentum_buffer"]
+        self.momentum_buffer = None if buf is None else buf.to(self.param.device).clone()
+        self.updates = int(state["updates"])

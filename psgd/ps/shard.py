@@ -68,7 +68,6 @@ buffer pools are `queue.SimpleQueue`s, thread-safe on their own.
 from __future__ import annotations
 
 import contextlib
-import copy
 import json
 import os
 import queue
@@ -192,8 +191,7 @@ class Shard:
         return {"shard": self.index, "mode": self.cfg.mode, "workers": self.cfg.workers,
                 "version": self.policy.version, "accepted": accepted,
                 "clocks": clocks, "param": self.param.detach().clone(),
-                "opt": copy.deepcopy(self.opt.opt.state_dict()),
-                "schedule": self.opt.schedule.state_dict() if self.opt.schedule is not None else None}
+                "opt": self.opt.state_dict()}
 
     def _write_pending(self) -> None:
         with self.lock:
@@ -223,9 +221,7 @@ class Shard:
                              f"{self.index} has {self.expected}")
         self.init(state["param"].clone())
         with self.lock:
-            self.opt.opt.load_state_dict(state["opt"])
-            if self.opt.schedule is not None and state["schedule"] is not None:
-                self.opt.schedule.load_state_dict(state["schedule"])
+            self.opt.load_state_dict(state["opt"])
             p = self.policy
             p.version, p.accepted, p.clocks = state["version"], state["accepted"], list(state["clocks"])
             p.started = True  # the workers of a resumed run start at their clocks, not at 0

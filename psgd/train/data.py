@@ -62,10 +62,6 @@ class Dataset:
         return int(self.x_train[0].numel())
 
 
-def cache_dir(cfg: DataConfig) -> Path:
-    return Path(cfg.data_dir) if cfg.data_dir else Path.home() / ".cache" / "psgd"
-
-
 def load(cfg: DataConfig) -> Dataset:
     if cfg.dataset == "synthetic":
         ds = _synthetic(cfg.num_samples, cfg.data_seed)
@@ -120,7 +116,7 @@ def _synthetic(n: int, seed: int, dim: int = 32, classes: int = 10) -> Dataset:
 
 
 def _mnist1d(cfg: DataConfig) -> Dataset:
-    path = cache_dir(cfg) / f"mnist1d-n{cfg.num_samples}-seed{cfg.data_seed}.npz"
+    path = cfg.cache_path()
     if not path.exists():
         from mnist1d.data import get_dataset_args, make_dataset  # imported lazily: slow-ish
 

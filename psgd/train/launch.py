@@ -38,16 +38,22 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from psgd.core import codec
 from psgd.core.config import RunConfig, from_dict, to_argv, to_dict
 from psgd.core.errors import UsageError
-from psgd.ps import checkpoint
-from psgd.train import data as data_mod
-from psgd.train import evaluate, hosts, lifeline, models
+from psgd.train import hosts, lifeline
 from psgd.train.metrics import Metrics, process_start_time, read_events, samples_per_update, summarize
+
+if TYPE_CHECKING:
+    import torch
+
+    from psgd.train import data as data_mod
+
+# The launcher imports torch (and what imports it: data, models, evaluation, checkpoints) only
+# where it needs it, after training: importing torch takes about a second of CPU, and before the
+# children start that second was on every run's start-up (startup_s), or during training it
+# competes with the children for the cores.
 
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 30.0
@@ -254,6 +260,8 @@ def thread_budget(cfg: RunConfig, cores: int | None = None, role: str = "worker"
 
 def set_threads(cfg: RunConfig, role: str = "worker") -> None:
     """In a server or worker process: take its share of the cores (`thread_budget`)."""
+    import torch  # noqa: PLC0415 - see the imports
+
     torch.set_num_threads(thread_budget(cfg, role=role))
 
 
@@ -330,6 +338,8 @@ def run(cfg: RunConfig, resume: bool = False) -> dict:
 
 def checkpoint_versions(cfg: RunConfig) -> set[int]:
     folder = Path(cfg.out) / "checkpoints"
+    from psgd.ps import checkpoint  # noqa: PLC0415 - see the imports
+
     return set.intersection(*(set(checkpoint.versions(folder, k)) for k in range(cfg.servers)))
 
 
@@ -367,7 +377,11 @@ def _attempt(cfg: RunConfig, resume: bool) -> dict:
         prepare_out(out)
         (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
     _write_launch(out, "psgd run --resume" if resume else "psgd run")
-    ds = data_mod.load(cfg.data)  # also fills the mnist1d cache before the workers race for it
+    cache = cfg.data.cache_path()
+    if cache is not None and not cache.exists():
+        from psgd.train import data as data_mod  # noqa: PLC0415 - see the imports
+
+        data_mod.load(cfg.data)  # fills the mnist1d cache once, before the workers race to make it
     seats = hosts.seats(cfg)  # where each child runs: loopback, or --hosts on a psgd cluster
     if seats.record is not None:
         (out / "cluster.json").write_text(json.dumps(seats.record, indent=1))
@@ -428,15 +442,22 @@ def _attempt(cfg: RunConfig, resume: bool) -> dict:
     except BaseException:
         _stop(workers + servers, signal.SIGKILL)
         raise
-    return finish(cfg, ds)
+    return finish(cfg)
 
 
-def finish(cfg: RunConfig, ds: data_mod.Dataset) -> dict:
+def finish(cfg: RunConfig, ds: data_mod.Dataset | None = None) -> dict:
     """Evaluate the snapshots, write final_params.pt and summary.json (`psgd summarize` too).
 
     Raises RunFailed naming what is missing when the run has not ended. Run again on the same
     folder it gives the same files: the eval lines of an earlier call are replaced, not doubled.
+    `ds`: the run's dataset, loaded here when not given.
     """
+    import torch  # noqa: PLC0415 - see the imports
+
+    from psgd.core import codec  # noqa: PLC0415
+    from psgd.train import data as data_mod  # noqa: PLC0415
+    from psgd.train import evaluate, models  # noqa: PLC0415
+
     out = Path(cfg.out)
     events = read_events(out / "metrics.jsonl")
     ends = [e for e in events if e.get("event") == "worker_end"]
@@ -455,6 +476,7 @@ def finish(cfg: RunConfig, ds: data_mod.Dataset) -> dict:
         tmp = out / "metrics.jsonl.tmp"
         tmp.write_text(kept)
         os.replace(tmp, out / "metrics.jsonl")
+    ds = ds or data_mod.load(cfg.data)
     model = models.build(cfg.model, ds.input_dim, ds.num_classes, cfg.seed)
     x_tr, y_tr = ds.x_train[:10_000], ds.y_train[:10_000]  # train loss on a fixed subset: cheap
     if cfg.mode == "allreduce":
@@ -495,6 +517,8 @@ def finish(cfg: RunConfig, ds: data_mod.Dataset) -> dict:
 
 def _validation(cfg: RunConfig, model, params: torch.Tensor, ds: data_mod.Dataset) -> dict:
     """val_loss / val_accuracy of `params` on the validation split (none without --val-fraction)."""
+    from psgd.train import evaluate  # noqa: PLC0415 - see the imports
+
     if cfg.data.val_fraction <= 0:
         return {}
     val_loss, val_acc = evaluate.evaluate(model, params, ds.x_val, ds.y_val)

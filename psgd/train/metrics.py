@@ -22,7 +22,6 @@ from pathlib import Path
 
 import numpy as np
 
-from psgd.core import codec
 from psgd.core.config import RunConfig, to_dict
 
 _IMPORTED = time.time()
@@ -135,7 +134,7 @@ def remedies(cfg: RunConfig, shard_stats: list[dict], params: int) -> dict | Non
     if cfg.dc_lambda > 0:
         out.update(dc_relative_correction=sum(c["dc_relative_sum"] for c in counts) / n if n else None,
                    dc_memory_peak_bytes=sum(c["dc_then_peak_bytes"] for c in counts),
-                   dc_memory_bound_bytes=cfg.workers * params * codec.itemsize(cfg.wire_dtype))
+                   dc_memory_bound_bytes=cfg.workers * params * _itemsize(cfg.wire_dtype))
     return out
 
 
@@ -199,3 +198,9 @@ def summarize(out: Path, cfg: RunConfig, evals: list[dict], params: int, params_
     summary.update(extra or {})
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def _itemsize(dtype: str) -> int:
+    from psgd.core import codec  # noqa: PLC0415 - codec imports torch, which `psgd run` defers
+
+    return codec.itemsize(dtype)
