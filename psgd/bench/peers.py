@@ -8,8 +8,9 @@ N=2, async2: async N=2), run by
 - PyTorch RPC: psgd/bench/rpc_peer.py, the RPC parameter-server tutorials' pattern, on
   TensorPipe bound to loopback with a file rendezvous (`--tensorpipe`: uv, its fastest setting
   here; rpc_peer.py says what each setting moves how),
-- Ray: psgd/bench/ray_peer.py, Ray's parameter-server example, only when `import ray` works;
-  otherwise every Ray cell says "skipped" and the output says "ray: not installed, skipped".
+- Ray: psgd/bench/ray_peer.py, Ray's parameter-server example, only when `import ray` works and
+  a private network namespace can be made for it (ray_peer.py says why); otherwise every Ray cell
+  says "skipped" and the output says why.
 Every system gets the same RunConfig (the peers read psgd's config.json): same seeded init, same
 batch plan, same budget (`--steps` updates in sync, steps x N gradients in async).
 Metric: updates applied by the server per second of training, steady state (summary.json's
@@ -17,6 +18,8 @@ Metric: updates applied by the server per second of training, steady state (summ
 clock starts at a start barrier). `--rounds` rounds run one after the other, each over every
 width, configuration and system (the systems in a rotated order per round, so no system always
 runs first); the table reports the median over rounds, and psgd / best peer ratios.
+Start-up (`startup_s`): seconds from the benchmark asking for the job (psgd: `launch.run`; a peer:
+spawning its processes) to its first training step, the same clock for every system.
 Cross-check: in sync mode every system computes the same thing, so the final parameters are
 compared with the first psgd transport's of the same round (`param_diff`, max |w - w_ref|) and
 the final training losses are printed side by side.
@@ -43,14 +46,14 @@ from psgd.bench import ray_peer, rpc_peer
 from psgd.core import palette
 from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig, to_dict
 from psgd.train import launch
+from psgd.train.metrics import read_events
 
 CONFIGS = {"async1": ("async", 1), "sync2": ("sync", 2), "async2": ("async", 2)}
 LABELS = {"rpc": "PyTorch RPC", "ray": "Ray", "grpc": "psgd grpc", "tcp": "psgd tcp"}
 PEERS = ("rpc", "ray")
 FIELDS = ["round", "width", "params", "mode", "workers", "system", "status", "steps", "global_updates", "wall_s",
-          "updates_per_s", "run_s", "final_train_loss", "param_diff", "compute_ms", "exchange_ms", "pull_ms",
-          "push_ms", "wait_ms", "note"]
-RAY_SKIPPED = "skipped: ray not installed (pip install 'psgd[peers]')"
+          "updates_per_s", "run_s", "startup_s", "final_train_loss", "param_diff", "compute_ms", "exchange_ms",
+          "pull_ms", "push_ms", "wait_ms", "note"]
 # A peer process is `python -c RUNNER --config ...`, so that its module is imported under its own
 # name (RPC pickles functions by module and name; under `-m` it would be `__main__`).
 RUNNER = "import sys; from psgd.bench.{} import main; sys.exit(main(sys.argv[1:]))"
@@ -69,12 +72,14 @@ def workload(width: int, config: str, steps: int, out: Path, system: str = "grpc
 def run_psgd(cfg: RunConfig) -> dict:
     """One `psgd run`; its summary as a row's measured fields."""
     s = launch.run(cfg)
+    ends = [e for e in read_events(Path(cfg.out) / "metrics.jsonl") if e.get("event") == "worker_end"]
     per_worker = s["worker_steps"] / cfg.workers
     split = {k: v / per_worker * 1e3 for k, v in s["time_breakdown_s"].items()}
     return {"params": s["params"], "global_updates": s["global_updates"], "wall_s": s["wall_time_s"],
             "updates_per_s": s["updates_per_s"], "final_train_loss": s["final_train_loss"],
             "compute_ms": split["compute"], "exchange_ms": split["pull"] + split["push"] + split["wait"],
-            "pull_ms": split["pull"], "push_ms": split["push"], "wait_ms": split["wait"]}
+            "pull_ms": split["pull"], "push_ms": split["push"], "wait_ms": split["wait"],
+            "train_start": min(e["train_start"] for e in ends)}
 
 
 def run_peer(system: str, cfg: RunConfig, tensorpipe: str = "uv") -> dict:
@@ -95,7 +100,8 @@ def run_peer(system: str, cfg: RunConfig, tensorpipe: str = "uv") -> dict:
                 children.append(launch.Child(f"rpc rank {r}", argv + ["--rank", str(r), "--tensorpipe", tensorpipe],
                                              out / "logs" / f"rank-{r}.log", env))
         else:
-            children.append(launch.Child("ray driver", argv, out / "logs" / "driver.log", env))
+            children.append(launch.Child("ray driver", ray_peer.ISOLATE + argv, out / "logs" / "driver.log",
+                                         dict(env, **ray_peer.ENV)))
         launch._wait_workers(children, [])  # returns when all exited 0, raises RunFailed on the first failure
     except BaseException:
         launch._stop(children, signal.SIGKILL)
@@ -105,14 +111,14 @@ def run_peer(system: str, cfg: RunConfig, tensorpipe: str = "uv") -> dict:
     split = {k: v / per_worker * 1e3 for k, v in r.get("time_breakdown_s", {}).items()}
     return {"params": r["params"], "global_updates": r["global_updates"], "wall_s": r["wall_time_s"],
             "updates_per_s": r["updates_per_s"], "final_train_loss": r["final_train_loss"],
-            "compute_ms": split.get("compute"), "exchange_ms": split.get("exchange")}
+            "compute_ms": split.get("compute"), "exchange_ms": split.get("exchange"), "train_start": r["train_start"]}
 
 
 def run_one(system: str, cfg: RunConfig, retries: int, tensorpipe: str) -> dict:
     """A row for one run; a failed run is retried (the failure kept in `note`)."""
     failures: list[str] = []
     for _ in range(retries + 1):
-        t0 = time.perf_counter()
+        t0, asked = time.perf_counter(), time.time()
         try:
             measured = run_psgd(cfg) if system in ("grpc", "tcp") else run_peer(system, cfg, tensorpipe)
         except (launch.RunFailed, ValueError, OSError, KeyError) as e:
@@ -121,7 +127,7 @@ def run_one(system: str, cfg: RunConfig, retries: int, tensorpipe: str) -> dict:
         # The whole run as this process saw it: start-up, training, teardown and evaluation. (psgd's
         # own startup_s counts from its launcher's process start: here, this benchmark's.)
         return {"status": "ok", "note": f"ok after a failed attempt: {failures[-1]}" if failures else "",
-                "run_s": time.perf_counter() - t0, **measured}
+                "run_s": time.perf_counter() - t0, "startup_s": measured.pop("train_start") - asked, **measured}
     return {"status": f"failed: {failures[-1]}", "note": f"{len(failures)} attempts"}
 
 
@@ -161,6 +167,7 @@ def aggregate(rows: list[dict], systems: list[str]) -> list[dict]:
                 next((r["status"] for r in group if r["system"] == s), "not run")
             entry[f"{s}_rounds"] = [r["updates_per_s"] for r in ok]
             entry[f"{s}_loss"] = statistics.median(r["final_train_loss"] for r in ok) if ok else None
+            entry[f"{s}_startup"] = statistics.median(r["startup_s"] for r in ok) if ok else None
             diffs = [r["param_diff"] for r in ok if r.get("param_diff") is not None]
             entry[f"{s}_diff"] = max(diffs) if diffs else None
         peers = [entry[p] for p in PEERS if p in systems and isinstance(entry[p], float)]
@@ -189,6 +196,12 @@ def format_table(table: list[dict], systems: list[str]) -> str:
         lines.append("| " + " | ".join([f"{e['width']} ({params})", e["mode"], str(e["workers"]),
                                           *(_cell(e[s]) for s in systems),
                                           *(_cell(e[f"{s}_ratio"], ".2f") for s in psgd)]) + " |")
+    head = ["W", "mode", "N", *(LABELS[s] for s in systems)]
+    lines += ["", "start-up, s from asking for the job to its first step (median over rounds):",
+              "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for e in table:
+        lines.append("| " + " | ".join([str(e["width"]), e["mode"], str(e["workers"]),
+                                          *(_cell(e[f"{s}_startup"], ".2f") for s in systems)]) + " |")
     head = ["W", "mode", "N", *(LABELS[s] for s in systems), "max abs param diff (sync)"]
     lines += ["", "final training loss (sync: the same computation in every system, so the same loss):",
               "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -300,8 +313,9 @@ def main(argv: list[str]) -> int:
     out, runs = Path(a.out), Path(a.runs)
     out.mkdir(parents=True, exist_ok=True)
     (out / "command.txt").write_text("psgd bench peers " + " ".join(argv) + "\n")
-    if "ray" in peers and not ray_peer.available():
-        print("ray: not installed, skipped", flush=True)
+    ray_skipped = ray_peer.skip_reason() if "ray" in peers else None
+    if ray_skipped:
+        print(f"ray: skipped: {ray_skipped}", flush=True)
     rows: list[dict] = []
     for rnd in range(1, a.rounds + 1):
         for width, budget in zip(widths, steps, strict=True):
@@ -312,8 +326,8 @@ def main(argv: list[str]) -> int:
                     cfg = workload(width, config, budget, paths[system], system)
                     row = {"round": rnd, "width": width, "mode": cfg.mode, "workers": cfg.workers,
                            "system": system, "steps": budget}
-                    if system == "ray" and not ray_peer.available():
-                        row.update(status=RAY_SKIPPED)
+                    if system == "ray" and ray_skipped:
+                        row.update(status=f"skipped: {ray_skipped}")
                     else:
                         row.update(run_one(system, cfg, a.retries, a.tensorpipe))
                         if system == "rpc":
@@ -328,14 +342,13 @@ def main(argv: list[str]) -> int:
     if any(isinstance(e[s], float) for e in table for s in systems):
         plot(table, systems, out / "peers.png",
              "MLP 40-W-W-10 on MNIST-1D, batch 32/worker, SGD lr 0.05, 1 server; one host "
-             "(every process shares the cores)" + ("; Ray: not installed, skipped" if "ray" in peers
-                                                   and not ray_peer.available() else ""))
+             "(every process shares the cores)" + ("; Ray: skipped" if ray_skipped else ""))
     print(format_table(table, systems))
     if "rpc" in peers:
         print(f"PyTorch RPC on TensorPipe --tensorpipe {a.tensorpipe} (psgd/bench/rpc_peer.py says what moves how)")
     print(format_split(rows))
-    if "ray" in peers and not ray_peer.available():
-        print("ray: not installed, skipped")
+    if ray_skipped:
+        print(f"ray: skipped: {ray_skipped}")
     print(f"wrote {out / 'peers.csv'}, {out / 'peers.png'}, {out / 'command.txt'}")
     return 0
 

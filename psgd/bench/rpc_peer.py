@@ -225,7 +225,7 @@ def drive(cfg: RunConfig, out: Path, tensorpipe: str) -> dict:
         "system": "torch.distributed.rpc", "mode": cfg.mode, "workers": n, "params": final.numel(),
         "global_updates": ps.updates, "worker_steps": worker_steps, "wall_time_s": wall,
         "updates_per_s": ps.updates / wall if wall > 0 else 0.0,
-        "startup_s": ps.train_start - min(e["process_start"] for e in ends),
+        "startup_s": ps.train_start - min(e["process_start"] for e in ends), "train_start": ps.train_start,
         "final_train_loss": train_loss, "final_test_loss": test_loss, "final_test_accuracy": test_acc,
         "time_breakdown_s": {k: sum(e[f"{k}_s"] for e in ends) / n for k in ("compute", "exchange")},
         "per_worker_steps": {str(e["rank"]): e["steps"] for e in ends},
