@@ -37,7 +37,7 @@ import torch.nn.functional as F
 
 from psgd.core.config import from_dict
 from psgd.train import data as data_mod
-from psgd.train import evaluate, models
+from psgd.train import evaluate, lifeline, models
 from psgd.train.metrics import process_start_time
 
 # On start Ray looks for the machine's address and cloud (a UDP connect to 8.8.8.8, DNS queries, HTTP
@@ -163,6 +163,7 @@ def run(cfg_dict: dict, out: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    lifeline.die_with_launcher()  # started by `psgd bench peers`: die with it (Ray's processes follow)
     if len(argv) != 2 or argv[0] != "--config":
         print("usage: ray_peer --config OUT/config.json", file=sys.stderr)
         return 2

@@ -57,7 +57,7 @@ from torch.futures import Future
 
 from psgd.core.config import RunConfig, from_dict
 from psgd.train import data as data_mod
-from psgd.train import evaluate, models
+from psgd.train import evaluate, lifeline, models
 from psgd.train.metrics import process_start_time
 
 TENSORPIPE = ("uv", "sockets", "auto")
@@ -236,6 +236,7 @@ def drive(cfg: RunConfig, out: Path, tensorpipe: str) -> dict:
 
 
 def main(argv: list[str]) -> int:
+    lifeline.die_with_launcher()  # started by `psgd bench peers`: die with it, however it dies
     p = argparse.ArgumentParser(prog="rpc_peer", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", required=True, help="a psgd config.json (RunConfig); the run writes beside it")
     p.add_argument("--rank", type=int, required=True, help="0: server and driver; 1..N: trainers")
