@@ -21,7 +21,7 @@ import sys
 import pytest
 import torch
 
-from psgd.cluster import netns, placement, plan
+from psgd.cluster import netns, placement, plan, probe
 from psgd.core import config as C
 from psgd.core import link
 from psgd.core.errors import UsageError
@@ -295,32 +295,26 @@ def test_no_route_leads_out_of_the_cluster(cluster):
     assert netns.routes(cluster.switch) == []  # the switch has no address, so no route at all
 
 
-RX = """import socket, sys, time
-s = socket.socket(); s.bind((sys.argv[1], 0)); s.listen(1); print(s.getsockname()[1], flush=True)
-c, _ = s.accept(); buf = bytearray(1 << 20); n = 0; t0 = None
-while (k := c.recv_into(buf)):
-    t0 = t0 or time.monotonic(); n += k
-print(n, time.monotonic() - t0)"""
-TX = """import socket, sys
-c = socket.create_connection((sys.argv[1], int(sys.argv[2]))); c.sendall(bytes(int(sys.argv[3]))); c.close()"""
-
-
 @needs_root
 def test_a_shaped_link_carries_its_rate(cluster):
     """A raw TCP transfer from h0 to h1 crosses h0's shaped upload and h1's shaped download."""
-    src, dst = cluster.hosts
-    rx = subprocess.Popen(["ip", "netns", "exec", dst.namespace, sys.executable, "-c", RX, dst.address],
-                          stdout=subprocess.PIPE, text=True)
-    try:
-        port = rx.stdout.readline().strip()
-        subprocess.run(["ip", "netns", "exec", src.namespace, sys.executable, "-c", TX, dst.address, port,
-                        str(8 << 20)], check=True, timeout=TIMEOUT_S)
-        nbytes, seconds = rx.communicate(timeout=TIMEOUT_S)[0].split()
-    finally:
-        rx.kill()
-        rx.wait()
-    measured = int(nbytes) * 8 / float(seconds)
-    assert int(nbytes) == 8 << 20 and abs(measured / link.parse(RATE).bits_per_s - 1) < 0.15, measured
+    nbytes, seconds = probe.goodput(cluster, "h0", "h1", 8 << 20)
+    measured = nbytes * 8 / seconds
+    assert nbytes == 8 << 20 and abs(measured / link.parse(RATE).bits_per_s - 1) < 0.15, measured
+    before = probe.wire_bytes(cluster, "h1")
+    probe.goodput(cluster, "h0", "h1", 1 << 20)
+    assert probe.wire_bytes(cluster, "h1") - before > 1 << 20  # the kernel's count, headers included
+
+
+@needs_root
+def test_a_process_knows_which_host_it_runs_on_and_calibrate_wants_another_than_the_shards(cluster):
+    where = f"from psgd.cluster import netns; print(netns.host_here(netns.load({cluster.name!r})))"
+    seen = [subprocess.run(["ip", "netns", "exec", h.namespace, sys.executable, "-c", where], capture_output=True,
+                           text=True, timeout=TIMEOUT_S, env=ENV).stdout for h in cluster.hosts]
+    assert [f"name='{h.name}'" in s for h, s in zip(cluster.hosts, seen, strict=True)] == [True, True], seen
+    assert netns.host_here(cluster) is None  # this process: the root namespace
+    r = psgd_main("bench", "calibrate", "--cluster", cluster.name, "--shard-host", "h0", "--no-ring")
+    assert r.returncode == 2 and f"psgd cluster exec h1 --name {cluster.name} --" in r.stderr, r.stderr
 
 
 @needs_root
