@@ -320,7 +320,7 @@ def main(argv: list[str]) -> int:
     from psgd.core.errors import Parser, UsageError
 
     p = Parser(prog="psgd bench cluster", description=__doc__.split("\n\n")[0])
-    p.add_argument("--rates", default="200mbit,1gbit,2gbit", help="link rates, one cluster each")
+    p.add_argument("--rates", default="1gbit,2gbit,10gbit", help="link rates, one cluster each")
     p.add_argument("--latency", default="200us", help="one-way latency of every link (psgd's pacer adds it)")
     p.add_argument("--workers", default="1,2,4", help="worker counts N (the cluster has max(N)+1 hosts)")
     p.add_argument("--width", type=int, default=1024, help="wide_mlp width (E4's and E10's: about 2.1M parameters)")
@@ -336,7 +336,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--probe-s", type=float, default=1.0, help="the raw TCP probe moves this many seconds of the rate")
     p.add_argument("--ceiling", action=argparse.BooleanOptionalAction, default=True,
                    help="first measure an unshaped veth pair: the fastest link the cores can drive")
-    p.add_argument("--probe-rates", default="10gbit,25gbit",
+    p.add_argument("--probe-rates", default="25gbit",
                    help="with --ceiling: rates measured with the raw TCP probe only (no runs), to show what the "
                         "cores cannot drive")
     p.add_argument("--name", default="bc", help="cluster name prefix (the rate is appended)")
