@@ -3,6 +3,7 @@
 The commands run in this process (psgd.cli.main): the shard servers and runs they start are real
 processes, the command's own interpreter start-up is left out (test_run.py covers `python -m psgd`)."""
 
+import argparse
 import csv
 import json
 
@@ -122,6 +123,13 @@ def test_cluster_bench_names_its_clusters_and_predicts_the_higher_floor():
                         "ring_alpha_s": 2e-4, "ring_beta_s_per_byte": 1e-9}}
     ms = cluster.machines(across, host, 200e-6, 1e9)
     assert ms["ring"].latency_s == 0 and ms["ps"].latency_s == 200e-6 and ms["ring"].ring_beta_s_per_byte == 8e-9
+    burst = cluster.machines({"machine": dict(across["machine"], beta_s_per_byte=6e-9)}, host, 0.0, 1e9)
+    assert burst["ps"].beta_s_per_byte == 8e-9   # a fit faster than the link's own stream saw tbf's burst
+    from psgd.cluster import plan
+
+    sizes = {r: cluster.calibration_sizes(argparse.Namespace(sizes_mb="auto"), plan.describe("x", 2, r))
+             for r in ("1gbit", "10gbit")}
+    assert sizes == {"1gbit": "2,8", "10gbit": "10,40"}   # 10gbit's bucket: 2.5 MB
     work = cm.Workload(params=2_000_000, batch=32, compute_s_fixed=0.01, compute_s_per_sample=0.0)
     row = {"mode": "sync", "workers": 4, "shards": 1, "params": 2_000_000, "batch": 32, "experiment": "E4",
            "where": "kernel"}

@@ -40,6 +40,7 @@ import contextlib
 import csv
 import dataclasses
 import json
+import math
 import os
 import platform
 import re
@@ -49,7 +50,7 @@ import time
 from pathlib import Path
 
 from psgd.bench import scaling
-from psgd.bench.transport import parse_int_list
+from psgd.bench.transport import MIB, parse_int_list
 from psgd.cluster import netns, plan, probe
 from psgd.core import costmodel as cm
 from psgd.core import link as link_mod
@@ -87,12 +88,22 @@ def shaped(name: str, hosts: int, link: str):
             netns.down(name, kill=True)
 
 
+def calibration_sizes(a: argparse.Namespace, c: plan.Cluster | None) -> str:
+    """--sizes-mb, or with "auto" two sizes 4x apart, the smaller 2 MiB or 4x the link's tbf bucket:
+    a message no larger than the bucket crosses at the veth's speed, not the link's (measured: a fit
+    on 2 and 8 MiB gave 13 Gbit/s through a 10gbit link, whose bucket holds 2.5 MB)."""
+    if a.sizes_mb != "auto":
+        return a.sizes_mb
+    small = max(2, math.ceil(4 * c.shaped.burst / MIB)) if c and c.shaped else 2
+    return f"{small},{4 * small}"
+
+
 def calibration(out: Path, a: argparse.Namespace, c: plan.Cluster | None = None) -> dict:
     """`psgd bench calibrate` (psgd/bench/calibrate.py) at --width over tcp, its JSON: on h1 of cluster c
     with the shard on h0 (the PS across the shaped link), or with c None on loopback, ring included
     (the model's one-host form)."""
     cmd = [sys.executable, "-m", "psgd", "bench", "calibrate", "--transport", "tcp", "--width", str(a.width),
-           "--sizes-mb", a.sizes_mb, "--repeat", str(a.repeat), "--out", str(out)]
+           "--sizes-mb", calibration_sizes(a, c), "--repeat", str(a.repeat), "--out", str(out)]
     argv = plan.exec_argv(c, "h1", [*cmd, "--cluster", c.name, "--shard-host", "h0", "--no-ring"]) if c else cmd
     r = subprocess.run(argv, capture_output=True, text=True, timeout=CALIBRATE_TIMEOUT_S)
     if r.returncode != 0:
@@ -104,16 +115,18 @@ def calibration(out: Path, a: argparse.Namespace, c: plan.Cluster | None = None)
 def machines(across: dict, host: dict, latency_s: float, goodput_bits: float) -> dict[str, cm.Machine]:
     """The cost model on the cluster, two ways (psgd/core/costmodel.py).
     "ps" and "ring": its cluster form (cores = 0: a CPU and a full-duplex link per host), the PS's
-    alpha, beta and apply fitted across the shaped link (`across`), the ring's beta the link's raw TCP
-    goodput (gloo moves bytes from C++, as the probe does) and no latency (gloo's sockets are not
-    paced and this kernel has no netem: hosts.link_record), its alpha the one-host fit's.
+    alpha, beta and apply fitted across the shaped link (`across`; beta no faster than the link's
+    raw TCP goodput: a fit can see tbf's burst), the ring's beta that goodput (gloo moves bytes from
+    C++, as the probe does) and no latency (gloo's sockets are not paced and this kernel has no
+    netem: hosts.link_record), its alpha the one-host fit's.
     "cpu": its one-host form (`host`, fitted on loopback: every process on these `cores`, every
     transfer a copy through them): what the shared cores allow, whatever the link. Each form is a
     floor under the step; `predict` takes the higher."""
     m, h = across["machine"], host["machine"]
-    ps = cm.Machine(latency_s=latency_s, alpha_s=max(0.0, m["alpha_s"]), beta_s_per_byte=m["beta_s_per_byte"],
-                    apply_s_per_byte=m["apply_s_per_byte"], ring_alpha_s=h.get("ring_alpha_s", cm.Machine.ring_alpha_s),
-                    ring_beta_s_per_byte=8.0 / goodput_bits, cores=0)
+    wire = 8.0 / goodput_bits
+    ps = cm.Machine(latency_s=latency_s, alpha_s=max(0.0, m["alpha_s"]),
+                    beta_s_per_byte=max(m["beta_s_per_byte"], wire), apply_s_per_byte=m["apply_s_per_byte"],
+                    ring_alpha_s=h.get("ring_alpha_s", cm.Machine.ring_alpha_s), ring_beta_s_per_byte=wire, cores=0)
     return {"ps": ps, "ring": dataclasses.replace(ps, latency_s=0.0), "cpu": cm.machine_from_dict(h)}
 
 
@@ -320,16 +333,18 @@ def main(argv: list[str]) -> int:
     from psgd.core.errors import Parser, UsageError
 
     p = Parser(prog="psgd bench cluster", description=__doc__.split("\n\n")[0])
-    p.add_argument("--rates", default="1gbit,2gbit,10gbit", help="link rates, one cluster each")
+    p.add_argument("--rates", default="1gbit,2gbit,5gbit,10gbit", help="link rates, one cluster each")
     p.add_argument("--latency", default="200us", help="one-way latency of every link (psgd's pacer adds it)")
     p.add_argument("--workers", default="1,2,4", help="worker counts N (the cluster has max(N)+1 hosts)")
     p.add_argument("--width", type=int, default=1024, help="wide_mlp width (E4's and E10's: about 2.1M parameters)")
-    p.add_argument("--steps", type=int, default=6, help="E4: updates per run (the first a warm-up)")
-    p.add_argument("--e10-steps", type=int, default=8, help="E10: updates per run (the first a warm-up)")
+    p.add_argument("--steps", type=int, default=10, help="E4: updates per run (the first and the last not timed)")
+    p.add_argument("--e10-steps", type=int, default=12, help="E10: updates per run (the first and the last not "
+                   "timed)")
     p.add_argument("--compute-ms", type=float, default=30, help="E10: emulated compute per step on every rank")
     p.add_argument("--batch-size", type=int, default=32, help="samples per worker per step")
-    p.add_argument("--sizes-mb", default="2,8", help="calibration: push / pull sizes to fit beta on, MiB")
-    p.add_argument("--repeat", type=int, default=3, help="calibration: timed repetitions per size")
+    p.add_argument("--sizes-mb", default="auto", help="calibration: push / pull sizes to fit beta on, MiB (auto: "
+                   "2 and 8, or 4x and 16x a link's tbf bucket where that is more)")
+    p.add_argument("--repeat", type=int, default=5, help="calibration: timed repetitions per size")
     p.add_argument("--calibration", default="", help="the one-host calibration (psgd bench calibrate --transport "
                    "tcp, same --width) for the model's CPU floor; default: made in this run "
                    "(OUT/calibration-loopback.json)")
