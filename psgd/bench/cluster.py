@@ -3,7 +3,7 @@
 Contract: for each rate in `--rates` it makes a cluster of its own (`psgd cluster up --hosts
 max(N)+1 --link RATE,LATENCY --name PREFIX<rate>`, psgd/cluster/netns.py) and always takes it down
 again, also on a failure, Ctrl-C or SIGTERM; on it, it
-- measures the link: one raw TCP stream h1 -> h0 (`goodput`), against the rate tbf was given;
+- measures the link: one raw TCP stream h1 -> h0 (psgd/cluster/probe.py), against the rate tbf was given;
 - calibrates the cost model across it: `psgd bench calibrate --cluster --shard-host h0` run on h1
   (psgd's own push / pull through both hosts' shaped links: alpha, beta, the shard's apply; compute
   per sample), OUT/calibration-<rate>.json;
@@ -18,18 +18,20 @@ again, also on a failure, Ctrl-C or SIGTERM; on it, it
 and once E10 on loopback without pacing, and (`--ceiling`) the goodput of an unshaped veth pair (the
 fastest link the cores can drive here) and of a link at each of `--probe-rates` (a raw TCP stream
 only: rates at or above that ceiling measure the CPU, not the link). Per run, from its own
-metrics (`scaling.measure`): step_s, updates_per_s, samples_per_s, busiest_bytes (per step, in +
-out of the busiest process: the shard, or a ring rank), utilisation = busiest_bytes x 8 / step_s /
-rate (1.0: the busiest host's link busy in one direction all the time: a sync step pushes, then
-pulls), on the cluster wire_bytes (what the kernel counted on h0's eth0 during the whole run:
-start-up and headers included), and predicted_s: the cost model's step (psgd/core/costmodel.py,
-its cluster form: one process per host, a full-duplex link each) from that rate's calibration,
-the same for the kernel and the pacer row.
+metrics (`scaling.measure`): step_s, updates_per_s, samples_per_s, busiest_bytes (per step, in + out of the
+busiest process: the shard, or a ring rank), utilisation = busiest_bytes x 8 / step_s / rate (1.0:
+the busiest host's link busy in one direction all the time: a sync step pushes, then pulls), on the
+cluster wire_bytes (what the kernel counted on h0's eth0 during the whole run: start-up and headers
+included), and the cost model's step (psgd/core/costmodel.py) as the higher of two floors, `bound`
+naming it: predicted_wire_s, its cluster form (a CPU and a full-duplex link per host) from that
+rate's calibration, and predicted_cpu_s, its one-host form (every process on these cores) from a
+calibration on loopback made first (OUT/calibration-loopback.json, or `--calibration`): the cluster
+gives each process a link of its own, not a CPU. The same prediction stands beside the pacer's row.
 Writes OUT/cluster.csv (every run, rewritten after each), OUT/links.csv, OUT/cluster.md (the three
 side by side with ratios, E10's speedups, the links), OUT/cluster.png and OUT/command.txt (the
 command, date, machine and code commit). Needs root. Figures only; nothing asserts a speed.
 
-    psgd bench cluster                                          # about 10 minutes on 2 cores
+    psgd bench cluster                                          # about 6 minutes on 2 cores
     psgd bench cluster --rates 1gbit --workers 1,2 --steps 4 --e10-steps 4 --no-ceiling   # a look
 """
 
