@@ -3,6 +3,7 @@
 The commands run in this process (psgd.cli.main): the shard servers and runs they start are real
 processes, the command's own interpreter start-up is left out (test_run.py covers `python -m psgd`)."""
 
+import argparse
 import csv
 import json
 
@@ -100,9 +101,45 @@ def test_bench_help_lists_every_benchmark_with_a_line_each():
     r = psgd_main("bench", "-h")
     assert r.returncode == 0, r.stderr
     lines = {line.split()[0]: line for line in r.stdout.splitlines() if line.startswith("  ")}
-    assert set(lines) == set(NAMES) == {"transport", "allreduce", "scaling", "calibrate", "peers"}
+    assert set(lines) == set(NAMES) == {"transport", "allreduce", "scaling", "calibrate", "peers", "cluster"}
     assert all(len(line.split()) > 4 for line in lines.values())   # a name and what it measures
     for name in NAMES:   # ... and each one really is a benchmark with its own help
         assert psgd_main("bench", name, "-h").returncode == 0
     r = psgd_main("bench")
     assert r.returncode == 2 and "(see psgd bench -h)" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_cluster_bench_names_its_clusters_and_predicts_the_higher_floor():
+    """psgd bench cluster's pure parts: a cluster name per rate, and the model's step on the cluster as
+    the higher of its two floors: the wire (cluster form) and the shared cores (one-host form)."""
+    from psgd.bench import cluster
+    from psgd.core import costmodel as cm
+
+    assert [cluster.cluster_name("bc", r) for r in ("1gbit", "2.5gbit", "veth")] == ["bc1gbit", "bc2p5gbit", "bcveth"]
+    with pytest.raises(ValueError, match="not a cluster name"):
+        cluster.cluster_name("b-c", "1gbit")
+    across = {"machine": {"alpha_s": 1e-4, "beta_s_per_byte": 8e-9, "apply_s_per_byte": 1e-10}}   # a 1 Gbit/s link
+    host = {"machine": {"alpha_s": 1e-4, "beta_s_per_byte": 1e-9, "apply_s_per_byte": 1e-10, "cores": 2,
+                        "ring_alpha_s": 2e-4, "ring_beta_s_per_byte": 1e-9}}
+    ms = cluster.machines(across, host, 200e-6, 1e9)
+    assert ms["ring"].latency_s == 0 and ms["ps"].latency_s == 200e-6 and ms["ring"].ring_beta_s_per_byte == 8e-9
+    burst = cluster.machines({"machine": dict(across["machine"], beta_s_per_byte=6e-9)}, host, 0.0, 1e9)
+    assert burst["ps"].beta_s_per_byte == 8e-9   # a fit faster than the link's own stream saw tbf's burst
+    from psgd.cluster import plan
+
+    sizes = {r: cluster.calibration_sizes(argparse.Namespace(sizes_mb="auto"), plan.describe("x", 2, r))
+             for r in ("1gbit", "10gbit")}
+    assert sizes == {"1gbit": "2,8", "10gbit": "10,40"}   # 10gbit's bucket: 2.5 MB
+    work = cm.Workload(params=2_000_000, batch=32, compute_s_fixed=0.01, compute_s_per_sample=0.0)
+    row = {"mode": "sync", "workers": 4, "shards": 1, "params": 2_000_000, "batch": 32, "experiment": "E4",
+           "where": "kernel"}
+    p = cluster.predict(row, ms, work, 30)
+    assert p["bound"] == "wire" and p["predicted_s"] == p["predicted_wire_s"] > p["predicted_cpu_s"]
+    # 4 workers push 8 MB each through the shard's 1 Gbit/s link, and pull as much: 2 x 4 x 64 ms.
+    assert p["predicted_wire_s"] == pytest.approx(0.01 + 2 * 4 * 8e6 * 8e-9, rel=0.02)
+    fast = cluster.machines({"machine": dict(across["machine"], beta_s_per_byte=1e-11)}, host, 0.0, 1e12)
+    assert cluster.predict(dict(row, mode="ring", shards=0), fast, work, 30)["bound"] == "CPU"
+    e10 = cluster.predict(dict(row, experiment="E10"), ms, work, 30)
+    assert e10["predicted_wire_s"] == pytest.approx(p["predicted_wire_s"] + 0.030)   # a sleep: added, not shared
+    assert set(cluster.predict(dict(row, where="loopback"), ms, work, 30)) == {"predicted_cpu_s", "predicted_s",
+                                                                             "bound"}

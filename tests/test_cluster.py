@@ -21,11 +21,12 @@ import sys
 import pytest
 import torch
 
-from psgd.cluster import netns, placement, plan
+from psgd.cluster import netns, placement, plan, probe
 from psgd.core import config as C
 from psgd.core import link
 from psgd.core.errors import UsageError
-from tests.helpers import processes_mentioning, psgd_main, summary, train_in_threads
+from psgd.train import evaluate
+from tests.helpers import ENV, processes_mentioning, processes_with_env, psgd_main, summary, train_in_threads
 
 pytestmark = pytest.mark.xdist_group("cluster")  # one worker runs them all: one cluster, made once
 
@@ -294,32 +295,26 @@ def test_no_route_leads_out_of_the_cluster(cluster):
     assert netns.routes(cluster.switch) == []  # the switch has no address, so no route at all
 
 
-RX = """import socket, sys, time
-s = socket.socket(); s.bind((sys.argv[1], 0)); s.listen(1); print(s.getsockname()[1], flush=True)
-c, _ = s.accept(); buf = bytearray(1 << 20); n = 0; t0 = None
-while (k := c.recv_into(buf)):
-    t0 = t0 or time.monotonic(); n += k
-print(n, time.monotonic() - t0)"""
-TX = """import socket, sys
-c = socket.create_connection((sys.argv[1], int(sys.argv[2]))); c.sendall(bytes(int(sys.argv[3]))); c.close()"""
-
-
 @needs_root
 def test_a_shaped_link_carries_its_rate(cluster):
     """A raw TCP transfer from h0 to h1 crosses h0's shaped upload and h1's shaped download."""
-    src, dst = cluster.hosts
-    rx = subprocess.Popen(["ip", "netns", "exec", dst.namespace, sys.executable, "-c", RX, dst.address],
-                          stdout=subprocess.PIPE, text=True)
-    try:
-        port = rx.stdout.readline().strip()
-        subprocess.run(["ip", "netns", "exec", src.namespace, sys.executable, "-c", TX, dst.address, port,
-                        str(8 << 20)], check=True, timeout=TIMEOUT_S)
-        nbytes, seconds = rx.communicate(timeout=TIMEOUT_S)[0].split()
-    finally:
-        rx.kill()
-        rx.wait()
-    measured = int(nbytes) * 8 / float(seconds)
-    assert int(nbytes) == 8 << 20 and abs(measured / link.parse(RATE).bits_per_s - 1) < 0.15, measured
+    nbytes, seconds = probe.goodput(cluster, "h0", "h1", 8 << 20)
+    measured = nbytes * 8 / seconds
+    assert nbytes == 8 << 20 and abs(measured / link.parse(RATE).bits_per_s - 1) < 0.15, measured
+    before = probe.wire_bytes(cluster, "h1")
+    probe.goodput(cluster, "h0", "h1", 1 << 20)
+    assert probe.wire_bytes(cluster, "h1") - before > 1 << 20  # the kernel's count, headers included
+
+
+@needs_root
+def test_a_process_knows_which_host_it_runs_on_and_calibrate_wants_another_than_the_shards(cluster):
+    where = f"from psgd.cluster import netns; print(netns.host_here(netns.load({cluster.name!r})))"
+    seen = [subprocess.run(["ip", "netns", "exec", h.namespace, sys.executable, "-c", where], capture_output=True,
+                           text=True, timeout=TIMEOUT_S, env=ENV).stdout for h in cluster.hosts]
+    assert [f"name='{h.name}'" in s for h, s in zip(cluster.hosts, seen, strict=True)] == [True, True], seen
+    assert netns.host_here(cluster) is None  # this process: the root namespace
+    r = psgd_main("bench", "calibrate", "--cluster", cluster.name, "--shard-host", "h0", "--no-ring")
+    assert r.returncode == 2 and f"psgd cluster exec h1 --name {cluster.name} --" in r.stderr, r.stderr
 
 
 @needs_root
@@ -375,3 +370,45 @@ def test_an_allreduce_run_across_hosts_equals_the_run_on_loopback(cluster, tmp_p
     assert runs["cluster"]["cluster"]["placement"] == {"worker 0": "h0 198.18.0.1", "worker 1": "h1 198.18.0.2"}
     assert runs["cluster"]["cluster"]["latency_applied"] is False  # gloo's sockets: no netem, no pacer
     assert processes_mentioning(str(tmp_path)) == []
+
+
+@needs_root
+def test_torchrun_across_two_hosts_runs_a_sync_job_that_equals_psgd(cluster, tmp_path, shards):
+    """docs/deploy.md's form for network-namespace hosts: one torchrun per host, its rendezvous store
+    on h0 (`--rdzv-conf is_host=1`; the hosts share one host name, so torchrun cannot tell by name),
+    each process bound to its host's address, one token file. 1 shard + 2 workers as 1 + 2 processes:
+    the rendezvous numbers nodes in the order of their --local-addr (torch 2.13 sorts its node
+    descriptors), so h0's process is rank 0, the shard, and both workers on h1 reach it across the
+    link. Inside the namespaces c10d's reverse-DNS queries find no route: nothing leaves the machine."""
+    out, token = tmp_path / "node", tmp_path / "token"
+    token.write_text(secrets.token_hex(32))
+    flags = ["--mode", "sync", "--servers", "1", "--workers", "2", *(f for f in TINY if f != "--quiet")]
+    marker = secrets.token_hex(8)
+    store = cluster.hosts[0].address
+    procs = []
+    for h, nproc in zip(cluster.hosts, (1, 2), strict=True):
+        procs.append(subprocess.Popen(
+            ["ip", "netns", "exec", h.namespace, sys.executable, "-m", "torch.distributed.run", "--nnodes", "2",
+             "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{store}:29400",
+             "--rdzv-id", "ns1", "--rdzv-conf", f"is_host={int(h.address == store)}", "--local-addr", h.address,
+             "-m", "psgd", "node", *flags, "--bind", h.address, "--token-file", str(token), "--out", str(out)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=dict(ENV, PSGD_TEST_TORCHRUN=marker)))
+    try:
+        # Meanwhile, the same job in this process (threads against in-process shards).
+        from psgd.cli import build_parser
+
+        cfg = C.from_namespace(build_parser().parse_args(["run", *flags]))
+        addresses, cores = shards(cfg)
+        expected = train_in_threads(cfg, addresses, cores)
+        outputs = [p.communicate(timeout=TIMEOUT_S)[0] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:  # torchrun stops its processes on SIGTERM
+                p.terminate()
+                p.wait(30)
+    assert [p.returncode for p in procs] == [0, 0], outputs
+    assert not processes_with_env("PSGD_TEST_TORCHRUN", marker)
+    assert f"READY {store}:" in outputs[0], outputs  # the shard serves on h0's eth0; the workers ran on h1
+    # The shard's last snapshot is what `psgd summarize` would evaluate (left out: a process's start-up).
+    assert json.loads((out / "shard-0.json").read_text())["version"] == 10
+    assert torch.equal(evaluate.load_final_params(out, 1), expected)

@@ -48,6 +48,8 @@ NOT_RUN = {
     "psgd bench scaling": "as above",
     "psgd bench allreduce": "tests/test_bench_allreduce.py::test_bench_measures_both_implementations_as_json",
     "psgd bench peers": "tests/test_bench_peers.py",
+    "psgd bench cluster": "minutes, and root; tests/test_bench.py checks its model's two floors, tests/test_cluster.py "
+                          "its probe, calibrate --cluster's refusal and runs across hosts",
     # A run costs make test about 3 s of start-up; the same sparse pushes go through in-process shards.
     "psgd run --mode sync --workers 4 --topk": "tests/test_sparsify.py (both transports, --link pacing included)",
 }

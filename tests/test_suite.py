@@ -1,5 +1,6 @@
 """The suite runner, its TOML schema, tuning, caching, and report generation on a tiny --quick suite."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -175,6 +176,34 @@ def test_the_cache_refuses_a_run_from_another_code_version(tmp_path):
     (out / "provenance.json").write_text(json.dumps({"code_version": "v0"}))   # made by other code
     assert not suite.is_cached(spec)
     (out / "provenance.json").unlink()
+    assert not suite.is_cached(spec)
+
+
+def test_a_cluster_run_is_reused_only_on_the_link_it_ran_on(tmp_path, monkeypatch):
+    """The config names the cluster (--hosts, --cluster), not its link: a cluster made again under the
+    same name with another link must not reuse the runs of the first (psgd/lab/suite.py is_cached)."""
+    from psgd.cluster import netns, plan
+    from psgd.train import hosts
+
+    exp = suite.load_experiment(write(tmp_path, "t.toml", TUNED), "default", tmp_path, version="v1")
+    spec = exp.final_specs({"sync": 0.1, "async": 0.1})[0]
+    spec = dataclasses.replace(spec, cfg=dataclasses.replace(spec.cfg, hosts=2, cluster="lab"))
+    up = {}
+    monkeypatch.setattr(netns, "load", lambda name, state_dir=None: up.get(name))
+    out = Path(spec.cfg.out)
+    out.mkdir(parents=True)
+    ran_on = dataclasses.replace(plan.describe("lab", 2, "1gbit,200us"), complete=True)
+    (out / "summary.json").write_text(json.dumps({"cluster": {"name": "lab", **hosts.link_record(ran_on, "sync")}}))
+    (out / "config.json").write_text(json.dumps(C.to_dict(spec.cfg)))
+    (out / "provenance.json").write_text(json.dumps({"code_version": "v1"}))
+    assert not suite.is_cached(spec)                   # no cluster named lab is up: its link is unknown
+    assert suite.is_cached(spec, same_link=False)      # ... but the run is finished (the report reads it)
+    up["lab"] = ran_on
+    assert suite.is_cached(spec)
+    for other in ("200mbit,200us", "1gbit", "1gbit,1ms"):
+        up["lab"] = dataclasses.replace(plan.describe("lab", 2, other), complete=True)
+        assert not suite.is_cached(spec), other
+    up["lab"] = dataclasses.replace(ran_on, latency_by="netem")   # the same link, the latency by the kernel
     assert not suite.is_cached(spec)
 
 

@@ -16,6 +16,7 @@ BENCHMARKS = {
     "scaling": "the bottleneck sweep: real runs over N workers x K shards (and the ring); what sharding buys",
     "calibrate": "fit the cost model's machine and workload numbers on this machine (for psgd model)",
     "peers": "the same training workload through psgd and through PyTorch RPC (and Ray) parameter servers",
+    "cluster": "E4 and E10 on kernel-shaped links (psgd cluster, root) beside the Python pacer and the cost model",
 }
 NAMES = tuple(BENCHMARKS)
 

@@ -4,7 +4,8 @@ Contract: trains the wide MLP (`--width`, 3500 = about 25M parameters) with `psg
 server and worker processes on 127.0.0.1) for every N in `--workers` with every K in `--shards`
 (sync PS), and with the ring all-reduce (`--mode allreduce --allreduce-impl ring`) when
 `--include-ring` and this psgd has that mode (else those rows say why they were skipped).
-Per configuration, from the run's metrics (the first step, a warm-up, left out):
+Per configuration, from the run's metrics (the first step, a warm-up, left out; in PS modes also
+the last, whose push brings back no parameters):
     step_s          seconds per step (mean over workers of the time between step ends)
     updates_per_s   global updates per second (1 / step_s in sync and all-reduce)
     compute / comm / wait_s   seconds per step split: forward+backward, push+pull (all-reduce:
@@ -57,9 +58,12 @@ def measure(cfg: RunConfig, summary: dict) -> dict:
         if e.get("event") == "step":
             steps.setdefault(e["rank"], []).append(e)
     per_worker, parts = [], {"compute_s": [], "comm_s": [], "wait_s": []}
+    # PushPull (the default PS exchange, psgd/ps/exchange.py): a step's push brings back the next
+    # step's parameters, so the last step, with none to bring, is a push alone: it is left out too.
+    pushpull = cfg.mode != "allreduce" and not (cfg.separate_pull or cfg.overlap) and cfg.local_steps == 1
     for events in steps.values():
         events.sort(key=lambda e: e["clock"])
-        later = events[1:]  # step 0 warms up thread pools, buffers and caches
+        later = events[1:-1] if pushpull and len(events) >= 4 else events[1:]  # step 0 warms up pools and caches
         if len(later) >= 2:
             per_worker.append((later[-1]["time"] - later[0]["time"]) / (len(later) - 1))
         for e in later:

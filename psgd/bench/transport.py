@@ -41,9 +41,10 @@ from pathlib import Path
 import torch
 
 from psgd.core.config import RunConfig, to_argv
-from psgd.train import launch
+from psgd.train import hosts, launch
 
 MIB = 1 << 20
+LOOPBACK = hosts.Seat()  # a server on 127.0.0.1, as always
 
 
 def parse_int_list(text: str, flag: str) -> list[int]:
@@ -97,17 +98,20 @@ def raw_socket_seconds(nbytes: int, repeat: int) -> list[float]:
 
 @contextlib.contextmanager
 def shard_servers(num_shards: int, out: Path, workers: int = 1, mode: str = "async",
-                  extra: list[str] | None = None) -> Iterator[list[str]]:
+                  extra: list[str] | None = None, seat: hosts.Seat = LOOPBACK) -> Iterator[list[str]]:
     """Start K `psgd server` processes on 127.0.0.1:0; yield their addresses; always stop them.
+    `seat`: where instead, as `psgd run --hosts` seats a server (a cluster host's `ip netns exec`
+    and address; the shard then wants a token: $PSGD_TOKEN, which the children inherit).
 
     After the block the shards have written `out/shard-K.json` (their stats) on SIGTERM.
     """
     cfg = RunConfig(mode=mode, workers=workers, servers=num_shards, steps=10**9, eval_every=0, out=str(out))
-    exe = [sys.executable, "-m", "psgd", "server", *to_argv(cfg), *(extra or [])]
+    exe = [*seat.prefix, sys.executable, "-m", "psgd", "server", *to_argv(cfg), *(extra or [])]
+    exe += ["--bind", seat.bind] if seat.bind else []
     (out / "logs").mkdir(parents=True, exist_ok=True)
     children: list[launch.Child] = []
     try:
-        env = launch.child_env()
+        env = {**launch.child_env(), **dict(seat.env)}
         for k in range(num_shards):
             children.append(launch.Child(f"server {k}", exe + ["--shard", str(k), "--port", "0"],
                                          out / "logs" / f"server-{k}.log", env, capture_stdout=True))
@@ -121,15 +125,18 @@ def shard_stats(out: Path, num_shards: int) -> list[dict]:
 
 
 @contextlib.contextmanager
-def fresh_client(num_shards: int, num_elements: int, transport: str = "grpc"):
-    """Worker 0's client (of `transport`) on K fresh shard processes, initialised with zeros.
+def fresh_client(num_shards: int, num_elements: int, transport: str = "grpc", seat: hosts.Seat = LOOPBACK):
+    """Worker 0's client (of `transport`) on K fresh shard processes (at `seat`), initialised with zeros.
     Yields (client, stats): `stats` is filled with the shards' shard-K.json once they stopped."""
+    from psgd.ps import auth
     from psgd.ps.client import make_client
 
     stats: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="psgd-bench-") as tmp:
-        with shard_servers(num_shards, Path(tmp), extra=["--params", str(num_elements)]) as addresses:
-            client = make_client(transport, addresses, 0, num_elements)
+        with shard_servers(num_shards, Path(tmp), extra=["--params", str(num_elements)], seat=seat) as addresses:
+            token = dict(seat.env).get(auth.ENV)  # the seat's shard wants this one; else $PSGD_TOKEN, if set
+            client = make_client(transport, addresses, 0, num_elements,
+                                 token=token.encode() if token else auth.load(""))
             try:
                 client.wait_ready()
                 client.init(torch.zeros(num_elements))
@@ -140,8 +147,8 @@ def fresh_client(num_shards: int, num_elements: int, transport: str = "grpc"):
 
 
 def measure_push_pull(num_shards: int, num_elements: int, repeat: int, transport: str = "grpc",
-                      device: str = "cpu") -> dict:
-    """Median push / pull seconds of num_elements fp32 over K shards, and the shards' apply time.
+                      device: str = "cpu", seat: hosts.Seat = LOOPBACK) -> dict:
+    """Median push / pull seconds of num_elements fp32 over K shards (at `seat`), and the shards' apply time.
 
     On a CUDA `device` the gradient and the parameters live there, as a GPU worker's do: a push
     includes the device-to-host copy into pinned staging, a pull the copy back (psgd/ps/staging.py)."""
@@ -151,7 +158,7 @@ def measure_push_pull(num_shards: int, num_elements: int, repeat: int, transport
     out_buf = torch.empty(num_elements, device=device)
     staging = HostStaging(out_buf, grad)
     push_s, pull_s = [], []
-    with fresh_client(num_shards, num_elements, transport) as (client, stats):
+    with fresh_client(num_shards, num_elements, transport, seat) as (client, stats):
         for clock in range(repeat + 1):
             t0 = time.perf_counter()
             client.push(clock, staging.host_copy(grad))

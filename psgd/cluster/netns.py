@@ -2,7 +2,8 @@
 
 Contract:
 - `up(name, hosts, link)` makes the cluster and returns it; `down(name)` deletes it; `load(name)`
-  reads what is up; `present()` lists the namespaces that exist. Every `ip` / `tc` call runs with
+  reads what is up; `present()` lists the namespaces that exist; `host_here(c)` says which of
+  c's hosts this process runs on. Every `ip` / `tc` call runs with
   a timeout (COMMAND_TIMEOUT_S) and a failing one is a ClusterError naming the command.
 - The state file, STATE_DIR/cluster-NAME.json (/run/psgd: a tmpfs, emptied at boot like the
   namespaces it describes), is created before anything else, exclusively: it is the lock that
@@ -135,7 +136,7 @@ def up(name: str, hosts: int, link: str = "", state_dir: Path | None = None) -> 
                          f"`psgd cluster down --name {name}` first, or choose another --name") from None
     created: list[str] = []
     try:
-        with _signals_raise():
+        with signals_raise():
             taken = sorted(set(c.namespaces) & present())
             if taken:
                 raise UsageError(f"namespace {taken[0]} exists but no psgd cluster state names it: not psgd's to "
@@ -181,9 +182,10 @@ def _undo(created: list[str]) -> None:
 
 
 @contextlib.contextmanager
-def _signals_raise():
+def signals_raise():
     """SIGTERM and SIGHUP raise KeyboardInterrupt here (as Ctrl-C does), so that `up` undoes its
-    work on them too. Only the main thread may set handlers: elsewhere this does nothing."""
+    work on them too (and a benchmark that holds clusters takes them down: psgd/bench/cluster.py).
+    Only the main thread may set handlers: elsewhere this does nothing."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
@@ -235,6 +237,20 @@ def down(name: str, kill: bool = False, state_dir: Path | None = None) -> plan.C
             run(step)
         state_path(name, state_dir).unlink(missing_ok=True)
     return c
+
+
+def host_here(c: plan.Cluster, netns_dir: Path = NETNS_DIR) -> plan.Host | None:
+    """The host of c whose namespace this process runs in, or None (read-only: compares this
+    process's network namespace with the ones mounted in /run/netns, as `ip netns identify` does)."""
+    mine = os.stat("/proc/self/ns/net")
+    for h in c.hosts:
+        try:
+            there = os.stat(netns_dir / h.namespace)
+        except OSError:
+            continue
+        if (there.st_dev, there.st_ino) == (mine.st_dev, mine.st_ino):
+            return h
+    return None
 
 
 def pids(ns: str) -> list[int]:

@@ -11,7 +11,8 @@ Contract:
 - Runs go to `RESULTS/runs/<digest>/` (config + the training code's version,
   psgd/lab/provenance.py): identical runs of different experiments are made once, a run made by other
   training code is never reused, and a change to an analysis re-analyses finished runs. A
-  finished run (summary.json, matching config.json and provenance.json) is reused unless
+  finished run (summary.json, matching config.json and provenance.json; a run on a `psgd
+  cluster`, only while the cluster of its name has the link it ran on) is reused unless
   `--fresh`. Each experiment writes `RESULTS/<id>/` (PNG, CSV, `commands.txt` with the exact
   commands, tuning ones included) and the suite writes `RESULTS/REPORT.md` and
   `RESULTS/summary.json` (verdicts, key numbers, code version, wall time). A suite file may name
@@ -89,16 +90,34 @@ def estimate_s(experiments: list[Experiment]) -> float:
     return total
 
 
-def is_cached(spec: RunSpec) -> bool:
+def is_cached(spec: RunSpec, same_link: bool = True) -> bool:
+    """Whether spec's folder holds its finished run: the same config, made by the same training code
+    and, for a run on a `psgd cluster` (--hosts), on the link of the cluster of that name up now
+    (`same_link`; no such cluster: not reusable). The config names the cluster, not its link, and
+    `psgd cluster up` may make the name again with another link. same_link=False: the run is
+    finished, whatever link it had (re-analysing finished runs)."""
     out = Path(spec.cfg.out)
     try:
         recorded = json.loads((out / "config.json").read_text())
         made_by = json.loads((out / "provenance.json").read_text())
         # Compare through JSON: tuples in the dataclass are lists in the file.
         return ((out / "summary.json").exists() and recorded == json.loads(json.dumps(C.to_dict(spec.cfg)))
-                and made_by.get("code_version") == spec.version)
+                and made_by.get("code_version") == spec.version
+                and (not same_link or not spec.cfg.hosts or _on_the_same_link(spec.cfg, out)))
     except (OSError, ValueError):
         return False
+
+
+def _on_the_same_link(cfg: C.RunConfig, out: Path) -> bool:
+    from psgd.cluster import netns
+    from psgd.train import hosts
+
+    c = netns.load(cfg.cluster)
+    if c is None or not c.complete:
+        return False
+    now = hosts.link_record(c, cfg.mode)
+    then = json.loads((out / "summary.json").read_text()).get("cluster") or {}
+    return {k: then.get(k) for k in now} == now
 def execute(spec: RunSpec, fresh: bool, position: str) -> dict:
     """Run one spec (or reuse its cached result); returns its summary."""
     from psgd.train import data, launch, progress
@@ -123,9 +142,9 @@ def _has_results(exp: Experiment) -> bool:
     """Whether an experiment that is not being run has finished results to analyse."""
     if exp.bench:
         return any((exp.results / exp.id / name).exists() for name in ("bench.json", "bench.txt"))
-    if not all(is_cached(spec) for spec in exp.tune_specs()):
+    if not all(is_cached(spec, same_link=False) for spec in exp.tune_specs()):
         return False
-    return all(is_cached(spec) for spec in exp.final_specs(tuning_of(exp)[0]))
+    return all(is_cached(spec, same_link=False) for spec in exp.final_specs(tuning_of(exp)[0]))
 
 
 def _run_bench(exp: Experiment, out: Path, where: str) -> None:

@@ -118,16 +118,25 @@ def on_cluster(cfg: RunConfig) -> Seats:
                ("LOCAL_RANK", str(local)), ("LOCAL_WORLD_SIZE", str(local_world)))
         workers.append(Seat(prefix(i), env=env))
     token = () if allreduce or cfg.token_file or os.environ.get(auth.ENV) else ((auth.ENV, secrets.token_hex(32)),)
-    latency_applied = c.latency_by != "socket" or not allreduce
-    s = c.shaped
+    shaping = link_record(c, cfg.mode)
     record = dict(
-        name=c.name, hosts=cfg.hosts, link=c.link or "unshaped",
-        bandwidth_by="kernel (tbf)" if s else "none (unshaped veth)",
-        latency_by=c.latency_by if latency_applied else "none (gloo's sockets are not psgd's to pace; no netem)",
-        latency_applied=latency_applied, pacer_link=pace,
+        name=c.name, hosts=cfg.hosts, **shaping,
         placement={**{f"server {k}": f"{c.hosts[i].name} {c.hosts[i].address}" for k, i in enumerate(where.servers)},
                    **{f"worker {r}": f"{c.hosts[i].name} {c.hosts[i].address}" for r, i in enumerate(where.workers)}})
-    note = "" if latency_applied else (f"psgd run: note: cluster {c.name!r} has no netem, and gloo's sockets are not "
-                                       f"psgd's to pace: this all-reduce run goes without the {c.latency_s * 1e6:g} us "
-                                       "latency (the kernel still shapes the bandwidth)")
+    note = "" if shaping["latency_applied"] else (
+        f"psgd run: note: cluster {c.name!r} has no netem, and gloo's sockets are not psgd's to pace: this "
+        f"all-reduce run goes without the {c.latency_s * 1e6:g} us latency (the kernel still shapes the bandwidth)")
     return Seats(child, servers, tuple(workers), token, PROXY_VARIABLES, record, note)
+
+
+def link_record(c: cluster_plan.Cluster, mode: str) -> dict:
+    """What a run of `mode` on cluster c records about its link (summary.json's "cluster"): the
+    link as given to `up`, who shaped the bandwidth, who added the latency. The suite's run cache
+    compares it with the cluster up now (psgd/lab/suite.py `is_cached`): a run's config names the
+    cluster but not its link, and `psgd cluster up` may make that name again with another."""
+    allreduce = mode == "allreduce"
+    latency_applied = c.latency_by != "socket" or not allreduce
+    unpaced = "none (gloo's sockets are not psgd's to pace; no netem)"
+    return dict(link=c.link or "unshaped", bandwidth_by="kernel (tbf)" if c.shaped else "none (unshaped veth)",
+                latency_by=c.latency_by if latency_applied else unpaced, latency_applied=latency_applied,
+                pacer_link="" if allreduce else c.pacer_link())
