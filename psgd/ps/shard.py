@@ -33,8 +33,8 @@ Contract (every method thread-safe; a refusal raises `ShardError(code, message)`
   clock c + 1 (the parameters the worker computes on next, once the policy allows), or at once a
   done Pulled when the push said the budget is spent. Two calls, so that an adapter gives the
   received gradient's buffer back before the pull may be held.
-- Every update is one step of `psgd.core.optim.SGD` (torch.optim.SGD, momentum, weight decay,
-  LambdaLR warmup) on the shard tensor, so a sync run reproduces single-process training. With
+- Every update is one step of `psgd.core.optim.SGD` (torch's SGD update: momentum, weight decay,
+  linear warmup) on the shard tensor, so a sync run reproduces single-process training. With
   `--local-steps H` > 1 a push is a worker's model delta and the step is w <- w - mean(delta)
   (SGD with lr 1 and nothing else): the replicas' average (psgd/core/localsgd.py).
 - Start barrier: every worker's first pull (clock 0) is held until all N workers asked for it;
