@@ -45,7 +45,6 @@ class SGD:
     def __init__(self, param: torch.Tensor, cfg: OptimConfig, fused: bool = False) -> None:
         self.param, self.cfg = param, cfg
         self.fused = fused and param.device.type in FUSED_DEVICES and param.dtype.is_floating_point
-        self.warmup = cfg.warmup
         self._factor = warmup_factor(cfg.warmup)
         self.updates = 0                                  # steps taken: the warmup's n
         self.momentum_buffer: torch.Tensor | None = None  # created by the first step (momentum > 0)
@@ -53,7 +52,7 @@ class SGD:
     @property
     def lr(self) -> float:
         """The rate the next step will use."""
-        return self.cfg.lr * self._factor(self.updates) if self.updates < self.warmup else self.cfg.lr
+        return self.cfg.lr * self._factor(self.updates)  # the factor is 1.0 from update `warmup` on
 
     def step(self) -> None:
         """One update with the gradient in the parameter's .grad; then the schedule advances."""
