@@ -223,3 +223,32 @@ def test_sgd_is_torch_optim_sgd_bit_for_bit(fused, momentum, weight_decay, warmu
         reference.step()
         schedule.step()
     assert torch.equal(ours, theirs)
+
+
+def test_receive_buffers_go_back_to_the_pool_once_whatever_the_push_did():
+    s = ready_shard(mode="sync")
+    for clock in range(3):  # each step: worker 0's buffer is kept as the sum, worker 1's completes it
+        for w in range(2):
+            with s.receive_buffer() as buf:
+                buf.fill_(1.0)
+                assert s.push(w, clock, clock, buf, "fp32").kept == (w == 0)
+    with pytest.raises(ShardError), s.receive_buffer() as buf:  # a refused push gives its buffer back too
+        s.push(0, 99, 3, buf, "fp32")
+    pooled = []
+    while not s._pools[torch.float32].empty():
+        pooled.append(s._pools[torch.float32].get_nowait().data_ptr())
+    assert len(pooled) == len(set(pooled)) and s.policy._sum.data_ptr() not in pooled and s._receiving == {}
+    quorum_of_one = ready_shard(mode="sync", backup_workers=1)
+    with quorum_of_one.receive_buffer() as buf:  # the push that completes a step is never kept
+        buf.fill_(1.0)
+        out = quorum_of_one.push(0, 0, 0, buf, "fp32")
+    assert out.applied and not out.kept
+
+
+def test_a_checkpoint_from_an_older_optimizer_format_is_refused_before_anything_changes():
+    s = Shard(RunConfig(mode="sync", workers=2, servers=1, steps=10), 0)
+    state = {"shard": 0, "mode": "sync", "workers": 2, "param": torch.zeros(4),
+             "opt": {"state": {}, "param_groups": []}, "schedule": None}
+    with pytest.raises(ValueError, match="older psgd"):
+        s.restore(state)
+    assert s.param is None

@@ -390,9 +390,11 @@ class Sync(Policy):
             # Accumulate in fp32 in arrival order; summing then dividing once keeps the mean
             # within float rounding of a single process computing the 32-sample batch. The sum
             # buffer is reused across steps (the caller may reuse `grad`'s memory, so copy it).
-            if self._contributors == 0 and self._offered:
+            if self._contributors == 0 and self._offered and self._arrived + 1 < self.quorum:
                 # The caller gave up `grad` (push(keep=True)): it becomes the sum, and the old sum
                 # goes back in its place. One pass over the shard less per step (a 17 MB copy).
+                # Not when this push completes the step: an update that fails would leave the
+                # caller's buffer as the sum, and the caller would not know it was kept.
                 same = self._sum is not None and self._sum.shape == grad.shape
                 self._kept, self._spare, self._sum = True, self._sum if same else None, grad
             elif self._contributors == 0:

@@ -57,10 +57,18 @@ class SGD:
     def step(self) -> None:
         """One update with the gradient in the parameter's .grad; then the schedule advances."""
         buffers = [self.momentum_buffer]
+        kw = dict(weight_decay=self.cfg.weight_decay, momentum=self.cfg.momentum, lr=self.lr,
+                  dampening=0.0, nesterov=False, maximize=False)
         with torch.no_grad():
-            sgd([self.param], [self.param.grad], buffers, fused=self.fused or None,
-                weight_decay=self.cfg.weight_decay, momentum=self.cfg.momentum, lr=self.lr,
-                dampening=0.0, nesterov=False, maximize=False)
+            if self.fused:
+                try:
+                    sgd([self.param], [self.param.grad], buffers, fused=True, **kw)
+                except (RuntimeError, TypeError):
+                    # No fused kernel in this torch (older ones) for this tensor: its arguments are
+                    # checked before any arithmetic, so take the plain update, now and from now on.
+                    self.fused = False
+            if not self.fused:
+                sgd([self.param], [self.param.grad], buffers, **kw)
         self.momentum_buffer = buffers[0] if self.cfg.momentum != 0 else None
         self.updates += 1
 
@@ -69,7 +77,15 @@ class SGD:
         buf = None if self.momentum_buffer is None else self.momentum_buffer.detach().clone()
         return {"momentum_buffer": buf, "updates": self.updates}
 
+    @staticmethod
+    def check_state(state: dict) -> None:
+        """ValueError unless `state` is one this class wrote (`state_dict`)."""
+        if not isinstance(state, dict) or set(state) != {"momentum_buffer", "updates"}:
+            raise ValueError("the checkpoint's optimizer state is not psgd's current format (written by an "
+                             "older psgd, whose shards stepped torch.optim.SGD): it cannot be restored")
+
     def load_state_dict(self, state: dict) -> None:
+        self.check_state(state)
         buf = state["momentum_buffer"]
         self.momentum_buffer = None if buf is None else buf.to(self.param.device).clone()
         self.updates = int(state["updates"])

@@ -110,7 +110,8 @@ class ShardServicer:
                         return  # the worker closed its side: its run is over
                     h, o = self._received_push(h, request_iterator)
                     # A run-long call has no deadline (time_remaining: None, or gRPC's "infinite").
-                    timeout = min(context.time_remaining() or math.inf, self.shard.cfg.rpc_timeout)
+                    remaining = context.time_remaining()
+                    timeout = min(math.inf if remaining is None else remaining, self.shard.cfg.rpc_timeout)
                     p = stack.enter_context(self.shard.next_pull(o, h.worker_id, h.shard, h.clock,
                                                                  wire.dtype_name(h.dtype), timeout))
                 yield from self._pulled(p, h.dtype, pushed=wire.push_reply(o))

@@ -98,6 +98,17 @@ class Pulled:
 
 
 @dataclass
+class _Slot:
+    """One receive buffer lent out (`receive_buffer`): `back` is what returns to the pool after,
+    the buffer itself unless the policy kept it and gave back another (or none)."""
+    tensor: torch.Tensor
+    back: torch.Tensor | None = None
+
+    def __post_init__(self) -> None:
+        self.back = self.tensor
+
+
+@dataclass
 class _Snapshot:
     """The parameters of one version in one wire dtype, lent to `lent` pulls at the moment."""
     version: int
@@ -148,7 +159,7 @@ class Shard:
         self._pools: dict[torch.dtype, queue.SimpleQueue[torch.Tensor]] = {
             dt: queue.SimpleQueue() for dt in codec.WIRE_DTYPES.values()}
         self._current: dict[torch.dtype, _Snapshot] = {}  # the newest snapshot per wire dtype
-        self._receiving: dict[int, torch.Tensor | None] = {}  # receive buffers out, by id: what goes back
+        self._receiving: dict[int, _Slot] = {}  # receive buffers lent out and not yet pushed, by id
         self.copies_on_write = 0  # updates that found the parameters lent to a pull (see `_snapshot`)
         # Remedies (see the module docstring): w_then per worker (DC-ASGD), the corrected gradient.
         self._then: dict[int, _Snapshot] = {}
@@ -214,6 +225,7 @@ class Shard:
         if self.expected is not None and state["param"].numel() != self.expected:
             raise ValueError(f"the checkpoint holds {state['param'].numel()} elements; this model's shard "
                              f"{self.index} has {self.expected}")
+        optim.SGD.check_state(state.get("opt"))  # before anything changes
         self.init(state["param"].clone())
         with self.lock:
             self.opt.load_state_dict(state["opt"])
@@ -343,13 +355,15 @@ class Shard:
         """An fp32 buffer of the shard's length to receive one push into, back to the pool after
         (or, when the policy kept it as sync's sum, the buffer the policy gave back in its place)."""
         buf = self._borrow(torch.float32)
-        self._receiving[id(buf)] = buf
+        slot = _Slot(buf)
+        self._receiving[id(buf)] = slot  # `push` takes the entry out when it hands `buf` on
         try:
             yield buf
         finally:
-            back = self._receiving.pop(id(buf))  # the policy has applied, summed or kept it by now
-            if back is not None:
-                self._pools[torch.float32].put(back)
+            if self._receiving.get(id(buf)) is slot:  # no push took it (a refused or failed one)
+                del self._receiving[id(buf)]
+            if slot.back is not None:  # the policy has applied, summed or kept it by now
+                self._pools[torch.float32].put(slot.back)
 
     def push(self, worker_id: int, clock: int, base_version: int, grad: torch.Tensor, dtype: str,
              wire_bytes: int | None = None) -> PushOutcome:
@@ -362,14 +376,16 @@ class Shard:
                                  f"non-finite gradient from worker {worker_id} at clock {clock} refused "
                                  "(run servers with --skip-nonfinite to skip such gradients)")
             skipped = True
-        # A receive buffer is the shard's own: the policy may keep it rather than copy it.
-        keep = id(grad) in self._receiving and self._receiving[id(grad)] is grad
+        # A receive buffer is the shard's own: the policy may keep it rather than copy it. Its entry
+        # leaves `_receiving` now, so that once the buffer is back in the pool and borrowed again,
+        # the new borrow's entry is its own. (An entry's buffer is alive, so equal ids mean `grad` is it.)
+        slot = self._receiving.pop(id(grad), None)
         try:
-            out = self.policy.push(worker_id, clock, base_version, None if skipped else grad, keep=keep)
+            out = self.policy.push(worker_id, clock, base_version, None if skipped else grad, keep=slot is not None)
         except PolicyError as e:
             raise ShardError(Code.INVALID_ARGUMENT, str(e)) from None
         if out.kept:
-            self._receiving[id(grad)] = out.spare
+            slot.back = out.spare
         if self._pending is not None:
             # Written before this push is answered: a worker that sees the next version knows
             # the checkpoint is on disk (in sync, no worker gets past it before it is).

@@ -23,7 +23,8 @@ then its values in the TCP frame), `out_of(k)` the fp32 slice its pulled values 
 - `GrpcTransport`: client-streaming Push / server-streaming Pull of ~1 MiB frames, one thread
   per shard (gRPC releases the GIL while waiting). PushPull is one bidirectional call per shard
   kept open for the run (`_RunStream`): each step queues its push's frames, built in the calling
-  thread, and reads exactly one pull's reply; a `_Watchdog` cancels a step that runs past the
+  thread and queued at once (one shard's gradient in frames, held until gRPC has sent them),
+  and reads exactly one pull's reply; a `_Watchdog` cancels a step that runs past the
   transport's deadline (gRPC's deadlines are per call), and a failed step's call is dropped and
   the next step opens a new one.
 - `TcpTransport`: the shards' raw-socket data planes (psgd/ps/framing.py; gRPC still does Info,
@@ -65,7 +66,8 @@ ROUND_MAX_BYTES = 1 << 20  # TCP: shards up to this size go in one round from th
 class Events:
     """Callbacks along one transfer, per shard k; None = nobody listens (the fast paths)."""
     sending: Callable[[int], None] | None = None               # (k): a request starts out
-    sent: Callable[[int, int], None] | None = None             # (k, bytes): before each payload chunk
+    sent: Callable[[int, int], None] | None = None             # (k, bytes): before each payload chunk (gRPC's
+                                                               #      PushPull: as it is queued for the call)
     replied: Callable[[int, object], None] | None = None       # (k, reply or PullHeader): its header is in
     received: Callable[[int, int, int], None] | None = None    # (k, bytes, elements so far): after each chunk
     delivered: Callable[[int], None] | None = None             # (k): a request's last byte is out (its payload
@@ -190,7 +192,8 @@ class GrpcTransport:
                 stream.close(cancel=True)
                 raise
             finally:
-                self._watch.disarm(k)
+                if self._watch.disarm(k) and self._streams[k] is stream:
+                    self._streams[k] = None  # cancelled just as its step ended: the next opens a new call
         return self.fan_out("push-pull with", shards, one)
 
     def _pull_one(self, k: int, request: pb.PullRequest, out: torch.Tensor, events: Events):
@@ -274,9 +277,11 @@ class _Watchdog:
                 self.thread = threading.Thread(target=self._run, name="psgd-deadlines", daemon=True)
                 self.thread.start()
 
-    def disarm(self, k: int) -> None:
+    def disarm(self, k: int) -> bool:
+        """The step of shard k is over; True when the watchdog had cancelled its call."""
         with self.cond:
             self.armed.pop(k, None)
+            return k in self._fired
 
     def fired(self, k: int) -> bool:
         with self.cond:
