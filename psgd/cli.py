@@ -254,6 +254,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UsageError("--resume OUT continues the run with its own OUT/config.json: give no other flags")
         cfg = launch.resumable(Path(args.resume))
     check_device(cfg)
+    check_workload(cfg)  # your own model / data / loss: one line and exit 2 before anything starts
     hosts.seats(cfg)  # --hosts: the cluster is up and large enough, before a run folder is made
     try:
         if cfg.epochs > 0:
@@ -272,6 +273,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 1
     print_summary(summary, cfg.out, args.quiet)
     return 0
+
+
+def check_workload(cfg: C.RunConfig) -> None:
+    """The user's --model / --dataset / --loss specs work on one batch (psgd/train/workload.py)."""
+    if not any(C.is_spec(n) for n in (cfg.model.model, cfg.data.dataset, cfg.model.loss)):
+        return  # built-in names: nothing to import here (the launcher stays free of torch)
+    from psgd.train import workload
+    from psgd.train.userspec import SpecError
+
+    try:
+        workload.check(cfg)
+    except SpecError as e:
+        raise UsageError(str(e)) from None
 
 
 def print_summary(summary: dict, out: str, quiet: bool) -> None:
@@ -364,7 +378,10 @@ def _serve(args: argparse.Namespace, on_ready=None) -> int:
                          "gradients and read the parameters; give --token-file FILE (or PSGD_TOKEN), or --insecure")
     if args.params < 0:
         raise UsageError(f"--params must be >= 0, got {args.params}")
-    num_params = args.params or models.count(cfg.model, *data.SHAPES[cfg.data.dataset])
+    # The model's size, to check every Init against; the user's own model (or data) is sized by the
+    # first Init instead, so a shard never imports the user's code.
+    own = C.is_spec(cfg.model.model) or C.is_spec(cfg.data.dataset)
+    num_params = args.params or (None if own else models.count(cfg.model, *data.SHAPES[cfg.data.dataset]))
     restored = None
     if args.restore:
         from psgd.ps import checkpoint
@@ -479,6 +496,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from psgd.ps.exchange import PSExchange
     from psgd.train import data, launch, worker
     from psgd.train.metrics import Metrics
+    from psgd.train.userspec import SpecError
 
     cfg = by_hand(config_from_args(args))
     _token(cfg)  # a bad token file is a usage error here, before anything starts
@@ -516,6 +534,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
     except errors as e:
         print(f"psgd worker {rank}: error: {e}", file=sys.stderr)
         code = 1
+    except SpecError as e:  # the user's model / data / loss, built before the worker connects
+        print(f"psgd worker: error: {e}", file=sys.stderr)
+        code = 2
     except KeyboardInterrupt:
         code = 130
     finally:

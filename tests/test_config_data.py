@@ -66,7 +66,7 @@ def test_every_field_has_help_and_appears_in_psgd_run_help(capsys):
     for leaf in C.leaves():
         assert leaf.flag.help.strip(), leaf.name
         assert f"--{leaf.name.replace('_', '-')}" in text
-    for title in ("run:", "data and model:", "optimizer (torch.optim.SGD"):
+    for title in ("run:", "data and model:", "optimizer (applied by the servers"):
         assert title in text
 
 

@@ -192,3 +192,42 @@ def test_make_policy():
         make_policy("bogus", 2, Param().apply)
     with pytest.raises(ValueError):
         SSP(2, Param().apply, staleness=-1)
+
+
+# -- departures: a worker that leaves before the budget is spent (psgd.connect's loops) ----------------
+def test_sync_goes_on_without_a_departed_worker_and_still_ends_at_its_steps():
+    applied = []
+    p = make_policy("sync", 3, lambda g: applied.append(g.clone()), budget=5 * 3)
+    g = lambda v: torch.full((2,), float(v))  # noqa: E731
+    for w in range(3):
+        p.push(w, 0, 0, g(w))
+    p.push(2, 1, 1, g(10))
+    p.depart(2)                         # it pushed for step 1: that gradient stays in the step
+    p.push(0, 1, 1, g(1))
+    assert p.version == 1, "step 1 still waits for worker 1"
+    p.push(1, 1, 1, g(2))
+    assert p.version == 2 and torch.allclose(applied[-1], g(13 / 3))
+    p.push(0, 2, 2, g(1))
+    p.push(1, 2, 2, g(3))
+    assert p.version == 3 and torch.equal(applied[-1], g(2)), "from step 2 on: the mean of the two left"
+    p.push(0, 3, 3, g(7))
+    p.depart(1)                         # worker 0 waited for it: the departure completes the step
+    assert p.version == 4 and torch.equal(applied[-1], g(7))
+    p.push(0, 4, 4, g(7))
+    assert (p.version, p.done) == (5, True), "the budget lost the departed workers' steps: 5 updates"
+    with pytest.raises(PolicyError, match="left the run"):
+        p.push(1, 3, 3, g(0))
+
+
+def test_ssp_and_the_start_barrier_do_not_wait_for_a_departed_worker():
+    p = make_policy("ssp", 2, lambda g: None, staleness=0, start_barrier=True)
+    p.depart(1)                         # gone before it ever pulled
+    assert p.pull(0, 0, lambda: "v0", timeout=5).value == "v0"
+    for c in range(3):
+        p.push(0, c, c, torch.zeros(1))
+        assert p.pull(0, c + 1, lambda: "ok", timeout=5).value == "ok", "SSP(0) would hold it for worker 1"
+    done = make_policy("sync", 2, lambda g: None, budget=2)
+    done.push(0, 0, 0, torch.zeros(1))
+    done.push(1, 0, 0, torch.zeros(1))
+    done.depart(0)                      # at the end of a run: changes nothing
+    assert done.stats.departed == {} and done.done

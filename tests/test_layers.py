@@ -9,6 +9,7 @@ Layers, bottom to top (docs/architecture.md draws them):
     train               the worker loop, data, models, metrics, evaluation, the launcher
     bench               benchmarks and the cost model's command line
     lab                 suite, experiments, analyses, verdicts, plots, report
+    api                 the public Python API (psgd.fit, start_shards, connect), re-exported by psgd/__init__
     cli                 the face: parses, then calls down; nothing imports it but __main__
 
 Every import counts, also one inside a function (a lazy import is still a dependency).
@@ -24,8 +25,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "psgd"
-LAYER = {"_proto": 0, "core": 1, "ps": 2, "allreduce": 2, "cluster": 2, "train": 3, "bench": 4, "lab": 5, "cli": 6,
-         "__main__": 7}
+LAYER = {"_proto": 0, "core": 1, "ps": 2, "allreduce": 2, "cluster": 2, "train": 3, "bench": 4, "lab": 5, "api": 6,
+         "cli": 7, "__main__": 8}
 # What the pure cores may not touch: transports, processes, plotting.
 NOT_IN_CORE = ("grpc", "socket", "socketserver", "subprocess", "matplotlib", "psgd._proto")
 

@@ -181,7 +181,7 @@ class CollectiveExchange:
             self.comm_device = torch.device(picked)
             torch.cuda.set_device(self.comm_device)  # NCCL's communicator binds to the current device
         self.bucket_numel = max(1, int(cfg.bucket_mb * MIB) // 4)  # fp32 elements per bucket
-        self.opt: optim.SGD | None = None
+        self.opt = None  # optim.build: SGD or AdamW
         self.local_steps = cfg.local_steps
         self.rounds = localsgd.rounds(cfg.steps, cfg.local_steps)  # updates in all; = --steps without local SGD
         self.failed = False  # a collective failed: close() then skips the final barrier
@@ -215,7 +215,7 @@ class CollectiveExchange:
         if buf is not flat.params:
             flat.params.copy_(buf)
         flat.params.grad = flat.grads  # backward writes into grads, the optimizer reads them there
-        self.opt = optim.SGD(flat.params, self.cfg.optim)
+        self.opt = optim.build(flat.params, self.cfg.optim)
         self._snapshot(flat)
         # The start barrier: no rank trains before every rank is ready, so the worker loop's
         # train_start (taken right after setup) is the same instant on every rank and excludes

@@ -40,6 +40,8 @@ PS_MODES = ("sync", "async", "ssp")
 MODES = PS_MODES + ("allreduce",)
 DATASETS = ("synthetic", "mnist1d", "mnist")
 MODELS = ("logreg", "mlp", "cnn", "wide_mlp")
+LOSSES = ("cross_entropy", "mse")
+OPTIMIZERS = ("sgd", "adamw")
 WIRE_DTYPES = ("fp32", "fp16", "bf16")
 ALLREDUCE_IMPLS = ("library", "ring")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -100,7 +102,10 @@ def shard_count(servers: int | list[str]) -> int:
 @dataclass(frozen=True)
 class DataConfig:
     GROUP: ClassVar[str] = "data and model"
-    dataset: str = opt("synthetic", "training data", choices=DATASETS)
+    dataset: str = opt("synthetic", f"training data: {', '.join(DATASETS)}, or your own as MODULE:FUNCTION or "
+                                    "FILE.py:FUNCTION, a callable returning (train, test), each a tuple (x, y) of "
+                                    "tensors or a map-style torch Dataset (psgd/train/userspec.py)",
+                       metavar="NAME|SPEC")
     data_dir: str = opt("", "MNIST IDX files; mnist1d cache (default ~/.cache/psgd)")
     num_samples: int = opt(5000, "samples to generate (80% train)")   # synthetic / mnist1d; the rest is test
     data_seed: int = opt(42, "seed of the generated dataset")          # kept apart from --seed
@@ -122,17 +127,26 @@ class DataConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     GROUP: ClassVar[str] = "data and model"
-    model: str = opt("mlp", "model to train", choices=MODELS)    # cnn is 1-D, for mnist1d
+    model: str = opt("mlp", f"model to train: {', '.join(MODELS)} (cnn is 1-D, for mnist1d), or your own as "
+                            "MODULE:FUNCTION or FILE.py:FUNCTION, a callable of no required arguments returning "
+                            "an nn.Module", metavar="NAME|SPEC")
     width: int = opt(0, "hidden width (0: the model's own: mlp 128, wide_mlp 1024, cnn 32 channels)")
+    loss: str = opt("cross_entropy", f"training loss: {', '.join(LOSSES)}, or MODULE:FUNCTION / FILE.py:FUNCTION "
+                                     "taking (output, target) and returning a scalar tensor; accuracy is reported "
+                                     "with cross_entropy only", metavar="NAME|SPEC")
 
 
 @dataclass(frozen=True)
 class OptimConfig:
-    GROUP: ClassVar[str] = "optimizer (torch.optim.SGD, applied by the servers or every replica)"
+    GROUP: ClassVar[str] = "optimizer (applied by the servers or every replica: psgd/core/optim.py)"
+    optimizer: str = opt("sgd", "sgd (torch.optim.SGD's update) or adamw (torch.optim.AdamW's)", choices=OPTIMIZERS)
     lr: float = opt(0.05, "learning rate")
     momentum: float = opt(0.9, "SGD momentum")
-    weight_decay: float = opt(0.0, "L2 weight decay")
+    weight_decay: float = opt(0.0, "weight decay: L2 in sgd, decoupled in adamw")
     warmup: int = opt(0, "linear LR warmup over this many updates")   # Goyal et al. 2017
+    beta1: float = opt(0.9, "adamw: first-moment decay")                # torch.optim.AdamW's defaults
+    beta2: float = opt(0.999, "adamw: second-moment decay")
+    eps: float = opt(1e-8, "adamw: epsilon added to the denominator")
 
 
 @dataclass(frozen=True)
@@ -302,7 +316,9 @@ def validate(cfg: RunConfig) -> RunConfig:
         (cfg.restart_servers == 0 or cfg.mode == "sync" or cfg.servers == 1,
          "--restart-servers: an async or SSP run restarts with one shard only (its shards' clocks differ)"),
         (cfg.restart_servers == 0 or cfg.local_steps == 1, "--restart-servers does not work with --local-steps"),
-        (cfg.data.dataset in DATASETS, f"--dataset must be one of {', '.join(DATASETS)}"),
+        (cfg.data.dataset in DATASETS or is_spec(cfg.data.dataset),
+         f"--dataset must be one of {', '.join(DATASETS)} or MODULE:FUNCTION / FILE.py:FUNCTION, got "
+         f"{cfg.data.dataset!r}"),
         (cfg.data.num_samples >= 10, f"--num-samples must be >= 10, got {cfg.data.num_samples}"),
         (cfg.data.shard_data in SHARD_DATA, f"--shard-data must be one of {', '.join(SHARD_DATA)}"),
         (cfg.data.dirichlet_alpha > 0 and math.isfinite(cfg.data.dirichlet_alpha),
@@ -331,7 +347,16 @@ def validate(cfg: RunConfig) -> RunConfig:
          f"(--mode {cfg.mode} has no stale gradients)"),
         (cfg.local_steps == 1 or not cfg.overlap,
          "--overlap streams every step's gradient; with --local-steps there is one exchange per H steps"),
-        (cfg.model.model in MODELS, f"--model must be one of {', '.join(MODELS)}"),
+        (cfg.model.model in MODELS or is_spec(cfg.model.model),
+         f"--model must be one of {', '.join(MODELS)} or MODULE:FUNCTION / FILE.py:FUNCTION, got {cfg.model.model!r}"),
+        (cfg.model.loss in LOSSES or is_spec(cfg.model.loss),
+         f"--loss must be one of {', '.join(LOSSES)} or MODULE:FUNCTION / FILE.py:FUNCTION, got {cfg.model.loss!r}"),
+        (cfg.optim.optimizer in OPTIMIZERS, f"--optimizer must be one of {', '.join(OPTIMIZERS)}"),
+        (0 <= cfg.optim.beta1 < 1 and 0 <= cfg.optim.beta2 < 1,
+         f"--beta1 and --beta2 must be in [0, 1), got {cfg.optim.beta1} and {cfg.optim.beta2}"),
+        (cfg.optim.eps > 0 and math.isfinite(cfg.optim.eps), f"--eps must be > 0, got {cfg.optim.eps}"),
+        (cfg.optim.optimizer == "sgd" or cfg.local_steps == 1,
+         "--local-steps averages SGD replicas (local SGD); --optimizer adamw with it is DiLoCo, not built yet"),
         (cfg.model.width >= 0, f"--width must be >= 0, got {cfg.model.width}"),
         (cfg.optim.lr > 0 and math.isfinite(cfg.optim.lr), f"--lr must be > 0, got {cfg.optim.lr}"),
         (0 <= cfg.optim.momentum < 1, f"--momentum must be in [0, 1), got {cfg.optim.momentum}"),
@@ -342,6 +367,12 @@ def validate(cfg: RunConfig) -> RunConfig:
         if not ok:
             raise ValueError(message)
     return cfg
+
+
+def is_spec(name: str) -> bool:
+    """A user's callable by import path (`pkg.mod:fn`, `path/file.py:fn`) rather than a built-in name."""
+    left, sep, attr = name.rpartition(":")
+    return bool(sep and left and attr)
 
 
 def _error(parse: Callable[[str], Any], text: str) -> str | None:
@@ -480,10 +511,13 @@ def to_dict(cfg: RunConfig) -> dict:
 
 
 def from_dict(d: dict, schema: type = RunConfig) -> Any:
-    """Inverse of to_dict (reads config.json): nested sections; unknown keys raise ValueError."""
+    """Inverse of to_dict (reads config.json): nested sections; unknown keys raise ValueError ("sources",
+    the record of the user's files that config.json may hold, is skipped)."""
     where = {leaf.name: leaf.section for leaf in leaves(schema)}
     flat = {}
     for key, value in d.items():
+        if key == "sources":  # config.json's record of the user's files (psgd/train/workload.py): not a setting
+            continue
         section = key if key in where.values() and key and isinstance(value, dict) else ""
         for k, v in (value.items() if section else [(key, value)]):
             if where.get(k) != section:

@@ -37,6 +37,14 @@ the live workers only, the start barrier counts it as arrived), its later reques
 the run's budget is spent by the others; a worker that pulls again at the clock it was lost at (a
 restarted process) rejoins there. Sync never expires anyone: its update needs every worker.
 
+Departed workers (`depart(worker)`, the shard calls it on a worker's Leave): a worker that
+finished before the run's budget was spent (a user's own loop ran out of batches, psgd.connect)
+sends nothing more, and nobody waits for it: SSP's slowest clock and the start barrier skip it
+as they skip a lost worker, and Sync (without backup workers) takes a step's update from the
+workers still in the run (the mean of the gradients that came), and its budget drops by the
+steps the departed worker will not push. A worker that leaves once the budget is spent (every
+worker of `psgd run`) changes nothing.
+
 Clock of a worker = how many of its gradients this shard has received. Staleness of an
 applied gradient = shard version when applied - version the worker computed it from.
 Clock gap of a served pull = the pulling worker's clock - the slowest worker's clock.
@@ -96,6 +104,7 @@ class Stats:
     skipped_nonfinite: int = 0
     refused_after_budget: int = 0
     lost: dict = field(default_factory=dict)               # worker -> its clock when declared lost
+    departed: dict = field(default_factory=dict)           # worker -> its clock when it left before the end
     rejoined: Counter = field(default_factory=Counter)     # worker -> times a lost worker came back
     dropped: Counter = field(default_factory=Counter)     # worker -> late gradients dropped (backup workers)
 
@@ -216,7 +225,7 @@ class Policy:
                                   f"{self.clocks[worker]}")
             if clock == 0 and not self.started:
                 self.at_start.add(worker)
-                self.started = len(self.at_start) == self.num_workers
+                self.started = len(self.at_start | self._gone()) == self.num_workers
                 self.cond.notify_all()  # the barrier may be down now (and observers see arrivals)
             self.held.add(worker)  # a worker we hold is not silent: we are the ones keeping it waiting
             try:
@@ -262,12 +271,32 @@ class Policy:
             for w in gone:
                 self.stats.lost[w] = self.clocks[w]
             if gone:
-                self.started = self.started or len(self.at_start | self.stats.lost.keys()) == self.num_workers
+                self.started = self.started or len(self.at_start | self._gone()) == self.num_workers
                 self.cond.notify_all()  # SSP's slowest clock and the start barrier may have moved
             return [(w, self.stats.lost[w]) for w in gone]
 
+    def depart(self, worker: int) -> None:
+        """`worker` sends nothing more (see the module docstring). Idempotent; no-op once done."""
+        self._check_worker(worker)
+        with self.cond:
+            if self.done or worker in self.stats.departed or worker in self.stats.lost:
+                return
+            self.stats.departed[worker] = self.clocks[worker]
+            self._on_depart(worker)
+            self.started = self.started or len(self.at_start | self._gone()) == self.num_workers
+            self.cond.notify_all()
+
+    def _on_depart(self, worker: int) -> None:
+        """A policy's own bookkeeping for a departure (cond held)."""
+
+    def _gone(self) -> set[int]:
+        """Workers nobody waits for: lost or departed (cond held)."""
+        return self.stats.lost.keys() | self.stats.departed.keys()
+
     def _check_live(self, worker: int) -> None:
-        """Refuse a lost worker (cond held); note when a live one was last heard from."""
+        """Refuse a lost or departed worker (cond held); note when a live one was last heard from."""
+        if worker in self.stats.departed:
+            raise PolicyError(f"worker {worker} left the run at clock {self.stats.departed[worker]}")
         if worker in self.stats.lost:
             raise PolicyError(f"worker {worker} was declared lost at clock {self.stats.lost[worker]} (silent for "
                               "longer than --worker-lease); the run goes on without it")
@@ -276,8 +305,9 @@ class Policy:
             self.first_seen = self.last_seen[worker]
 
     def _slowest(self) -> int:
-        """The slowest live worker's clock (cond held); a lost worker holds nobody back."""
-        live = [c for w, c in enumerate(self.clocks) if w not in self.stats.lost]
+        """The slowest live worker's clock (cond held); a lost or departed worker holds nobody back."""
+        gone = self._gone()
+        live = [c for w, c in enumerate(self.clocks) if w not in gone]
         return min(live) if live else max(self.clocks)
 
     def close(self) -> None:
@@ -366,6 +396,8 @@ class Sync(Policy):
         self._sum: torch.Tensor | None = None
         self._arrived = 0
         self._contributors = 0
+        self._steps = budget // num_workers if budget is not None and not backup else 0  # each worker's share
+        self._shrink = 0  # departed workers whose last gradient is in the current step (`_on_depart`)
 
     def _pull_ready(self, worker: int, clock: int) -> bool:
         if self.backup:
@@ -405,15 +437,35 @@ class Sync(Policy):
                 self._sum.add_(grad)
             self._contributors += 1
         self._arrived += 1
-        if self._arrived < self.quorum:
+        return self._maybe_update()
+
+    def _maybe_update(self) -> bool:
+        """Apply the step's mean once its quorum has arrived (cond held); True if it did."""
+        if self._arrived == 0 or self._arrived < self.quorum:
             return False
         contributors, self._arrived, self._contributors = self._contributors, 0, 0
         if contributors:
             self._commit(self._sum.div_(contributors))
         else:
             self.version += 1  # every gradient of the round was skipped: an update that changes nothing
+        self.quorum, self._shrink = self.quorum - self._shrink, 0
         return True
 
+
+    def _on_depart(self, worker: int) -> None:
+        if self.backup:
+            return  # backup workers already make each step from the first N-b: nobody is waited for
+        # The departed worker pushes no more gradients: one fewer per step from now on, and the
+        # budget (steps x N gradients) loses the steps it will not push, so the run still ends at
+        # `steps` updates. If it pushed for the current step already, that gradient stays in the
+        # step, which still waits for everyone else: the quorum shrinks once the step is applied.
+        if self.budget is not None:
+            self.budget -= max(0, self._steps - self.clocks[worker])
+        if self.clocks[worker] > self.version:
+            self._shrink += 1
+        else:
+            self.quorum -= 1
+            self._maybe_update()
 
 def make_policy(mode: str, num_workers: int, apply: Callable[[torch.Tensor], None],
                 staleness: int = 0, budget: int | None = None, start_barrier: bool = False,

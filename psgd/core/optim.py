@@ -1,4 +1,8 @@
-"""The one SGD that every update in psgd takes: torch's SGD update with a linear warmup.
+"""The optimizers every update in psgd takes: torch's SGD update (here) or AdamW's (adamw.py), with a linear warmup.
+
+`build(param, cfg)` picks the one `--optimizer` names; each has the same small interface (`step`,
+`lr`, `updates`, `state_dict` / `check_state` / `load_state_dict`). A new optimizer is one file
+beside adamw.py plus its name in `build` (and its settings in core/config.py's OptimConfig).
 
 A shard server (psgd/ps/shard.py) steps it on its slice of the parameters, an all-reduce
 replica (psgd/allreduce/collective.py) and a local-SGD worker (psgd/ps/exchange.py) on their
@@ -12,9 +16,7 @@ itself, because constructing any `torch.optim.Optimizer` imports torch._dynamo (
 shard and replica process at start-up (measured with `python -X importtime`), on 2 cores shared
 by all of a run's processes.
 
-Warmup (Goyal et al. 2017, sec. 2.2): update number n + 1 (n = 0, 1, ...) uses
-lr x min(1, (n + 1) / warmup), i.e. from lr / warmup up to lr over `warmup` updates, then lr
-(the rate `torch.optim.lr_scheduler.LambdaLR` would set with `warmup_factor`).
+Warmup: psgd/core/schedule.py (Goyal et al. 2017's linear ramp), shared with AdamW.
 
     opt = SGD(flat.params, OptimConfig(lr=0.1, momentum=0.9, warmup=100))
     flat.params.grad = flat.grads; ...backward...; opt.step()
@@ -26,13 +28,29 @@ import torch
 from torch.optim.sgd import sgd
 
 from psgd.core.config import OptimConfig
+from psgd.core.schedule import FUSED_DEVICES, warmup_factor
 
-FUSED_DEVICES = ("cpu", "cuda")  # where this torch has a fused SGD kernel for float tensors
+__all__ = ["FUSED_DEVICES", "SGD", "build", "check_state", "warmup_factor"]
 
 
-def warmup_factor(warmup: int):
-    """The multiplier of the base lr for update number n + 1 (see the module docstring)."""
-    return lambda n: min(1.0, (n + 1) / warmup) if warmup else 1.0
+def build(param: torch.Tensor, cfg: OptimConfig, fused: bool = False):
+    """The optimizer `cfg.optimizer` names over `param` (its .grad): SGD or AdamW."""
+    if cfg.optimizer == "adamw":
+        from psgd.core.adamw import AdamW  # noqa: PLC0415 - only an AdamW run needs it
+
+        return AdamW(param, cfg, fused)
+    assert cfg.optimizer == "sgd", f"unknown optimizer {cfg.optimizer!r} (config.validate lists them)"
+    return SGD(param, cfg, fused)
+
+
+def check_state(cfg: OptimConfig, state: dict) -> None:
+    """ValueError unless `state` is what `build(..., cfg).state_dict()` writes."""
+    if cfg.optimizer == "adamw":
+        from psgd.core.adamw import AdamW  # noqa: PLC0415
+
+        AdamW.check_state(state)
+    else:
+        SGD.check_state(state)
 
 
 class SGD:

@@ -147,9 +147,15 @@ class Experiment:
 
 
 def run_digest(cfg: C.RunConfig, version: str) -> str:
-    """Names a run folder by what made it: the config (out aside) and the code version."""
+    """Names a run folder by what made it: the config (out aside), the code version and the hashes
+    of the user's own files (psgd/train/workload.py `sources`)."""
+    from psgd.train import workload  # noqa: PLC0415 - hashes the user's files, imports nothing of theirs
+
     d = C.to_dict(dataclasses.replace(cfg, out=""))
-    return hashlib.sha256(json.dumps([d, version], sort_keys=True).encode()).hexdigest()[:16]
+    # The user's own model / data / loss: their files' hashes too, so an edited file is a new run.
+    found = workload.sources(cfg)
+    key = [d, version, {k: v["sha256"] for k, v in found.items()}] if found else [d, version]
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
 # -- settings: flat TOML keys <-> the nested RunConfig (the schema: psgd/core/config.py) -------------

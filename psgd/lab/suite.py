@@ -101,7 +101,9 @@ def is_cached(spec: RunSpec, same_link: bool = True) -> bool:
         recorded = json.loads((out / "config.json").read_text())
         made_by = json.loads((out / "provenance.json").read_text())
         # Compare through JSON: tuples in the dataclass are lists in the file.
-        return ((out / "summary.json").exists() and recorded == json.loads(json.dumps(C.to_dict(spec.cfg)))
+        from psgd.train.launch import config_record  # noqa: PLC0415 - the config and the user's files' hashes
+
+        return ((out / "summary.json").exists() and recorded == json.loads(json.dumps(config_record(spec.cfg)))
                 and made_by.get("code_version") == spec.version
                 and (not same_link or not spec.cfg.hosts or _on_the_same_link(spec.cfg, out)))
     except (OSError, ValueError):
@@ -131,7 +133,7 @@ def execute(spec: RunSpec, fresh: bool, position: str) -> dict:
         summary = launch.run(cfg)
     # Record the config as specified (before --epochs was resolved), so the cache check matches.
     out = Path(cfg.out)
-    (out / "config.json").write_text(json.dumps(C.to_dict(spec.cfg), indent=1))
+    (out / "config.json").write_text(json.dumps(launch.config_record(spec.cfg), indent=1))
     (out / "provenance.json").write_text(json.dumps({"code_version": spec.version, "command": spec.command,
                                                      "made_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
                                                     indent=1))

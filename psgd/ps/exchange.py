@@ -97,7 +97,7 @@ class PSExchange:
         self._next = None  # the PushPull's pull, which the next before_compute hands to the loop
         self.start_clock = 0  # the loop's first step: 0, or a restored run's (setup learns it)
         self._overlap = None
-        self._local: optim.SGD | None = None
+        self._local = None  # local SGD: optim.build
         self.stage = stage  # host staging (psgd/ps/staging.py): None = when the model is on a GPU
         self.staging: HostStaging | None = None
 
@@ -126,7 +126,7 @@ class PSExchange:
             self.client.init(flat.params)  # the chief's seeded init becomes the shards' start (unless restored)
         if self.local_steps > 1:
             flat.params.grad = flat.grads  # backward writes into grads, the local optimizer reads them there
-            self._local = optim.SGD(flat.params, self.optim)
+            self._local = optim.build(flat.params, self.optim)
             self._pulled = torch.empty_like(flat.params)  # w_pulled of the round (the delta's base)
             self._delta = torch.empty_like(flat.params)
 

@@ -33,8 +33,9 @@ Contract (every method thread-safe; a refusal raises `ShardError(code, message)`
   clock c + 1 (the parameters the worker computes on next, once the policy allows), or at once a
   done Pulled when the push said the budget is spent. Two calls, so that an adapter gives the
   received gradient's buffer back before the pull may be held.
-- Every update is one step of `psgd.core.optim.SGD` (torch's SGD update: momentum, weight decay,
-  linear warmup) on the shard tensor, so a sync run reproduces single-process training. With
+- Every update is one step of the run's optimizer (`psgd.core.optim.build`: torch's SGD update
+  with momentum, weight decay and a linear warmup, or AdamW's) on the shard tensor, so a sync run
+  reproduces single-process training. With
   `--local-steps H` > 1 a push is a worker's model delta and the step is w <- w - mean(delta)
   (SGD with lr 1 and nothing else): the replicas' average (psgd/core/localsgd.py).
 - Start barrier: every worker's first pull (clock 0) is held until all N workers asked for it;
@@ -138,7 +139,7 @@ class Shard:
                                   adjust=self._adjust if remedy else None, backup=cfg.backup_workers)
         self.lock = self.policy.cond
         self.param: torch.Tensor | None = None
-        self.opt: optim.SGD | None = None
+        self.opt = None  # optim.build: SGD or AdamW, made by init
         self.ready = threading.Event()
         self.left: set[int] = set()  # workers that said they finished (Leave)
         self.finished = threading.Event()  # set once all N workers have left
@@ -225,7 +226,7 @@ class Shard:
         if self.expected is not None and state["param"].numel() != self.expected:
             raise ValueError(f"the checkpoint holds {state['param'].numel()} elements; this model's shard "
                              f"{self.index} has {self.expected}")
-        optim.SGD.check_state(state.get("opt"))  # before anything changes
+        optim.check_state(self._opt_cfg(), state.get("opt"))  # before anything changes
         self.init(state["param"].clone())
         with self.lock:
             self.opt.load_state_dict(state["opt"])
@@ -295,16 +296,18 @@ class Shard:
         self.remedy["dc_then_peak_bytes"] = max(self.remedy["dc_then_peak_bytes"],
                                                 sum(v.numel() * v.element_size() for v in held.values()))
 
+    def _opt_cfg(self) -> OptimConfig:
+        # Local SGD: the outer step of the averaging, w <- w - mean(delta), is SGD with lr 1
+        # and nothing else; the run's optimizer, lr, momentum and warmup act in the workers'.
+        return OptimConfig(lr=1.0, momentum=0.0) if self.local_sgd else self.cfg.optim
+
     # -- requests -------------------------------------------------------------------------------
     def init(self, values: torch.Tensor) -> tuple[int, bool]:
         """The first caller's values become the parameters; returns (version, this caller did it)."""
         with self.lock:
             if self.param is None:
                 self.param = values
-                # Local SGD: the outer step of the averaging, w <- w - mean(delta), is SGD with lr 1
-                # and nothing else; the run's lr, momentum and warmup act in the workers' optimizers.
-                cfg = OptimConfig(lr=1.0, momentum=0.0) if self.local_sgd else self.cfg.optim
-                self.opt = optim.SGD(self.param, cfg, fused=True)
+                self.opt = optim.build(self.param, self._opt_cfg(), fused=True)
                 self.snapshots.append((0, time.time(), values.clone()))
                 self.ready.set()
                 return self.policy.version, True
@@ -483,8 +486,12 @@ class Shard:
 
     def leave(self, worker_id: int, shard: int) -> int:
         """Worker `worker_id` has finished; returns how many distinct workers have left. A second
-        Leave of one worker counts once (a retried RPC must not end the run early)."""
+        Leave of one worker counts once (a retried RPC must not end the run early). A worker that
+        leaves before the budget is spent departs the policy (psgd/core/consistency.py)."""
         self._check_sender(worker_id, shard)
+        # Before the budget is spent (a user's own loop that ran out of batches), nobody waits for it
+        # from now on (the policy's `depart`); at the end of a run, as `psgd run`'s workers leave, a no-op.
+        self.policy.depart(worker_id)
         with self.lock:
             self.left.add(worker_id)
             self._maybe_finished()

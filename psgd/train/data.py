@@ -23,6 +23,13 @@ Contract:
   pieces: alpha -> infinity is IID, alpha -> 0 puts each class on (nearly) one worker. A part
   smaller than one batch is topped up from the largest part (`dirichlet_parts`). In both
   partitioned cases worker r takes its own seeded permutation of its part each epoch, cycling.
+- Your own data (`--dataset pkg.mod:make_data` or `FILE.py:make_data`, psgd/train/userspec.py):
+  a callable of no required arguments returning `(train, test)`, each a tuple `(x, y)` of tensors
+  of one length, or a map-style `torch.utils.data.Dataset` whose items are `(x, y)` pairs (read
+  once into memory, `torch.stack`ed). Float inputs and targets become float32 (the parameters'
+  dtype), integers stay (token ids); `num_classes` is max label + 1 for integer targets, else 0.
+  The validation split applies as to the built-in sets. `user_data(spec)` does it; every bad
+  return value is a one-line SpecError.
 - `plan_for(cfg, labels)` builds the plan of a run; `class_histogram(plan, labels, classes)`
   counts the labels each worker draws from (the data a worker sees; for plotting skew).
 """
@@ -39,7 +46,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from psgd.core.config import DataConfig, RunConfig
+from psgd.core.config import DataConfig, RunConfig, is_spec
+from psgd.train import userspec
 
 TRAIN_FRACTION = 0.8  # split of generated datasets (mnist1d's own default)
 # (input features, classes) of each dataset, known without loading it: a shard server sizes the
@@ -63,7 +71,9 @@ class Dataset:
 
 
 def load(cfg: DataConfig) -> Dataset:
-    if cfg.dataset == "synthetic":
+    if is_spec(cfg.dataset):
+        ds = user_data(cfg.dataset)
+    elif cfg.dataset == "synthetic":
         ds = _synthetic(cfg.num_samples, cfg.data_seed)
     elif cfg.dataset == "mnist1d":
         ds = _mnist1d(cfg)
@@ -77,10 +87,72 @@ def load(cfg: DataConfig) -> Dataset:
 def train_size(cfg: DataConfig) -> int:
     """Training-set size after the validation split, without loading the data when it can be
     derived (for --epochs)."""
-    if cfg.dataset in ("synthetic", "mnist1d"):
+    if not is_spec(cfg.dataset) and cfg.dataset in ("synthetic", "mnist1d"):
         n = int(cfg.num_samples * TRAIN_FRACTION)
         return n - validation_count(n, cfg.val_fraction)
     return int(load(cfg).x_train.shape[0])
+
+
+def user_data(spec: str) -> Dataset:
+    """The user's `(train, test)` as a Dataset (see the module docstring); SpecError when unusable."""
+    fn = userspec.resolve(spec, "--dataset")
+    try:
+        got = fn()
+    except Exception as e:  # noqa: BLE001 - the user's code: its error, in one line, is the message
+        raise userspec.SpecError(f"--dataset {spec}: calling it failed: {type(e).__name__}: {e}") from None
+    if not isinstance(got, (tuple, list)) or len(got) != 2:
+        raise userspec.SpecError(f"--dataset {spec} must return (train, test), got {_describe(got)}")
+    (x_tr, y_tr), (x_te, y_te) = (_tensors(spec, part, name) for part, name in zip(got, ("train", "test"), strict=True))
+    if x_tr.shape[1:] != x_te.shape[1:]:
+        raise userspec.SpecError(f"--dataset {spec}: train inputs are {tuple(x_tr.shape[1:])} per sample, test "
+                                 f"inputs {tuple(x_te.shape[1:])}")
+    if is_labels(y_tr):
+        classes = int(max(int(y_tr.max()), int(y_te.max()) if len(y_te) else 0)) + 1
+    else:  # regression targets: a built-in model (--model mlp) gets one output per target value
+        classes = int(y_tr[0].numel())
+    return Dataset(x_tr, y_tr, x_te, y_te, classes)
+
+
+def is_labels(y: torch.Tensor) -> bool:
+    """Integer class labels (what cross-entropy, accuracy and the non-IID splits need)."""
+    return not y.dtype.is_floating_point and not y.dtype.is_complex and y.dtype != torch.bool
+
+
+def _describe(obj) -> str:
+    if isinstance(obj, (tuple, list)):
+        return f"a {type(obj).__name__} of {len(obj)}"
+    return f"a {type(obj).__name__}"
+
+
+def _tensors(spec: str, part, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """One split as (x, y) tensors of one length: from an (x, y) pair, or a map-style Dataset's items."""
+    where = f"--dataset {spec}: the {name} split"
+    if isinstance(part, (tuple, list)) and len(part) == 2 and all(isinstance(t, (torch.Tensor, np.ndarray))
+                                                                   for t in part):
+        x, y = (torch.as_tensor(t) for t in part)
+    elif hasattr(part, "__getitem__") and hasattr(part, "__len__") and not isinstance(part, (tuple, list, str)):
+        items = [part[i] for i in range(len(part))]
+        if not items:
+            raise userspec.SpecError(f"{where} is empty")
+        if not all(isinstance(it, (tuple, list)) and len(it) == 2 for it in items):
+            raise userspec.SpecError(f"{where}: a Dataset's items must be (x, y) pairs, item 0 is "
+                                     f"{_describe(items[0])}")
+        try:
+            x = torch.stack([torch.as_tensor(it[0]) for it in items])
+            y = torch.stack([torch.as_tensor(it[1]) for it in items])
+        except (RuntimeError, TypeError) as e:
+            raise userspec.SpecError(f"{where}: its items do not stack into tensors: {e}") from None
+    else:
+        raise userspec.SpecError(f"{where} must be a tuple (x, y) of tensors or a map-style torch Dataset, got "
+                                 f"{_describe(part)}")
+    if x.dim() == 0 or y.dim() == 0 or len(x) != len(y):
+        raise userspec.SpecError(f"{where}: x has {len(x) if x.dim() else 0} samples, y has "
+                                 f"{len(y) if y.dim() else 0}: they must have one length")
+    if len(x) == 0 and name == "train":
+        raise userspec.SpecError(f"{where} is empty")
+    # The parameters are fp32 (models.FlatParams): float inputs and targets follow; integers stay.
+    x, y = (t.float() if t.dtype.is_floating_point else t for t in (x, y))
+    return x.contiguous(), y.contiguous()
 
 
 def validation_count(n: int, fraction: float) -> int:

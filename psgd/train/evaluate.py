@@ -1,8 +1,11 @@
 """Offline evaluation of parameter snapshots, after the run (so it never disturbs timing).
 
-Contract: `evaluate(model, flat, x, y)` loads the flat fp32 vector into the model and returns
-(mean cross-entropy, accuracy). `load_shard_snapshots(out, K)` joins the K shards' snapshots
-taken at the same version into full vectors, ordered by version.
+Contract: `evaluate(model, flat, x, y, loss)` loads the flat fp32 vector into the model and returns
+(mean loss, accuracy): the loss is the run's (`--loss`, psgd/train/losses.py; mean cross-entropy by
+default, each batch's mean weighted by its size for another loss), and the accuracy is None
+unless the loss is cross-entropy (top-1, over every target: per token for a sequence model).
+`load_shard_snapshots(out, K)` joins the K shards' snapshots taken at the same version into full
+vectors, ordered by version.
 """
 
 from __future__ import annotations
@@ -10,21 +13,29 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from psgd.train import losses
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor,
-             batch: int = 4096) -> tuple[float, float]:
+def evaluate(model: nn.Module, flat: torch.Tensor, x: torch.Tensor, y: torch.Tensor, loss: str = "cross_entropy",
+             batch: int = 4096) -> tuple[float, float | None]:
     torch.nn.utils.vector_to_parameters(flat.to(next(model.parameters()).device), model.parameters())
     model.eval()
-    loss_sum, correct = 0.0, 0
+    fn, classifies = losses.get(loss), losses.classifies(loss)
+    loss_sum, correct, targets = 0.0, 0, 0
     for i in range(0, len(x), batch):
-        logits = model(x[i:i + batch])
-        loss_sum += float(F.cross_entropy(logits, y[i:i + batch], reduction="sum"))
-        correct += int((logits.argmax(1) == y[i:i + batch]).sum())
-    return loss_sum / max(1, len(x)), correct / max(1, len(x))
+        out, yb = model(x[i:i + batch]), y[i:i + batch]
+        if classifies:
+            loss_sum += float(losses.cross_entropy(out, yb, reduction="sum"))
+            correct += int((out.argmax(-1) == yb).sum())
+            targets += yb.numel()
+        else:
+            loss_sum += float(fn(out, yb)) * len(yb)
+    if classifies:  # per target: the cross-entropy's own mean (per token for a sequence model)
+        return loss_sum / max(1, targets), correct / max(1, targets)
+    return loss_sum / max(1, len(x)), None
 
 
 def load_shard_snapshots(out: Path, num_shards: int) -> list[tuple[int, float, torch.Tensor]]:

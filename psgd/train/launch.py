@@ -233,8 +233,17 @@ def prepare_by_hand(cfg: RunConfig) -> None:
         return
     out = Path(cfg.out)
     prepare_out(out, keep=("rendezvous",))
-    (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
+    (out / "config.json").write_text(json.dumps(config_record(cfg), indent=1))
     _write_launch(out, "hand")
+
+
+def config_record(cfg: RunConfig) -> dict:
+    """config.json: the config, and with the user's own model / data / loss the spec and sha256 of
+    each file they resolve to ("sources", psgd/train/workload.py; `from_dict` reads past it)."""
+    from psgd.train import workload  # noqa: PLC0415 - no torch: it hashes files
+
+    found = workload.sources(cfg)
+    return {**to_dict(cfg), "sources": found} if found else to_dict(cfg)
 
 
 def thread_budget(cfg: RunConfig, cores: int | None = None, role: str = "worker") -> int:
@@ -375,7 +384,7 @@ def _attempt(cfg: RunConfig, resume: bool) -> dict:
         cfg = with_out_resolved(cfg)
         out = Path(cfg.out)
         prepare_out(out)
-        (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
+        (out / "config.json").write_text(json.dumps(config_record(cfg), indent=1))
     _write_launch(out, "psgd run --resume" if resume else "psgd run")
     cache = cfg.data.cache_path()
     if cache is not None and not cache.exists():
@@ -491,15 +500,15 @@ def finish(cfg: RunConfig, ds: data_mod.Dataset | None = None) -> dict:
     metrics = Metrics(out / "metrics.jsonl")
     evals = []
     for version, t, params in snaps:
-        test_loss, test_acc = evaluate.evaluate(model, params, ds.x_test, ds.y_test)
-        train_loss, train_acc = evaluate.evaluate(model, params, x_tr, y_tr)
+        test_loss, test_acc = evaluate.evaluate(model, params, ds.x_test, ds.y_test, cfg.model.loss)
+        train_loss, train_acc = evaluate.evaluate(model, params, x_tr, y_tr, cfg.model.loss)
         e = dict(version=version, elapsed_s=max(0.0, t - t0), samples=version * samples_per_update(cfg),
                  test_loss=test_loss, test_accuracy=test_acc, train_loss=train_loss, train_accuracy=train_acc,
                  **_validation(cfg, model, params, ds))
         metrics.write(event="eval", **e)
         evals.append(e)
-    test_loss, test_acc = evaluate.evaluate(model, final, ds.x_test, ds.y_test)
-    train_loss, _ = evaluate.evaluate(model, final, x_tr, y_tr)
+    test_loss, test_acc = evaluate.evaluate(model, final, ds.x_test, ds.y_test, cfg.model.loss)
+    train_loss, _ = evaluate.evaluate(model, final, x_tr, y_tr, cfg.model.loss)
     metrics.close()
     torch.save(final, out / "final_params.pt")
     sha = codec.sha256(final)
@@ -521,5 +530,5 @@ def _validation(cfg: RunConfig, model, params: torch.Tensor, ds: data_mod.Datase
 
     if cfg.data.val_fraction <= 0:
         return {}
-    val_loss, val_acc = evaluate.evaluate(model, params, ds.x_val, ds.y_val)
+    val_loss, val_acc = evaluate.evaluate(model, params, ds.x_val, ds.y_val, cfg.model.loss)
     return dict(val_loss=val_loss, val_accuracy=val_acc)

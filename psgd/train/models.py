@@ -7,6 +7,14 @@ Contract:
   Models: `logreg`; `mlp` (2 hidden layers, width 128); `cnn` (a small 1-D CNN, for mnist1d);
   `wide_mlp` (3 hidden layers of `--width`, default 1024; --width 3500 gives about 25M
   parameters, the communication-bound case).
+- Your own model (`--model pkg.mod:make_model` or `FILE.py:make_model`, psgd/train/userspec.py):
+  a callable of no required arguments returning an `nn.Module`, called under the same seed
+  in every process. What psgd synchronises is the parameters, so a model is refused (one line
+  naming it) if it holds a persistent buffer: BatchNorm's running statistics would drift apart
+  on each worker and never reach the shards, and the evaluation after the run would use the
+  initial ones. Use GroupNorm / LayerNorm, `BatchNorm(track_running_stats=False)`, or register
+  a constant as `register_buffer(..., persistent=False)` (a causal mask): non-persistent buffers
+  are taken as constants, built identically in every process. Parameters must be float32.
 - `FlatParams(model)` moves all parameters and gradients into two flat fp32 buffers and makes
   every `p` / `p.grad` a view of them, so a pulled vector loads with one copy and the gradient
   is already flat after backward (the trick DDP calls gradient_as_bucket_view).
@@ -19,7 +27,8 @@ import threading
 import torch
 from torch import nn
 
-from psgd.core.config import ModelConfig
+from psgd.core.config import ModelConfig, is_spec
+from psgd.train import userspec
 
 _BUILD_LOCK = threading.Lock()  # init draws from torch's global RNG; threads must not interleave
 
@@ -31,6 +40,8 @@ def build(cfg: ModelConfig, input_dim: int, num_classes: int, seed: int) -> nn.M
 
 
 def _build(cfg: ModelConfig, input_dim: int, num_classes: int) -> nn.Module:
+    if is_spec(cfg.model):
+        return user_model(cfg.model)
     if cfg.model == "logreg":
         return nn.Linear(input_dim, num_classes)
     if cfg.model == "mlp":
@@ -44,6 +55,36 @@ def _build(cfg: ModelConfig, input_dim: int, num_classes: int) -> nn.Module:
     if cfg.model == "cnn":
         return Conv1dNet(input_dim, num_classes, cfg.width or 32)
     raise ValueError(f"unknown model {cfg.model!r}")
+
+
+def user_model(spec: str) -> nn.Module:
+    """Call the user's model builder and check what it returned (see the module docstring)."""
+    fn = userspec.resolve(spec, "--model")
+    try:
+        model = fn()
+    except Exception as e:  # noqa: BLE001 - the user's code: its error, in one line, is the message
+        raise userspec.SpecError(f"--model {spec}: calling it failed: {type(e).__name__}: {e}") from None
+    if not isinstance(model, nn.Module):
+        raise userspec.SpecError(f"--model {spec} must return an nn.Module, got a {type(model).__name__}")
+    check_trainable(model, f"--model {spec}")
+    return model
+
+
+def check_trainable(model: nn.Module, what: str) -> None:
+    """SpecError unless psgd can synchronise `model` whole: float32 parameters, no persistent buffer."""
+    params = list(model.named_parameters())
+    if not params:
+        raise userspec.SpecError(f"{what}: the model has no parameters to train")
+    for name, p in params:
+        if p.dtype != torch.float32:
+            raise userspec.SpecError(f"{what}: parameter {name!r} is {p.dtype}; psgd trains float32 parameters")
+    persistent = set(model.state_dict().keys()) - {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    for name, _ in model.named_buffers():
+        if name in persistent:
+            raise userspec.SpecError(
+                f"{what}: the model has buffer {name!r} (e.g. BatchNorm running statistics); psgd synchronises "
+                "parameters only, so it would differ on every worker and be lost at evaluation: use GroupNorm / "
+                "LayerNorm, BatchNorm(track_running_stats=False), or register a constant with persistent=False")
 
 
 class Conv1dNet(nn.Module):

@@ -1,7 +1,8 @@
 """The training loop of one worker; the gradient exchange is one pluggable step.
 
 Contract: `train(cfg, rank, exchange, metrics)` builds the model (seeded, identical in every
-process), then repeats until the exchange says the budget is spent:
+process; a built-in one or the user's, psgd/train/models.py) and its loss (psgd/train/losses.py),
+then repeats until the exchange says the budget is spent:
 
     exchange.before_compute(clock)   PS: pull the parameters from every shard (may block)
     forward / backward               on slice `rank` of global batch `clock` (x --accumulate)
@@ -43,13 +44,12 @@ import signal
 import time
 
 import torch
-import torch.nn.functional as F
 
 from psgd.core import devices
 from psgd.core.config import RunConfig
 from psgd.core.step import Exchange, StepReport
 from psgd.train import data as data_mod
-from psgd.train import models
+from psgd.train import losses, models
 from psgd.train.metrics import Metrics, process_start_time
 
 
@@ -89,8 +89,9 @@ def train(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None
     plan = data_mod.plan_for(cfg, ds.y_train)
     model = models.build(cfg.model, ds.input_dim, ds.num_classes, cfg.seed).to(device)
     flat = models.FlatParams(model)
+    loss_fn = losses.get(cfg.model.loss)
     try:
-        totals, train_start = _loop(cfg, rank, exchange, metrics, model, flat, x, y, plan)
+        totals, train_start = _loop(cfg, rank, exchange, metrics, model, flat, x, y, plan, loss_fn)
     except BaseException as e:
         # Release connections, threads and files without waiting for peers that may be gone; the
         # loop's own error is the one reported.
@@ -108,14 +109,14 @@ def train(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None
 
 
 def _loop(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None, model, flat, x, y,
-          plan) -> tuple[dict, float]:
+          plan, loss_fn: losses.Loss = losses.cross_entropy) -> tuple[dict, float]:
     """Warm up, set the exchange up, and run steps until it says done; returns (totals, train_start)."""
     device = x.device
     delay_ms = dict(cfg.straggler).get(rank, 0)
     jitter = random.Random(cfg.seed * 7919 + rank)
     fail_step = dict(cfg.fail_at).get(rank)
 
-    warm_up(model, flat, x, y, plan.indices(rank, 0).chunk(cfg.accumulate)[0].to(device))
+    warm_up(model, flat, x, y, plan.indices(rank, 0).chunk(cfg.accumulate)[0].to(device), loss_fn)
     exchange.setup(flat, rank)
     if hasattr(exchange, "watch"):
         exchange.watch(model, flat)  # after the warm-up: its backward must not trigger --overlap's pushes
@@ -149,7 +150,7 @@ def _loop(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None
         for micro in idx.chunk(cfg.accumulate):
             # Mean loss per micro-batch / k: the k micro-batches together give the mean over
             # the worker's whole slice, so accumulation equals one bigger batch.
-            loss = F.cross_entropy(model(x[micro]), y[micro]) / cfg.accumulate
+            loss = loss_fn(model(x[micro]), y[micro]) / cfg.accumulate
             loss.backward()
             flat.zeroed = False
             loss_sum += float(loss.detach())
@@ -171,7 +172,7 @@ def _loop(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None
 
 
 def warm_up(model: torch.nn.Module, flat: models.FlatParams, x: torch.Tensor, y: torch.Tensor,
-            idx: torch.Tensor) -> None:
+            idx: torch.Tensor, loss_fn: losses.Loss = losses.cross_entropy) -> None:
     """One forward / backward on the worker's first (micro-)batch, gradients discarded.
 
     The first pass pays one-off costs (allocator growth, kernel selection, lazy initialisation,
@@ -179,7 +180,7 @@ def warm_up(model: torch.nn.Module, flat: models.FlatParams, x: torch.Tensor, y:
     clock starts. Parameters are not touched, and no random number is drawn (the batch plan has
     its own generators; the jitter RNG is not used), so the run's results do not change.
     """
-    F.cross_entropy(model(x[idx]), y[idx]).backward()
+    loss_fn(model(x[idx]), y[idx]).backward()
     flat.zero_grad()
     sync_device(flat.grads.device)  # its kernels finish here, not inside step 0
 
