@@ -1,8 +1,10 @@
 """03 - one update by hand, through a real shard server's Push and Pull (gRPC on 127.0.0.1).
 
 What it shows: what crosses the wire in one parameter-server step, message by message. One shard
-server (psgd/ps/server.py: the Shard behind its gRPC service, async policy, 2 workers, SGD with
-lr 0.1 and no momentum) holds a 4-number "model". Two workers, written out by hand with the
+server (psgd/ps/server.py: a Shard behind its gRPC service) holds a 4-number "model". The Shard is
+given its pieces as objects: the async policy for 2 workers (psgd/core/consistency.py) and an
+optimizer factory, SGD with lr 0.1 and no momentum (psgd/core/optim.py); `psgd run` builds the
+same from its flags (psgd/train/assemble.py). Two workers, written out by hand with the
 transport psgd's client uses (psgd/ps/transport.py), then:
 
   1. Info and Init: worker 0 offers the initial values (the first Init wins);
@@ -19,19 +21,22 @@ Every header field printed is a field of protos/psgd/v1/parameter_server.proto.
 
 from __future__ import annotations
 
+import functools
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
 from psgd._proto import parameter_server_pb2 as pb
-from psgd.core import codec
-from psgd.core.config import OptimConfig, RunConfig
+from psgd.core import codec, optim
+from psgd.core.config import OptimConfig
+from psgd.core.consistency import make_policy
 from psgd.core.errors import ExchangeError
 from psgd.ps import server
+from psgd.ps.shard import Shard, ShardOptions
 from psgd.ps.transport import Transport, make_transport
 
 LR = 0.1
-CFG = RunConfig(mode="async", workers=2, servers=1, steps=10, device="cpu", optim=OptimConfig(lr=LR, momentum=0.0))
+WORKERS = 2
 
 
 def header(worker: int, clock: int, base_version: int, n: int) -> pb.TensorHeader:
@@ -60,9 +65,12 @@ def pull(t: Transport, worker: int, clock: int, out: torch.Tensor, dtype: int = 
 
 
 def main() -> None:
-    srv = server.start(CFG, 0)  # 127.0.0.1, port 0: any free port
+    policy = make_policy("async", WORKERS, None, budget=20, start_barrier=True)  # 20 gradients, then done
+    sgd = functools.partial(optim.build, cfg=OptimConfig(lr=LR, momentum=0.0))  # built over the first Init
+    shard = Shard(0, policy, sgd, ShardOptions(mode="async"))
+    srv = server.start(shard)  # 127.0.0.1, port 0: any free port
     address = f"127.0.0.1:{srv.port}"
-    wire = [make_transport("grpc", [address], timeout=30.0) for _ in range(CFG.workers)]  # one per worker
+    wire = [make_transport("grpc", [address], timeout=30.0) for _ in range(WORKERS)]  # one per worker
     try:
         info = wire[0].info([0])[0]
         print(f"shard at {address}: shard {info.shard} of {info.num_shards}, mode {info.mode}, "

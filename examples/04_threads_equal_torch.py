@@ -35,9 +35,7 @@ from pathlib import Path
 import torch
 
 from psgd.core.config import RunConfig
-from psgd.ps import server
-from psgd.ps.exchange import PSExchange
-from psgd.train import worker
+from psgd.train import assemble
 
 ONE = runpy.run_path(str(Path(__file__).with_name("01_one_process.py")))  # 01's train(), flat(), DATA
 TOLERANCE = 1e-5  # float32 keeps ~7 digits: 100 steps may drift by ~1e-7 here; a real bug (a lost or
@@ -47,11 +45,11 @@ TOLERANCE = 1e-5  # float32 keeps ~7 digits: 100 steps may drift by ~1e-7 here; 
 def run_threads(cfg: RunConfig) -> tuple[torch.Tensor, list[dict], list[dict]]:
     """Serve cfg.servers shards, run cfg.workers worker loops as threads; return the final flat
     parameters (the shards' slices, concatenated), each shard's stats and each worker's totals."""
-    shards = [server.start(cfg, k) for k in range(cfg.servers)]   # each on 127.0.0.1, port 0
+    shards = [assemble.shard_server(cfg, k) for k in range(cfg.servers)]   # each on 127.0.0.1, port 0
     addresses = [f"127.0.0.1:{s.port}" for s in shards]
     pool = ThreadPoolExecutor(cfg.workers)
     try:
-        runs = [pool.submit(worker.train, cfg, rank, PSExchange.from_config(cfg, addresses), None)
+        runs = [pool.submit(assemble.train_worker, cfg, rank, assemble.ps_exchange(cfg, addresses), None)
                 for rank in range(cfg.workers)]
         totals = [r.result() for r in runs]  # re-raises a worker's error here
         return torch.cat([s.shard.param for s in shards]), [s.shard.stats() for s in shards], totals

@@ -222,7 +222,7 @@ def start_shards(servers: int = 1, workers: int = 1, mode: str = "sync", optimiz
     the run ends when every worker has left. Other keywords: the shard's `psgd run` flags
     (`staleness=`, `backup_workers=`, `wire_dtype=` ...). Raises ValueError for a bad one.
     """
-    from psgd.ps import server  # noqa: PLC0415
+    from psgd.train import assemble  # noqa: PLC0415
 
     if mode == "allreduce":
         raise ValueError("mode='allreduce' has no shards: use psgd.fit(mode='allreduce')")
@@ -232,7 +232,7 @@ def start_shards(servers: int = 1, workers: int = 1, mode: str = "sync", optimiz
     started: list = []
     try:
         for k in range(servers):
-            started.append(server.start(cfg, k, host, 0))
+            started.append(assemble.shard_server(cfg, k, host, 0))
     except BaseException:
         for s in started:
             s.stop(grace=0)

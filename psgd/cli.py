@@ -358,8 +358,8 @@ def _serve(args: argparse.Namespace, on_ready=None) -> int:
     """`on_ready(port)` (psgd node's Publisher) runs once the shard listens; its NodeError stops it."""
     from pathlib import Path
 
-    from psgd.ps import auth, server, tls
-    from psgd.train import data, launch, models
+    from psgd.ps import auth, tls
+    from psgd.train import assemble, data, launch, models
     from psgd.train.metrics import Metrics, process_start_time
 
     if not isinstance(args.servers, int):
@@ -397,8 +397,8 @@ def _serve(args: argparse.Namespace, on_ready=None) -> int:
         launch.prepare_by_hand(cfg)  # by hand, shard 0 is the run's first process (workers need it up)
     launch.set_threads(cfg, role="server")
     try:
-        srv = server.start(cfg, args.shard, args.bind, args.port, token=token, num_params=num_params,
-                           restore=restored)
+        srv = assemble.shard_server(cfg, args.shard, args.bind, args.port, token=token, num_params=num_params,
+                                    restore=restored)
     except tls.TlsError as e:
         raise UsageError(str(e)) from None
     except ValueError as e:  # a checkpoint of another run
@@ -493,8 +493,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from psgd.core.errors import ExchangeError
-    from psgd.ps.exchange import PSExchange
-    from psgd.train import data, launch, worker
+    from psgd.train import assemble, data, launch
     from psgd.train.metrics import Metrics
     from psgd.train.userspec import SpecError
 
@@ -508,12 +507,13 @@ def cmd_worker(args: argparse.Namespace) -> int:
     cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
     launch.set_threads(cfg)
     if cfg.mode == "allreduce":
-        from psgd.allreduce.collective import CollectiveError, CollectiveExchange
+        from psgd.allreduce.collective import CollectiveError
 
         if rank == 0:
             launch.prepare_by_hand(cfg)  # under torchrun rank 0 prepares; the others write after the barrier
 
-        exchange, errors = CollectiveExchange.from_env(cfg, rank, init_method=args.rendezvous), (CollectiveError,)
+        exchange = assemble.collective_exchange(cfg, rank, init_method=args.rendezvous)
+        errors = (CollectiveError,)
     else:
         addresses = args.servers
         if args.servers_on_stdin:
@@ -526,11 +526,11 @@ def cmd_worker(args: argparse.Namespace) -> int:
                 raise UsageError(f"--servers-on-stdin: expected {cfg.servers} HOST:PORT on stdin, got {addresses!r}")
         if isinstance(addresses, int):
             raise UsageError("psgd worker needs --servers HOST:PORT,... (the running shards, in shard order)")
-        exchange, errors = PSExchange.from_config(cfg, addresses), (ExchangeError,)
+        exchange, errors = assemble.ps_exchange(cfg, addresses), (ExchangeError,)
     metrics = Metrics(Path(cfg.out) / "metrics.jsonl")
     code = 0
     try:
-        worker.train(cfg, rank, exchange, metrics, device)
+        assemble.train_worker(cfg, rank, exchange, metrics, device)
     except errors as e:
         print(f"psgd worker {rank}: error: {e}", file=sys.stderr)
         code = 1

@@ -9,6 +9,7 @@ import torch
 
 from psgd.core.config import RunConfig
 from psgd.ps import server as server_mod
+from psgd.train import assemble
 from tests.threads import thread_exceptions, threads  # noqa: F401 - fixtures, registered for every test
 
 torch.set_num_threads(1)
@@ -39,7 +40,7 @@ def shard_servers():
     started: list[server_mod.ShardServer] = []
 
     def start(cfg: RunConfig) -> list[server_mod.ShardServer]:
-        servers = [server_mod.start(cfg, k, "127.0.0.1", 0) for k in range(cfg.servers)]
+        servers = [assemble.shard_server(cfg, k, "127.0.0.1", 0) for k in range(cfg.servers)]
         started.extend(servers)
         return servers
 

@@ -75,19 +75,18 @@ def open_start_barrier(shard) -> None:
 def workers_in_threads(cfg, addresses: list[str], exchange=None) -> list[dict]:
     """Run cfg.workers PS workers as threads against running shards; return each worker's totals
     (worker.train's result) after checking that every one finished cleanly. `exchange(cfg,
-    addresses)` makes each worker's exchange (default: PSExchange.from_config)."""
+    addresses)` makes each worker's exchange (default: psgd/train/assemble.py `ps_exchange`)."""
     import threading
 
-    from psgd.ps.exchange import PSExchange
-    from psgd.train import worker
+    from psgd.train import assemble
 
-    make = exchange or PSExchange.from_config
+    make = exchange or assemble.ps_exchange
     errors: list[BaseException] = []
     totals: list[dict] = [{} for _ in range(cfg.workers)]
 
     def work(rank: int) -> None:
         try:
-            totals[rank] = worker.train(cfg, rank, make(cfg, addresses), None)
+            totals[rank] = assemble.train_worker(cfg, rank, make(cfg, addresses), None)
         except Exception as e:  # surfaced by the assertion below
             errors.append(e)
 

@@ -12,7 +12,7 @@ import torch
 
 from psgd.core.config import RunConfig
 from psgd.core.errors import ShardError, UsageError
-from psgd.ps.shard import Shard
+from psgd.train import assemble
 from tests.helpers import ENV, events, processes_mentioning, psgd_main, summary
 
 TINY = ["--model", "mlp", "--dataset", "synthetic", "--num-samples", "600", "--batch-size", "16"]
@@ -36,7 +36,7 @@ def wait_all(procs: list[subprocess.Popen]) -> tuple[list[int], list[str]]:
 
 
 def test_leave_counts_each_worker_once_and_finishes_after_all():
-    shard = Shard(RunConfig(mode="async", workers=2, servers=1), 0)
+    shard = assemble.shard(RunConfig(mode="async", workers=2, servers=1), 0)
     assert shard.leave(1, 0) == 1
     assert shard.leave(1, 0) == 1  # a retried Leave must not end the run early
     assert not shard.finished.is_set()
@@ -148,10 +148,9 @@ def test_summarize_refuses_what_is_not_a_finished_run(tmp_path):
 def test_a_worker_that_cannot_leave_fails_loudly(tmp_path):
     """Leave is part of a clean end: a shard that vanished before it is an error, not silence."""
     from psgd.core.errors import ExchangeError
-    from psgd.ps import server as server_mod
     from psgd.ps.client import make_client
 
-    srv = server_mod.start(RunConfig(mode="async", workers=1, servers=1), 0, "127.0.0.1", 0)
+    srv = assemble.shard_server(RunConfig(mode="async", workers=1, servers=1), 0, "127.0.0.1", 0)
     client = make_client("grpc", [f"127.0.0.1:{srv.port}"], 0, 4, rpc_timeout=10)
     client.init(torch.zeros(4))
     srv.stop(grace=0)

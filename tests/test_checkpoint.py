@@ -7,7 +7,7 @@ import torch
 
 from psgd.core.config import OptimConfig, RunConfig
 from psgd.ps import checkpoint
-from psgd.ps.shard import Shard
+from psgd.train import assemble
 from tests.helpers import open_start_barrier, psgd_main, summary
 
 
@@ -38,20 +38,20 @@ def test_a_restored_shard_goes_on_exactly_as_the_uninterrupted_one(tmp_path):
     cfg = RunConfig(mode="sync", workers=1, servers=1, steps=100, checkpoint_every=3, out=str(tmp_path),
                     optim=OptimConfig(lr=0.1, momentum=0.9, warmup=5))
     grads = [torch.randn(6, generator=torch.Generator().manual_seed(i)) for i in range(8)]
-    a = Shard(cfg, 0)
+    a = assemble.shard(cfg, 0)
     a.init(torch.arange(6, dtype=torch.float32))
     open_start_barrier(a)
     for c, g in enumerate(grads):
         a.push(0, c, c, g, "fp32")
     state, _ = checkpoint.newest(tmp_path / "checkpoints", 0)
     assert state["version"] == 6 and a.stats()["checkpoints"] == 2
-    b = Shard(cfg, 0)
+    b = assemble.shard(cfg, 0)
     b.restore(state)
     assert b.policy.clocks == [6] and b.ready.is_set()
     for c in (6, 7):
         b.push(0, c, c, grads[c], "fp32")
     assert torch.equal(a.param, b.param) and b.policy.version == a.policy.version == 8
-    wrong = Shard(RunConfig(mode="sync", workers=2, servers=1), 0)
+    wrong = assemble.shard(RunConfig(mode="sync", workers=2, servers=1), 0)
     try:
         wrong.restore(state)
         raise AssertionError("a checkpoint of another run was taken")

@@ -19,13 +19,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from psgd import cli
-from psgd.allreduce.collective import CollectiveError, CollectiveExchange, Rendezvous, choose_backend
+from psgd.allreduce.collective import CollectiveError, CollectiveExchange, CollectiveOptions, Rendezvous, choose_backend
 from psgd.allreduce.ring import all_gather_step, reduce_scatter_step, ring_all_reduce, ring_bytes
 from psgd.core.config import ModelConfig, OptimConfig, RunConfig
 from psgd.core.errors import UsageError
 from psgd.core.sharding import shard_ranges
 from psgd.ps.exchange import PSExchange
-from psgd.train import models, worker
+from psgd.train import assemble, models
 from tests.helpers import ENV, events, processes_mentioning, psgd_main, summary
 from tests.test_equivalence import DATA, OPTIM, STEPS, run_plain_torch
 
@@ -112,8 +112,8 @@ def _replicas(rank: int, n: int, tmp: str) -> None:
 def _replicas_of(rank: int, n: int, rdv: str, out: str, impl: str) -> None:
     optim = OptimConfig(lr=0.1, momentum=0.9, weight_decay=1e-3, warmup=2)
     # bucket_mb 0.0005 = 131 floats: the 168 parameters of this logreg are reduced in two buckets.
-    cfg = RunConfig(mode="allreduce", workers=n, steps=4, check_every=1, bucket_mb=0.0005, allreduce_impl=impl,
-                    optim=optim, device="cpu", out=out, eval_every=2)
+    cfg = CollectiveOptions(steps=4, check_every=1, bucket_mb=0.0005, allreduce_impl=impl, optim=optim,
+                            device="cpu", out=out, eval_every=2)
     model = models.build(ModelConfig("logreg"), 20, 8, seed=rank)  # deliberately different: setup broadcasts
     flat = models.FlatParams(model)
     ex = CollectiveExchange(cfg, Rendezvous(rank, n, rank, n, f"file://{rdv}"), "gloo")
@@ -166,7 +166,7 @@ def sync_ps_params(shards, workers: int, batch: int, optim: OptimConfig) -> torc
     cfg = RunConfig(mode="sync", workers=workers, servers=2, batch_size=batch, steps=STEPS, seed=3, optim=optim,
                     data=DATA, model=ModelConfig(model="mlp", width=32), device="cpu")
     addresses, cores = shards(cfg)
-    threads = [threading.Thread(target=worker.train, args=(cfg, r, PSExchange(addresses, "fp32", 30.0), None))
+    threads = [threading.Thread(target=assemble.train_worker, args=(cfg, r, PSExchange(addresses, "fp32", 30.0), None))
                for r in range(workers)]
     [t.start() for t in threads]
     [t.join(120) for t in threads]

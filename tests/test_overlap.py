@@ -6,8 +6,7 @@ import torch
 
 from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig
 from psgd.ps.client import make_client
-from psgd.ps.exchange import PSExchange
-from psgd.train import data, models
+from psgd.train import assemble, data, models
 from tests.helpers import processes_mentioning, psgd_main, summary, train_in_threads
 from tests.test_equivalence import run_plain_torch
 
@@ -41,7 +40,7 @@ def _one_step(shards, num_shards: int):
     flat = models.FlatParams(model)
     cfg = RunConfig(mode="async", workers=1, servers=num_shards, overlap=True)
     addresses, cores = shards(cfg)
-    ex = PSExchange.from_config(cfg, addresses)
+    ex = assemble.ps_exchange(cfg, addresses)
     ex.setup(flat, 0)
     ex.watch(model, flat)
     events = []

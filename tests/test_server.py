@@ -10,6 +10,7 @@ from psgd.core import codec
 from psgd.core.config import RunConfig
 from psgd.core.errors import ExchangeError
 from psgd.ps.client import make_client
+from psgd.train import assemble
 from tests.helpers import open_start_barrier
 
 
@@ -114,12 +115,11 @@ def test_skip_nonfinite_counts_and_never_applies(shards):
 
 
 def test_port_in_use_is_a_clear_error(shards):
-    from psgd.ps import server as server_mod
 
     (address,), _ = shards(RunConfig(servers=1))
     port = int(address.rsplit(":", 1)[1])
     with pytest.raises(OSError, match="in use"):
-        server_mod.start(RunConfig(servers=1), 0, "127.0.0.1", port)
+        assemble.shard_server(RunConfig(servers=1), 0, "127.0.0.1", port)
 
 
 def test_init_for_another_shard_is_refused(shard_servers):

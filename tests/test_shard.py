@@ -11,12 +11,13 @@ from psgd.core import optim
 from psgd.core.config import OptimConfig, RunConfig
 from psgd.core.errors import Code, ShardError
 from psgd.ps.shard import Shard
+from psgd.train import assemble
 from tests.helpers import open_start_barrier
 
 
 def ready_shard(**kw) -> Shard:
     cfg = RunConfig(**{"mode": "async", "workers": 2, "servers": 1, "steps": 100, **kw})
-    s = Shard(cfg, 0)
+    s = assemble.shard(cfg, 0)
     s.init(torch.arange(4, dtype=torch.float32))
     open_start_barrier(s)
     return s
@@ -56,7 +57,7 @@ def test_pulls_of_one_version_share_one_copy_that_no_update_changes():
 
 
 def test_refusals_carry_a_code_and_change_nothing():
-    s = Shard(RunConfig(mode="sync", workers=2, servers=1), 0)
+    s = assemble.shard(RunConfig(mode="sync", workers=2, servers=1), 0)
     refused(lambda: s.check_push(0, 0, 4), Code.FAILED_PRECONDITION, "not initialised")
     s.init(torch.zeros(4))
     refused(lambda: s.init(torch.zeros(5)), Code.INVALID_ARGUMENT, "holds 4 elements")
@@ -80,7 +81,7 @@ def test_a_pull_with_a_wrong_clock_is_refused_not_let_through():
 
 def test_counters_are_exact_under_concurrent_pushes():
     n, steps = 8, 50
-    s = Shard(RunConfig(mode="async", workers=n, servers=1, steps=10_000), 0)
+    s = assemble.shard(RunConfig(mode="async", workers=n, servers=1, steps=10_000), 0)
     s.init(torch.zeros(1000))
     errors = []
 
@@ -116,7 +117,7 @@ def test_warmup_schedule_is_linear_then_flat(warmup):
 
 def test_shard_and_replica_take_the_same_warmed_up_steps():
     cfg = RunConfig(mode="sync", workers=1, servers=1, optim=OptimConfig(lr=0.1, momentum=0.9, warmup=3))
-    s = Shard(cfg, 0)
+    s = assemble.shard(cfg, 0)
     s.init(torch.ones(5))
     replica = torch.ones(5)
     opt = optim.SGD(replica, cfg.optim)
@@ -129,14 +130,14 @@ def test_shard_and_replica_take_the_same_warmed_up_steps():
 
 
 def test_init_header_is_checked_like_a_push():
-    s = Shard(RunConfig(mode="sync", workers=2, servers=2), 0)
+    s = assemble.shard(RunConfig(mode="sync", workers=2, servers=2), 0)
     refused(lambda: s.check_init(0, 1, 4), Code.INVALID_ARGUMENT, "for shard 1")
     refused(lambda: s.check_init(2, 0, 4), Code.INVALID_ARGUMENT, "worker id 2")
     refused(lambda: s.check_init(1, 0, 2**62), Code.INVALID_ARGUMENT, "2..")  # never sizes memory by it
     s.check_init(1, 0, 4)
     # With the model's size from the server's own config (11 parameters, 2 shards: 6 + 5), the
     # header must say exactly this shard's length, before a byte of data is read.
-    s = Shard(RunConfig(mode="sync", workers=2, servers=2), 1, num_params=11)
+    s = assemble.shard(RunConfig(mode="sync", workers=2, servers=2), 1, num_params=11)
     refused(lambda: s.check_init(0, 1, 6), Code.INVALID_ARGUMENT, "has 5 elements; Init header says 6")
     s.check_init(0, 1, 5)
     assert s.max_payload == 5 * 8  # at most every element as a sparse (index, fp32 value) pair
@@ -159,7 +160,7 @@ def test_the_wait_for_the_chiefs_init_is_start_up_not_pull_time():
     as wait_s (start-up, which the worker keeps out of its times), never as transfer time."""
     import time
 
-    s = Shard(RunConfig(mode="async", workers=1, servers=1, steps=10), 0)
+    s = assemble.shard(RunConfig(mode="async", workers=1, servers=1, steps=10), 0)
 
     class InitArrivesDuringTheWait(threading.Event):
         def wait(self, timeout=None):
@@ -246,7 +247,7 @@ def test_receive_buffers_go_back_to_the_pool_once_whatever_the_push_did():
 
 
 def test_a_checkpoint_from_an_older_optimizer_format_is_refused_before_anything_changes():
-    s = Shard(RunConfig(mode="sync", workers=2, servers=1, steps=10), 0)
+    s = assemble.shard(RunConfig(mode="sync", workers=2, servers=1, steps=10), 0)
     state = {"shard": 0, "mode": "sync", "workers": 2, "param": torch.zeros(4),
              "opt": {"state": {}, "param_groups": []}, "schedule": None}
     with pytest.raises(ValueError, match="older psgd"):

@@ -13,7 +13,7 @@ from psgd.core import link, sparsify
 from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig, validate
 from psgd.ps import framing as fr
 from psgd.ps.client import make_client
-from psgd.ps.exchange import PSExchange
+from psgd.train import assemble
 from tests.helpers import open_start_barrier, psgd_main, workers_in_threads
 
 
@@ -68,7 +68,7 @@ def dense_or_sparse_at_one(shards, transport: str, sparse: bool):
     addresses, cores = shards(cfg)
 
     def exchange(cfg, addresses):
-        ex = PSExchange.from_config(cfg, addresses)
+        ex = assemble.ps_exchange(cfg, addresses)
         ex.topk = 1.0 if sparse else None
         return ex
     (totals,) = workers_in_threads(cfg, addresses, exchange)

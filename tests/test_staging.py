@@ -9,7 +9,7 @@ from psgd.core.config import RunConfig
 from psgd.ps.client import PSClient
 from psgd.ps.exchange import PSExchange
 from psgd.ps.staging import HostStaging
-from psgd.train import worker
+from psgd.train import assemble
 from tests.test_overlap import DATA, MODEL, OPTIM
 
 STEPS = 6
@@ -62,7 +62,7 @@ def _train_one(shards, stage: bool | None, overlap: bool, monkeypatch) -> tuple[
     spy("push_pull", 1)         # push_pull(clock, grad, out): the grad
     spy("start_push", 2)        # start_push(k, clock, grad): --overlap
     exchange = PSExchange(addresses, stage=stage, overlap=overlap)
-    worker.train(cfg, 0, exchange, None)
+    assemble.train_worker(cfg, 0, exchange, None)
     monkeypatch.undo()
     assert all(c.policy.version == STEPS for c in cores)
     return torch.cat([c.param.detach().clone() for c in cores]), seen, exchange

@@ -13,6 +13,7 @@ from psgd.core import staleness
 from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig
 from psgd.core.errors import Code, ShardError
 from psgd.ps.shard import Shard
+from psgd.train import assemble
 from tests.helpers import psgd_main, workers_in_threads
 
 LR, LAM = 0.5, 0.25
@@ -38,7 +39,7 @@ def test_dc_term_and_the_one_over_tau_scale_match_a_hand_computation(wire):
     makes each step w -= lr * applied gradient, so the expected parameters follow by hand."""
     cfg = RunConfig(mode="async", workers=3, servers=1, steps=10, staleness_lr=True, dc_lambda=LAM,
                     wire_dtype=wire, optim=OptimConfig(lr=LR, momentum=0.0))
-    s = Shard(cfg, 0)
+    s = assemble.shard(cfg, 0)
     s.init(torch.tensor(W0))
     pull_first(s, 3, wire)
     g = {1: [1.0, -2.0, 0.5, 4.0], 2: [0.5, 1.0, -1.0, 2.0], 0: [2.0, 1.0, 3.0, -0.5]}
@@ -69,7 +70,7 @@ def test_step_scale_and_the_effective_momentum():
 
 def test_dc_refuses_a_push_whose_parameters_it_never_served():
     cfg = RunConfig(mode="async", workers=2, servers=1, steps=10, dc_lambda=LAM)
-    s = Shard(cfg, 0)
+    s = assemble.shard(cfg, 0)
     s.init(torch.tensor(W0))
     pull_first(s, 2, "fp32")
     s.push(0, 0, 0, torch.ones(4), "fp32")
@@ -85,7 +86,7 @@ def test_dc_refuses_a_push_whose_parameters_it_never_served():
 def test_a_compensated_gradient_that_overflows_is_skipped_or_refused(skip):
     cfg = RunConfig(mode="async", workers=2, servers=1, steps=10, dc_lambda=LAM, skip_nonfinite=skip,
                     optim=OptimConfig(lr=LR, momentum=0.0))
-    s = Shard(cfg, 0)
+    s = assemble.shard(cfg, 0)
     s.init(torch.tensor(W0))
     pull_first(s, 2, "fp32")
     s.push(1, 0, 0, torch.full((4,), 1e30), "fp32")   # finite, but w_now is now ~1e30 from w_then

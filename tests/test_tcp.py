@@ -16,6 +16,7 @@ from psgd.core.config import RunConfig
 from psgd.core.errors import ExchangeError
 from psgd.ps import framing as tcp
 from psgd.ps.client import make_client
+from psgd.train import assemble
 from tests.helpers import open_start_barrier, processes_mentioning, psgd, psgd_main, summary
 
 
@@ -165,10 +166,9 @@ def test_refused_push_is_one_line_exchange_error(shards):
 
 
 def test_stopped_shard_is_unavailable_and_leaves_no_thread():
-    from psgd.ps import server as server_mod
 
     cfg = RunConfig(mode="async", workers=1, servers=1)
-    server = server_mod.start(cfg, 0, "127.0.0.1", 0)
+    server = assemble.shard_server(cfg, 0, "127.0.0.1", 0)
     client = make_client("tcp", [f"127.0.0.1:{server.port}"], 0, 4, rpc_timeout=10)
     try:
         client.init(torch.zeros(4))

@@ -27,7 +27,7 @@ import torch
 from psgd.core import textbook
 from psgd.core.config import OptimConfig, RunConfig
 from psgd.ps.client import make_client
-from psgd.ps.shard import Shard
+from psgd.train import assemble
 from tests.helpers import open_start_barrier
 
 LR, MOMENTUM = 0.1, 0.9
@@ -56,7 +56,7 @@ class InProcess:
     """The production shard core (`Shard`) behind the textbook's pull/push."""
 
     def __init__(self, cfg: RunConfig, params: torch.Tensor) -> None:
-        self.shard = Shard(cfg, 0)
+        self.shard = assemble.shard(cfg, 0)
         self.shard.init(params.clone())
         self.policy = self.shard.policy
 

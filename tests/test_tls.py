@@ -11,8 +11,8 @@ import torch
 from psgd.core.config import RunConfig
 from psgd.core.errors import ExchangeError
 from psgd.ps import framing as fr
-from psgd.ps import server as server_mod
 from psgd.ps.client import make_client
+from psgd.train import assemble
 from tests.helpers import open_start_barrier, psgd_main
 
 
@@ -29,7 +29,7 @@ def secure_shard(certs):
     good, _ = certs
     cfg = RunConfig(mode="async", workers=2, servers=1, steps=100, tls_cert=str(good / "server.pem"),
                     tls_key=str(good / "server-key.pem"))
-    srv = server_mod.start(cfg, 0, "127.0.0.1", 0, num_params=10)
+    srv = assemble.shard_server(cfg, 0, "127.0.0.1", 0, num_params=10)
     yield srv
     srv.stop(grace=0)
 

@@ -19,6 +19,7 @@ from psgd.ps import auth, tcp_server, wire
 from psgd.ps import framing as fr
 from psgd.ps.client import make_client
 from psgd.ps.grpc_server import ShardServicer
+from psgd.train import assemble
 from tests.helpers import open_start_barrier, psgd_main
 
 TOKEN = b"s3cret-token"
@@ -27,10 +28,9 @@ TOKEN = b"s3cret-token"
 @pytest.fixture
 def gated(tmp_path):
     """One async shard (2 workers, 10 elements) behind a token, initialised by a client holding it."""
-    from psgd.ps import server as server_mod
 
     cfg = RunConfig(mode="async", workers=2, servers=1, steps=100)
-    srv = server_mod.start(cfg, 0, "127.0.0.1", 0, token=TOKEN, num_params=10)
+    srv = assemble.shard_server(cfg, 0, "127.0.0.1", 0, token=TOKEN, num_params=10)
     good = make_client("tcp", [f"127.0.0.1:{srv.port}"], 0, 10, token=TOKEN)
     try:
         good.wait_ready()

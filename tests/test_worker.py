@@ -10,8 +10,7 @@ import torch.nn.functional as F
 
 from psgd.core.config import DataConfig, ModelConfig, RunConfig
 from psgd.core.step import StepReport
-from psgd.ps.exchange import PSExchange
-from psgd.train import data, models, worker
+from psgd.train import assemble, data, models, worker
 
 DATA = DataConfig(dataset="synthetic", num_samples=1000)
 MODEL = ModelConfig(model="mlp", width=16)
@@ -22,7 +21,7 @@ def test_warm_up_leaves_parameters_gradients_and_rng_as_they_were():
     model = models.build(MODEL, ds.input_dim, ds.num_classes, seed=1)
     flat = models.FlatParams(model)
     before, rng = flat.params.clone(), torch.get_rng_state()
-    worker.warm_up(model, flat, ds.x_train, ds.y_train, torch.arange(8))
+    worker.warm_up(model, flat, ds.x_train[:8], ds.y_train[:8])
     assert torch.equal(flat.params, before)
     assert not flat.grads.any()
     assert torch.equal(torch.get_rng_state(), rng)
@@ -46,7 +45,7 @@ def test_no_gradient_is_applied_before_the_last_worker_reaches_the_start_barrier
 
     def work(rank: int) -> None:
         try:
-            ends[rank] = worker.train(cfg, rank, PSExchange.from_config(cfg, addresses), None)
+            ends[rank] = assemble.train_worker(cfg, rank, assemble.ps_exchange(cfg, addresses), None)
         except Exception as e:  # surfaced by the assertion below
             errors.append(e)
 
@@ -95,6 +94,6 @@ def test_a_failing_loop_closes_the_exchange_quickly_and_reports_its_own_error():
     cfg = RunConfig(mode="sync", workers=1, steps=3, data=DataConfig(dataset="synthetic", num_samples=200),
                     device="cpu")
     with pytest.raises(RuntimeError, match="the network is gone") as err:
-        worker.train(cfg, 0, ex, None)
+        assemble.train_worker(cfg, 0, ex, None)
     assert ex.closed == [True]  # once, told it failed (no waiting for peers)
     assert any("and so is the socket" in note for note in err.value.__notes__)

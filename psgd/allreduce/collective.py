@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import datetime
 import json
-import os
 import re
 import socket
 import time
@@ -58,7 +57,7 @@ import torch.distributed as dist
 
 from psgd.allreduce.ring import Traffic, ring_all_reduce, ring_bytes
 from psgd.core import codec, localsgd, optim
-from psgd.core.config import RunConfig
+from psgd.core.config import OptimConfig
 from psgd.core.devices import parse_device, pick_device
 from psgd.core.errors import UsageError
 from psgd.core.step import Flat, StepReport
@@ -150,26 +149,43 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch_args(cfg: RunConfig, env: dict) -> tuple[list[str], dict]:
-    """For `psgd run`: the extra worker flags and the environment of a local group, as torchrun
-    would set it (the launcher adds RANK and LOCAL_RANK per worker). Fails fast on a bad backend."""
-    choose_backend(cfg.backend, cfg.device, cfg.workers, usable_cuda_devices())
-    env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(cfg.workers),
-               LOCAL_WORLD_SIZE=str(cfg.workers))
+def launch_args(backend: str, device: str, workers: int, out: str, env: dict) -> tuple[list[str], dict]:
+    """For `psgd run`: the extra worker flags and the environment of a local group of `workers`
+    ranks, as torchrun would set it (the launcher adds RANK and LOCAL_RANK per worker), with the
+    rendezvous in the run folder `out`. Fails fast on a bad backend."""
+    choose_backend(backend, device, workers, usable_cuda_devices())
+    env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(workers),
+               LOCAL_WORLD_SIZE=str(workers))
     # A file rendezvous in the run folder: local runs then make no TCP-store connection (whose
     # address lookups leave loopback as reverse-DNS queries). The file must not survive a run.
-    store = Path(cfg.out).resolve() / "rendezvous"
+    store = Path(out).resolve() / "rendezvous"
     store.unlink(missing_ok=True)
     return ["--rendezvous", f"file://{store}"], env
+
+
+@dataclass(frozen=True)
+class CollectiveOptions:
+    """What an all-reduce replica does besides talking: its optimizer, budget, buckets, records."""
+    optim: OptimConfig = OptimConfig()  # every replica steps the same optimizer (psgd/core/optim.py)
+    steps: int = 100                    # --steps: updates in all (local steps with --local-steps)
+    local_steps: int = 1                # local SGD: average the parameters every H steps
+    device: str = "auto"                # the worker's --device (nccl: which GPU this rank reduces on)
+    bucket_mb: float = 25.0             # gradients reduced in flat buckets of this many MiB (DDP's 25)
+    allreduce_impl: str = "library"     # torch.distributed's all_reduce, or the hand-written ring
+    rpc_timeout: float = 60.0           # the process group's timeout
+    eval_every: int = 20                # rank 0 snapshots the parameters every this many updates
+    check_every: int = 50               # compare every replica's hash every this many updates
+    out: str = ""                       # the run folder: rank 0's replica-0.pt, every rank's hash file
 
 
 class CollectiveExchange:
     """worker.Exchange for --mode allreduce: one per process, driven by the worker's one thread.
 
     It owns the optimizer, the update counter, rank 0's snapshots and the traffic counters.
+    psgd/train/assemble.py `collective_exchange` builds one from a run's config and the environment.
     """
 
-    def __init__(self, cfg: RunConfig, rdv: Rendezvous, backend: str) -> None:
+    def __init__(self, cfg: CollectiveOptions, rdv: Rendezvous, backend: str) -> None:
         self.cfg, self.rdv, self.backend = cfg, rdv, backend
         self.n = rdv.world_size
         # nccl reduces on the rank's own GPU, the one the worker picks (psgd/core/devices.py:
@@ -191,15 +207,6 @@ class CollectiveExchange:
         self.stats = dict(bytes_sent=0, bytes_received=0, allreduce_s=0.0, optimizer_s=0.0, check_s=0.0,
                           checks=0)
         self.final_sha256 = ""
-
-    @classmethod
-    def from_env(cls, cfg: RunConfig, rank: int, env: Mapping[str, str] | None = None,
-                 init_method: str = "env://") -> CollectiveExchange:
-        """The exchange of `psgd worker --mode allreduce` (also under torchrun): reads the
-        environment here, at the edge, and nowhere else. Raises UsageError."""
-        rdv = Rendezvous.from_env(rank, cfg.workers, os.environ if env is None else env, init_method)
-        backend = choose_backend(cfg.backend, cfg.device, rdv.local_world_size, usable_cuda_devices())
-        return cls(cfg, rdv, backend)
 
     # -- worker.Exchange -------------------------------------------------------------------------
     def setup(self, flat: Flat, rank: int) -> None:

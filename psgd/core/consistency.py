@@ -114,7 +114,7 @@ class Policy:
 
     name = "base"
 
-    def __init__(self, num_workers: int, apply: Callable[[torch.Tensor], None],
+    def __init__(self, num_workers: int, apply: Callable[[torch.Tensor], None] | None = None,
                  budget: int | None = None, start_barrier: bool = False, adjust: Adjust | None = None) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
@@ -140,6 +140,12 @@ class Policy:
         self._offered, self._kept = False, False
         self._spare: torch.Tensor | None = None
         self.stats = Stats()
+
+    def attach(self, apply: Callable[[torch.Tensor], None], adjust: Adjust | None = None) -> None:
+        """Give the policy its callbacks after construction: a shard builds around a policy it is
+        given (psgd/ps/shard.py), and attaches its optimizer step and its remedies here."""
+        with self.cond:
+            self._apply, self._adjust = apply, adjust
 
     # -- rules, overridden per policy (called with self.cond held) --------------------------
     def _pull_ready(self, worker: int, clock: int) -> bool:

@@ -57,7 +57,6 @@ from psgd.core import optim
 from psgd.core.config import OptimConfig
 from psgd.core.errors import ExchangeError, UsageError
 from psgd.core.step import StepReport
-from psgd.ps import auth
 from psgd.ps.client import PSClient, PullStreams, make_client
 from psgd.ps.staging import HostStaging
 
@@ -100,14 +99,6 @@ class PSExchange:
         self._local = None  # local SGD: optim.build
         self.stage = stage  # host staging (psgd/ps/staging.py): None = when the model is on a GPU
         self.staging: HostStaging | None = None
-
-    @classmethod
-    def from_config(cls, cfg, addresses: list[str]) -> PSExchange:
-        # --topk 1 (the default) is a dense push; the sparse path at fraction 1 is for tests.
-        return cls(addresses, cfg.wire_dtype, cfg.rpc_timeout, cfg.link, cfg.overlap, cfg.accumulate, cfg.transport,
-                   cfg.local_steps, cfg.optim, cfg.separate_pull, auth.load(cfg.token_file),
-                   backup_workers=cfg.backup_workers, topk=cfg.topk if cfg.topk < 1 else None,
-                   error_feedback=not cfg.no_error_feedback, tls_ca=cfg.tls_ca)
 
     def setup(self, flat, rank: int) -> None:
         self.client = make_client(self.transport, self.addresses, rank, flat.params.numel(), self.wire_dtype,

@@ -111,7 +111,7 @@ class ShardServicer:
                     h, o = self._received_push(h, request_iterator)
                     # A run-long call has no deadline (time_remaining: None, or gRPC's "infinite").
                     remaining = context.time_remaining()
-                    timeout = min(math.inf if remaining is None else remaining, self.shard.cfg.rpc_timeout)
+                    timeout = min(math.inf if remaining is None else remaining, self.shard.options.rpc_timeout)
                     p = stack.enter_context(self.shard.next_pull(o, h.worker_id, h.shard, h.clock,
                                                                  wire.dtype_name(h.dtype), timeout))
                 yield from self._pulled(p, h.dtype, pushed=wire.push_reply(o))
@@ -122,8 +122,8 @@ class ShardServicer:
 
     def Info(self, request, context):
         s = self.shard
-        return pb.InfoReply(shard=s.index, num_shards=s.cfg.servers, num_workers=s.cfg.workers,
-                            mode=s.cfg.mode, version=s.policy.version, initialized=s.ready.is_set(),
+        return pb.InfoReply(shard=s.index, num_shards=s.options.num_shards, num_workers=s.workers,
+                            mode=s.options.mode, version=s.policy.version, initialized=s.ready.is_set(),
                             num_elements=s.num_elements, data_port=self.data_port, clocks=s.policy.clocks)
 
 

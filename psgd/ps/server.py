@@ -1,10 +1,11 @@
 """A shard server: one `Shard` (psgd/ps/shard.py) behind its gRPC service and its TCP data plane.
 
-Contract: `start(cfg, index, host, port, token=, num_params=)` starts both listeners on `host`
+Contract: `start(shard, host, port, token=, tls_cert=, tls_key=, worker_lease=)` serves a `Shard`
+(built from a run's config by psgd/train/assemble.py, or by hand) with both listeners on `host`
 (gRPC on `port`, 0 for any free one; the data plane on a free port of its own, told to workers by
-`Info`), both gated by `token` when given (psgd/ps/auth.py), and returns a `ShardServer`; with
-`num_params` (the model's parameter count) Init headers are checked against the shard's length.
-`stop()` releases held pulls (they return done), then stops both. Raises OSError when a port
+`Info`), both gated by `token` when given (psgd/ps/auth.py), over TLS with a certificate, and
+returns a `ShardServer`. `worker_lease` > 0 declares lost the workers silent that long (async /
+SSP). `stop()` releases held pulls (they return done), then stops both. Raises OSError when a port
 cannot be bound. `psgd server` (psgd/cli.py) runs one per process:
 
     psgd server --port 50051 --shard 0 --servers 2 --workers 4 --mode sync
@@ -19,7 +20,6 @@ from dataclasses import dataclass
 
 import grpc
 
-from psgd.core.config import RunConfig
 from psgd.ps import auth, tls, wire
 from psgd.ps.grpc_server import ShardServicer, rpc_handlers
 from psgd.ps.shard import Shard
@@ -44,22 +44,20 @@ class ShardServer:
         self.grpc_server.stop(grace).wait()
 
 
-def start(cfg: RunConfig, index: int, host: str = "127.0.0.1", port: int = 0, *,
-          token: bytes | None = None, num_params: int | None = None, restore: dict | None = None) -> ShardServer:
-    """Serve shard `index` of `cfg` on `host`; see the module docstring."""
+def start(shard: Shard, host: str = "127.0.0.1", port: int = 0, *, token: bytes | None = None,
+          tls_cert: str = "", tls_key: str = "", worker_lease: float = 0.0) -> ShardServer:
+    """Serve `shard` on `host`; see the module docstring. A restored shard (`Shard.restore`) is
+    restored before this: no worker ever sees it uninitialised."""
     wire.reuse_freed_memory()
-    shard = Shard(cfg, index, num_params)
-    if restore is not None:
-        shard.restore(restore)  # before anything listens: no worker ever sees the shard uninitialised
-    secure = bool(cfg.tls_cert)  # TlsError (a ValueError) for files that cannot make it: before any port opens
-    context = tls.server_context(cfg.tls_cert, cfg.tls_key) if secure else None
-    credentials = tls.server_credentials(cfg.tls_cert, cfg.tls_key) if secure else None
+    secure = bool(tls_cert)  # TlsError (a ValueError) for files that cannot make it: before any port opens
+    context = tls.server_context(tls_cert, tls_key) if secure else None
+    credentials = tls.server_credentials(tls_cert, tls_key) if secure else None
     try:
         data = DataServer(shard, host, token, context)
     except OSError as e:
         raise OSError(f"cannot open the TCP data plane on {host}: {e}") from None
     # Pulls may be held by the policy, one thread each: leave room for every worker's pull and push.
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4 * cfg.workers + 8),
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=4 * shard.workers + 8),
                          interceptors=[auth.ServerGate(token)] if token else None,
                          options=[("grpc.so_reuseport", 0), *wire.CHANNEL_OPTIONS])
     server.add_generic_rpc_handlers((rpc_handlers(ShardServicer(shard, data.port)),))
@@ -72,7 +70,7 @@ def start(cfg: RunConfig, index: int, host: str = "127.0.0.1", port: int = 0, *,
         data.stop()
         raise OSError(f"cannot listen on {host}:{port}: the port is in use or the address is not this host's")
     server.start()
-    lease = _LeaseWatch(shard, cfg.worker_lease) if cfg.worker_lease > 0 else None
+    lease = _LeaseWatch(shard, worker_lease) if worker_lease > 0 else None
     return ShardServer(shard, bound, data.port, server, data, lease)
 
 

@@ -76,15 +76,15 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from psgd.core import codec, link, localsgd, optim, sharding, staleness
-from psgd.core.config import OptimConfig, RunConfig
-from psgd.core.consistency import PolicyError, PullTimeout, PushOutcome, make_policy
+from psgd.core import codec, link
+from psgd.core.consistency import Policy, PolicyError, PullTimeout, PushOutcome
 from psgd.core.errors import Code, ShardError
 from psgd.ps import checkpoint
 
@@ -118,28 +118,48 @@ class _Snapshot:
     live: bool = False  # `values` was the parameter tensor when lent (fp32): see `Shard._snapshot`
 
 
+@dataclass(frozen=True)
+class ShardOptions:
+    """The mechanism's settings of one shard (its policy and its optimizer are objects of their own)."""
+    num_shards: int = 1               # K, for Info
+    mode: str = "sync"                # the policy's name, for Info and the checkpoints' identity
+    expected: int | None = None       # the shard's length when the server knows the model, else the first Init's
+    eval_every: int = 0               # snapshot the parameters every this many updates (0: at 0 and the end)
+    checkpoint_every: int = 0         # write a checkpoint every this many updates (0: never)
+    checkpoint_dir: str = ""          # where (psgd run: OUT/checkpoints)
+    skip_nonfinite: bool = False      # count and skip a non-finite gradient instead of refusing it
+    fail_at: int | None = None        # fault injection: SIGKILL this process once the version reaches it
+    link: str = ""                    # pace this shard's NIC to an emulated link (psgd/core/link.py)
+    rpc_timeout: float = 60.0         # the longest a pull may be held (the adapters' deadline)
+
+
+Optimizer = Any  # psgd/core/optim.py: step(), param, state_dict() / load_state_dict(); SGD or AdamW
+Remedy = Any     # psgd/ps/remedies.py: adjust / pulled / forget
+
+
 class Shard:
-    def __init__(self, cfg: RunConfig, index: int, num_params: int | None = None) -> None:
-        assert 0 <= index < cfg.servers, f"shard {index} out of range for {cfg.servers} shards"
-        self.cfg, self.index = cfg, index
-        # The shard's length from the server's own config (the model's parameter count), when
-        # given: an Init or push header that disagrees is refused before anything is allocated.
-        self.expected: int | None = None
-        if num_params is not None:
-            lo, hi = sharding.shard_ranges(num_params, cfg.servers)[index]
-            self.expected = hi - lo
-        # Local SGD (--local-steps H > 1, sync only): a push is a worker's model delta at the end
-        # of an averaging round, and the budget counts rounds x N pushes (psgd/core/localsgd.py).
-        self.local_sgd = cfg.local_steps > 1
-        # With b backup workers (sync) each update takes N - b gradients and the late ones are not
-        # counted, so the budget still ends the run at exactly `steps` updates.
-        budget = localsgd.rounds(cfg.steps, cfg.local_steps) * (cfg.workers - cfg.backup_workers)
-        remedy = cfg.staleness_lr or cfg.dc_lambda > 0
-        self.policy = make_policy(cfg.mode, cfg.workers, self._apply, cfg.staleness, budget, start_barrier=True,
-                                  adjust=self._adjust if remedy else None, backup=cfg.backup_workers)
+    """One shard: `Shard(index, policy, optimizer, options, remedies)`.
+
+    `policy` (psgd/core/consistency.py) decides when a gradient is applied and a pull served; the
+    shard attaches its own `apply` (the optimizer step) and, with remedies, `adjust` to it.
+    `optimizer(param)` builds the optimizer over the shard's tensor once the first Init gives it
+    (`functools.partial(psgd.core.optim.build, cfg=..., fused=True)`). `remedies`
+    (psgd/ps/remedies.py) correct stale gradients. psgd/train/assemble.py builds all of them from a
+    run's config.
+    """
+
+    def __init__(self, index: int, policy: Policy, optimizer: Callable[[torch.Tensor], Optimizer],
+                 options: ShardOptions | None = None, remedies: tuple[Remedy, ...] = ()) -> None:
+        self.index, self.options = index, options or ShardOptions(mode=policy.name)
+        assert 0 <= index < self.options.num_shards, f"shard {index} out of range for {self.options.num_shards}"
+        assert self.options.mode == policy.name, f"options say {self.options.mode}, the policy is {policy.name}"
+        self.expected = self.options.expected
+        self.policy, self._make_optimizer, self.remedies = policy, optimizer, tuple(remedies)
+        policy.attach(self._apply, self._adjust if self.remedies else None)
+        self.workers = policy.num_workers
         self.lock = self.policy.cond
         self.param: torch.Tensor | None = None
-        self.opt = None  # optim.build: SGD or AdamW, made by init
+        self.opt: Optimizer | None = None  # made by init, over the first Init's values
         self.ready = threading.Event()
         self.left: set[int] = set()  # workers that said they finished (Leave)
         self.finished = threading.Event()  # set once all N workers have left
@@ -150,8 +170,7 @@ class Shard:
         self._pending: dict | None = None  # a checkpoint taken under the lock, not written yet
         self.checkpoints, self.checkpoint_s = 0, 0.0
         self.restored_from: int | None = None  # the version a `restore` started from
-        self._fail_at = dict(cfg.fail_shard_at).get(index)
-        lk = link.parse(cfg.link)
+        lk = link.parse(self.options.link)
         self.link_in = link.Pacer(lk) if lk else None
         self.link_out = link.Pacer(lk) if lk else None
         # Scratch buffers (received gradients, pull snapshots) per dtype, reused across requests: a
@@ -162,9 +181,7 @@ class Shard:
         self._current: dict[torch.dtype, _Snapshot] = {}  # the newest snapshot per wire dtype
         self._receiving: dict[int, _Slot] = {}  # receive buffers lent out and not yet pushed, by id
         self.copies_on_write = 0  # updates that found the parameters lent to a pull (see `_snapshot`)
-        # Remedies (see the module docstring): w_then per worker (DC-ASGD), the corrected gradient.
-        self._then: dict[int, _Snapshot] = {}
-        self._corrected: torch.Tensor | None = None
+        self._corrected: torch.Tensor | None = None  # a remedy's corrected gradient (`scratch`)
         self.remedy = {"gradients": 0, "step_scale_sum": 0.0, "dc_relative_sum": 0.0, "dc_then_peak_bytes": 0}
 
     @property
@@ -179,9 +196,9 @@ class Shard:
         self.opt.step()
         self.param.grad = None  # the gradient's buffer goes back to the pool after the push
         version = self.policy.version  # the version this update makes (the policy counted it)
-        if self.cfg.eval_every and version % self.cfg.eval_every == 0:
+        if self.options.eval_every and version % self.options.eval_every == 0:
             self.snapshots.append((version, time.time(), self.param.detach().clone()))
-        if self.cfg.checkpoint_every and version % self.cfg.checkpoint_every == 0:
+        if self.options.checkpoint_every and version % self.options.checkpoint_every == 0:
             # A consistent cut: right after an update (in sync the next step's sum is still empty).
             # Copied here, under the lock; written by the pushing thread once the lock is free.
             self._pending = self.state()
@@ -195,7 +212,7 @@ class Shard:
         if self.policy.pushing is not None:  # inside a push's apply: count that push as the policy will
             worker, clock = self.policy.pushing
             clocks[worker], accepted = clock + 1, accepted + 1
-        return {"shard": self.index, "mode": self.cfg.mode, "workers": self.cfg.workers,
+        return {"shard": self.index, "mode": self.options.mode, "workers": self.workers,
                 "version": self.policy.version, "accepted": accepted,
                 "clocks": clocks, "param": self.param.detach().clone(),
                 "opt": self.opt.state_dict()}
@@ -206,7 +223,7 @@ class Shard:
         if pending is not None:
             started = time.perf_counter()
             try:
-                checkpoint.write(Path(self.cfg.out) / "checkpoints", self.index, pending["version"], pending)
+                checkpoint.write(Path(self.options.checkpoint_dir), self.index, pending["version"], pending)
             except OSError as e:  # the update stands; a missing checkpoint is said, not fatal
                 print(f"shard {self.index}: warning: checkpoint of version {pending['version']} not written: {e}",
                       file=sys.stderr, flush=True)
@@ -218,7 +235,7 @@ class Shard:
     def restore(self, state: dict) -> None:
         """Start from a checkpoint instead of a worker's Init (`psgd server --restore`): the
         shard is initialised at the checkpoint's version, with its clocks, and no start barrier."""
-        want = (self.index, self.cfg.mode, self.cfg.workers)
+        want = (self.index, self.options.mode, self.workers)
         got = (state["shard"], state["mode"], state["workers"])
         if got != want:
             raise ValueError(f"the checkpoint is shard {got[0]} of a {got[1]} run with {got[2]} workers; "
@@ -226,10 +243,11 @@ class Shard:
         if self.expected is not None and state["param"].numel() != self.expected:
             raise ValueError(f"the checkpoint holds {state['param'].numel()} elements; this model's shard "
                              f"{self.index} has {self.expected}")
-        optim.check_state(self._opt_cfg(), state.get("opt"))  # before anything changes
-        self.init(state["param"].clone())
+        param = state["param"].clone()
+        opt = self._make_optimizer(param)
+        opt.load_state_dict(state.get("opt"))  # ValueError for another optimizer's state: before anything changes
+        self.init(param, opt)
         with self.lock:
-            self.opt.load_state_dict(state["opt"])
             p = self.policy
             p.version, p.accepted, p.clocks = state["version"], state["accepted"], list(state["clocks"])
             p.started = True  # the workers of a resumed run start at their clocks, not at 0
@@ -238,76 +256,32 @@ class Shard:
 
     def _adjust(self, grad: torch.Tensor, worker: int, tau: int) -> torch.Tensor | None:
         """The remedies' gradient for `grad` of staleness `tau` from `worker` (the policy's adjust
-        callback, lock held). Returns `grad` itself when there is nothing to do (tau <= 1 and no
-        DC), so such a gradient is applied bit for bit as without the remedy."""
+        callback, lock held): each remedy in turn (psgd/ps/remedies.py). None: skip it."""
         out: torch.Tensor | None = grad
-        if self.cfg.dc_lambda > 0:
-            out = self._compensate(grad, worker, tau)
+        for remedy in self.remedies:
+            out = remedy.adjust(self, out, worker, tau)
             if out is None:
                 return None
-        if self.cfg.staleness_lr and tau > 1:
-            out = torch.div(out, tau, out=self._scratch())
         self.remedy["gradients"] += 1
-        self.remedy["step_scale_sum"] += staleness.step_scale(tau) if self.cfg.staleness_lr else 1.0
+        if not any(getattr(r, "scales", False) for r in self.remedies):
+            self.remedy["step_scale_sum"] += 1.0
         return out
 
-    def _compensate(self, grad: torch.Tensor, worker: int, tau: int) -> torch.Tensor | None:
-        """DC-ASGD: grad + lambda g g (w_now - w_then) in the scratch buffer, w_then the snapshot
-        `worker` pulled (lock held). A compensated gradient that overflowed (a diverging run's
-        w_now - w_then) is treated like a non-finite push: skipped with --skip-nonfinite (None),
-        else refused."""
-        then = self._then.get(worker)
-        base = self.policy.version - tau
-        if then is None or then.version != base:
-            raise ShardError(Code.FAILED_PRECONDITION,
-                             f"DC-ASGD on shard {self.index}: worker {worker} pushed a gradient of version {base} "
-                             f"but last pulled {'nothing' if then is None else then.version} here")
-        out = staleness.dc_term(grad, self.param.detach(), then.values, self.cfg.dc_lambda, self._scratch())
-        # How large the compensation is next to the gradient: what the remedy did, in summary.json.
-        relative = float(torch.linalg.vector_norm(out) / torch.linalg.vector_norm(grad).clamp_min(1e-30))
-        out.add_(grad)
-        finite = all_finite(out)
-        if not finite and not self.cfg.skip_nonfinite:
-            raise ShardError(Code.INVALID_ARGUMENT,
-                             f"DC-ASGD on shard {self.index}: the compensated gradient of worker {worker} is not "
-                             "finite (run servers with --skip-nonfinite to skip such gradients)")
-        del self._then[worker]   # used: this worker's next gradient comes from its next pull
-        self._release(then)
-        if not finite:
-            return None
-        self.remedy["dc_relative_sum"] += relative
-        return out
-
-    def _scratch(self) -> torch.Tensor:
-        """The corrected gradient's buffer: one per shard, used under the lock and consumed there
-        (async applies at once; the step reads it before the next push can take the lock)."""
+    def scratch(self) -> torch.Tensor:
+        """A remedy's corrected gradient's buffer: one per shard, used under the lock and consumed
+        there (async applies at once; the step reads it before the next push can take the lock)."""
         if self._corrected is None:
             self._corrected = torch.empty(self.num_elements)
         return self._corrected
 
-    def _hold_then(self, worker: int, snap: _Snapshot) -> None:
-        """DC-ASGD: keep `snap` (what `worker` just pulled) lent to it until its push (lock held)."""
-        snap.lent += 1
-        previous = self._then.get(worker)
-        self._then[worker] = snap
-        if previous is not None:  # pulled again without pushing (a retried pull): the new one counts
-            self._release(previous)
-        held = {id(t): t.values for t in self._then.values()}  # workers on one version share its copy
-        self.remedy["dc_then_peak_bytes"] = max(self.remedy["dc_then_peak_bytes"],
-                                                sum(v.numel() * v.element_size() for v in held.values()))
-
-    def _opt_cfg(self) -> OptimConfig:
-        # Local SGD: the outer step of the averaging, w <- w - mean(delta), is SGD with lr 1
-        # and nothing else; the run's optimizer, lr, momentum and warmup act in the workers'.
-        return OptimConfig(lr=1.0, momentum=0.0) if self.local_sgd else self.cfg.optim
-
     # -- requests -------------------------------------------------------------------------------
-    def init(self, values: torch.Tensor) -> tuple[int, bool]:
-        """The first caller's values become the parameters; returns (version, this caller did it)."""
+    def init(self, values: torch.Tensor, opt: Optimizer | None = None) -> tuple[int, bool]:
+        """The first caller's values become the parameters; returns (version, this caller did it).
+        `opt`: an optimizer over `values` already (a restored one), else the shard builds it."""
         with self.lock:
             if self.param is None:
                 self.param = values
-                self.opt = optim.build(self.param, self._opt_cfg(), fused=True)
+                self.opt = opt if opt is not None else self._make_optimizer(values)
                 self.snapshots.append((0, time.time(), values.clone()))
                 self.ready.set()
                 return self.policy.version, True
@@ -350,8 +324,8 @@ class Shard:
     def _check_sender(self, worker_id: int, shard: int) -> None:
         if shard != self.index:
             raise ShardError(Code.INVALID_ARGUMENT, f"tensor for shard {shard} sent to shard {self.index}")
-        if worker_id >= self.cfg.workers:
-            raise ShardError(Code.INVALID_ARGUMENT, f"worker id {worker_id} out of range 0..{self.cfg.workers - 1}")
+        if worker_id >= self.workers:
+            raise ShardError(Code.INVALID_ARGUMENT, f"worker id {worker_id} out of range 0..{self.workers - 1}")
 
     @contextlib.contextmanager
     def receive_buffer(self) -> Iterator[torch.Tensor]:
@@ -374,7 +348,7 @@ class Shard:
         `wire_bytes` the bytes it took (default: dense, every element in `dtype`)."""
         skipped = False
         if not all_finite(grad):
-            if not self.cfg.skip_nonfinite:
+            if not self.options.skip_nonfinite:
                 raise ShardError(Code.INVALID_ARGUMENT,
                                  f"non-finite gradient from worker {worker_id} at clock {clock} refused "
                                  "(run servers with --skip-nonfinite to skip such gradients)")
@@ -393,7 +367,7 @@ class Shard:
             # Written before this push is answered: a worker that sees the next version knows
             # the checkpoint is on disk (in sync, no worker gets past it before it is).
             self._write_pending()
-        if self._fail_at is not None and out.version >= self._fail_at:
+        if self.options.fail_at is not None and out.version >= self.options.fail_at:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection (--fail-shard-at): die like a crashed host
         with self.lock:
             self.bytes_in += grad.numel() * codec.itemsize(dtype) if wire_bytes is None else wire_bytes
@@ -416,8 +390,8 @@ class Shard:
             snap = self._snapshot(codec.WIRE_DTYPES[dtype])
             lent.append(snap)
             self.bytes_out += snap.values.numel() * snap.values.element_size()
-            if self.cfg.dc_lambda > 0:
-                self._hold_then(worker_id, snap)
+            for remedy in self.remedies:
+                remedy.pulled(self, worker_id, snap)
             return snap.values
 
         try:
@@ -461,9 +435,9 @@ class Shard:
         """A pull has sent `snap`: once no pull holds it and a newer version replaced it, its
         buffer goes back to the pool (the current one stays, for the next pull of its version)."""
         with self.lock:
-            self._release(snap)
+            self.release(snap)
 
-    def _release(self, snap: _Snapshot) -> None:
+    def release(self, snap: _Snapshot) -> None:
         """One holder of `snap` is done with it (lock held); see `_give_back`."""
         snap.lent -= 1
         if snap.lent == 0 and self._current.get(snap.values.dtype) is not snap:
@@ -505,13 +479,13 @@ class Shard:
         if gone:
             with self.lock:
                 for w, _ in gone:
-                    if w in self._then:
-                        self._release(self._then.pop(w))
+                    for remedy in self.remedies:
+                        remedy.forget(self, w)
                 self._maybe_finished()
         return gone
 
     def _maybe_finished(self) -> None:
-        if len(self.left | self.policy.stats.lost.keys()) == self.cfg.workers:  # lock held
+        if len(self.left | self.policy.stats.lost.keys()) == self.workers:  # lock held
             self.finished.set()
 
     @contextlib.contextmanager

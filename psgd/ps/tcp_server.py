@@ -61,7 +61,7 @@ class DataServer(socketserver.ThreadingTCPServer):
         self.shard = shard
         self.token = token
         self.tls = tls
-        self.max_connections = 4 * shard.cfg.workers + 8
+        self.max_connections = 4 * shard.workers + 8
         self.connections: set[socket.socket] = set()
         self.lock = threading.Lock()  # guards connections and stopping
         self.stopping = False
@@ -129,7 +129,7 @@ class _Connection(socketserver.BaseRequestHandler):
         while True:
             try:
                 sock.settimeout(FIRST_FRAME_S if first else None)  # between frames a worker may compute
-                head = fr.recv_head(sock, lambda: sock.settimeout(self.server.shard.cfg.rpc_timeout))
+                head = fr.recv_head(sock, lambda: sock.settimeout(self.server.shard.options.rpc_timeout))
                 if head is None:
                     return
                 first = False
@@ -204,7 +204,7 @@ class _Connection(socketserver.BaseRequestHandler):
         shard = self.server.shard
         try:
             with shard.next_pull(o, h.worker_id, h.shard, h.clock, wire.dtype_name(h.dtype),
-                                 shard.cfg.rpc_timeout) as p:
+                                 shard.options.rpc_timeout) as p:
                 self._send_pulled(p, h.dtype, wire.push_reply(o))
         except ShardError as e:  # the payload is read: answer without draining anything
             self._error(e)
@@ -216,7 +216,7 @@ class _Connection(socketserver.BaseRequestHandler):
         request = _parse(pb.PullRequest, header)
         dtype = wire.dtype_name(request.dtype)
         # A frame carries no deadline: the shard's own --rpc-timeout bounds a held pull.
-        with shard.pull(request.worker_id, request.shard, request.clock, dtype, shard.cfg.rpc_timeout) as p:
+        with shard.pull(request.worker_id, request.shard, request.clock, dtype, shard.options.rpc_timeout) as p:
             self._send_pulled(p, request.dtype)
 
     def _send_pulled(self, p, dtype_enum: int, pushed: pb.PushReply | None = None) -> None:

@@ -404,7 +404,7 @@ def _attempt(cfg: RunConfig, resume: bool) -> dict:
     if cfg.mode == "allreduce":
         from psgd.allreduce.collective import launch_args  # noqa: PLC0415 - only the collective mode needs it
 
-        worker_argv, env = launch_args(cfg, env)
+        worker_argv, env = launch_args(cfg.backend, cfg.device, cfg.workers, cfg.out, env)
     try:
         ps = cfg.mode != "allreduce"
         if ps:

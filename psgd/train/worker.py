@@ -1,11 +1,13 @@
 """The training loop of one worker; the gradient exchange is one pluggable step.
 
-Contract: `train(cfg, rank, exchange, metrics)` builds the model (seeded, identical in every
-process; a built-in one or the user's, psgd/train/models.py) and its loss (psgd/train/losses.py),
-then repeats until the exchange says the budget is spent:
+Contract: `train(exchange, model, batches, loss, rank=, options=, metrics=)` is given its objects
+and builds none (psgd/train/assemble.py `worker_parts` makes them from a run's config: the model
+seeded and identical in every process, built-in or the user's; the batch plan; the loss). It moves
+the model's parameters into one flat buffer (`models.FlatParams`), then repeats until the
+exchange says the budget is spent:
 
     exchange.before_compute(clock)   PS: pull the parameters from every shard (may block)
-    forward / backward               on slice `rank` of global batch `clock` (x --accumulate)
+    forward / backward               loss(model(x), y) on `batches.micro(clock)` (--accumulate of them)
     exchange.after_compute(clock)    PS: push the gradient slices; all-reduce: reduce + step
 
 An `Exchange` (psgd/core/step.py) owns everything mode-specific; PS modes use
@@ -26,7 +28,7 @@ is about the same instant, and process start-up, loading, the model's build, the
 waiting for slower starters are all outside wall time and outside every time split; the first
 pull's transfer counts as step 0's pull time, as any other pull's does.
 
-Device: worker `rank` computes on `worker_device(cfg.device, rank, local_rank)` (psgd/core/devices.py:
+Device: the model's (assemble puts worker `rank` on `worker_device(--device, rank, local_rank)`, psgd/core/devices.py:
 cuda:(LOCAL_RANK or rank) % GPUs, or the one --device names); on CUDA the loop synchronises the
 device at the end of the warm-up and of backward, so compute time is the kernels' run, not their
 launch. `worker_end` records the device, its name and the torch / CUDA versions.
@@ -42,14 +44,14 @@ import platform
 import random
 import signal
 import time
+from dataclasses import dataclass
 
 import torch
 
 from psgd.core import devices
-from psgd.core.config import RunConfig
 from psgd.core.step import Exchange, StepReport
-from psgd.train import data as data_mod
 from psgd.train import losses, models
+from psgd.train.data import BatchPlan
 from psgd.train.metrics import Metrics, process_start_time
 
 
@@ -80,18 +82,36 @@ def sync_device(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def train(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None,
-          device: torch.device | None = None) -> dict:
+@dataclass(frozen=True)
+class LoopOptions:
+    """How the loop runs, besides its objects: accumulation, an emulated slow device, a fault."""
+    accumulate: int = 1             # micro-batches per push (--accumulate)
+    delay_ms: float = 0.0           # extra compute per step: an emulated slower device (--straggler)
+    jitter_ms: float = 0.0          # mean of an exponential extra delay per step (--jitter)
+    jitter_seed: int = 0            # its random stream
+    fail_step: int | None = None    # fault injection: SIGKILL this process at this step (--fail-at)
+
+
+class Batches:
+    """Worker `rank`'s batches: slice `rank` of global batch `clock` of `plan` (psgd/train/data.py),
+    from the tensors `x`, `y` (on the worker's device)."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, plan: BatchPlan, rank: int) -> None:
+        self.x, self.y, self.plan, self.rank = x, y, plan, rank
+
+    def micro(self, clock: int, accumulate: int = 1) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Batch `clock` as `accumulate` micro-batches of (inputs, targets)."""
+        idx = self.plan.indices(self.rank, clock).to(self.x.device)
+        return [(self.x[m], self.y[m]) for m in idx.chunk(accumulate)]
+
+
+def train(exchange: Exchange, model: torch.nn.Module, batches: Batches, loss: losses.Loss = losses.cross_entropy, *,
+          rank: int = 0, options: LoopOptions = LoopOptions(), metrics: Metrics | None = None) -> dict:
     """Run the loop; returns (and logs as `worker_end`) this worker's totals."""
-    device = device or worker_device(cfg.device, rank)
-    ds = data_mod.load(cfg.data)
-    x, y = ds.x_train.to(device), ds.y_train.to(device)
-    plan = data_mod.plan_for(cfg, ds.y_train)
-    model = models.build(cfg.model, ds.input_dim, ds.num_classes, cfg.seed).to(device)
+    device = next(model.parameters()).device
     flat = models.FlatParams(model)
-    loss_fn = losses.get(cfg.model.loss)
     try:
-        totals, train_start = _loop(cfg, rank, exchange, metrics, model, flat, x, y, plan, loss_fn)
+        totals, train_start = _loop(exchange, model, flat, batches, loss, rank, options, metrics)
     except BaseException as e:
         # Release connections, threads and files without waiting for peers that may be gone; the
         # loop's own error is the one reported.
@@ -108,15 +128,14 @@ def train(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None
     return end
 
 
-def _loop(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None, model, flat, x, y,
-          plan, loss_fn: losses.Loss = losses.cross_entropy) -> tuple[dict, float]:
+def _loop(exchange: Exchange, model, flat, batches: Batches, loss_fn: losses.Loss, rank: int, options: LoopOptions,
+          metrics: Metrics | None) -> tuple[dict, float]:
     """Warm up, set the exchange up, and run steps until it says done; returns (totals, train_start)."""
-    device = x.device
-    delay_ms = dict(cfg.straggler).get(rank, 0)
-    jitter = random.Random(cfg.seed * 7919 + rank)
-    fail_step = dict(cfg.fail_at).get(rank)
+    device = flat.params.device
+    jitter = random.Random(options.jitter_seed)
+    accumulate = options.accumulate
 
-    warm_up(model, flat, x, y, plan.indices(rank, 0).chunk(cfg.accumulate)[0].to(device), loss_fn)
+    warm_up(model, flat, *batches.micro(0, accumulate)[0], loss_fn)
     exchange.setup(flat, rank)
     if hasattr(exchange, "watch"):
         exchange.watch(model, flat)  # after the warm-up: its backward must not trigger --overlap's pushes
@@ -124,7 +143,7 @@ def _loop(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None
     train_start = 0.0
     clock = first = getattr(exchange, "start_clock", 0)  # > 0 when the shards were restored from checkpoints
     while True:
-        if fail_step is not None and clock == fail_step:
+        if options.fail_step is not None and clock == options.fail_step:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die like a crashed machine
         called = time.time()
         before = exchange.before_compute(clock, flat)
@@ -141,16 +160,15 @@ def _loop(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None
         t0 = time.perf_counter()
         # The emulated slow device delays the whole step's compute, before forward, so that a
         # gradient pushed during backward (--overlap) is not ready sooner than on such a device.
-        extra_ms = delay_ms + (jitter.expovariate(1.0 / cfg.jitter) if cfg.jitter > 0 else 0.0)
+        extra_ms = options.delay_ms + (jitter.expovariate(1.0 / options.jitter_ms) if options.jitter_ms > 0 else 0.0)
         if extra_ms:
             time.sleep(extra_ms / 1000.0)  # emulated slow device, not synchronisation
         flat.zero_grad_once()
-        idx = plan.indices(rank, clock).to(device)
         loss_sum = 0.0
-        for micro in idx.chunk(cfg.accumulate):
+        for xb, yb in batches.micro(clock, accumulate):
             # Mean loss per micro-batch / k: the k micro-batches together give the mean over
             # the worker's whole slice, so accumulation equals one bigger batch.
-            loss = loss_fn(model(x[micro]), y[micro]) / cfg.accumulate
+            loss = loss_fn(model(xb), yb) / accumulate
             loss.backward()
             flat.zeroed = False
             loss_sum += float(loss.detach())
@@ -172,15 +190,16 @@ def _loop(cfg: RunConfig, rank: int, exchange: Exchange, metrics: Metrics | None
 
 
 def warm_up(model: torch.nn.Module, flat: models.FlatParams, x: torch.Tensor, y: torch.Tensor,
-            idx: torch.Tensor, loss_fn: losses.Loss = losses.cross_entropy) -> None:
+            loss_fn: losses.Loss = losses.cross_entropy) -> None:
     """One forward / backward on the worker's first (micro-)batch, gradients discarded.
 
-    The first pass pays one-off costs (allocator growth, kernel selection, lazy initialisation,
-    CUDA context work) that are no part of the steady state: they are paid here, before the
-    clock starts. Parameters are not touched, and no random number is drawn (the batch plan has
-    its own generators; the jitter RNG is not used), so the run's results do not change.
+    `x`, `y`: the worker's first (micro-)batch. The first pass pays one-off costs (allocator
+    growth, kernel selection, lazy initialisation, CUDA context work) that are no part of the
+    steady state: they are paid here, before the clock starts. Parameters are not touched, and no
+    random number is drawn (the batch plan has its own generators; the jitter RNG is not used), so
+    the run's results do not change.
     """
-    loss_fn(model(x[idx]), y[idx]).backward()
+    loss_fn(model(x), y).backward()
     flat.zero_grad()
     sync_device(flat.grads.device)  # its kernels finish here, not inside step 0
 

@@ -1,0 +1,146 @@
+"""Turn a run's config into the objects that run it: the one place below the faces that reads RunConfig.
+
+Contract: each function takes the run's `RunConfig` (cli, lab and psgd.fit make it; the launcher
+forwards it to the processes it starts as flags) and returns objects that know nothing of it:
+
+- `policy(cfg)`: the consistency policy of one shard (psgd/core/consistency.py), with the run's
+  budget (`steps` updates in sync, counted in averaging rounds with --local-steps, N - b gradients
+  per update with backup workers) and the start barrier that a served shard always has.
+- `shard_optimizer(cfg)`: a factory param -> optimizer (psgd/core/optim.py `build`, fused where
+  torch has the kernel); local SGD's outer step is SGD with lr 1 and nothing else (the replicas'
+  average; the run's optimizer acts in the workers).
+- `remedies(cfg)`: the stale-gradient remedies the shard applies (psgd/ps/remedies.py), DC-ASGD
+  before the staleness-aware rate.
+- `shard(cfg, index, num_params)`: a `Shard` of those, with its `ShardOptions`.
+- `shard_server(cfg, index, host, port, ...)`: that shard served (psgd/ps/server.py).
+- `ps_exchange(cfg, addresses)`: a worker's `PSExchange` (psgd/ps/exchange.py);
+  `collective_exchange(cfg, rank, env, init_method)`: an all-reduce rank's (psgd/allreduce/collective.py).
+- `worker_parts(cfg, rank, device)`: what one worker's loop is given (psgd/train/worker.py
+  `train`): the model (seeded), the batches, the loss and the loop's options; `train_worker`
+  runs that loop with a given exchange.
+
+A new consistency mode is a policy class in psgd/core/consistency.py and its line in
+`make_policy` (the choice in core/config.py lists it); a new optimizer is a file in psgd/core
+and its name in `optim.build`; nothing here changes for either.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from psgd.core import localsgd, optim, sharding
+from psgd.core.config import OptimConfig, RunConfig
+from psgd.core.consistency import Policy, make_policy
+from psgd.ps import auth
+from psgd.ps import remedies as remedies_mod
+from psgd.ps.exchange import PSExchange
+from psgd.ps.shard import Shard, ShardOptions
+
+
+def policy(cfg: RunConfig) -> Policy:
+    budget = localsgd.rounds(cfg.steps, cfg.local_steps) * (cfg.workers - cfg.backup_workers)
+    return make_policy(cfg.mode, cfg.workers, None, cfg.staleness, budget, start_barrier=True,
+                       backup=cfg.backup_workers)
+
+
+def shard_optimizer(cfg: RunConfig):
+    outer = OptimConfig(lr=1.0, momentum=0.0) if cfg.local_steps > 1 else cfg.optim
+    return functools.partial(optim.build, cfg=outer, fused=True)
+
+
+def remedies(cfg: RunConfig) -> tuple:
+    out: list[Any] = []
+    if cfg.dc_lambda > 0:
+        out.append(remedies_mod.DCASGD(cfg.dc_lambda, cfg.skip_nonfinite))
+    if cfg.staleness_lr:
+        out.append(remedies_mod.StalenessLR())
+    return tuple(out)
+
+
+def shard_options(cfg: RunConfig, index: int, num_params: int | None = None) -> ShardOptions:
+    expected = None
+    if num_params is not None:
+        lo, hi = sharding.shard_ranges(num_params, cfg.servers)[index]
+        expected = hi - lo
+    return ShardOptions(num_shards=cfg.servers, mode=cfg.mode, expected=expected, eval_every=cfg.eval_every,
+                        checkpoint_every=cfg.checkpoint_every, checkpoint_dir=str(Path(cfg.out) / "checkpoints"),
+                        skip_nonfinite=cfg.skip_nonfinite, fail_at=dict(cfg.fail_shard_at).get(index),
+                        link=cfg.link, rpc_timeout=cfg.rpc_timeout)
+
+
+def shard(cfg: RunConfig, index: int, num_params: int | None = None) -> Shard:
+    assert 0 <= index < cfg.servers, f"shard {index} out of range for {cfg.servers} shards"
+    return Shard(index, policy(cfg), shard_optimizer(cfg), shard_options(cfg, index, num_params), remedies(cfg))
+
+
+def shard_server(cfg: RunConfig, index: int, host: str = "127.0.0.1", port: int = 0, *, token: bytes | None = None,
+                 num_params: int | None = None, restore: dict | None = None):
+    """Shard `index` of the run, restored from `restore` (a checkpoint) when given, served on `host`."""
+    from psgd.ps import server  # noqa: PLC0415 - gRPC: only a process that serves imports it
+
+    s = shard(cfg, index, num_params)
+    if restore is not None:
+        s.restore(restore)  # before anything listens: no worker ever sees the shard uninitialised
+    return server.start(s, host, port, token=token, tls_cert=cfg.tls_cert, tls_key=cfg.tls_key,
+                        worker_lease=cfg.worker_lease)
+
+
+def ps_exchange(cfg: RunConfig, addresses: list[str]) -> PSExchange:
+    # --topk 1 (the default) is a dense push; the sparse path at fraction 1 is for tests.
+    return PSExchange(addresses, cfg.wire_dtype, cfg.rpc_timeout, cfg.link, cfg.overlap, cfg.accumulate, cfg.transport,
+                      cfg.local_steps, cfg.optim, cfg.separate_pull, auth.load(cfg.token_file),
+                      backup_workers=cfg.backup_workers, topk=cfg.topk if cfg.topk < 1 else None,
+                      error_feedback=not cfg.no_error_feedback, tls_ca=cfg.tls_ca)
+
+
+def collective_exchange(cfg: RunConfig, rank: int, env=None, init_method: str = "env://"):
+    """The exchange of `psgd worker --mode allreduce` (also under torchrun): the rendezvous and the
+    backend read from the environment here, at the edge. Raises UsageError."""
+    import os  # noqa: PLC0415
+
+    from psgd.allreduce import collective  # noqa: PLC0415 - torch.distributed: only all-reduce needs it
+
+    rdv = collective.Rendezvous.from_env(rank, cfg.workers, os.environ if env is None else env, init_method)
+    backend = collective.choose_backend(cfg.backend, cfg.device, rdv.local_world_size,
+                                        collective.usable_cuda_devices())
+    options = collective.CollectiveOptions(
+        optim=cfg.optim, steps=cfg.steps, local_steps=cfg.local_steps, device=cfg.device, bucket_mb=cfg.bucket_mb,
+        allreduce_impl=cfg.allreduce_impl, rpc_timeout=cfg.rpc_timeout, eval_every=cfg.eval_every,
+        check_every=cfg.check_every, out=cfg.out)
+    return collective.CollectiveExchange(options, rdv, backend)
+
+
+@dataclass
+class WorkerParts:
+    """What `worker.train` is given besides its exchange: the model, its batches, the loss, options."""
+    model: Any
+    batches: Any
+    loss: Any
+    options: Any
+
+
+def worker_parts(cfg: RunConfig, rank: int, device) -> WorkerParts:
+    from psgd.train import data as data_mod  # noqa: PLC0415 - torch: only a worker needs it
+    from psgd.train import losses, models, worker  # noqa: PLC0415
+
+    ds = data_mod.load(cfg.data)
+    x, y = ds.x_train.to(device), ds.y_train.to(device)
+    plan = data_mod.plan_for(cfg, ds.y_train)
+    model = models.build(cfg.model, ds.input_dim, ds.num_classes, cfg.seed).to(device)
+    options = worker.LoopOptions(accumulate=cfg.accumulate, delay_ms=dict(cfg.straggler).get(rank, 0),
+                                 jitter_ms=cfg.jitter, jitter_seed=cfg.seed * 7919 + rank,
+                                 fail_step=dict(cfg.fail_at).get(rank))
+    return WorkerParts(model, worker.Batches(x, y, plan, rank), losses.get(cfg.model.loss), options)
+
+
+def train_worker(cfg: RunConfig, rank: int, exchange, metrics=None, device=None) -> dict:
+    """Worker `rank` of the run: its parts (`worker_parts`) through `worker.train` with `exchange`."""
+    from psgd.train import worker  # noqa: PLC0415
+
+    device = device if device is not None else worker.worker_device(cfg.device, rank)
+    parts = worker_parts(cfg, rank, device)
+    return worker.train(exchange, parts.model, parts.batches, parts.loss, rank=rank, options=parts.options,
+                        metrics=metrics)
