@@ -204,3 +204,40 @@ def test_a_persistent_buffer_is_refused_and_a_constant_one_is_not():
     with pytest.raises(userspec.SpecError, match="float32"):
         models.check_trainable(torch.nn.Linear(2, 2).double(), "x")
     assert dataclasses.replace(cfg_of(), seed=1).model.model == f"{U}:make_model"
+
+
+def test_by_hand_server_and_worker_take_your_model_and_the_suite_takes_specs(tmp_path):
+    """`psgd server` never imports your model (it sizes the shard from the first Init); `psgd
+    worker` builds it; a bad spec given to the worker is one line, exit 2. A suite TOML's keys take
+    specs like the flags do."""
+    import subprocess
+    import sys
+
+    from psgd.lab.experiment import config_from_settings
+    from tests.helpers import ENV
+
+    out = tmp_path / "by-hand"
+    flags = ["--mode", "async", "--workers", "1", "--num-shards", "1", "--steps", "6", "--out", str(out),
+             "--model", f"{U}:make_model", "--dataset", f"{U}:make_data", "--batch-size", "8"]
+    server = subprocess.Popen([sys.executable, "-m", "psgd", "server", *flags, "--shard", "0", "--port", "0"],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        line = server.stdout.readline()
+        assert line.startswith("READY "), server.stderr.read()
+        address = line.split()[1]
+        bad = psgd("worker", *flags, "--rank", "0", "--servers", address, "--model", f"{U}:needs_width")
+        assert bad.returncode == 2 and "needs_width" in bad.stderr and "Traceback" not in bad.stderr
+        good = psgd("worker", *flags, "--rank", "0", "--servers", address)
+        assert good.returncode == 0, good.stderr[-2000:]
+        assert server.wait(timeout=60) == 0
+    finally:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+    done = psgd("summarize", str(out), "--quiet")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert summary(out)["global_updates"] == 6
+    cfg = config_from_settings({"model": f"{U}:make_model", "dataset": f"{U}:make_data", "loss": f"{U}:half_mse"},
+                               "suite.toml")
+    assert workload.specs(cfg) == {"--model": f"{U}:make_model", "--dataset": f"{U}:make_data",
+                                   "--loss": f"{U}:half_mse"}
