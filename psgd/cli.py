@@ -96,6 +96,10 @@ def build_parser() -> Parser:
     p.add_argument("--resume", metavar="OUT", default="",
                    help="continue the stopped run in OUT from its shards' checkpoints (--checkpoint-every), "
                         "with its own config.json (give no other flags)")
+    p.add_argument("--cold-start", action="store_true",
+                   help="start every shard and worker as a fresh `python -m psgd` process instead of forking "
+                        "them from the run's warm parent, which imports torch once (psgd/train/zygote.py); "
+                        "for debugging: the same results, slower start-up")
 
     p = sub.add_parser("certs", help="make a lab CA and a shard certificate for --tls-cert / --tls-ca",
                        description="Write DIR/ca.pem, DIR/ca-key.pem, DIR/server.pem and DIR/server-key.pem: a "
@@ -265,7 +269,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             cfg = launch.with_out_resolved(cfg)
             launch.prepare_out(Path(cfg.out))  # before the live line starts reading the folder
         with progress.live(Path(cfg.out), cfg.budget, f"psgd run {cfg.mode}", enabled=not args.quiet):
-            summary = launch.run(cfg, resume=bool(args.resume))
+            summary = launch.run(cfg, resume=bool(args.resume), cold_start=args.cold_start)
     except UsageError:
         raise  # e.g. --backend nccl without a GPU per worker: exit 2 like any usage error
     except (launch.RunFailed, FileNotFoundError, ValueError) as e:

@@ -1,7 +1,11 @@
 """The guided lab (examples/, docs/tutorial.md, issue 11): every example runs as written and checks
 its own claims (each ends in assertions, so exit 0 means they held), leaves no process behind, and
-every command the tutorial shows names an example that exists, with flags that example has."""
+every command the tutorial shows names an example that exists, with flags that example has.
+08-10 (issue 23) are one file three times: plain torch, then psgd.fit, then the user's own loop
+with pull / push; the diffs between them stay a few lines, and README.md shows them."""
 
+import ast
+import difflib
 import json
 import re
 import subprocess
@@ -11,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ENV, processes_with_env
+from tests.test_readme import readme_commands
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -27,6 +32,9 @@ CASES = [
     ("05_processes_straggler.py", [], ["sync: the straggler costs every update"]),
     ("06_allreduce.py", [], ["whole numbers"]),
     ("07_async_staleness.py", [], ["checked: every gradient counted"]),
+    ("08_your_model.py", [], ["one process, 5 epochs of batch 32, AdamW lr 0.01"]),
+    ("09_your_model_psgd_fit.py", [], ["psgd.fit: 100 sync updates of 2 workers x 16"]),
+    ("10_your_loop_psgd.py", [], ["your loop: 2 worker threads x batch 16, 2 shards, 5 epochs"]),
 ]
 
 
@@ -85,3 +93,52 @@ def test_tutorial_commands_name_examples_that_exist():
             assert f'"{flag}"' in source, f"docs/tutorial.md passes {flag}, unknown to {path.name}: {command}"
         shown.add(path.name)
     assert shown == {p.name for p in EXAMPLES.glob("*.py")}, "the tutorial runs every example"
+
+
+# -- 08 -> 09 and 08 -> 10: the same file, a few lines changed ----------------------------------------
+PLAIN = "08_your_model.py"
+# The most lines each may add and remove against 08: non-blank lines after the module docstring
+# (what `diff` shows, less the docstring, which says what each step is, and blank lines).
+DIFFS = {"09_your_model_psgd_fit.py": (7, 10), "10_your_loop_psgd.py": (22, 9)}
+
+
+def code_of(name: str) -> list[str]:
+    """An example's lines after its module docstring."""
+    source = (EXAMPLES / name).read_text()
+    tree = ast.parse(source)
+    assert isinstance(tree.body[0], ast.Expr) and isinstance(tree.body[0].value, ast.Constant), name
+    return source.splitlines()[tree.body[0].end_lineno:]
+
+
+@pytest.mark.parametrize("name", sorted(DIFFS))
+def test_psgd_is_a_few_lines_from_the_plain_loop(name):
+    plain, changed = code_of(PLAIN), code_of(name)
+    diff = [line for line in difflib.unified_diff(plain, changed, lineterm="", n=0)
+            if line[:1] in "+-" and not line.startswith(("+++", "---")) and line[1:].strip()]
+    added, removed = sum(line[0] == "+" for line in diff), sum(line[0] == "-" for line in diff)
+    most_added, most_removed = DIFFS[name]
+    assert added <= most_added and removed <= most_removed, f"+{added} -{removed}:\n" + "\n".join(diff)
+
+
+def test_the_model_and_the_data_are_the_plain_files_own():
+    """Net, make_model, make_data and evaluate are 08's, character for character, in 09 and 10;
+    psgd imports them from the file by name, so the scripts' own work is under __main__."""
+    def definitions(name):
+        source = (EXAMPLES / name).read_text()
+        tree = ast.parse(source)
+        top = {n.name: ast.get_source_segment(source, n) for n in tree.body
+               if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        assert isinstance(tree.body[-1], ast.If) and "__main__" in ast.unparse(tree.body[-1].test), name
+        return {k: top[k] for k in ("Net", "make_model", "make_data", "evaluate")}
+
+    assert definitions(PLAIN) == definitions("09_your_model_psgd_fit.py") == definitions("10_your_loop_psgd.py")
+    assert "import psgd" not in (EXAMPLES / PLAIN).read_text()
+
+
+def test_the_readme_runs_examples_as_this_file_does():
+    """README's `python examples/...` commands are in NOT_RUN there because these tests run them:
+    each must be a case here, with the same arguments."""
+    shown = [c.split()[1:] for c in readme_commands((ROOT / "README.md").read_text()) if c.startswith("python ")]
+    assert shown, "README.md runs no example"
+    cases = {(f"examples/{name}", *args) for name, args, _ in CASES}
+    assert all(tuple(words) in cases for words in shown), shown

@@ -10,6 +10,8 @@ run nor listed fails the test, so the README cannot rot unnoticed.
 from __future__ import annotations
 
 import csv
+import hashlib
+import json
 import re
 import shlex
 from pathlib import Path
@@ -22,6 +24,9 @@ ROOT = Path(__file__).resolve().parent.parent
 BUDGETS = {
     "psgd run": ["--steps", "4", "--quiet"],
     "psgd run --mode sync --workers 2 --servers 4 --model wide_mlp": ["--steps", "2", "--width", "64", "--quiet"],
+    # Your own model (examples/08's file, reached through the scratch folder's examples/ link):
+    # --epochs 0 hands the budget back to --steps.
+    "psgd run --model examples/08_your_model.py": ["--epochs", "0", "--steps", "4", "--quiet"],
 }
 
 # Beyond the start-here walk (whose trace checks all 4 workers), a plain `psgd run` also gets fewer
@@ -52,6 +57,9 @@ NOT_RUN = {
                           "its probe, calibrate --cluster's refusal and runs across hosts",
     # A run costs make test about 3 s of start-up; the same sparse pushes go through in-process shards.
     "psgd run --mode sync --workers 4 --topk": "tests/test_sparsify.py (both transports, --link pacing included)",
+    # The examples run in tests/test_examples.py, which checks that the README's are among its cases.
+    "python examples/": "tests/test_examples.py::test_example_runs_and_holds_its_claims",
+    "diff examples/08_your_model.py": "tests/test_examples.py::test_psgd_is_a_few_lines_from_the_plain_loop",
 }
 
 # The start-here path: each command reads what the one before wrote.
@@ -87,6 +95,8 @@ def run_all(commands: list[str], monkeypatch, folder: Path, smaller: bool = Fals
     """Run README commands in `folder` in this process (what `psgd` runs, without an interpreter and
     a torch import per command); the servers and workers they start are real processes."""
     monkeypatch.chdir(folder)  # the README's relative paths (results/...) land in the scratch folder
+    if not (folder / "examples").exists():
+        (folder / "examples").symlink_to(ROOT / "examples")  # and examples/... is the repository's
     for name, value in ENV.items():
         monkeypatch.setenv(name, value)
     for command in commands:
@@ -122,3 +132,9 @@ def test_the_other_readme_commands_work_as_written(tmp_path, monkeypatch):
     assert any(c.startswith("psgd run --mode allreduce") for c in rest)
     assert any(c.startswith("psgd model") for c in rest)
     run_all(rest, monkeypatch, tmp_path, smaller=True)
+    # "Train your own model": config.json records the spec and the sha256 of the file it names.
+    sources = json.loads((tmp_path / "results/runs/yours/config.json").read_text())["sources"]
+    plain = ROOT / "examples" / "08_your_model.py"
+    assert sources["--model"] == {"spec": "examples/08_your_model.py:make_model", "file": str(plain),
+                                  "sha256": hashlib.sha256(plain.read_bytes()).hexdigest()}
+    assert sources["--dataset"]["spec"] == "examples/08_your_model.py:make_data"

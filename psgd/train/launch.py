@@ -44,6 +44,7 @@ from psgd.core.config import RunConfig, from_dict, to_argv, to_dict
 from psgd.core.errors import UsageError
 from psgd.train import hosts, lifeline
 from psgd.train.metrics import Metrics, process_start_time, read_events, samples_per_update, summarize
+from psgd.train.zygote import Forked, Zygote, ZygoteError
 
 if TYPE_CHECKING:
     import torch
@@ -64,21 +65,64 @@ class RunFailed(RuntimeError):
 
 
 class Child:
+    """One process of the run: `argv` exec'd (`subprocess.Popen`), or, given the run's `zygote` and
+    an argv of `python -m psgd ARGS`, ARGS forked from the warm parent (psgd/train/zygote.py). Either
+    way `proc` answers poll / wait / returncode / send_signal / kill, with stdout a pipe when
+    `capture_stdout` (the READY line) and stdin a pipe when `stdin_pipe`; the log gets the rest."""
+
     def __init__(self, name: str, argv: list[str], log: Path, env: dict | None = None,
-                 capture_stdout: bool = False, stdin_pipe: bool = False) -> None:
+                 capture_stdout: bool = False, stdin_pipe: bool = False, zygote: Zygote | None = None) -> None:
         self.name = name
         self.log = log
+        exe = [sys.executable, "-m", "psgd"]
         with open(log, "wb") as f:
             try:
-                self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE if capture_stdout else f, stderr=f,
-                                             stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
-                                             env=env, start_new_session=True)
+                if zygote is not None and argv[:3] == exe:
+                    self.proc = _fork(zygote, argv[3:], env or dict(os.environ), f, capture_stdout, stdin_pipe)
+                else:
+                    self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE if capture_stdout else f, stderr=f,
+                                                 stdin=subprocess.PIPE if stdin_pipe else subprocess.DEVNULL,
+                                                 env=env, start_new_session=True)
+            except ZygoteError as e:
+                raise RunFailed(f"cannot start {name}: {e}") from None
             except (OSError, subprocess.SubprocessError) as e:
                 raise RunFailed(f"cannot start {name}: {e}") from None
 
     def last_error(self) -> str:
         lines = [ln for ln in self.log.read_text(errors="replace").splitlines() if ln.strip()]
         return lines[-1] if lines else "(no output)"
+
+
+def _fork(zygote: Zygote, args: list[str], env: dict, log, capture_stdout: bool, stdin_pipe: bool) -> Forked:
+    """`psgd ARGS` forked by the zygote, its 0/1/2 the pipes or the log (the child's ends closed here)."""
+    mine, theirs = [], []
+    try:
+        if stdin_pipe:
+            r, w = os.pipe()
+            mine.append(("stdin", w))
+            theirs.append(r)
+            stdin = r
+        else:
+            stdin = os.open(os.devnull, os.O_RDONLY)
+            theirs.append(stdin)
+        if capture_stdout:
+            r, w = os.pipe()
+            mine.append(("stdout", r))
+            theirs.append(w)
+            stdout = w
+        else:
+            stdout = log.fileno()
+        proc = zygote.spawn(args, env, stdin, stdout, log.fileno())
+    except BaseException:
+        for _, fd in mine:
+            os.close(fd)
+        raise
+    finally:
+        for fd in theirs:
+            os.close(fd)
+    for which, fd in mine:
+        setattr(proc, which, os.fdopen(fd, "wb" if which == "stdin" else "rb"))
+    return proc
 
 
 def _read_ready(child: Child, timeout: float) -> str:
@@ -108,18 +152,21 @@ def _stop(children: list[Child], sig: int = signal.SIGTERM) -> None:
 
 
 def _wait_workers(workers: list[Child], servers: list[Child], cfg: RunConfig | None = None,
-                  restart=None) -> None:
+                  restart=None, zygote: Zygote | None = None) -> None:
     """Return when every worker exited 0; raise RunFailed as soon as any child fails. With
     --restart-workers, `restart(child)` starts a dead worker again (a `worker_restarted` event; it
     rejoins at its clock), while restarts remain. With --worker-lease (async / SSP) a worker that
     dies is written down (a `worker_lost` event) and the others go on; the run fails only when
-    none is left."""
+    none is left. `zygote`: the children are its forks (it reports their exits)."""
     pending = list(workers)
     tolerate = cfg is not None and cfg.worker_lease > 0
     restarts_left = cfg.restart_workers if cfg is not None and restart is not None else 0
     while pending:
-        # Block until some child is exitable, without reaping it (Popen reaps below).
-        os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
+        if zygote is not None:
+            zygote.wait_any()  # the zygote reaps its children and reports each exit
+        else:
+            # Block until some child is exitable, without reaping it (Popen reaps below).
+            os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
         for c in servers:
             # A server that ended by itself with 0 saw every worker leave: the workers end next.
             if c.proc.poll() not in (None, 0):
@@ -320,10 +367,12 @@ def resume_version(cfg: RunConfig) -> int:
     return max(common)
 
 
-def run(cfg: RunConfig, resume: bool = False) -> dict:
+def run(cfg: RunConfig, resume: bool = False, cold_start: bool = False) -> dict:
     """Run one training job end to end; returns the summary. Raises RunFailed, or UsageError for an
     --out that is not psgd's to write (an empty --out gets a folder of its own: with_out_resolved).
     `resume`: continue the stopped run in cfg.out from its checkpoints (`resumable`).
+    `cold_start`: every child execs `python -m psgd ...` instead of being forked by the run's warm
+    parent (psgd/train/zygote.py); for debugging, and the same results.
 
     --restart-servers N: when a shard dies, every process is stopped and the run goes on from the
     newest checkpoint all shards have (the same path as --resume), at most N times; each restart
@@ -333,7 +382,7 @@ def run(cfg: RunConfig, resume: bool = False) -> dict:
     restarts = 0
     while True:
         try:
-            return _attempt(cfg, resume)
+            return _attempt(cfg, resume, cold_start)
         except ShardDied as e:
             if restarts >= cfg.restart_servers or not checkpoint_versions(cfg):
                 raise
@@ -363,7 +412,7 @@ def _note_restart(out: Path, died: ShardDied, resumed_from: int) -> None:
         updates_lost=max(0, reached - resumed_from))))
 
 
-def _attempt(cfg: RunConfig, resume: bool) -> dict:
+def _attempt(cfg: RunConfig, resume: bool, cold_start: bool = False) -> dict:
     restore: list[str] = []
     if resume:
         out = Path(cfg.out)
@@ -386,6 +435,18 @@ def _attempt(cfg: RunConfig, resume: bool) -> dict:
         prepare_out(out)
         (out / "config.json").write_text(json.dumps(config_record(cfg), indent=1))
     _write_launch(out, "psgd run --resume" if resume else "psgd run")
+    # The warm parent loads torch while the launcher prepares; on cluster hosts each child enters
+    # its namespace by exec (`ip netns exec`), so there, and with --cold-start, every child execs.
+    zygote = None if cold_start or cfg.hosts else Zygote.start(str(out), child_env(cfg))
+    try:
+        return _start_and_wait(cfg, out, restore, zygote)
+    finally:
+        if zygote is not None:
+            zygote.close()
+
+
+def _start_and_wait(cfg: RunConfig, out: Path, restore: list[str], zygote: Zygote | None) -> dict:
+    """The body of an attempt: start the shards and workers (forked by `zygote` when given), wait."""
     cache = cfg.data.cache_path()
     if cache is not None and not cache.exists():
         from psgd.train import data as data_mod  # noqa: PLC0415 - see the imports
@@ -411,7 +472,8 @@ def _attempt(cfg: RunConfig, resume: bool) -> dict:
             for k, seat in enumerate(seats.servers):
                 argv = [*seat.prefix, *exe, "server", *flags, *restore, "--shard", str(k), "--port", "0"]
                 argv += ["--bind", seat.bind] if seat.bind else []
-                servers.append(Child(f"server {k}", argv, out / "logs" / f"server-{k}.log", env, capture_stdout=True))
+                servers.append(Child(f"server {k}", argv, out / "logs" / f"server-{k}.log", env, capture_stdout=True,
+                                     zygote=zygote))
             # The workers start now, side by side with the servers (a process's start-up is mostly
             # importing torch), and read the shards' addresses from stdin once they have loaded.
             worker_argv = ["--servers-on-stdin"]
@@ -420,7 +482,8 @@ def _attempt(cfg: RunConfig, resume: bool) -> dict:
             # the all-reduce rendezvous reads both); set, so that an inherited $LOCAL_RANK cannot pin them all.
             wenv = {**env, "RANK": str(r), "LOCAL_RANK": str(r), **dict(seats.workers[r].env)}
             workers.append(Child(f"worker {r}", [*seats.workers[r].prefix, *exe, "worker", *flags, "--rank", str(r),
-                                                 *worker_argv], out / "logs" / f"worker-{r}.log", wenv, stdin_pipe=ps))
+                                                 *worker_argv], out / "logs" / f"worker-{r}.log", wenv, stdin_pipe=ps,
+                                 zygote=zygote))
         restart = None
         if ps:
             addresses = ",".join(_read_ready(c, READY_TIMEOUT_S) for c in servers)
@@ -439,8 +502,8 @@ def _attempt(cfg: RunConfig, resume: bool) -> dict:
                 log = out / "logs" / f"worker-{r}.restart{len(list((out / 'logs').glob(f'worker-{r}.*.log'))) + 1}.log"
                 seat = seats.workers[int(r)]
                 return Child(c.name, [*seat.prefix, *exe, "worker", *again_flags, "--rank", r, "--servers", addresses],
-                             log, {**env, "RANK": r, "LOCAL_RANK": r, **dict(seat.env)})
-        _wait_workers(workers, servers, cfg, restart)
+                             log, {**env, "RANK": r, "LOCAL_RANK": r, **dict(seat.env)}, zygote=zygote)
+        _wait_workers(workers, servers, cfg, restart, zygote)
         _stop(servers)
         for c in servers:
             if c.proc.returncode != 0:

@@ -1,0 +1,107 @@
+"""The run's warm parent (psgd/train/zygote.py): one torch import, every child forked from it."""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from psgd.train import launch, zygote
+from tests.helpers import ENV, processes_mentioning, psgd, summary
+
+
+@pytest.fixture
+def warm(tmp_path):
+    z = zygote.Zygote.start(f"zygote-test-{tmp_path.name}", dict(ENV))
+    yield z
+    z.close()
+
+
+def spawn(z: zygote.Zygote, log, *args: str) -> zygote.Forked:
+    with open(log, "wb") as f:
+        return z.spawn(list(args), dict(ENV), os.open(os.devnull, os.O_RDONLY), f.fileno(), f.fileno())
+
+
+def test_a_forked_child_runs_psgd_with_its_own_argv_log_and_exit_code(warm, tmp_path):
+    log = tmp_path / "a.log"
+    child = spawn(warm, log, "summarize", str(tmp_path / "nothing-here"))
+    assert child.wait(60) == 2, log.read_text()
+    assert "is not a psgd run folder" in log.read_text()
+    assert child.poll() == 2 and child.pid not in (os.getpid(), warm.proc.pid)
+
+
+def test_a_killed_child_is_reported_with_its_signal_and_the_zygote_serves_on(warm, tmp_path):
+    child = spawn(warm, tmp_path / "b.log", "run", "--steps", "100000", "--out", str(tmp_path / "run"), "--quiet")
+    child.send_signal(signal.SIGKILL)
+    assert child.wait(60) == -signal.SIGKILL
+    again = spawn(warm, tmp_path / "c.log", "summarize", str(tmp_path / "none"))
+    assert again.wait(60) == 2
+
+
+def test_children_die_with_the_zygote(tmp_path):
+    tag = f"zygote-orphans-{tmp_path.name}"
+    z = zygote.Zygote.start(tag, dict(ENV))
+    r, w = os.pipe()  # the child blocks reading stdin for ever: it ends only if killed
+    child = z.spawn(["worker", "--rank", "0", "--servers-on-stdin", "--servers", "1"], dict(ENV), r, w, w)
+    os.close(r)
+    os.close(w)
+    assert child.poll() is None
+    pidfd = os.pidfd_open(child.pid)  # readable once that process has exited (it is not our child)
+    try:
+        os.kill(z.proc.pid, signal.SIGKILL)
+        z.proc.wait()
+        readable, _, _ = select.select([pidfd], [], [], 60)
+        assert readable, "the child outlived its zygote"
+    finally:
+        os.close(pidfd)
+        z.sock.close()
+
+
+def test_the_zygote_refuses_to_fork_once_grpc_or_cuda_is_loaded():
+    """Fork safety: a parent with gRPC loaded (its atfork handlers, its poller thread) must not fork."""
+    code = ("import sys\nfrom psgd.train import zygote\nassert zygote.unsafe_to_fork() is None\n"
+            "import torch\nassert zygote.unsafe_to_fork() is None\nimport grpc\nprint(zygote.unsafe_to_fork())\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=ENV)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().startswith("grpc is loaded in the zygote")
+    preloads = [m for m in zygote.PRELOAD]
+    check = ("import importlib, sys\n" + "".join(f"importlib.import_module({m!r})\n" for m in preloads) +
+             "print([m for m in sys.modules if m.startswith(('grpc', 'psgd._proto', 'psgd.ps'))])\n")
+    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120, env=ENV)
+    assert done.stdout.strip() == "[]", "the preloaded modules pull in gRPC"
+
+
+def test_a_refusing_zygote_fails_the_run_in_one_line(tmp_path):
+    z = zygote.Zygote(*_fake_start(tmp_path))
+    with pytest.raises(zygote.ZygoteError, match="grpc is loaded in the zygote"):
+        z.spawn(["summarize", "x"], dict(ENV), 0, 1, 2)
+    z.close()
+
+
+def _fake_start(tmp_path):
+    """A zygote whose preload imports gRPC (what a careless PRELOAD would do)."""
+    import socket
+
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    code = ("import socket, sys\nfrom psgd.train import zygote\nzygote.PRELOAD = ('grpc',)\n"
+            f"zygote.serve(socket.socket(fileno={theirs.fileno()}))\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], pass_fds=[theirs.fileno()], env=ENV)
+    theirs.close()
+    return proc, ours
+
+
+def test_warm_and_cold_start_give_the_same_run_bit_for_bit(tmp_path):
+    # Two workers: a sync shard sums a step's gradients in arrival order, and with two the order
+    # cannot change the sum (a + b == b + a in floating point); with three it can (issue 26).
+    flags = ["run", "--mode", "sync", "--workers", "2", "--servers", "2", "--steps", "15", "--batch-size", "8",
+             "--quiet"]
+    warm_run = psgd(*flags, "--out", str(tmp_path / "warm"))
+    cold_run = psgd(*flags, "--out", str(tmp_path / "cold"), "--cold-start")
+    assert warm_run.returncode == 0 and cold_run.returncode == 0, warm_run.stderr + cold_run.stderr
+    assert summary(tmp_path / "warm")["params_sha256"] == summary(tmp_path / "cold")["params_sha256"]
+    assert processes_mentioning(str(tmp_path)) == []
+    assert launch.Child  # the launcher's one way to start a child, forked or exec'd
