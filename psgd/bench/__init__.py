@@ -17,6 +17,7 @@ BENCHMARKS = {
     "calibrate": "fit the cost model's machine and workload numbers on this machine (for psgd model)",
     "peers": "the same training workload through psgd and through PyTorch RPC (and Ray) parameter servers",
     "cluster": "E4 and E10 on kernel-shaped links (psgd cluster, root) beside the Python pacer and the cost model",
+    "startup": "a run's start-up forked from the warm parent against exec'd children, beside one torch import",
 }
 NAMES = tuple(BENCHMARKS)
 
