@@ -231,3 +231,21 @@ def test_ssp_and_the_start_barrier_do_not_wait_for_a_departed_worker():
     done.push(1, 0, 0, torch.zeros(1))
     done.depart(0)                      # at the end of a run: changes nothing
     assert done.stats.departed == {} and done.done
+
+
+def test_sync_sums_in_worker_order_so_arrival_order_changes_no_bit():
+    """Floating-point addition is not associative: with 3+ workers, arrival order would change the
+    mean's last bits and two identical runs would end apart (issue 26). The policy sums in worker
+    order, so every order of arrival gives the same update, bit for bit, kept buffers or copied."""
+    import itertools
+
+    g = [torch.randn(1000, generator=torch.Generator().manual_seed(w)) * 10 ** w for w in range(4)]
+    want = (((g[0] + g[1]) + g[2]) + g[3]) / 4
+    assert not torch.equal(want, (((g[3] + g[2]) + g[1]) + g[0]) / 4), "the data must be order-sensitive"
+    for order in itertools.permutations(range(4)):
+        for keep in (False, True):
+            applied: list[torch.Tensor] = []
+            p = make_policy("sync", 4, applied.append, budget=8)
+            for w in order:
+                p.push(w, 0, 0, g[w].clone(), keep=keep)
+            assert torch.equal(applied[0], want), (order, keep)  # applied before any buffer is reused

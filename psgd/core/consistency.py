@@ -399,9 +399,10 @@ class Sync(Policy):
         self.backup = backup
         self.quorum = num_workers - backup          # gradients that make a step's update
         self.last_step = [-1] * num_workers         # step (base_version) of each worker's last push
-        self._sum: torch.Tensor | None = None
+        self._held: dict[int, torch.Tensor] = {}  # this step's gradients by worker, the policy's own
+        self._last: tuple[int, torch.Tensor] | None = None  # the gradient that completes the step
+        self._spares: list[torch.Tensor] = []  # buffers of earlier steps, reused
         self._arrived = 0
-        self._contributors = 0
         self._steps = budget // num_workers if budget is not None and not backup else 0  # each worker's share
         self._shrink = 0  # departed workers whose last gradient is in the current step (`_on_depart`)
 
@@ -425,38 +426,71 @@ class Sync(Policy):
             raise PolicyError(f"sync: worker {worker} pushed for step {clock} while the shard is at step "
                               f"{self.version}")
         if grad is not None:
-            # Accumulate in fp32 in arrival order; summing then dividing once keeps the mean
-            # within float rounding of a single process computing the 32-sample batch. The sum
-            # buffer is reused across steps (the caller may reuse `grad`'s memory, so copy it).
-            if self._contributors == 0 and self._offered and self._arrived + 1 < self.quorum:
-                # The caller gave up `grad` (push(keep=True)): it becomes the sum, and the old sum
-                # goes back in its place. One pass over the shard less per step (a 17 MB copy).
-                # Not when this push completes the step: an update that fails would leave the
-                # caller's buffer as the sum, and the caller would not know it was kept.
-                same = self._sum is not None and self._sum.shape == grad.shape
-                self._kept, self._spare, self._sum = True, self._sum if same else None, grad
-            elif self._contributors == 0:
-                if self._sum is None or self._sum.shape != grad.shape:
-                    self._sum = torch.empty_like(grad)
-                self._sum.copy_(grad)
+            if self._arrived + 1 >= self.quorum:
+                self._last = (worker, grad)  # completes the step: read in the sum below, never kept
             else:
-                self._sum.add_(grad)
-            self._contributors += 1
+                self._held[worker] = self._own(grad)
         self._arrived += 1
         return self._maybe_update()
 
+    def _own(self, grad: torch.Tensor) -> torch.Tensor:
+        """A tensor of the policy's holding `grad`'s values until the step is applied (cond held).
+        The caller's own buffer when it gave it up (push(keep=True)), a spare of an earlier step going
+        back in its place: one pass over the shard less than a copy (17 MB for 4.3M parameters)."""
+        if self._offered:
+            self._kept, self._spare = True, self._take_spare(grad)
+            return grad
+        return self._scratch(grad).copy_(grad)
+
+    def _take_spare(self, like: torch.Tensor) -> torch.Tensor | None:
+        for i, t in enumerate(self._spares):
+            if t.shape == like.shape and t.dtype == like.dtype:
+                return self._spares.pop(i)
+        return None
+
+    def _scratch(self, like: torch.Tensor) -> torch.Tensor:
+        buf = self._take_spare(like)
+        return torch.empty_like(like) if buf is None else buf
+
     def _maybe_update(self) -> bool:
-        """Apply the step's mean once its quorum has arrived (cond held); True if it did."""
+        """Apply the step's mean once its quorum has arrived (cond held); True if it did.
+
+        The gradients are summed in worker order, not arrival order: floating-point addition is not
+        associative, so with 3 or more workers the arrival order would change the sum's last bits
+        and two identical runs would end apart. ((g0 + g1) + g2) + ..., then divided once: within
+        float rounding of one process computing the whole global batch, and the same every run."""
         if self._arrived == 0 or self._arrived < self.quorum:
             return False
-        contributors, self._arrived, self._contributors = self._contributors, 0, 0
-        if contributors:
-            self._commit(self._sum.div_(contributors))
-        else:
-            self.version += 1  # every gradient of the round was skipped: an update that changes nothing
+        held, last = self._held, self._last
+        self._arrived, self._held, self._last = 0, {}, None
+        parts = dict(held)
+        if last is not None:
+            parts[last[0]] = last[1]
+        owned = list(held.values())
+        try:
+            if parts:
+                order = [parts[w] for w in sorted(parts)]
+                mine = [any(g is t for t in owned) for g in order[:2]]
+                if len(order) == 1:
+                    total = order[0] if mine[0] else self._scratch(order[0]).copy_(order[0])
+                elif mine[0]:
+                    total = order[0].add_(order[1])
+                elif mine[1]:
+                    total = torch.add(order[0], order[1], out=order[1])  # a + b == b + a, bit for bit
+                else:
+                    total = torch.add(order[0], order[1], out=self._scratch(order[0]))
+                for g in order[2:]:
+                    total.add_(g)
+                owned.append(total)
+                self._commit(total.div_(len(order)))
+            else:
+                self.version += 1  # every gradient of the round was skipped: an update that changes nothing
+        finally:
+            # Back for later steps (the completing caller's buffer is never among them).
+            self._spares.extend({id(t): t for t in owned}.values())
+            del self._spares[self.quorum + 1:]
         self.quorum, self._shrink = self.quorum - self._shrink, 0
         return True
-
 
     def _on_depart(self, worker: int) -> None:
         if self.backup:

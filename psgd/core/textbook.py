@@ -87,7 +87,8 @@ class TextbookShard:
             else:
                 # Sum in arrival order, divide once: the mean N workers x b samples would give one
                 # process with N x b, up to float rounding. (Float addition is not associative: the
-                # order of arrival changes the last bits, which is why the tests push in order.)
+                # production policy sums in worker order instead, so that runs reproduce; the tests
+                # push in worker order, where the two agree.)
                 self.sum = grad.clone() if self.arrived == 0 else self.sum.add_(grad)
                 self.arrived += 1
                 if self.arrived == self.num_workers:

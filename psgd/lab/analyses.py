@@ -89,7 +89,8 @@ def modes(ctx: Context):
     body += ("\n\nLoss roughness: mean |change of test loss| between consecutive evaluations after the first third, "
              "on the same sample grid for every mode. Wall time is steady state: every worker starts on a barrier "
              "after a warm-up step. Sync and all-reduce compute the same updates by design, up to the order in "
-             "which floating-point gradients are summed (the PS sums in arrival order), so their curves coincide "
+             "which floating-point gradients are summed (the PS sums in worker order, the all-reduce in its own), "
+             "so their curves coincide "
              "within the seed spread; all-reduce is drawn dashed.")
     figs = [Figure(f1, ctx.caption("Test accuracy against training samples, each mode at its own tuned rate.")),
             Figure(f2, ctx.caption("The same runs against steady-state wall time.")),

@@ -88,7 +88,9 @@ def acc_ci(g: Group) -> stats.Interval:
 
 
 def diff(a: Group, b: Group, key: str = "test_accuracy") -> stats.Interval:
-    return stats.diff_ci(a.finals(key), b.finals(key))
+    """mean(a) - mean(b) of the finals: seed by seed when both arms ran the same seeds (paired:
+    the same initialisation and data order in both), else Welch's interval."""
+    return stats.diff_ci(a.finals(key), b.finals(key), paired=a.seeds == b.seeds)
 
 
 def series_of(groups: list[Group], names: list[str] | None = None) -> list[plots.Series]:

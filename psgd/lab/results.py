@@ -85,11 +85,13 @@ FAILED_LOSS = 0.95   # a final loss above this fraction of the initial loss: no 
 
 
 def diverged(run: RunData) -> bool:
-    """Failed to converge: the final test loss is not finite, or the run ended no better than it
-    started (above FAILED_LOSS x the initial loss; a model that collapsed to one class sits at
-    ln 10, the initial loss, not above it)."""
-    last = final(run, "test_loss", 1)
-    return not math.isfinite(last) or (bool(run.evals) and last > FAILED_LOSS * run.evals[0]["test_loss"])
+    """Failed to train: the final TRAINING loss is not finite, or the run ended no better than it
+    started (above FAILED_LOSS x the initial training loss; a model that collapsed to one class sits
+    at ln 10, the initial loss, not above it). Decided on the training loss, never the test loss: a
+    run that overfits (test loss rising while it learns) has not diverged."""
+    key = "train_loss" if run.evals and run.evals[0].get("train_loss") is not None else "test_loss"
+    last = final(run, key, 1)
+    return not math.isfinite(last) or (bool(run.evals) and last > FAILED_LOSS * run.evals[0][key])
 
 
 def time_to(run: RunData, target: float, key: str = "test_accuracy") -> float:
@@ -111,9 +113,16 @@ def roughness(run: RunData, key: str = "test_loss") -> float:
 
 @dataclass
 class Group:
-    """All seeds of one labelled run."""
+    """All seeds of one labelled run, in seed order (so that two arms' per-seed lists pair up)."""
     label: str
     runs: list[RunData]
+
+    def __post_init__(self) -> None:
+        self.runs = sorted(self.runs, key=lambda r: r.cfg.get("seed", 0))
+
+    @property
+    def seeds(self) -> list[int]:
+        return [r.cfg.get("seed", 0) for r in self.runs]
 
     @property
     def mode(self) -> str:
