@@ -167,6 +167,7 @@ def launch_args(backend: str, device: str, workers: int, out: str, env: dict) ->
 class CollectiveOptions:
     """What an all-reduce replica does besides talking: its optimizer, budget, buckets, records."""
     optim: OptimConfig = OptimConfig()  # every replica steps the same optimizer (psgd/core/optim.py)
+    outer: OptimConfig | None = None    # local SGD's outer step when it is not the plain average (DiLoCo)
     steps: int = 100                    # --steps: updates in all (local steps with --local-steps)
     local_steps: int = 1                # local SGD: average the parameters every H steps
     device: str = "auto"                # the worker's --device (nccl: which GPU this rank reduces on)
@@ -199,6 +200,7 @@ class CollectiveExchange:
         self.bucket_numel = max(1, int(cfg.bucket_mb * MIB) // 4)  # fp32 elements per bucket
         self.opt = None  # optim.build: SGD or AdamW
         self.local_steps = cfg.local_steps
+        self.outer = cfg.outer if cfg.local_steps > 1 else None
         self.rounds = localsgd.rounds(cfg.steps, cfg.local_steps)  # updates in all; = --steps without local SGD
         self.failed = False  # a collective failed: close() then skips the final barrier
         self.joined = False  # a process group was set up (then `psgd worker` leaves by os._exit)
@@ -223,6 +225,10 @@ class CollectiveExchange:
             flat.params.copy_(buf)
         flat.params.grad = flat.grads  # backward writes into grads, the optimizer reads them there
         self.opt = optim.build(flat.params, self.cfg.optim)
+        if self.outer is not None:  # DiLoCo's global parameters, their outer gradient and outer optimizer
+            self.global_params = flat.params.detach().clone()
+            self.global_params.grad = torch.empty_like(self.global_params)
+            self.outer_opt = optim.build(self.global_params, self.outer)
         self._snapshot(flat)
         # The start barrier: no rank trains before every rank is ready, so the worker loop's
         # train_start (taken right after setup) is the same instant on every rank and excludes
@@ -246,10 +252,18 @@ class CollectiveExchange:
                 return StepReport(compute_s=local_s)
         t0 = time.perf_counter()
         reduced = flat.grads if self.local_steps == 1 else flat.params
+        if self.outer is not None:
+            # DiLoCo: all-reduce each replica's change since the round started, then the same outer
+            # step on every replica's copy of the global parameters (psgd/core/localsgd.py).
+            reduced = torch.sub(self.global_params, flat.params, out=self.global_params.grad)
         traffic = self._guard(f"all-reduce of update {self.version + 1}", lambda: self._all_reduce_mean(reduced))
         t1 = time.perf_counter()
         if self.local_steps == 1:
             self.opt.step()  # the same step on every replica (its schedule counts the updates)
+            self.stats["optimizer_s"] += time.perf_counter() - t1
+        elif self.outer is not None:
+            self.outer_opt.step()
+            flat.params.copy_(self.global_params)
             self.stats["optimizer_s"] += time.perf_counter() - t1
         self.version += 1
         self.stats["allreduce_s"] += t1 - t0

@@ -38,10 +38,11 @@ from psgd.core import devices, link
 
 PS_MODES = ("sync", "async", "ssp")
 MODES = PS_MODES + ("allreduce",)
-DATASETS = ("synthetic", "mnist1d", "mnist")
-MODELS = ("logreg", "mlp", "cnn", "wide_mlp")
+DATASETS = ("synthetic", "mnist1d", "mnist", "text")
+MODELS = ("logreg", "mlp", "cnn", "wide_mlp", "gpt")
 LOSSES = ("cross_entropy", "mse")
 OPTIMIZERS = ("sgd", "adamw")
+OUTERS = ("sgd", "nesterov")
 WIRE_DTYPES = ("fp32", "fp16", "bf16")
 ALLREDUCE_IMPLS = ("library", "ring")
 BACKENDS = ("auto", "gloo", "nccl")
@@ -130,7 +131,9 @@ class ModelConfig:
     model: str = opt("mlp", f"model to train: {', '.join(MODELS)} (cnn is 1-D, for mnist1d), or your own as "
                             "MODULE:FUNCTION or FILE.py:FUNCTION, a callable of no required arguments returning "
                             "an nn.Module", metavar="NAME|SPEC")
-    width: int = opt(0, "hidden width (0: the model's own: mlp 128, wide_mlp 1024, cnn 32 channels)")
+    width: int = opt(0, "hidden width (0: the model's own: mlp 128, wide_mlp 1024, cnn 32 channels, gpt 128)")
+    layers: int = opt(2, "gpt: transformer blocks")
+    heads: int = opt(4, "gpt: attention heads (a divisor of --width)")
     loss: str = opt("cross_entropy", f"training loss: {', '.join(LOSSES)}, or MODULE:FUNCTION / FILE.py:FUNCTION "
                                      "taking (output, target) and returning a scalar tensor; accuracy is reported "
                                      "with cross_entropy only", metavar="NAME|SPEC")
@@ -147,6 +150,14 @@ class OptimConfig:
     beta1: float = opt(0.9, "adamw: first-moment decay")                # torch.optim.AdamW's defaults
     beta2: float = opt(0.999, "adamw: second-moment decay")
     eps: float = opt(1e-8, "adamw: epsilon added to the denominator")
+    nesterov: bool = opt(False, "sgd: Nesterov momentum (torch.optim.SGD's nesterov=True)")
+    # The outer optimizer of --local-steps H > 1 (psgd/core/localsgd.py): applied to the mean of the
+    # workers' parameter changes every H steps. sgd at lr 1 without momentum is plain local SGD (the
+    # replicas' average); nesterov is DiLoCo's (Douillard et al. 2023: lr 0.7, momentum 0.9).
+    outer: str = opt("sgd", "local SGD's outer optimizer: sgd (lr 1: the replicas' average) or nesterov (DiLoCo)",
+                     choices=OUTERS)
+    outer_lr: float = opt(0.0, "the outer optimizer's rate (0: its own default, sgd 1.0, nesterov 0.7)")
+    outer_momentum: float = opt(0.0, "the outer optimizer's momentum (0: its own default, sgd 0, nesterov 0.9)")
 
 
 @dataclass(frozen=True)
@@ -355,9 +366,18 @@ def validate(cfg: RunConfig) -> RunConfig:
         (0 <= cfg.optim.beta1 < 1 and 0 <= cfg.optim.beta2 < 1,
          f"--beta1 and --beta2 must be in [0, 1), got {cfg.optim.beta1} and {cfg.optim.beta2}"),
         (cfg.optim.eps > 0 and math.isfinite(cfg.optim.eps), f"--eps must be > 0, got {cfg.optim.eps}"),
-        (cfg.optim.optimizer == "sgd" or cfg.local_steps == 1,
-         "--local-steps averages SGD replicas (local SGD); --optimizer adamw with it is DiLoCo, not built yet"),
+        (cfg.optim.outer in OUTERS, f"--outer must be one of {', '.join(OUTERS)}"),
+        (cfg.optim.outer_lr >= 0 and math.isfinite(cfg.optim.outer_lr),
+         f"--outer-lr must be >= 0, got {cfg.optim.outer_lr}"),
+        (0 <= cfg.optim.outer_momentum < 1, f"--outer-momentum must be in [0, 1), got {cfg.optim.outer_momentum}"),
+        (cfg.local_steps > 1 or (cfg.optim.outer == "sgd" and not cfg.optim.outer_lr and not cfg.optim.outer_momentum),
+         "--outer, --outer-lr and --outer-momentum set local SGD's outer step: give --local-steps H > 1"),
+        (not cfg.optim.nesterov or (cfg.optim.optimizer == "sgd" and cfg.optim.momentum > 0),
+         "--nesterov is SGD's Nesterov momentum: it needs --optimizer sgd and --momentum > 0"),
         (cfg.model.width >= 0, f"--width must be >= 0, got {cfg.model.width}"),
+        (cfg.model.layers >= 1 and cfg.model.heads >= 1 and (cfg.model.width or 128) % cfg.model.heads == 0,
+         f"--layers and --heads must be >= 1 and --heads must divide --width (gpt: {cfg.model.width or 128}), got "
+         f"--layers {cfg.model.layers} --heads {cfg.model.heads}"),
         (cfg.optim.lr > 0 and math.isfinite(cfg.optim.lr), f"--lr must be > 0, got {cfg.optim.lr}"),
         (0 <= cfg.optim.momentum < 1, f"--momentum must be in [0, 1), got {cfg.optim.momentum}"),
         (cfg.optim.weight_decay >= 0, f"--weight-decay must be >= 0, got {cfg.optim.weight_decay}"),

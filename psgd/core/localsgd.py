@@ -16,6 +16,15 @@ Contract:
   samples seen are those of T steps of plain data-parallel SGD. The run averages
   `rounds(T, H) = max(1, T // H)` times: T is rounded DOWN to a multiple of H, and up to H when
   T < H (a run ends on an averaged model). A PS shard's budget is rounds x N pushes.
+- The outer step (`outer_config`): the round's update is the outer optimizer's step on the mean
+  of the workers' parameter changes, delta = w_round_start - w_local: `--outer sgd` at lr 1 (the
+  default) is w - mean(delta), the replicas' average (what it always was, bit for bit);
+  `--outer nesterov` is DiLoCo (Douillard et al. 2023, Algorithm 1: "outer gradient" delta, outer
+  SGD with Nesterov momentum, lr 0.7, momentum 0.9 by default), with any inner optimizer
+  (`--optimizer adamw` as the paper). The shard steps it (sync PS); in all-reduce every replica
+  all-reduces delta and steps the same outer optimizer on its copy of the global parameters.
+  Async rounds (async local SGD, delayed Nesterov) are not built: `--local-steps` is sync or
+  all-reduce only.
 - H = 1 is plain synchronous data-parallel SGD, and takes the exchanges' ordinary paths
   (gradients, not parameters, are averaged): bit for bit what it was before this option.
 
@@ -25,6 +34,24 @@ Run it:
 """
 
 from __future__ import annotations
+
+from psgd.core.config import OptimConfig
+
+
+def outer_config(optim: OptimConfig) -> OptimConfig:
+    """The outer optimizer of a local-SGD run (see the module docstring): plain SGD, no weight decay
+    or warmup, lr and momentum from the --outer flags or the outer's own defaults."""
+    nesterov = optim.outer == "nesterov"
+    lr = optim.outer_lr or (0.7 if nesterov else 1.0)
+    momentum = optim.outer_momentum or (0.9 if nesterov else 0.0)
+    return OptimConfig(optimizer="sgd", lr=lr, momentum=momentum, weight_decay=0.0, warmup=0, nesterov=nesterov)
+
+
+def plain_average(optim: OptimConfig) -> bool:
+    """Whether the outer step is w - mean(delta) itself (lr 1, no momentum): then all-reduce
+    averages the parameters directly, as it always did."""
+    outer = outer_config(optim)
+    return outer.lr == 1.0 and outer.momentum == 0.0
 
 
 def rounds(steps: int, local_steps: int) -> int:

@@ -76,7 +76,7 @@ class SGD:
         """One update with the gradient in the parameter's .grad; then the schedule advances."""
         buffers = [self.momentum_buffer]
         kw = dict(weight_decay=self.cfg.weight_decay, momentum=self.cfg.momentum, lr=self.lr,
-                  dampening=0.0, nesterov=False, maximize=False)
+                  dampening=0.0, nesterov=self.cfg.nesterov, maximize=False)
         with torch.no_grad():
             if self.fused:
                 try:

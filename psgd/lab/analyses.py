@@ -4,7 +4,7 @@ Contract: `analyse(exp, summaries, out, chosen, scores)` dispatches on `exp.anal
 function here (E0-E3), in psgd/lab/analyses_data.py (E6-E9) or in psgd/lab/analyses_systems.py (E4, E5,
 E10). Each draws its figures into `out` (PNG + CSV each, psgd/lab/plots.py), and returns a `Section`
 whose verdict comes from a rule in psgd/lab/verdicts.py applied to the measured numbers and their
-bootstrap intervals over seeds (psgd/lab/stats.py) — never written by hand. Final figures are the
+t intervals over seeds, paired by seed (psgd/lab/stats.py) — never written by hand. Final figures are the
 mean of the last LAST_K evaluations of each seed (psgd/lab/results.py), taken on the suite's common
 grid of training samples; "chosen" holds the learning rates picked on the validation split.
 """
@@ -51,7 +51,7 @@ def baseline(ctx: Context):
              "recipe (Adam, 6,000 steps); ours train through the sync parameter server with SGD + momentum at the rate "
              "tuned on our validation split, with 20% of the paper's training set held out for it.")
     figs = [Figure(f1, ctx.caption("Test accuracy against training samples, grey lines the paper's figures.")),
-            Figure(f2, "Final test accuracy (mean of the last evaluations) with its 95% bootstrap interval, beside "
+            Figure(f2, "Final test accuracy (mean of the last evaluations) with its 95% t interval, beside "
                        "the paper's.")]
     return verdict, headline, body, figs, {m: cis[m].estimate for m in cis}
 
@@ -146,10 +146,10 @@ def stragglers(ctx: Context):
     delay = max((ms for g in ctx.groups.values() for _, ms in g.cfg.get("straggler", [])), default=0)
     headline = (f"one worker {delay} ms slower per step cuts sync's throughput {s.fmt(2)}x but async's only "
                 f"{a.fmt(2)}x" + "".join(f", {m} {v.fmt(2)}x" for m, v in slow.items() if m not in ("sync", "async")))
-    body += ("\n\nSlowdown = samples/s without the straggler / with it (bootstrap over seeds); the interval of the "
+    body += ("\n\nSlowdown = samples/s without the straggler / with it (t interval over seeds); the interval of the "
              "difference joins the ends of the two intervals (conservative). Each mode runs at the rate tuned for it "
              "in E1.")
-    figs = [Figure(f1, "Steady-state samples/s per mode and condition; error bars: 95% bootstrap interval over seeds."),
+    figs = [Figure(f1, "Steady-state samples/s per mode and condition; error bars: 95% t interval over seeds."),
             Figure(f2, ctx.caption("Test accuracy against steady-state wall time; dotted: the target."))]
     return verdict, headline, body, figs, {f"slowdown_{m}": v.estimate for m, v in slow.items()}
 

@@ -43,7 +43,7 @@ def batch(ctx: Context):
              "updates. The linear scaling rule (Goyal et al. 2017) multiplies the small batch's tuned rate by the "
              "batch ratio and warms up linearly.")
     figs = [Figure(f1, ctx.caption("Test accuracy against samples.")),
-            Figure(f2, "Final test accuracy with 95% bootstrap intervals over seeds.")]
+            Figure(f2, "Final test accuracy with 95% t intervals over seeds (paired by seed).")]
     return verdict, headline, body, figs, {"tuned_minus_fixed": d.estimate, "ci": [d.lo, d.hi]}
 
 
@@ -96,7 +96,7 @@ def noniid(ctx: Context):
     figs = [Figure(f3, f"Training samples of each class on each worker with {skews[-1]} shards (cell: count; shade: "
                        "share of that worker's samples)."),
             Figure(f1, "Final test accuracy per label skew (x: " + ", ".join(f"{i} = {s}" for i, s in enumerate(skews))
-                   + f"); band: 95% bootstrap interval over seeds ({ctx.seeds_note()})."),
+                   + f"); band: 95% t interval over seeds ({ctx.seeds_note()})."),
             Figure(f2, ctx.caption("Test accuracy against samples for every skew."))]
     return verdict, headline, body, figs, {"local_drop": local_drop.estimate, "every_step_drop": every_drop.estimate}
 
@@ -140,7 +140,7 @@ def wire(ctx: Context):
              "tests/test_accounting.py checks that the code does exactly that. What is measured is whether accuracy "
              "survives the rounding. Servers keep and update fp32 parameters.")
     figs = [Figure(f1, "Bytes each worker pushes per step; dotted: the model's size at 4 and 2 bytes per parameter."),
-            Figure(f2, "Final test accuracy with 95% bootstrap intervals over seeds.")]
+            Figure(f2, "Final test accuracy with 95% t intervals over seeds (paired by seed).")]
     return verdict, headline, body, figs, {k: v.estimate for k, v in diffs.items()}
 
 
@@ -173,8 +173,40 @@ def accumulate(ctx: Context):
     if any(not math.isfinite(p) for p in pushes):
         body += " Some runs reported no throughput."
     figs = [Figure(f1, ctx.caption("Test accuracy against samples, each k at its tuned rate.")),
-            Figure(f2, "Samples/s relative to k=1; band: 95% bootstrap interval over seeds.")]
+            Figure(f2, "Samples/s relative to k=1; band: 95% t interval over seeds.")]
     return verdict, headline, body, figs, {k: v.estimate for k, v in diffs.items()}
 
 
-ANALYSES = {"batch": batch, "noniid": noniid, "wire": wire, "accumulate": accumulate}
+# -- E14 -----------------------------------------------------------------------------------------
+DILOCO_MARGIN = 0.05  # nats per character: a loss gap smaller than this is "as well" here
+
+
+def diloco(ctx: Context):
+    gs = sorted(ctx.groups.values(), key=lambda g: g.cfg.get("local_steps", 1))
+    base = gs[0]
+    f1 = ctx.out / "loss_vs_samples.png"
+    plots.curves(variant_series(gs), "samples", "test_loss", f1, f"{ctx.exp.id}: test loss at equal samples")
+    # base minus DiLoCo in test loss: negative when DiLoCo's loss is higher (worse).
+    gaps = {f"H={g.cfg['local_steps']}": diff(base, g, "test_loss") for g in gs[1:]}
+    per_step = [g.mean("bytes_per_step") for g in gs]
+    rows = [[g.label, f"{g.lr:g}", int(g.mean("global_updates")), g.ci("test_loss").fmt(),
+             gaps[f"H={g.cfg['local_steps']}"].fmt(signed=True) if i else "", f"{per_step[i] / 1024:.1f}",
+             f"{per_step[0] / per_step[i]:.1f}x" if i else "", g.converged()]
+            for i, g in enumerate(gs)]
+    body = table(["arm", "inner lr (tuned)", "updates", "test loss [95% CI]", "sync minus arm", "KiB / worker step",
+                  "less traffic", "converged"], rows)
+    verdict = V.keeps_loss(gaps, DILOCO_MARGIN)
+    headline = ("at equal samples, test loss (nats per character) minus sync data parallel's "
+                f"{base.ci('test_loss').fmt()}: " + ", ".join(f"{k} {-v.estimate:+.3f} [{-v.hi:+.3f}, {-v.lo:+.3f}]"
+                                                            for k, v in gaps.items())
+                + f" (margin {DILOCO_MARGIN}); traffic per worker step "
+                + ", ".join(f"{k} {per_step[0] / per_step[i + 1]:.1f}x less" for i, k in enumerate(gaps)))
+    body += (f"\n\nIntervals: paired by seed (the same initialisation and batches in every arm of a seed), Student t "
+             f"over {len(base.runs)} seeds. The unigram baseline (every character at its training frequency) is "
+             "3.24 nats per character on this text; the traffic column is measured (bytes pushed and pulled per "
+             "local step), and H-fold less is its accounting.")
+    figs = [Figure(f1, ctx.caption("Test loss against training samples, each arm at its tuned inner rate."))]
+    return verdict, headline, body, figs, {k: -v.estimate for k, v in gaps.items()}
+
+
+ANALYSES = {"batch": batch, "noniid": noniid, "wire": wire, "accumulate": accumulate, "diloco": diloco}

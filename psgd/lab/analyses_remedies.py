@@ -115,13 +115,13 @@ def backup_workers(ctx: Context):
                 + "; ".join(lines) + f"; sync pushes {per_update / 1e3:.0f} kB per update; no extra memory")
     body += ("\n\nApplied samples/s: training samples per second that went into updates (a dropped gradient's "
              "samples do not count). Recovered share = (backup's - sync's with the straggler) / (sync's without - "
-             f"with), bootstrap over seeds of each group; counted in updates/s instead, whatever their size, the "
+             f"with), t interval over seeds; counted in updates/s instead, whatever their size, the "
              f"share recovered is {', '.join(counted)}. Accuracy points: backup minus sync, both with the straggler. "
              "Memory: backup workers add no buffer (a shard sums the first N-b gradients into sync's own sum "
              "buffer) and N integers of bookkeeping per shard; bytes: every dropped gradient was pushed in full. "
              "Rates: the tuning table above; a straggler or jitter run takes the rate of its arm without one (as in "
              "E2), and the runs without a straggler are E1's.")
-    figs = [Figure(f1, "Steady-state applied samples/s per arm; error bars: 95% bootstrap interval over seeds."),
+    figs = [Figure(f1, "Steady-state applied samples/s per arm; error bars: 95% t interval over seeds."),
             Figure(f2, ctx.caption("Test accuracy against steady-state wall time; dotted: the target."))]
     key["straggler_loss"] = loss.estimate
     return verdict, headline, body, figs, key
@@ -240,7 +240,7 @@ def staleness_remedies(ctx: Context):
     figs = [Figure(f1, f"Fraction of seeds ({ctx.seeds_note()}) that diverged, per arm and learning rate; cell text: "
                        "mean final test accuracy (no text: not run)."),
             Figure(f2, "Fraction of plain async's accuracy gap to sync (same N and rate) that each arm closes, "
-                       "where that gap exceeds the margin; error bars: 95% bootstrap interval over seeds "
+                       "where that gap exceeds the margin; error bars: 95% t interval over seeds "
                        "(the three groups resampled apart).")]
     key = {"cells": [dict(remedy=c.remedy, workers=c.workers, lr=c.lr, gap=c.gap.estimate, gain=c.gain.estimate,
                           gain_ci=[c.gain.lo, c.gain.hi],
@@ -375,7 +375,7 @@ def topk(ctx: Context):
                 + f" of dense (measured), for a residual of {4 * params / 1024:.0f} KiB per worker")
     figs = [Figure(f1, ctx.caption("Test accuracy against training samples, each run at its tuned rate.")),
             Figure(f2, "Final test accuracy against the bytes each run's workers pushed in all (log scale; measured, "
-                       "summary.json); band: 95% bootstrap interval over seeds. With and without error feedback a "
+                       "summary.json); band: 95% t interval over seeds. With and without error feedback a "
                        "fraction pushes the same bytes.")]
     key = {"ef_minus_dense": {f: d.estimate for f, d in ef_d.items()},
            "no_feedback_minus_dense": {f: -d.estimate for f, d in no_d.items()},
@@ -431,7 +431,7 @@ def _link_timing(ctx: Context, linked: list[Group]) -> tuple[str, Figure, stats.
                   "compute ms", "push ms", "pull ms", "wait ms", "dense / this"], rows)
     text += ("\n\nThe link is EMULATED: psgd/core/link.py paces every worker's and the shard's sends and receives on "
              "loopback; the shard's one NIC carries all workers' pushes in and pulls out. Time per step = steady-state "
-             "wall time / steps per worker; 'dense / this' is how many times faster a step is (bootstrap over seeds).")
+             "wall time / steps per worker; 'dense / this' is how many times faster a step is (t interval over seeds).")
     speedup = None
     sparse = [g for g in linked if g.cfg["topk"] < 1]
     if dense is not None and sparse:

@@ -97,8 +97,9 @@ def link(ctx):
     compute_ms = exp.params.get("emulated_compute_ms")
     headline = (f"at N={hi_n} the speedup is {s_fast.fmt(2)}x on {fastest} but {s_slow.fmt(2)}x on {slowest} "
                 f"(EMULATED links), where {comm_slow:.0%} of each step is communication")
-    body += ("\n\nSpeedup = samples/s at N over samples/s at N=1 (bootstrap over seeds; the interval of the difference "
-             "joins the ends of the two intervals). EMULATED: psgd/core/link.py paces every worker's and every shard's "
+    body += ("\n\nSpeedup = samples/s at N over samples/s at N=1 (t interval over seeds, paired by seed; the "
+             "interval of the difference joins the ends of the two intervals). "
+             "EMULATED: psgd/core/link.py paces every worker's and every shard's "
              "sends and receives on loopback (bandwidth and a per-message latency); nothing crossed a real network"
              + (f"; every worker's compute is a fixed {compute_ms} ms per step standing in for an accelerator, "
                 "since real compute on two shared CPU cores cannot scale with N" if compute_ms else "") + ".")

@@ -46,7 +46,8 @@ def body(ctx: Context, text: str, verdict: V.Verdict) -> str:
         first = next(iter(ctx.groups.values()))
         parts.append(f"**Setup** (from the run configs): {setup(first.cfg, ctx.params.get('vary', ()))}. "
                      f"Final figures: mean of the last {LAST_K} evaluations per seed, on one grid of training samples "
-                     f"for every run; intervals: bootstrap 95% over seeds. Converged: the last {LAST_K} evaluations "
+                     f"for every run; intervals: Student t 95% over seeds, differences paired by seed. Converged: "
+                     f"the last {LAST_K} evaluations "
                      f"moved less than {PLATEAU} from the {LAST_K} before.")
     if ctx.chosen:
         parts.append(tuning_table(ctx))

@@ -105,7 +105,8 @@ def write(results: Path, sections: list, command: str, wall_s: float, note: str 
         f"by training code `{run_version or version}` (the last commit that changed it; runs are cached by it)",
         f"- Machine: {machine()}",
         f"- Date: {made}; this invocation took {wall_s / 60:.1f} min" + (f" ({note})" if note else ""),
-        "- All processes ran on one machine over loopback. Intervals are bootstrap 95% over seeds; verdicts come "
+        "- All processes ran on one machine over loopback. Intervals are Student t 95% over seeds (differences "
+        "paired by seed, Welch where the seeds differ); verdicts come "
         "from the rules in psgd/lab/verdicts.py (confirmed / refuted / depends / inconclusive / not testable here).",
         "",
         verdict_table(sections),

@@ -4,7 +4,7 @@ Contract:
 - `load_run(out)` reads one finished run (summary.json + its eval events, ordered by version).
 - `groups_of(summaries)` groups the seeds of each label into a `Group`. `Group.finals(key)` is,
   per seed, the mean of the last `LAST_K` evaluations of `key` (test_accuracy, test_loss, ...):
-  one evaluation is noisy, the mean of a plateau is not. `Group.ci(key)` is its bootstrap
+  one evaluation is noisy, the mean of a plateau is not. `Group.ci(key)` is its Student t
   interval over seeds (psgd/lab/stats.py); `Group.summary_ci(field)` the same for a summary field.
 - `converged(run)` states the plateau criterion: the mean accuracy of the last LAST_K evaluations
   differs from the LAST_K before by less than PLATEAU (validation accuracy when the run has a
@@ -201,7 +201,13 @@ def setup(cfg: dict, vary: tuple[str, ...] = ()) -> str:
     budget = f"{cfg['epochs']:g} epochs" if cfg["epochs"] else f"{cfg['steps']} steps per worker"
     if "epochs" not in vary:
         parts.append(budget)
-    opt = f"SGD, momentum {o['momentum']:g}" + (f", weight decay {o['weight_decay']:g}" if o["weight_decay"] else "")
+    if o.get("optimizer", "sgd") == "adamw":
+        opt = f"AdamW, betas ({o.get('beta1', 0.9):g}, {o.get('beta2', 0.999):g})"
+    else:
+        opt = f"SGD, momentum {o['momentum']:g}"
+    opt += f", weight decay {o['weight_decay']:g}" if o["weight_decay"] else ""
+    if cfg.get("local_steps", 1) > 1 or "local_steps" in vary:
+        opt += f"; outer step {o.get('outer', 'sgd')} (local SGD / DiLoCo)"
     if "lr" not in vary:
         opt += f", lr {o['lr']:g}"
     parts.append(opt)

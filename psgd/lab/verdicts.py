@@ -153,6 +153,14 @@ def keeps_accuracy(diffs: dict[str, Interval], margin: float = 0.01) -> Verdict:
                    + f" (margin -{margin})")
 
 
+def keeps_loss(gaps: dict[str, Interval], margin: float) -> Verdict:
+    """E14: each variant's test loss stays within `margin` of the baseline's (gaps: baseline minus
+    variant, so a worse variant is negative): confirmed when every interval is above -margin."""
+    outcome = combine([no_worse(ci, margin) for ci in gaps.values()])
+    return Verdict(outcome, ", ".join(f"{k}: {ci.fmt(signed=True)}" for k, ci in gaps.items())
+                   + f" (baseline minus variant, margin -{margin} nats)")
+
+
 def communication_wall(fast_minus_slow_speedup: Interval, margin: float = 0.2) -> Verdict:
     """E10: the speedup from adding workers is smaller on a slow link than on a fast one."""
     return Verdict(effect(fast_minus_slow_speedup, margin),

@@ -7,8 +7,8 @@ forwards it to the processes it starts as flags) and returns objects that know n
   budget (`steps` updates in sync, counted in averaging rounds with --local-steps, N - b gradients
   per update with backup workers) and the start barrier that a served shard always has.
 - `shard_optimizer(cfg)`: a factory param -> optimizer (psgd/core/optim.py `build`, fused where
-  torch has the kernel); local SGD's outer step is SGD with lr 1 and nothing else (the replicas'
-  average; the run's optimizer acts in the workers).
+  torch has the kernel); with --local-steps it is the outer optimizer (`localsgd.outer_config`:
+  SGD at lr 1, the replicas' average, or DiLoCo's Nesterov; the run's optimizer acts in the workers).
 - `remedies(cfg)`: the stale-gradient remedies the shard applies (psgd/ps/remedies.py), DC-ASGD
   before the staleness-aware rate.
 - `shard(cfg, index, num_params)`: a `Shard` of those, with its `ShardOptions`.
@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from psgd.core import localsgd, optim, sharding
-from psgd.core.config import OptimConfig, RunConfig
+from psgd.core.config import RunConfig
 from psgd.core.consistency import Policy, make_policy
 from psgd.ps import auth
 from psgd.ps import remedies as remedies_mod
@@ -47,7 +47,7 @@ def policy(cfg: RunConfig) -> Policy:
 
 
 def shard_optimizer(cfg: RunConfig):
-    outer = OptimConfig(lr=1.0, momentum=0.0) if cfg.local_steps > 1 else cfg.optim
+    outer = localsgd.outer_config(cfg.optim) if cfg.local_steps > 1 else cfg.optim
     return functools.partial(optim.build, cfg=outer, fused=True)
 
 
@@ -106,10 +106,12 @@ def collective_exchange(cfg: RunConfig, rank: int, env=None, init_method: str = 
     rdv = collective.Rendezvous.from_env(rank, cfg.workers, os.environ if env is None else env, init_method)
     backend = collective.choose_backend(cfg.backend, cfg.device, rdv.local_world_size,
                                         collective.usable_cuda_devices())
+    diloco = cfg.local_steps > 1 and not localsgd.plain_average(cfg.optim)
+    outer = localsgd.outer_config(cfg.optim) if diloco else None
     options = collective.CollectiveOptions(
-        optim=cfg.optim, steps=cfg.steps, local_steps=cfg.local_steps, device=cfg.device, bucket_mb=cfg.bucket_mb,
-        allreduce_impl=cfg.allreduce_impl, rpc_timeout=cfg.rpc_timeout, eval_every=cfg.eval_every,
-        check_every=cfg.check_every, out=cfg.out)
+        optim=cfg.optim, outer=outer, steps=cfg.steps, local_steps=cfg.local_steps, device=cfg.device,
+        bucket_mb=cfg.bucket_mb, allreduce_impl=cfg.allreduce_impl, rpc_timeout=cfg.rpc_timeout,
+        eval_every=cfg.eval_every, check_every=cfg.check_every, out=cfg.out)
     return collective.CollectiveExchange(options, rdv, backend)
 
 

@@ -5,7 +5,9 @@ Contract:
   test: `synthetic` (a seeded teacher network labels Gaussian inputs; fast, the test default),
   `mnist1d` (the MNIST-1D benchmark, Greydanus 2020, generated offline by the `mnist1d`
   package's make_dataset and cached as .npz; `--num-samples` may exceed its default 5,000),
-  and `mnist` (standard IDX files, optionally gzipped, from `--data-dir`).
+  `mnist` (standard IDX files, optionally gzipped, from `--data-dir`), and `text` (character
+  windows of the English text that ships with CPython, psgd/train/text.py; its validation split is
+  10% of the text by position, whatever `--val-fraction` says).
 - Validation split (`--val-fraction f`): carved out of the TRAINING set, never the test set, so
   a learning rate tuned on it never sees the test set. A permutation seeded by `data_seed`
   alone (not `--seed`: every run of one dataset holds out the same samples) picks
@@ -52,7 +54,8 @@ from psgd.train import userspec
 TRAIN_FRACTION = 0.8  # split of generated datasets (mnist1d's own default)
 # (input features, classes) of each dataset, known without loading it: a shard server sizes the
 # model from them (`psgd server` checks every Init header against that size).
-SHAPES = {"synthetic": (32, 10), "mnist1d": (40, 10), "mnist": (784, 10)}
+SHAPES = {"synthetic": (32, 10), "mnist1d": (40, 10), "mnist": (784, 10),
+          "text": (64, 103)}  # text: tokens per window, vocabulary
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,11 @@ def load(cfg: DataConfig) -> Dataset:
         ds = _mnist1d(cfg)
     elif cfg.dataset == "mnist":
         ds = _mnist_idx(Path(cfg.data_dir or "."))
+    elif cfg.dataset == "text":
+        from psgd.train import text  # noqa: PLC0415
+
+        (xt, yt), (xv, yv), (xs, ys), vocab = text.load()
+        return Dataset(xt, yt, xs, ys, vocab, x_val=xv, y_val=yv)  # validation by position, always (text.py)
     else:
         raise ValueError(f"unknown dataset {cfg.dataset!r}")
     return split_validation(ds, cfg.val_fraction, cfg.data_seed)

@@ -174,6 +174,9 @@ def summarize(out: Path, cfg: RunConfig, evals: list[dict], params: int, params_
         "staleness": hist_stats(staleness),
         "max_clock_gap": max((s["max_clock_gap"] for s in shard_stats), default=0),
         "bytes_pushed": sum(e["bytes_pushed"] for e in ends), "bytes_pulled": sum(e["bytes_pulled"] for e in ends),
+        # Per worker step (a local step with --local-steps H: it falls as 1/H, DiLoCo's saving).
+        "bytes_per_step": (sum(e["bytes_pushed"] + e["bytes_pulled"] for e in ends)
+                           / max(1, sum(e["steps"] for e in ends))),
         "time_breakdown_s": {k: sum(e[f"{k}_s"] for e in ends) / n for k in ("compute", "push", "pull", "wait")},
         "per_worker_steps": {str(e["rank"]): e["steps"] for e in sorted(ends, key=lambda e: e["rank"])},
         **devices_of(ends),

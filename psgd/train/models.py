@@ -6,7 +6,8 @@ Contract:
   `sync` PS reproduce single-process training.
   Models: `logreg`; `mlp` (2 hidden layers, width 128); `cnn` (a small 1-D CNN, for mnist1d);
   `wide_mlp` (3 hidden layers of `--width`, default 1024; --width 3500 gives about 25M
-  parameters, the communication-bound case).
+  parameters, the communication-bound case); `gpt` (psgd/train/gpt.py, for `--dataset text`:
+  `--width` 128, `--layers` 2, `--heads` 4 by default, about 0.41M parameters).
 - Your own model (`--model pkg.mod:make_model` or `FILE.py:make_model`, psgd/train/userspec.py):
   a callable of no required arguments returning an `nn.Module`, called under the same seed
   in every process. What psgd synchronises is the parameters, so a model is refused (one line
@@ -54,6 +55,10 @@ def _build(cfg: ModelConfig, input_dim: int, num_classes: int) -> nn.Module:
                              nn.Linear(w, w), nn.ReLU(), nn.Linear(w, num_classes))
     if cfg.model == "cnn":
         return Conv1dNet(input_dim, num_classes, cfg.width or 32)
+    if cfg.model == "gpt":  # input_dim: the context (tokens per sample); num_classes: the vocabulary
+        from psgd.train.gpt import GPT  # noqa: PLC0415
+
+        return GPT(num_classes, input_dim, cfg.width or 128, cfg.layers, cfg.heads)
     raise ValueError(f"unknown model {cfg.model!r}")
 
 
