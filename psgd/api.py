@@ -342,7 +342,8 @@ def connect(model: nn.Module, addresses: str | Iterable[str], rank: int = 0, wor
             transport: str = "tcp", wire_dtype: str = "fp32", separate_pull: bool = False,
             rpc_timeout: float = 60.0, token_file: str = "", tls_ca: str = "") -> Worker:
     """Connect `model` as worker `rank` of `workers` to running shards (in shard order); blocks
-    until they answer. Worker 0's parameters become the shards' start (the first Init wins).
+    until they answer. Every worker offers its parameters as the shards' start and the first Init
+    wins: build the models alike (seeded) or the first to connect decides for all.
 
     `addresses`: "host:port,host:port" or a list, from `start_shards` or `psgd server`'s READY
     lines. `transport` "tcp" (the default, as `psgd run`) or "grpc". Raises ValueError for a bad

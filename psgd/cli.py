@@ -96,6 +96,9 @@ def build_parser() -> Parser:
     p.add_argument("--resume", metavar="OUT", default="",
                    help="continue the stopped run in OUT from its shards' checkpoints (--checkpoint-every), "
                         "with its own config.json (give no other flags)")
+    p.add_argument("--tensorboard", metavar="DIR", default="",
+                   help="after the run, write its curves (training loss per update, evaluations, step times, "
+                        "staleness, throughput) as TensorBoard event files into DIR (pip install 'psgd[tensorboard]')")
     p.add_argument("--cold-start", action="store_true",
                    help="start every shard and worker as a fresh `python -m psgd` process instead of forking "
                         "them from the run's warm parent, which imports torch once (psgd/train/zygote.py); "
@@ -114,6 +117,8 @@ def build_parser() -> Parser:
                        description=SUMMARIZE_DESCRIPTION, formatter_class=fmt)
     p.add_argument("out", metavar="OUT", help="the run folder (holds config.json and metrics.jsonl)")
     p.add_argument("--quiet", action="store_true", help="print only the summary line")
+    p.add_argument("--tensorboard", metavar="DIR", default="",
+                   help="also write the run's curves as TensorBoard event files into DIR (psgd/train/tboard.py)")
 
     p = sub.add_parser("server", help="serve one parameter shard (started by `psgd run`, or by hand)",
                        description=SERVER_DESCRIPTION,
@@ -259,6 +264,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = launch.resumable(Path(args.resume))
     check_device(cfg)
     check_workload(cfg)  # your own model / data / loss: one line and exit 2 before anything starts
+    if args.tensorboard:
+        from psgd.train import tboard
+
+        tboard.require()
     hosts.seats(cfg)  # --hosts: the cluster is up and large enough, before a run folder is made
     try:
         if cfg.epochs > 0:
@@ -275,6 +284,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     except (launch.RunFailed, FileNotFoundError, ValueError) as e:
         print(f"psgd run: failed: {e}", file=sys.stderr)
         return 1
+    if args.tensorboard:
+        from psgd.train import tboard
+
+        tboard.write(Path(cfg.out), Path(args.tensorboard))
     print_summary(summary, cfg.out, args.quiet)
     return 0
 
@@ -305,6 +318,11 @@ def print_summary(summary: dict, out: str, quiet: bool) -> None:
 def cmd_summarize(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    if args.tensorboard:
+        from psgd.train import tboard
+
+        tboard.require()
+
     from psgd.train import data, launch
 
     out = Path(args.out)
@@ -320,6 +338,10 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     except (launch.RunFailed, FileNotFoundError) as e:
         print(f"psgd summarize: failed: {e}", file=sys.stderr)
         return 1
+    if args.tensorboard:
+        from psgd.train import tboard
+
+        tboard.write(out, Path(args.tensorboard))
     print_summary(summary, str(out), args.quiet)
     return 0
 
@@ -400,6 +422,8 @@ def _serve(args: argparse.Namespace, on_ready=None) -> int:
     elif args.shard == 0:
         launch.prepare_by_hand(cfg)  # by hand, shard 0 is the run's first process (workers need it up)
     launch.set_threads(cfg, role="server")
+    if dict(cfg.fail_shard_at).get(args.shard) == 0:
+        os.kill(os.getpid(), signal.SIGKILL)  # fault injection (--fail-shard-at K=0): die while starting
     try:
         srv = assemble.shard_server(cfg, args.shard, args.bind, args.port, token=token, num_params=num_params,
                                     restore=restored)

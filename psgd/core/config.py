@@ -212,9 +212,10 @@ class RunConfig:
                       metavar="PEM")
     token_file: str = opt("", "PS: a file holding the run's shared secret; every request to a shard must carry it "
                               "(without it: $PSGD_TOKEN if set, else no token)", metavar="FILE")
-    fail_at: Pairs = opt((), "fault injection: worker RANK kills itself (SIGKILL) at STEP", metavar="RANK=STEP")
-    fail_shard_at: Pairs = opt((), "fault injection: shard K kills itself (SIGKILL) once it reached update V",
-                               metavar="K=V")
+    fail_at: Pairs = opt((), "fault injection: worker RANK kills itself (SIGKILL) at STEP (-1: while starting, "
+                             "before it joins the shards)", metavar="RANK=STEP")
+    fail_shard_at: Pairs = opt((), "fault injection: shard K kills itself (SIGKILL) once it reached update V (0: "
+                                   "while starting, before it listens)", metavar="K=V")
     restart_workers: int = opt(0, "PS: restart a worker that dies, at most N times in all; it rejoins at its "
                                   "clock on the shards", metavar="N")
     restart_servers: int = opt(0, "PS: when a shard dies, restart the run from its newest checkpoint, at most N "
@@ -312,11 +313,11 @@ def validate(cfg: RunConfig) -> RunConfig:
          "--wire-dtype is a parameter-server option: --mode allreduce reduces fp32 gradients"),
         (all(0 <= r < cfg.workers and ms >= 0 for r, ms in cfg.straggler),
          f"--straggler needs RANK=MS with 0 <= RANK < {cfg.workers} and MS >= 0"),
-        (all(0 <= r < cfg.workers and s >= 0 for r, s in cfg.fail_at),
-         f"--fail-at needs RANK=STEP with 0 <= RANK < {cfg.workers}"),
-        (all(0 <= k < cfg.servers and v >= 1 for k, v in cfg.fail_shard_at) and
+        (all(0 <= r < cfg.workers and s >= -1 for r, s in cfg.fail_at),
+         f"--fail-at needs RANK=STEP with 0 <= RANK < {cfg.workers} and STEP >= -1"),
+        (all(0 <= k < cfg.servers and v >= 0 for k, v in cfg.fail_shard_at) and
          (cfg.mode != "allreduce" or not cfg.fail_shard_at),
-         f"--fail-shard-at needs K=V with 0 <= K < {cfg.servers} and V >= 1 (parameter-server modes)"),
+         f"--fail-shard-at needs K=V with 0 <= K < {cfg.servers} and V >= 0 (parameter-server modes)"),
         (cfg.restart_servers >= 0, f"--restart-servers must be >= 0, got {cfg.restart_servers}"),
         (cfg.restart_workers >= 0, f"--restart-workers must be >= 0, got {cfg.restart_workers}"),
         (cfg.restart_workers == 0 or (cfg.mode != "allreduce" and cfg.local_steps == 1),

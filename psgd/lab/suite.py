@@ -120,12 +120,14 @@ def _on_the_same_link(cfg: C.RunConfig, out: Path) -> bool:
     now = hosts.link_record(c, cfg.mode)
     then = json.loads((out / "summary.json").read_text()).get("cluster") or {}
     return {k: then.get(k) for k in now} == now
-def execute(spec: RunSpec, fresh: bool, position: str) -> dict:
-    """Run one spec (or reuse its cached result); returns its summary."""
+def execute(spec: RunSpec, fresh: bool, position: str, tensorboard: Path | None = None) -> dict:
+    """Run one spec (or reuse its cached result); returns its summary. With `tensorboard`, the
+    run's curves go to TENSORBOARD/<experiment>/<label>-<phase>-lr<lr>-s<seed> (psgd/train/tboard.py)."""
     from psgd.train import data, launch, progress
 
     if not fresh and is_cached(spec):
         tqdm.write(f"{position} {spec.experiment} {spec.label} seed {spec.seed}: cached", file=sys.stderr)
+        _tensorboard(spec, tensorboard)
         return json.loads((Path(spec.cfg.out) / "summary.json").read_text())
     cfg = C.with_epochs_resolved(spec.cfg, data.train_size(spec.cfg.data))
     tag = f"{position} {spec.experiment} {spec.label}" + (f" lr={spec.cfg.optim.lr:g}" if spec.phase == "tune" else "")
@@ -137,7 +139,16 @@ def execute(spec: RunSpec, fresh: bool, position: str) -> dict:
     (out / "provenance.json").write_text(json.dumps({"code_version": spec.version, "command": spec.command,
                                                      "made_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
                                                     indent=1))
+    _tensorboard(spec, tensorboard)
     return summary
+
+
+def _tensorboard(spec: RunSpec, tensorboard: Path | None) -> None:
+    if tensorboard is not None:
+        from psgd.train import tboard
+
+        name = f"{spec.label}-{spec.phase}-lr{spec.cfg.optim.lr:g}-s{spec.seed}".replace(" ", "_").replace("/", "_")
+        tboard.write(Path(spec.cfg.out), tensorboard / spec.experiment / name)
 
 
 def _has_results(exp: Experiment) -> bool:
@@ -176,7 +187,8 @@ def _commands(exp: Experiment, tune_specs: list[RunSpec], finals: list[RunSpec],
 
 
 def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False, command: str = "",
-              only: set[str] | None = None, profile: str = "default", articles: Sequence[Article] = ()) -> Path:
+              only: set[str] | None = None, profile: str = "default", articles: Sequence[Article] = (),
+              tensorboard: Path | None = None) -> Path:
     """Tune and run the experiments (all, or those in `only`), then analyse every experiment that has
     results and write the whole report (with the seed `articles`, if any); returns the REPORT.md path."""
     from psgd.lab import analyses, report
@@ -205,7 +217,7 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
             if first:
                 reused += int(not fresh and is_cached(spec))
                 total_runs += 1
-            out.append((spec, execute(spec, fresh and first, f"[{overall.n + 1}/{overall.total}]")))
+            out.append((spec, execute(spec, fresh and first, f"[{overall.n + 1}/{overall.total}]", tensorboard)))
             if first:
                 done_outs.add(spec.cfg.out)
                 overall.update(1)
@@ -259,7 +271,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--fresh", action="store_true", help="rerun runs even when a matching result exists")
     p.add_argument("--report", action="store_true",
                    help="run nothing: re-analyse the finished runs (and benchmark outputs) and rewrite the report")
+    p.add_argument("--tensorboard", type=Path, default=None, metavar="DIR",
+                   help="write every run's curves as TensorBoard event files under DIR/<experiment>/ as it finishes "
+                        "(pip install 'psgd[tensorboard]')")
     a = p.parse_args(argv)
+    if a.tensorboard is not None:
+        from psgd.train import tboard
+
+        tboard.require()
     profile = "quick" if a.quick else "full" if a.full else "default"
     results = a.results or (Path("results/full") if a.full else Path("results"))
     only = {s.strip() for s in a.only.split(",") if s.strip()} or None
@@ -277,7 +296,7 @@ def main(argv: list[str]) -> int:
 
     command = "psgd suite " + shlex.join(argv)
     try:
-        run_suite(experiments, results, a.fresh, command, only, profile, articles)
+        run_suite(experiments, results, a.fresh, command, only, profile, articles, a.tensorboard)
     except (SuiteError, RunFailed) as e:  # one line naming the experiment or the failed process
         print(f"psgd suite: failed: {e}", file=sys.stderr)
         return 1

@@ -21,7 +21,7 @@ Contract:
   ones wait for the slowest; async: nobody waits and the fast workers run ahead, their clocks
   drifting apart; SSP: they drift until the bound holds them), few enough that every step
   stays wider than a few pixels. Start-up is not in it: the start barrier's hold, and the wait
-  for the chief's Init before it, are outside the training time (summary.json's `startup_s`).
+  for the first Init before it, are outside the training time (summary.json's `startup_s`).
 - Output: the PNG (default RUN/trace.png) and a CSV beside it (rank, clock, segment, start_s,
   end_s; one row per segment, zero-length ones included), written as every psgd figure is
   (psgd/lab/plots.py `save`). A missing folder, or one without step events, is a one-line

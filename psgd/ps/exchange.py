@@ -2,8 +2,9 @@
 or both overlapped with compute (`Overlap`, `psgd run --overlap`).
 
 `PSExchange` is the `psgd.core.step.Exchange` of the PS modes: `setup` connects (`make_client`,
-psgd/ps/client.py) and lets the chief offer its seeded initial parameters; `before_compute` pulls
-the parameters straight into the model's flat buffer; `after_compute` pushes the flat gradient.
+psgd/ps/client.py) and offers its seeded initial parameters (every worker does; the first Init
+wins); `before_compute` pulls the parameters straight into the model's flat buffer;
+`after_compute` pushes the flat gradient.
 By default the push and the next pull are one round trip (PushPull): `after_compute` pushes the
 gradient of clock c and receives the parameters of clock c + 1 in the reply, and the next
 `before_compute` has nothing left to fetch (only clock 0 pulls on its own). The same requests
@@ -113,8 +114,10 @@ class PSExchange:
                                 "restored from checkpoints of different steps")
         self.start_clock = starts.pop()
         self.staging = HostStaging(flat.params, flat.grads, self.stage)
-        if rank == 0:
-            self.client.init(flat.params)  # the chief's seeded init becomes the shards' start (unless restored)
+        # Every worker offers its seeded initial parameters (all build the same model): the first Init
+        # wins and the others only check its length, so no one worker's loss before Init can stall
+        # the job (a restored shard keeps its checkpoint). One model's worth of bytes per worker, once.
+        self.client.init(flat.params)
         if self.local_steps > 1:
             flat.params.grad = flat.grads  # backward writes into grads, the local optimizer reads them there
             self._local = optim.build(flat.params, self.optim)

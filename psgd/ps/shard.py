@@ -39,7 +39,7 @@ Contract (every method thread-safe; a refusal raises `ShardError(code, message)`
   `--local-steps H` > 1 a push is a worker's model delta and the step is w <- w - mean(delta)
   (SGD with lr 1 and nothing else): the replicas' average (psgd/core/localsgd.py).
 - Start barrier: every worker's first pull (clock 0) is held until all N workers asked for it;
-  its `wait_s` includes the time it waited for the chief's Init before that.
+  its `wait_s` includes the time it waited for the first Init before that.
 - `leave(worker_id, shard)`: a worker has finished and sends nothing more; returns how many
   distinct workers have left. Once all N have, `finished` is set: the shard's run is over and its
   server stops by itself (psgd/cli.py), so a run started by hand ends without a signal.
@@ -378,7 +378,7 @@ class Shard:
         """Wait for the policy, then a snapshot of the parameters in `dtype` (see the module docstring)."""
         if shard != self.index:
             raise ShardError(Code.INVALID_ARGUMENT, f"pull for shard {shard} sent to shard {self.index}")
-        # Waiting for the chief's Init is part of the start, like the start barrier's hold: it is
+        # Waiting for the first Init is part of the start, like the start barrier's hold: it is
         # reported in wait_s with it, so that no worker counts the others' start-up as its pull.
         started = time.perf_counter()
         if not self.ready.wait(timeout):

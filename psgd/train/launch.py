@@ -133,8 +133,13 @@ def _read_ready(child: Child, timeout: float) -> str:
     line = child.proc.stdout.readline().decode().strip()
     sel.close()
     if not line.startswith("READY "):
-        child.proc.wait()
-        raise RunFailed(f"{child.name} failed to start: {child.last_error()}")
+        rc = child.proc.wait()
+        how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
+        message = f"{child.name} failed to start ({how}): {child.last_error()}"
+        if child.name.startswith("server ") and (rc < 0 or rc == 1):
+            # Died while starting (not a usage error, exit 2): --restart-servers restarts the run.
+            raise ShardDied(int(child.name.split()[-1]), how, message)
+        raise RunFailed(message)
     return line.split()[1]
 
 
@@ -384,14 +389,18 @@ def run(cfg: RunConfig, resume: bool = False, cold_start: bool = False) -> dict:
         try:
             return _attempt(cfg, resume, cold_start)
         except ShardDied as e:
-            if restarts >= cfg.restart_servers or not checkpoint_versions(cfg):
+            if restarts >= cfg.restart_servers:
                 raise
             restarts += 1
-            print(f"psgd run: {e}; restart {restarts} of {cfg.restart_servers} from the newest checkpoint",
+            # A shard that died before any checkpoint (while starting, say) restarts the run from
+            # scratch: nothing was lost that a checkpoint would have kept.
+            scratch = not checkpoint_versions(cfg)
+            print(f"psgd run: {e}; restart {restarts} of {cfg.restart_servers} "
+                  + ("from scratch (no checkpoint yet)" if scratch else "from the newest checkpoint"),
                   file=sys.stderr, flush=True)
             # Injected faults stopped this attempt; they are not part of the training to continue.
-            cfg, resume = dataclasses.replace(cfg, fail_at=(), fail_shard_at=()), True
-            _note_restart(Path(cfg.out), e, resume_version(cfg))
+            cfg, resume = dataclasses.replace(cfg, fail_at=(), fail_shard_at=()), not scratch
+            _note_restart(Path(cfg.out), e, 0 if scratch else resume_version(cfg))
 
 
 def checkpoint_versions(cfg: RunConfig) -> set[int]:
@@ -432,8 +441,12 @@ def _attempt(cfg: RunConfig, resume: bool, cold_start: bool = False) -> dict:
     else:
         cfg = with_out_resolved(cfg)
         out = Path(cfg.out)
+        # A restart from scratch (`run`) keeps the record of why, across the folder's fresh start.
+        pending = json.loads((out / "restart.json").read_text()) if (out / "restart.json").exists() else None
         prepare_out(out)
         (out / "config.json").write_text(json.dumps(config_record(cfg), indent=1))
+        if pending is not None:
+            _event(cfg, event="restart", **pending)
     _write_launch(out, "psgd run --resume" if resume else "psgd run")
     # The warm parent loads torch while the launcher prepares; on cluster hosts each child enters
     # its namespace by exec (`ip netns exec`), so there, and with --cold-start, every child execs.

@@ -89,7 +89,7 @@ class LoopOptions:
     delay_ms: float = 0.0           # extra compute per step: an emulated slower device (--straggler)
     jitter_ms: float = 0.0          # mean of an exponential extra delay per step (--jitter)
     jitter_seed: int = 0            # its random stream
-    fail_step: int | None = None    # fault injection: SIGKILL this process at this step (--fail-at)
+    fail_step: int | None = None    # fault injection: SIGKILL this process at this step (--fail-at; -1: before setup)
 
 
 class Batches:
@@ -136,6 +136,8 @@ def _loop(exchange: Exchange, model, flat, batches: Batches, loss_fn: losses.Los
     accumulate = options.accumulate
 
     warm_up(model, flat, *batches.micro(0, accumulate)[0], loss_fn)
+    if options.fail_step == -1:
+        os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die while starting, before joining the shards
     exchange.setup(flat, rank)
     if hasattr(exchange, "watch"):
         exchange.watch(model, flat)  # after the warm-up: its backward must not trigger --overlap's pushes
