@@ -199,6 +199,9 @@ def main(argv: list[str] | None = None) -> int:
     from psgd.train import lifeline
 
     lifeline.die_with_launcher()  # a child of psgd run: first thing, before the imports that take time
+    from psgd.train import cpulimit
+
+    cpulimit.enter_from_env()  # psgd run --cpu-quota: into this device's CPU quota before any work
     parser = build_parser()
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in DELEGATED:
@@ -264,6 +267,12 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = launch.resumable(Path(args.resume))
     check_device(cfg)
     check_workload(cfg)  # your own model / data / loss: one line and exit 2 before anything starts
+    if cfg.cpu_quota > 0:
+        from psgd.train import cpulimit
+
+        reason = cpulimit.unavailable()
+        if reason:
+            raise UsageError(reason)
     if args.tensorboard:
         from psgd.train import tboard
 

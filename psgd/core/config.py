@@ -192,6 +192,10 @@ class RunConfig:
                                          "control of experiment E13)")
     straggler: Pairs = opt((), "worker RANK sleeps MS extra per step (repeatable)", metavar="RANK=MS")
     jitter: float = opt(0.0, "every worker sleeps an exponential random delay of this mean per step", metavar="MS")
+    cpu_quota: float = opt(0.0, "give every shard and worker of psgd run this many cores of its own, enforced by the "
+                                "kernel (cgroup CPU quota, psgd/train/cpulimit.py): a core one process leaves idle "
+                                "(a sleeping straggler) goes unused, as on separate devices (0: the cores are shared)",
+                           metavar="CORES")
     skip_nonfinite: bool = opt(False, "servers skip and count non-finite gradients instead of rejecting them")
     # Remedies for stale gradients, applied by the shard (psgd/core/staleness.py): async / SSP only.
     staleness_lr: bool = opt(False, "async / SSP: the shard divides the step of a gradient of staleness tau by "
@@ -288,6 +292,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         (not cfg.no_error_feedback or cfg.topk < 1,
          "--no-error-feedback only applies to sparsified pushes: give --topk a fraction below 1"),
         (cfg.jitter >= 0, f"--jitter must be >= 0 ms, got {cfg.jitter}"),
+        (cfg.cpu_quota >= 0 and math.isfinite(cfg.cpu_quota), f"--cpu-quota must be >= 0 cores, got {cfg.cpu_quota}"),
         (cfg.rpc_timeout > 0, f"--rpc-timeout must be > 0, got {cfg.rpc_timeout}"),
         (cfg.threads >= 0, f"--threads must be >= 0 (0: share the cores), got {cfg.threads}"),
         (cfg.allreduce_impl in ALLREDUCE_IMPLS, f"--allreduce-impl must be one of {', '.join(ALLREDUCE_IMPLS)}"),

@@ -117,10 +117,10 @@ def backup_workers(ctx: Context):
              "samples do not count). Recovered share = (backup's - sync's with the straggler) / (sync's without - "
              f"with), t interval over seeds; counted in updates/s instead, whatever their size, the "
              f"share recovered is {', '.join(counted)}. Accuracy points: backup minus sync, both with the straggler. "
-             "Memory: backup workers add no buffer (a shard sums the first N-b gradients into sync's own sum "
-             "buffer) and N integers of bookkeeping per shard; bytes: every dropped gradient was pushed in full. "
+             "Memory: a shard holds a step's first N-b gradients until it sums them in worker order, as sync does, "
+             "and N integers of bookkeeping; bytes: every dropped gradient was pushed in full. "
              "Rates: the tuning table above; a straggler or jitter run takes the rate of its arm without one (as in "
-             "E2), and the runs without a straggler are E1's.")
+             "E2), and the runs without a straggler are E2's (in the same CPU quota).")
     figs = [Figure(f1, "Steady-state applied samples/s per arm; error bars: 95% t interval over seeds."),
             Figure(f2, ctx.caption("Test accuracy against steady-state wall time; dotted: the target."))]
     key["straggler_loss"] = loss.estimate

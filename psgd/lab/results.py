@@ -211,6 +211,8 @@ def setup(cfg: dict, vary: tuple[str, ...] = ()) -> str:
     if "lr" not in vary:
         opt += f", lr {o['lr']:g}"
     parts.append(opt)
+    if cfg.get("cpu_quota"):
+        parts.append(f"every process limited to {cfg['cpu_quota']:g} cores by a kernel CPU quota (--cpu-quota)")
     if d.get("shard_data", "iid") != "iid" and "shard_data" not in vary:
         parts.append(f"{d['shard_data']} shards")
     return "; ".join(parts)

@@ -42,7 +42,7 @@ from typing import TYPE_CHECKING
 
 from psgd.core.config import RunConfig, from_dict, to_argv, to_dict
 from psgd.core.errors import UsageError
-from psgd.train import hosts, lifeline
+from psgd.train import cpulimit, hosts, lifeline
 from psgd.train.metrics import Metrics, process_start_time, read_events, samples_per_update, summarize
 from psgd.train.zygote import Forked, Zygote, ZygoteError
 
@@ -459,7 +459,23 @@ def _attempt(cfg: RunConfig, resume: bool, cold_start: bool = False) -> dict:
 
 
 def _start_and_wait(cfg: RunConfig, out: Path, restore: list[str], zygote: Zygote | None) -> dict:
-    """The body of an attempt: start the shards and workers (forked by `zygote` when given), wait."""
+    """The body of an attempt: start the shards and workers (forked by `zygote` when given), wait.
+    With --cpu-quota every child gets a CPU group of its own (psgd/train/cpulimit.py), removed after."""
+    quotas = None
+    if cfg.cpu_quota > 0:
+        try:
+            quotas = cpulimit.Quotas(str(out), cfg.cpu_quota)
+        except OSError as e:
+            raise UsageError(str(e)) from None
+    try:
+        return _start_and_wait_in(cfg, out, restore, zygote, quotas)
+    finally:
+        if quotas is not None:
+            quotas.close()
+
+
+def _start_and_wait_in(cfg: RunConfig, out: Path, restore: list[str], zygote: Zygote | None,
+                       quotas: cpulimit.Quotas | None) -> dict:
     cache = cfg.data.cache_path()
     if cache is not None and not cache.exists():
         from psgd.train import data as data_mod  # noqa: PLC0415 - see the imports
@@ -485,7 +501,8 @@ def _start_and_wait(cfg: RunConfig, out: Path, restore: list[str], zygote: Zygot
             for k, seat in enumerate(seats.servers):
                 argv = [*seat.prefix, *exe, "server", *flags, *restore, "--shard", str(k), "--port", "0"]
                 argv += ["--bind", seat.bind] if seat.bind else []
-                servers.append(Child(f"server {k}", argv, out / "logs" / f"server-{k}.log", env, capture_stdout=True,
+                senv = {**env, cpulimit.ENV: str(quotas.group(f"server-{k}"))} if quotas else env
+                servers.append(Child(f"server {k}", argv, out / "logs" / f"server-{k}.log", senv, capture_stdout=True,
                                      zygote=zygote))
             # The workers start now, side by side with the servers (a process's start-up is mostly
             # importing torch), and read the shards' addresses from stdin once they have loaded.
@@ -494,6 +511,8 @@ def _start_and_wait(cfg: RunConfig, out: Path, restore: list[str], zygote: Zygot
             # One host: the local rank is the rank (it picks worker r's GPU, psgd/core/devices.py, and
             # the all-reduce rendezvous reads both); set, so that an inherited $LOCAL_RANK cannot pin them all.
             wenv = {**env, "RANK": str(r), "LOCAL_RANK": str(r), **dict(seats.workers[r].env)}
+            if quotas is not None:
+                wenv[cpulimit.ENV] = str(quotas.group(f"worker-{r}"))
             workers.append(Child(f"worker {r}", [*seats.workers[r].prefix, *exe, "worker", *flags, "--rank", str(r),
                                                  *worker_argv], out / "logs" / f"worker-{r}.log", wenv, stdin_pipe=ps,
                                  zygote=zygote))
@@ -514,8 +533,11 @@ def _start_and_wait(cfg: RunConfig, out: Path, restore: list[str], zygote: Zygot
                 r = c.name.split()[-1]
                 log = out / "logs" / f"worker-{r}.restart{len(list((out / 'logs').glob(f'worker-{r}.*.log'))) + 1}.log"
                 seat = seats.workers[int(r)]
+                again_env = {**env, "RANK": r, "LOCAL_RANK": r, **dict(seat.env)}
+                if quotas is not None:
+                    again_env[cpulimit.ENV] = str(quotas.group(f"worker-{r}"))
                 return Child(c.name, [*seat.prefix, *exe, "worker", *again_flags, "--rank", r, "--servers", addresses],
-                             log, {**env, "RANK": r, "LOCAL_RANK": r, **dict(seat.env)}, zygote=zygote)
+                             log, again_env, zygote=zygote)
         _wait_workers(workers, servers, cfg, restart, zygote)
         _stop(servers)
         for c in servers:

@@ -71,6 +71,19 @@ def device_info(device: torch.device) -> dict:
     return dict(device=str(device), device_name=name, torch_version=torch.__version__, cuda_version=torch.version.cuda)
 
 
+def cpu_cgroup() -> str:
+    """This process's cgroup in the cpu controller ("/" when none: the cores are shared), from the
+    kernel's own record: what --cpu-quota put it in (psgd/train/cpulimit.py)."""
+    try:
+        for line in open("/proc/self/cgroup").read().splitlines():
+            _, controllers, path = line.split(":", 2)
+            if "cpu" in controllers.split(","):
+                return path
+    except OSError:
+        pass
+    return ""
+
+
 def sync_device(device: torch.device) -> None:
     """Wait until the device has run everything queued on it (a no-op on the CPU, which is never behind).
 
@@ -121,7 +134,7 @@ def train(exchange: Exchange, model: torch.nn.Module, batches: Batches, loss: lo
             e.add_note(f"closing the exchange failed too: {close_error}")
         raise
     end = dict(totals, rank=rank, train_start=train_start, train_end=time.time(), process_start=process_start_time(),
-               **device_info(device))
+               cpu_cgroup=cpu_cgroup(), **device_info(device))
     exchange.close()
     if metrics is not None:
         metrics.write(event="worker_end", **end)
