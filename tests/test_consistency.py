@@ -4,6 +4,8 @@ Every thread is started through the `threads` fixture (tests/threads.py): a pull
 never releases, or an exception inside a thread, fails the test instead of passing it silently.
 """
 
+import time
+
 import pytest
 import torch
 
@@ -249,3 +251,21 @@ def test_sync_sums_in_worker_order_so_arrival_order_changes_no_bit():
             for w in order:
                 p.push(w, 0, 0, g[w].clone(), keep=keep)
             assert torch.equal(applied[0], want), (order, keep)  # applied before any buffer is reused
+
+
+def test_a_lost_sync_worker_shrinks_the_quorum_and_cannot_rejoin():
+    applied = []
+    p = make_policy("sync", 3, lambda x: applied.append(x.clone()), budget=4 * 3)
+    g = lambda v: torch.full((2,), float(v))  # noqa: E731
+    for w in range(3):
+        p.push(w, 0, 0, g(w))
+    p.push(0, 1, 1, g(3))
+    p.push(2, 1, 1, g(5))
+    now = time.monotonic()
+    assert p.expire(60.0, now) == []                      # nobody silent that long
+    p.last_seen[1] = now - 100                            # worker 1 went silent after step 0 (it died)
+    assert p.expire(60.0, now) == [(1, 1)]
+    assert p.version == 2, "worker 1's loss completes step 1 from workers 0 and 2"
+    assert torch.equal(applied[-1], g(4))
+    with pytest.raises(PolicyError, match="declared lost"):
+        p.pull(1, 1, lambda: None, timeout=1)

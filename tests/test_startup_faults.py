@@ -43,3 +43,15 @@ def test_a_shard_killed_while_starting_is_restarted_from_scratch(tmp_path):
     none_left = psgd_main("run", "--mode", "sync", "--workers", "2", "--steps", "30", "--fail-shard-at", "0=0",
                           "--out", str(tmp_path / "no-restart"), *TINY)
     assert none_left.returncode == 1 and "server 0 failed to start (signal SIGKILL)" in none_left.stderr
+
+
+def test_a_sync_worker_lost_mid_run_shrinks_the_quorum_under_a_lease(tmp_path):
+    out = tmp_path / "sync-lease"
+    r = psgd_main("run", "--mode", "sync", "--workers", "3", "--servers", "2", "--steps", "40", "--worker-lease", "2",
+                  "--fail-at", "1=10", "--out", str(out), *TINY)
+    assert r.returncode == 0, r.stderr
+    s = summary(out)
+    assert s["global_updates"] == 40 and s["lost_workers"] == [{"worker": 1, "clock": 10, "how": "signal SIGKILL"}]
+    assert s["per_worker_steps"] == {"0": 40, "2": 40}
+    refused = psgd_main("run", "--mode", "sync", "--worker-lease", "2", "--backup-workers", "1", "--workers", "3")
+    assert refused.returncode == 2 and "use one of them" in refused.stderr

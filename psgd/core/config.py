@@ -207,8 +207,9 @@ class RunConfig:
     rpc_timeout: float = opt(60.0, "deadline of every RPC, seconds")
     checkpoint_every: int = opt(0, "PS: each shard writes a checkpoint to OUT/checkpoints every K updates, keeping "
                                    "the last 3 (0: never); `psgd run --resume OUT` continues from them", metavar="K")
-    worker_lease: float = opt(0.0, "async/SSP: a worker that sends nothing for this many seconds is lost: the run "
-                                    "goes on without it (0: a worker that dies ends the run)", metavar="SECONDS")
+    worker_lease: float = opt(0.0, "PS: a worker that sends nothing for this many seconds is lost: the run goes on "
+                                    "without it (sync: each later step's update averages the workers left; 0: a "
+                                    "worker that dies ends the run)", metavar="SECONDS")
     tls_cert: str = opt("", "PS shard: serve both ports over TLS with this certificate (psgd certs makes one)",
                         metavar="PEM")
     tls_key: str = opt("", "PS shard: the private key of --tls-cert", metavar="PEM")
@@ -350,10 +351,11 @@ def validate(cfg: RunConfig) -> RunConfig:
          "--checkpoint-every is a parameter-server option: the shards write the checkpoints"),
         (cfg.worker_lease >= 0 and math.isfinite(cfg.worker_lease),
          f"--worker-lease must be seconds >= 0, got {cfg.worker_lease}"),
-        (cfg.worker_lease == 0 or cfg.mode in ("async", "ssp"),
-         "--worker-lease lets async and SSP runs go on without a lost worker; in sync every worker is counted "
-         "(its start barrier and each step's quorum), so there a lost worker ends the run: --restart-workers "
-         "brings it back"),
+        (cfg.worker_lease == 0 or cfg.mode != "allreduce",
+         "--worker-lease is a parameter-server option: an all-reduce group cannot go on without a rank"),
+        (cfg.worker_lease == 0 or cfg.mode != "sync" or (cfg.backup_workers == 0 and cfg.restart_workers == 0),
+         "--worker-lease in sync shrinks each step's quorum when a worker is lost; --backup-workers and "
+         "--restart-workers are the other answers to a slow or dead worker: use one of them"),
         (cfg.checkpoint_every == 0 or cfg.backup_workers == 0 or cfg.servers == 1,
          "--checkpoint-every with --backup-workers needs one shard: each shard takes its own first N-b "
          "gradients, so their checkpoints of one version disagree on the workers' clocks"),

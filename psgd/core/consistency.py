@@ -35,7 +35,8 @@ psgd/ps/server.py): a worker that sent no push or pull for `lease` seconds, and 
 policy is not holding, is declared lost at its clock. It leaves the clock bookkeeping (SSP waits on
 the live workers only, the start barrier counts it as arrived), its later requests are refused, and
 the run's budget is spent by the others; a worker that pulls again at the clock it was lost at (a
-restarted process) rejoins there. Sync never expires anyone: its update needs every worker.
+restarted process) rejoins there. In sync a lost worker departs instead (see below): the quorum
+shrinks at once, the step it held up is applied from the others, and it cannot rejoin.
 
 Departed workers (`depart(worker)`, the shard calls it on a worker's Leave): a worker that
 finished before the run's budget was spent (a user's own loop ran out of batches, psgd.connect)
@@ -217,7 +218,7 @@ class Policy:
         self._check_worker(worker)
         start = time.perf_counter()
         with self.cond:
-            if worker in self.stats.lost and clock == self.clocks[worker]:
+            if worker in self.stats.lost and clock == self.clocks[worker] and self.name != "sync":
                 # A restarted worker (psgd run --restart-workers) asks for the clock it was lost at:
                 # it rejoins the bookkeeping there, as if it had only been slow.
                 del self.stats.lost[worker]
@@ -266,16 +267,20 @@ class Policy:
     def expire(self, lease: float, now: float | None = None) -> list[tuple[int, int]]:
         """Declare lost every live worker not heard from for more than `lease` seconds whose pull
         is not being held (see the module docstring); returns the newly lost with their clocks.
-        Never in sync, never once the run is done, never before any worker was heard from (they
-        are all starting up). `now` (time.monotonic) lets a test drive it without waiting."""
+        Never once the run is done, never before any worker was heard from (they are all starting
+        up). In sync a lost worker departs (`_on_depart`): the quorum shrinks, so the step it held
+        up is applied from the others, and it cannot come back. `now` (time.monotonic) lets a test
+        drive it without waiting."""
         now = time.monotonic() if now is None else now
         with self.cond:
-            if self.name == "sync" or self.done or self.first_seen is None:
+            if self.done or self.first_seen is None:
                 return []
-            gone = [w for w in range(self.num_workers) if w not in self.stats.lost and w not in self.held
+            gone = [w for w in range(self.num_workers) if w not in self._gone() and w not in self.held
                     and now - (self.last_seen[w] or self.first_seen) > lease]
             for w in gone:
                 self.stats.lost[w] = self.clocks[w]
+                if self.name == "sync":
+                    self._on_depart(w)
             if gone:
                 self.started = self.started or len(self.at_start | self._gone()) == self.num_workers
                 self.cond.notify_all()  # SSP's slowest clock and the start barrier may have moved
