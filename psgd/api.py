@@ -226,6 +226,10 @@ def start_shards(servers: int = 1, workers: int = 1, mode: str = "sync", optimiz
 
     if mode == "allreduce":
         raise ValueError("mode='allreduce' has no shards: use psgd.fit(mode='allreduce')")
+    worker_side = sorted(k for k in flags if k in ("local_steps", "accumulate", "overlap", "topk", "batch_size"))
+    if worker_side:
+        raise ValueError(f"{worker_side[0]}= is a worker's setting, not a shard's: your loop decides it (connect "
+                         "pushes one gradient per step)")
     budget = steps if steps is not None else (1 << 62) // max(1, workers)  # no budget: the workers decide
     cfg = config(servers=servers, workers=workers, mode=mode, optimizer=optimizer, steps=budget,
                  eval_every=flags.pop("eval_every", 0), **flags)
@@ -340,13 +344,15 @@ class Worker:
 
 def connect(model: nn.Module, addresses: str | Iterable[str], rank: int = 0, workers: int = 1, *,
             transport: str = "tcp", wire_dtype: str = "fp32", separate_pull: bool = False,
-            rpc_timeout: float = 60.0, token_file: str = "", tls_ca: str = "") -> Worker:
+            rpc_timeout: float = 60.0, token_file: str = "", tls_ca: str = "", backup_workers: int = 0) -> Worker:
     """Connect `model` as worker `rank` of `workers` to running shards (in shard order); blocks
     until they answer. Every worker offers its parameters as the shards' start and the first Init
     wins: build the models alike (seeded) or the first to connect decides for all.
 
     `addresses`: "host:port,host:port" or a list, from `start_shards` or `psgd server`'s READY
-    lines. `transport` "tcp" (the default, as `psgd run`) or "grpc". Raises ValueError for a bad
+    lines. `transport` "tcp" (the default, as `psgd run`) or "grpc". `backup_workers`: the shards'
+    (sync): then a worker goes on until every shard said done, as one shard may finish first.
+    Raises ValueError for a bad
     argument, ExchangeError when the shards cannot be reached or disagree."""
     from psgd.ps import auth  # noqa: PLC0415
     from psgd.ps.exchange import PSExchange  # noqa: PLC0415
@@ -365,7 +371,7 @@ def connect(model: nn.Module, addresses: str | Iterable[str], rank: int = 0, wor
     except auth.TokenError as e:
         raise ValueError(str(e)) from None
     exchange = PSExchange(list(found), wire_dtype, rpc_timeout, transport=transport, separate_pull=separate_pull,
-                          token=token, tls_ca=tls_ca)
+                          token=token, tls_ca=tls_ca, backup_workers=backup_workers)
     try:
         return Worker(model, exchange, rank)
     except UsageError as e:

@@ -215,3 +215,23 @@ def test_optimizer_objects_are_the_flags():
     assert psgd.AdamW(betas=(0.8, 0.9)) == OptimConfig(optimizer="adamw", lr=1e-3, beta1=0.8, beta2=0.9,
                                                        weight_decay=0.01)
     assert psgd.api.config(optimizer=psgd.AdamW(lr=2e-3), workers=3).optim.lr == 2e-3
+
+
+def test_backup_workers_with_more_than_b_early_leavers_do_not_hang():
+    """Sync with b = 1 and two of three workers leaving early: the last one's steps are made from its
+    own gradients (the quorum follows the workers still in), not held until the deadline."""
+    models = fresh_models(N)
+
+    def loop(rank, w, model):
+        for i, (x, y) in enumerate(batches(rank)):
+            if rank < 2 and i == 2:
+                return
+            w.pull()
+            F.cross_entropy(model(x), y).backward()
+            w.push()
+
+    with psgd.start_shards(workers=N, mode="sync", backup_workers=1, steps=STEPS) as shards:
+        assert run_workers(shards.addresses, models, loop, backup_workers=1) == []
+        assert shards.wait(30)
+    with pytest.raises(ValueError, match="a worker's setting"):
+        psgd.start_shards(local_steps=4)

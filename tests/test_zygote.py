@@ -105,3 +105,27 @@ def test_warm_and_cold_start_give_the_same_run_bit_for_bit(tmp_path):
     assert summary(tmp_path / "warm")["params_sha256"] == summary(tmp_path / "cold")["params_sha256"]
     assert processes_mentioning(str(tmp_path)) == []
     assert launch.Child  # the launcher's one way to start a child, forked or exec'd
+
+
+def test_an_exit_read_by_a_poll_still_wakes_the_next_wait(warm, tmp_path):
+    """No lost wake-up: the launcher polls its children after each wait_any, and a poll may read an
+    exit report before the wait that would have woken on it; wait_any still returns for it."""
+    a = spawn(warm, tmp_path / "a.log", "summarize", str(tmp_path / "none-a"))
+    b = spawn(warm, tmp_path / "b.log", "summarize", str(tmp_path / "none-b"))
+    assert a.wait(60) == 2 and b.wait(60) == 2  # both reports read here, by the waits
+    warm.wait_any()  # returns at once: the exits it did not report yet are counted, not lost
+
+
+def test_a_dead_zygote_reports_its_children_killed_instead_of_raising(tmp_path):
+    z = zygote.Zygote.start(f"zygote-dead-{tmp_path.name}", dict(ENV))
+    r, w = os.pipe()
+    child = z.spawn(["worker", "--rank", "0", "--servers-on-stdin", "--servers", "1"], dict(ENV), r, w, w)
+    os.close(r)
+    os.close(w)
+    os.kill(z.proc.pid, signal.SIGKILL)
+    z.proc.wait()
+    z.wait_any()
+    assert child.poll() == -signal.SIGKILL and child.wait(5) == -signal.SIGKILL
+    with pytest.raises(zygote.ZygoteError, match="the zygote is gone"):
+        spawn(z, tmp_path / "after.log", "summarize", "x")
+    z.close()

@@ -51,12 +51,13 @@ class AdamW:
         with torch.no_grad():
             if self.fused:
                 try:
-                    # The fused kernel wants its step count on the parameter's device.
-                    step = self.step_t.to(self.param.device)
+                    # The fused kernel wants its step count on the parameter's device; a copy, since
+                    # torch counts the step before it calls the kernel, which may then be missing.
+                    step = self.step_t.to(self.param.device, copy=True)
                     adam(*args[:5], [step], fused=True, **kw)
-                    self.step_t = step.cpu() if step.device != self.step_t.device else step
+                    self.step_t = step.cpu()
                 except (RuntimeError, TypeError):
-                    self.fused = False  # no fused kernel here: checked before any arithmetic
+                    self.fused = False  # no fused kernel here: the plain update below, with the count untouched
             if not self.fused:
                 adam(*args, foreach=False, **kw)
         self.updates += 1

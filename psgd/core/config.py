@@ -356,6 +356,9 @@ def validate(cfg: RunConfig) -> RunConfig:
         (cfg.worker_lease == 0 or cfg.mode != "sync" or (cfg.backup_workers == 0 and cfg.restart_workers == 0),
          "--worker-lease in sync shrinks each step's quorum when a worker is lost; --backup-workers and "
          "--restart-workers are the other answers to a slow or dead worker: use one of them"),
+        (cfg.worker_lease == 0 or cfg.mode != "sync" or cfg.checkpoint_every == 0,
+         "--worker-lease in sync with --checkpoint-every: a checkpoint does not keep the shrunk quorum yet, so a "
+         "resumed run would wait for the lost worker; use one or the other"),
         (cfg.checkpoint_every == 0 or cfg.backup_workers == 0 or cfg.servers == 1,
          "--checkpoint-every with --backup-workers needs one shard: each shard takes its own first N-b "
          "gradients, so their checkpoints of one version disagree on the workers' clocks"),

@@ -191,7 +191,9 @@ class Policy:
                 self.cond.notify_all()
                 return PushOutcome(self.version, applied=False, done=self.done, staleness=staleness, dropped=True)
             if grad is not None and self._adjust is not None:
-                grad = self._adjust(grad, worker, staleness)
+                adjusted = self._adjust(grad, worker, staleness)
+                keep = keep and adjusted is grad  # a remedy's own buffer is never the caller's to give up
+                grad = adjusted
             self.pushing = (worker, clock)  # for apply(): the clocks once this push is counted (checkpoints)
             self._offered, self._kept, self._spare = keep, False, None
             try:
@@ -499,7 +501,16 @@ class Sync(Policy):
 
     def _on_depart(self, worker: int) -> None:
         if self.backup:
-            return  # backup workers already make each step from the first N-b: nobody is waited for
+            # Each step is made from the first N-b gradients; once more than b workers are gone, from
+            # every worker still in the run (and the budget counts the gradients of that quorum).
+            live = self.num_workers - len(self._gone() | {worker})
+            if live < self.quorum and live > 0:
+                steps_left = max(0, (self.budget - self.accepted) // self.quorum) if self.budget is not None else 0
+                self.quorum = live
+                if self.budget is not None:
+                    self.budget = self.accepted + steps_left * live
+                self._maybe_update()
+            return
         # The departed worker pushes no more gradients: one fewer per step from now on, and the
         # budget (steps x N gradients) loses the steps it will not push, so the run still ends at
         # `steps` updates. If it pushed for the current step already, that gradient stays in the

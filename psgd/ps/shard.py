@@ -155,6 +155,7 @@ class Shard:
         assert self.options.mode == policy.name, f"options say {self.options.mode}, the policy is {policy.name}"
         self.expected = self.options.expected
         self.policy, self._make_optimizer, self.remedies = policy, optimizer, tuple(remedies)
+        assert not (self.remedies and policy.name == "sync"), "remedies correct stale gradients: sync has none"
         policy.attach(self._apply, self._adjust if self.remedies else None)
         self.workers = policy.num_workers
         self.lock = self.policy.cond
@@ -466,8 +467,11 @@ class Shard:
         # Before the budget is spent (a user's own loop that ran out of batches), nobody waits for it
         # from now on (the policy's `depart`); at the end of a run, as `psgd run`'s workers leave, a no-op.
         self.policy.depart(worker_id)
+        self._write_pending()  # an update the departure completed: its checkpoint, as a push would write it
         with self.lock:
             self.left.add(worker_id)
+            for remedy in self.remedies:
+                remedy.forget(self, worker_id)
             self._maybe_finished()
             return len(self.left)
 
@@ -477,6 +481,7 @@ class Shard:
         snapshot it held goes back."""
         gone = self.policy.expire(lease)
         if gone:
+            self._write_pending()  # sync: a lost worker's departure may have completed a step
             with self.lock:
                 for w, _ in gone:
                     for remedy in self.remedies:
@@ -520,6 +525,7 @@ class Shard:
                 "max_clock_gap": s.max_clock_gap, "skipped_nonfinite": s.skipped_nonfinite,
                 "refused_after_budget": s.refused_after_budget, "bytes_in": self.bytes_in,
                 "lost_workers": {str(w): c for w, c in sorted(s.lost.items())},
+                "departed_workers": {str(w): c for w, c in sorted(s.departed.items())},
                 "rejoined": {str(w): n for w, n in sorted(s.rejoined.items())},
                 "checkpoints": self.checkpoints, "checkpoint_s": self.checkpoint_s,
                 "restored_from": self.restored_from,

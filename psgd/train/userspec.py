@@ -67,21 +67,22 @@ def _module(left: str, flag: str) -> ModuleType:
             del sys.modules[name]
             raise SpecError(f"{flag} {left}: importing it failed: {type(e).__name__}: {_one_line(e)}") from None
         return module
-    # `python -m` puts the current directory first on sys.path; the `psgd` script does not. Import
-    # from it either way, so that the launcher's check and the children agree on what a name means.
-    cwd = os.getcwd()
-    added = cwd not in sys.path and "" not in sys.path
-    if added:
-        sys.path.insert(0, cwd)
+    with_cwd_on_path()
     try:
         return importlib.import_module(left)
     except ImportError as e:
         raise SpecError(f"{flag} {left}: {_one_line(e)}") from None
     except BaseException as e:  # the module's own code failed while importing
         raise SpecError(f"{flag} {left}: importing it failed: {type(e).__name__}: {_one_line(e)}") from None
-    finally:
-        if added:
-            sys.path.remove(cwd)
+
+
+def with_cwd_on_path() -> None:
+    """`python -m` puts the current directory first on sys.path; the `psgd` script does not. Put it
+    there either way, and leave it (a builder may import its siblings later, when it is called), so
+    that the launcher's check, its hashes and the children agree on what a name means."""
+    cwd = os.getcwd()
+    if cwd not in sys.path and "" not in sys.path:
+        sys.path.insert(0, cwd)
 
 
 def resolve(spec: str, flag: str, args: tuple[str, ...] = ()) -> Callable:

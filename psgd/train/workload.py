@@ -36,6 +36,7 @@ def _file_of(spec: str) -> Path | None:
     left, _ = userspec.split(spec)
     if userspec.is_file_spec(left):
         return Path(left).expanduser().resolve()
+    userspec.with_cwd_on_path()  # as the import itself will (userspec._module)
     try:
         found = importlib.util.find_spec(left)
     except (ImportError, ValueError):

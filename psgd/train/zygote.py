@@ -120,6 +120,8 @@ class Zygote:
         self.proc, self.sock = proc, sock
         self.children: dict[int, Forked] = {}
         self._ready = False
+        self._unseen = 0      # exit reports read (by a poll, a wait, a spawn) since the last wait_any
+        self.gone = False     # the zygote's socket closed: it died, and its children with it
 
     @classmethod
     def start(cls, tag: str, env: dict | None = None) -> Zygote:
@@ -152,9 +154,14 @@ class Zygote:
     def spawn(self, argv: list[str], env: dict, stdin: int, stdout: int, stderr: int) -> Forked:
         """Fork `psgd ARGV` (see the module docstring); ZygoteError with the zygote's reason if it refused."""
         self._await_ready()
-        _send(self.sock, {"argv": argv, "env": env, "cwd": os.getcwd()}, [stdin, stdout, stderr])
+        try:
+            _send(self.sock, {"argv": argv, "env": env, "cwd": os.getcwd()}, [stdin, stdout, stderr])
+        except OSError:
+            self.gone = True
         while True:
             msg, _ = self._next()
+            if "gone" in msg:
+                raise ZygoteError(f"the zygote is gone (exit code {self.proc.poll()})")
             if "error" in msg:
                 raise ZygoteError(msg["error"])
             if "started" in msg:
@@ -164,29 +171,44 @@ class Zygote:
             self._note(msg)
 
     def _next(self) -> tuple[dict, list[int]]:
-        try:
-            return _recv(self.sock)
-        except (EOFError, OSError):
-            raise ZygoteError(f"the zygote is gone (exit code {self.proc.poll()})") from None
+        """The next report. Once the zygote is gone, every child it had is gone too (PR_SET_PDEATHSIG
+        kills them): each still running is marked killed, so the launcher sees exits, not an error."""
+        if not self.gone:
+            try:
+                return _recv(self.sock)
+            except (EOFError, OSError):
+                self.gone = True
+        for child in self.children.values():
+            if child.returncode is None:
+                child.returncode = -signal.SIGKILL
+                self._unseen += 1
+        return {"gone": True}, []
 
     def _note(self, msg: dict) -> None:
         if "exited" in msg and msg["exited"] in self.children:
             self.children[msg["exited"]].returncode = msg["status"]
+            self._unseen += 1
 
     def pump(self, block: bool, timeout: float | None = None) -> None:
         """Read the exit reports that have arrived (block: wait up to `timeout` for one)."""
         first = True
-        while True:
+        while not self.gone:
             ready, _ = select_one(self.sock, timeout if (block and first) else 0)
             if not ready:
                 return
             first = False
             self._note(self._next()[0])
+        self._next()  # gone: marks the children
 
     def wait_any(self) -> None:
-        """Block until the next exit report (the launcher then polls its children)."""
-        msg, _ = self._next()
-        self._note(msg)
+        """Block until some child has exited that the last wait_any did not report (one read
+        earlier by a poll counts: no exit is missed), then the launcher polls its children."""
+        while self._unseen == 0:
+            if self.gone and all(c.returncode is not None for c in self.children.values()):
+                return  # nothing left to report
+            msg, _ = self._next()
+            self._note(msg)
+        self._unseen = 0
 
     def close(self) -> None:
         """End the zygote (its children, if any are left, die with it: PR_SET_PDEATHSIG)."""
@@ -217,12 +239,13 @@ def unsafe_to_fork() -> str | None:
     return None
 
 
-def _child(req: dict, fds: list[int], sock: socket.socket, wake: int) -> None:
+def _child(req: dict, fds: list[int], sock: socket.socket, wake: tuple[int, ...]) -> None:
     """In the forked child: become `psgd ARGV` and never return."""
     code = 1
     try:
         sock.close()
-        os.close(wake)
+        for fd in wake:
+            os.close(fd)
         signal.set_wakeup_fd(-1)
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         os.setsid()
@@ -282,13 +305,16 @@ def serve(sock: socket.socket) -> None:
                 return  # the launcher is done (or gone): the zygote ends, any child left dies with it
             refusal = unsafe_to_fork()
             if refusal:
+                for fd in fds:
+                    os.close(fd)
                 _send(sock, {"error": refusal})
                 continue
             sys.stdout.flush()
             sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
-                _child(req, fds, sock, wake_r)
+                sel.close()  # its epoll descriptor is the zygote's, not the child's
+                _child(req, fds, sock, (wake_r, wake_w))
             for fd in fds:
                 os.close(fd)
             _send(sock, {"started": pid})
