@@ -112,7 +112,7 @@ def backup_workers(ctx: Context):
                   "wasted_bytes_per_update": wasted}
     per_update = float(np.mean([x.summary["bytes_pushed"] / x.summary["global_updates"] for x in hurt.runs]))
     headline = (f"one worker {_delay(ctx)} ms slower per step costs sync {100 * loss.estimate:.0f}% of its throughput; "
-                + "; ".join(lines) + f"; sync pushes {per_update / 1e3:.0f} kB per update; no extra memory")
+                + "; ".join(lines) + f"; sync pushes {per_update / 1e3:.0f} kB per update; no memory beyond sync's own")
     body += ("\n\nApplied samples/s: training samples per second that went into updates (a dropped gradient's "
              "samples do not count). Recovered share = (backup's - sync's with the straggler) / (sync's without - "
              f"with), t interval over seeds; counted in updates/s instead, whatever their size, the "
