@@ -147,7 +147,8 @@ def test_cluster_bench_names_its_clusters_and_predicts_the_higher_floor():
 
 
 def test_startup_measures_warm_and_cold_beside_the_import(tmp_path):
-    r = psgd_main("bench", "startup", "--shapes", "1+2", "--rounds", "1", "--out", str(tmp_path))
+    r = psgd_main("bench", "startup", "--shapes", "1+2", "--rounds", "1", "--dataset", "synthetic", "--out",
+                  str(tmp_path))
     assert r.returncode == 0, r.stderr
     result = json.loads((tmp_path / "startup.json").read_text())
     (row,) = result["rows"]

@@ -57,6 +57,10 @@ NOT_RUN = {
                           "its probe, calibrate --cluster's refusal and runs across hosts",
     # A run costs make test about 3 s of start-up; the same sparse pushes go through in-process shards.
     "psgd run --mode sync --workers 4 --topk": "tests/test_sparsify.py (both transports, --link pacing included)",
+    # The transformer's two runs cost make test about 6 s; the same flags run in tests of their own.
+    "psgd run --model gpt --dataset text": "tests/test_gpt.py (a short AdamW run through the PS beats the unigram "
+                                           "baseline), tests/test_diloco.py (--local-steps --outer nesterov, PS and "
+                                           "all-reduce, against torch replicas)",
     # The examples run in tests/test_examples.py, which checks that the README's are among its cases.
     "python examples/": "tests/test_examples.py::test_example_runs_and_holds_its_claims",
     "diff examples/08_your_model.py": "tests/test_examples.py::test_psgd_is_a_few_lines_from_the_plain_loop",

@@ -37,9 +37,9 @@ def parse_shapes(text: str) -> list[tuple[int, int]]:
     return shapes
 
 
-def one_run(k: int, n: int, cold: bool, out: Path) -> float:
+def one_run(k: int, n: int, cold: bool, out: Path, dataset: str = "mnist1d") -> float:
     argv = [sys.executable, "-m", "psgd", "run", "--mode", "sync", "--workers", str(n), "--servers", str(k),
-            "--model", "mlp", "--dataset", "mnist1d", "--steps", "20", "--eval-every", "0", "--quiet",
+            "--model", "mlp", "--dataset", dataset, "--steps", "20", "--eval-every", "0", "--quiet",
             "--out", str(out), *(["--cold-start"] if cold else [])]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=600)
     if done.returncode != 0:
@@ -60,13 +60,17 @@ def main(argv: list[str]) -> int:
     p.add_argument("--shapes", default="1+1,2+4,4+8", help="K+N shapes (shards + workers), comma-separated")
     p.add_argument("--rounds", type=int, default=3, help="rounds, each running every shape warm and cold (median)")
     p.add_argument("--out", default="", help="write startup.json and STARTUP.md into this folder")
+    p.add_argument("--dataset", default="mnist1d", choices=("mnist1d", "synthetic"),
+                   help="the runs' data (mnist1d: README's first command; its cache is filled before the timings)")
     a = p.parse_args(argv)
     if a.rounds < 1:
         raise UsageError(f"--rounds must be >= 1, got {a.rounds}")
     shapes = parse_shapes(a.shapes)
-    subprocess.run([sys.executable, "-m", "psgd", "run", "--dataset", "mnist1d", "--steps", "1", "--workers", "1",
-                    "--quiet", "--out", tempfile.mkdtemp(prefix="psgd-bench-cache-")], check=True, timeout=600,
-                   capture_output=True)  # the mnist1d cache, outside the timings
+    if a.dataset == "mnist1d":
+        with tempfile.TemporaryDirectory(prefix="psgd-bench-cache-") as cache_run:
+            subprocess.run([sys.executable, "-m", "psgd", "run", "--dataset", "mnist1d", "--steps", "1", "--workers",
+                            "1", "--quiet", "--out", cache_run], check=True, timeout=600,
+                           capture_output=True)  # the mnist1d cache, outside the timings
     raw: dict[str, list[float]] = {"import": []}
     with tempfile.TemporaryDirectory(prefix="psgd-bench-startup-") as tmp:
         for r in range(a.rounds):
@@ -74,7 +78,8 @@ def main(argv: list[str]) -> int:
             for k, n in shapes:
                 for cold in (False, True):
                     key = f"{k}+{n} {'cold' if cold else 'warm'}"
-                    raw.setdefault(key, []).append(one_run(k, n, cold, Path(tmp) / f"{key.replace(' ', '-')}-{r}"))
+                    folder = Path(tmp) / f"{key.replace(' ', '-')}-{r}"
+                    raw.setdefault(key, []).append(one_run(k, n, cold, folder, a.dataset))
     med = {key: statistics.median(v) for key, v in raw.items()}
     rows = [{"shards": k, "workers": n, "processes": k + n, "warm_s": med[f"{k}+{n} warm"],
              "cold_s": med[f"{k}+{n} cold"], "cold_over_warm": med[f"{k}+{n} cold"] / med[f"{k}+{n} warm"],
