@@ -95,32 +95,29 @@ class Child:
 
 def _fork(zygote: Zygote, args: list[str], env: dict, log, capture_stdout: bool, stdin_pipe: bool) -> Forked:
     """`psgd ARGS` forked by the zygote, its 0/1/2 the pipes or the log (the child's ends closed here)."""
-    mine, theirs = [], []
+    mine: dict[str, int] = {}  # the launcher's ends, by the Popen attribute they become
+    theirs: list[int] = []     # the child's ends: sent to the zygote, then closed here
+
+    def pipe(ours: str) -> int:
+        r, w = os.pipe()
+        mine[ours], child = (w, r) if ours == "stdin" else (r, w)
+        theirs.append(child)
+        return child
+
     try:
-        if stdin_pipe:
-            r, w = os.pipe()
-            mine.append(("stdin", w))
-            theirs.append(r)
-            stdin = r
-        else:
-            stdin = os.open(os.devnull, os.O_RDONLY)
-            theirs.append(stdin)
-        if capture_stdout:
-            r, w = os.pipe()
-            mine.append(("stdout", r))
-            theirs.append(w)
-            stdout = w
-        else:
-            stdout = log.fileno()
+        if not stdin_pipe:
+            theirs.append(os.open(os.devnull, os.O_RDONLY))
+        stdin = pipe("stdin") if stdin_pipe else theirs[-1]
+        stdout = pipe("stdout") if capture_stdout else log.fileno()
         proc = zygote.spawn(args, env, stdin, stdout, log.fileno())
     except BaseException:
-        for _, fd in mine:
+        for fd in mine.values():
             os.close(fd)
         raise
     finally:
         for fd in theirs:
             os.close(fd)
-    for which, fd in mine:
+    for which, fd in mine.items():
         setattr(proc, which, os.fdopen(fd, "wb" if which == "stdin" else "rb"))
     return proc
 

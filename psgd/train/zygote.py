@@ -41,6 +41,8 @@ import subprocess
 import sys
 import time
 
+from psgd.train import lifeline
+
 # What every child imports anyway (`python -m psgd` then psgd.cli's commands), by name: warming them
 # here is a cache, not a dependency of this module on the layers above it.
 PRELOAD = ("torch", "numpy", "psgd.cli", "psgd.core.config", "psgd.core.optim", "psgd.train.data",
@@ -239,10 +241,14 @@ def unsafe_to_fork() -> str | None:
     return None
 
 
-def _child(req: dict, fds: list[int], sock: socket.socket, wake: tuple[int, ...]) -> None:
-    """In the forked child: become `psgd ARGV` and never return."""
+def _child(req: dict, fds: list[int], sock: socket.socket, wake: tuple[int, ...], zygote_pid: int) -> None:
+    """In the forked child: become `psgd ARGV` and never return. First of all, die with the zygote:
+    it may be killed between the fork and this line, so the pid to compare is the one it had before
+    the fork (asked for after, getppid() would name whoever adopted this orphan)."""
     code = 1
     try:
+        os.environ[lifeline.LAUNCHER_PID] = str(zygote_pid)
+        lifeline.die_with_launcher()
         sock.close()
         for fd in wake:
             os.close(fd)
@@ -256,7 +262,7 @@ def _child(req: dict, fds: list[int], sock: socket.socket, wake: tuple[int, ...]
                 os.close(fd)
         os.chdir(req["cwd"])
         os.environ.clear()
-        os.environ.update(req["env"], **{"PSGD_LAUNCHER_PID": str(os.getppid())})  # the zygote is its parent now
+        os.environ.update(req["env"], **{lifeline.LAUNCHER_PID: str(zygote_pid)})  # the zygote is its parent now
         # What `python -m psgd ARGV` runs (psgd/__main__.py, which raises SystemExit with the
         # code), through the process's entry point rather than an import of the CLI from here.
         sys.argv = ["psgd", *req["argv"]]
@@ -311,10 +317,11 @@ def serve(sock: socket.socket) -> None:
                 continue
             sys.stdout.flush()
             sys.stderr.flush()
+            zygote_pid = os.getpid()
             pid = os.fork()
             if pid == 0:
                 sel.close()  # its epoll descriptor is the zygote's, not the child's
-                _child(req, fds, sock, (wake_r, wake_w))
+                _child(req, fds, sock, (wake_r, wake_w), zygote_pid)
             for fd in fds:
                 os.close(fd)
             _send(sock, {"started": pid})
@@ -333,8 +340,6 @@ def _reap(sock: socket.socket) -> None:
 
 
 def main() -> None:
-    from psgd.train import lifeline
-
     lifeline.die_with_launcher()  # the launcher's child: die with it; its forks die with this process
     sock = socket.socket(fileno=int(sys.argv[2]))
     serve(sock)
