@@ -57,6 +57,8 @@ def test_children_die_with_the_zygote(tmp_path):
         readable, _, _ = select.select([pidfd], [], [], 60)
         assert readable, "the child outlived its zygote"
     finally:
+        if not select.select([pidfd], [], [], 0)[0]:
+            os.kill(child.pid, signal.SIGKILL)  # the test failed: leave no orphan behind
         os.close(pidfd)
         z.sock.close()
 
@@ -122,10 +124,16 @@ def test_a_dead_zygote_reports_its_children_killed_instead_of_raising(tmp_path):
     child = z.spawn(["worker", "--rank", "0", "--servers-on-stdin", "--servers", "1"], dict(ENV), r, w, w)
     os.close(r)
     os.close(w)
+    pidfd = os.pidfd_open(child.pid)
     os.kill(z.proc.pid, signal.SIGKILL)
     z.proc.wait()
     z.wait_any()
     assert child.poll() == -signal.SIGKILL and child.wait(5) == -signal.SIGKILL
+    gone = select.select([pidfd], [], [], 60)[0]
+    if not gone:
+        os.kill(child.pid, signal.SIGKILL)
+    os.close(pidfd)
+    assert gone, "the child outlived its zygote"
     with pytest.raises(zygote.ZygoteError, match="the zygote is gone"):
         spawn(z, tmp_path / "after.log", "summarize", "x")
     z.close()
