@@ -146,6 +146,9 @@ def build_parser() -> Parser:
                        epilog=MODES_HELP, formatter_class=fmt)
     C.add_flags(p)
     p.add_argument("--rank", type=int, default=None, help="worker id 0..N-1 (default: $RANK, for torchrun)")
+    p.add_argument("--join", default="", metavar="HOST:PORT,...",
+                   help="join a running job's shards (in shard order) as a new worker: the shards give it a free "
+                        "slot (started with --max-workers or --elastic) and its first step; --rank is not needed")
     p.add_argument("--servers-on-stdin", action="store_true",
                    help="read the shards' HOST:PORT,... from the first line of stdin once loaded (psgd run starts its "
                         "workers side by side with the shards this way; --servers then gives their count K)")
@@ -526,6 +529,45 @@ def worker_device_of(cfg: C.RunConfig, rank: int):
         raise UsageError(str(e)) from None
 
 
+def _join(cfg: C.RunConfig, where: str) -> tuple[C.RunConfig, list[str], int]:
+    """`psgd worker --join`: take a slot in the running job at `where` (psgd/ps/client.py `join_job`);
+    returns the config as that job's (its slot count, shards and mode), the shards, and the slot."""
+    from psgd.core.errors import ExchangeError
+    from psgd.ps import auth
+    from psgd.ps.client import join_job
+    from psgd.ps.transport import make_transport
+    from psgd.train import assemble, data, models
+
+    if cfg.mode == "allreduce":
+        raise UsageError("--join adds a worker to a parameter-server job: an all-reduce group is fixed")
+    try:
+        addresses = C.parse_servers(where)
+    except ValueError as e:
+        raise UsageError(f"--join: {e}") from None
+    if isinstance(addresses, int):
+        raise UsageError(f"--join wants the running shards' HOST:PORT,..., got {where!r}")
+    transport = make_transport("grpc", addresses, cfg.rpc_timeout, None, auth.load(cfg.token_file), cfg.tls_ca)
+    try:
+        infos = transport.info(list(range(len(addresses))))
+        first = infos[0]
+        if first.num_shards != len(addresses):
+            raise UsageError(f"--join: {addresses[0]} is shard {first.shard} of {first.num_shards}: give all "
+                             f"{first.num_shards} shards, in order")
+        if first.mode != cfg.mode:
+            raise UsageError(f"--join: the running job is --mode {first.mode}, this worker says --mode {cfg.mode}")
+        cfg = dataclasses.replace(cfg, servers=len(addresses), workers=first.num_workers, max_workers=0, elastic="")
+        cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
+        parts = assemble.worker_parts(cfg, 0, "cpu")  # the model, to tell the shards its size
+        rank, clock = join_job(transport, models.num_params(parts.model))
+    except ExchangeError as e:
+        raise UsageError(f"--join: {e}") from None
+    finally:
+        transport.close()
+    print(f"psgd worker: joined as worker {rank} of {cfg.workers} slots, first clock {clock}", file=sys.stderr,
+          flush=True)
+    return cfg, addresses, rank
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     from pathlib import Path
 
@@ -536,6 +578,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     cfg = by_hand(config_from_args(args))
     _token(cfg)  # a bad token file is a usage error here, before anything starts
+    if args.join:
+        cfg, args.servers, args.rank = _join(cfg, args.join)
     rank = args.rank if args.rank is not None else int(os.environ.get("RANK", "-1"))
     if not 0 <= rank < cfg.workers:
         raise UsageError(f"--rank must be in 0..{cfg.workers - 1} (or set $RANK), got {rank}")

@@ -59,6 +59,11 @@ class ParameterShardStub:
                 request_serializer=psgd_dot_v1_dot_parameter__server__pb2.LeaveRequest.SerializeToString,
                 response_deserializer=psgd_dot_v1_dot_parameter__server__pb2.LeaveReply.FromString,
                 _registered_method=True)
+        self.Join = channel.unary_unary(
+                '/psgd.v1.ParameterShard/Join',
+                request_serializer=psgd_dot_v1_dot_parameter__server__pb2.JoinRequest.SerializeToString,
+                response_deserializer=psgd_dot_v1_dot_parameter__server__pb2.JoinReply.FromString,
+                _registered_method=True)
         self.Info = channel.unary_unary(
                 '/psgd.v1.ParameterShard/Info',
                 request_serializer=psgd_dot_v1_dot_parameter__server__pb2.InfoRequest.SerializeToString,
@@ -108,6 +113,12 @@ class ParameterShardServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Join(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Info(self, request, context):
         """Cheap status probe (readiness checks, tests).
         """
@@ -142,6 +153,11 @@ def add_ParameterShardServicer_to_server(servicer, server):
                     servicer.Leave,
                     request_deserializer=psgd_dot_v1_dot_parameter__server__pb2.LeaveRequest.FromString,
                     response_serializer=psgd_dot_v1_dot_parameter__server__pb2.LeaveReply.SerializeToString,
+            ),
+            'Join': grpc.unary_unary_rpc_method_handler(
+                    servicer.Join,
+                    request_deserializer=psgd_dot_v1_dot_parameter__server__pb2.JoinRequest.FromString,
+                    response_serializer=psgd_dot_v1_dot_parameter__server__pb2.JoinReply.SerializeToString,
             ),
             'Info': grpc.unary_unary_rpc_method_handler(
                     servicer.Info,
@@ -284,6 +300,33 @@ class ParameterShard:
             '/psgd.v1.ParameterShard/Leave',
             psgd_dot_v1_dot_parameter__server__pb2.LeaveRequest.SerializeToString,
             psgd_dot_v1_dot_parameter__server__pb2.LeaveReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Join(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/psgd.v1.ParameterShard/Join',
+            psgd_dot_v1_dot_parameter__server__pb2.JoinRequest.SerializeToString,
+            psgd_dot_v1_dot_parameter__server__pb2.JoinReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from psgd.core import devices, link
+from psgd.core import devices, elastic, link
 
 PS_MODES = ("sync", "async", "ssp")
 MODES = PS_MODES + ("allreduce",)
@@ -210,6 +210,11 @@ class RunConfig:
     worker_lease: float = opt(0.0, "PS: a worker that sends nothing for this many seconds is lost: the run goes on "
                                     "without it (sync: each later step's update averages the workers left; 0: a "
                                     "worker that dies ends the run)", metavar="SECONDS")
+    elastic: str = opt("", "PS: a membership schedule, UPDATE:WORKERS,... (e.g. 0:2,100:4,200:3: two workers, four "
+                           "from update 100, three from 200; psgd/core/elastic.py); sets --workers to the slots it "
+                           "uses, and --steps counts each worker's steps at the run's start size", metavar="SCHEDULE")
+    max_workers: int = opt(0, "PS: worker slots of the shards, for `psgd worker --join` to a running job (0: "
+                              "--workers; the run starts with --workers of them)", metavar="M")
     tls_cert: str = opt("", "PS shard: serve both ports over TLS with this certificate (psgd certs makes one)",
                         metavar="PEM")
     tls_key: str = opt("", "PS shard: the private key of --tls-cert", metavar="PEM")
@@ -253,6 +258,26 @@ class RunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+
+    def __post_init__(self) -> None:
+        # --elastic: one worker process per slot of the schedule (the launcher starts them all; each
+        # trains in its interval only), so --workers is the slot count wherever processes are counted.
+        if self.elastic:
+            try:
+                slots = elastic.capacity(elastic.parse(self.elastic))
+            except ValueError:
+                return  # validate() says what is wrong with it
+            object.__setattr__(self, "workers", slots)
+
+    @property
+    def slots(self) -> int:
+        """Worker slots of the shards: every worker that may ever be in the run."""
+        return max(self.workers, self.max_workers)
+
+    @property
+    def members(self) -> int:
+        """Workers in the run at update 0 (the schedule's first point with --elastic)."""
+        return elastic.parse(self.elastic)[0][1] if self.elastic else self.workers
 
     @property
     def global_batch(self) -> int:
@@ -359,6 +384,16 @@ def validate(cfg: RunConfig) -> RunConfig:
         (cfg.worker_lease == 0 or cfg.mode != "sync" or cfg.checkpoint_every == 0,
          "--worker-lease in sync with --checkpoint-every: a checkpoint does not keep the shrunk quorum yet, so a "
          "resumed run would wait for the lost worker; use one or the other"),
+        (not cfg.elastic or _error(elastic.parse, cfg.elastic) is None, _error(elastic.parse, cfg.elastic or "0:1")),
+        (cfg.max_workers >= 0, f"--max-workers must be >= 0, got {cfg.max_workers}"),
+        (not (cfg.elastic or cfg.max_workers > cfg.workers) or cfg.mode in ("sync", "async", "ssp"),
+         "--elastic and --max-workers change a parameter-server job's workers: an all-reduce group is fixed"),
+        (not (cfg.elastic or cfg.max_workers > cfg.workers) or (cfg.backup_workers == 0 and cfg.local_steps == 1),
+         "--elastic and --max-workers: not with --backup-workers (a fixed quorum) or --local-steps (rounds, not "
+         "steps)"),
+        (not (cfg.elastic and cfg.max_workers), "--elastic sets the slots itself: leave out --max-workers"),
+        (not cfg.elastic or cfg.restart_workers == 0,
+         "--elastic with --restart-workers: a scheduled worker that dies is not restarted; use --worker-lease"),
         (cfg.checkpoint_every == 0 or cfg.backup_workers == 0 or cfg.servers == 1,
          "--checkpoint-every with --backup-workers needs one shard: each shard takes its own first N-b "
          "gradients, so their checkpoints of one version disagree on the workers' clocks"),

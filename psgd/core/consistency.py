@@ -46,6 +46,20 @@ workers still in the run (the mean of the gradients that came), and its budget d
 steps the departed worker will not push. A worker that leaves once the budget is spent (every
 worker of `psgd run`) changes nothing.
 
+Elastic membership (`members` < `num_workers`, and `admit`; psgd/core/elastic.py has the schedules):
+the policy has `num_workers` slots, of which the first `members` are in the run from the start;
+the others are absent, and count as gone (nobody waits for them) until admitted. `admit(worker,
+at)` takes a slot in from update `at`:
+- Sync: the worker computes step `at` first (its clock starts there), and the step's quorum grows
+  by one at that step boundary: step `at` is the first whose update averages its gradient too;
+  the budget grows by the steps it will push. `at` must not be a step already applied.
+- Async / SSP: its first pull is held until the shard's version reaches `at`; served, it is in,
+  with the slowest live worker's clock as its own (an offset on the clock it counts from 0), so
+  SSP's bound neither stalls the others for it nor lets it run ahead. The budget (gradients in
+  all) is unchanged: the newcomer spends part of it.
+Departures and losses work as for any worker; `stats.membership` logs every change (the update,
+the worker, joined / left / lost). `free_slot()` names the lowest absent slot (psgd worker --join).
+
 Clock of a worker = how many of its gradients this shard has received. Staleness of an
 applied gradient = shard version when applied - version the worker computed it from.
 Clock gap of a served pull = the pulling worker's clock - the slowest worker's clock.
@@ -108,6 +122,7 @@ class Stats:
     departed: dict = field(default_factory=dict)           # worker -> its clock when it left before the end
     rejoined: Counter = field(default_factory=Counter)     # worker -> times a lost worker came back
     dropped: Counter = field(default_factory=Counter)     # worker -> late gradients dropped (backup workers)
+    membership: list = field(default_factory=list)         # {update, worker, event, clock}: joined / left / lost
 
 
 class Policy:
@@ -116,10 +131,18 @@ class Policy:
     name = "base"
 
     def __init__(self, num_workers: int, apply: Callable[[torch.Tensor], None] | None = None,
-                 budget: int | None = None, start_barrier: bool = False, adjust: Adjust | None = None) -> None:
+                 budget: int | None = None, start_barrier: bool = False, adjust: Adjust | None = None,
+                 members: int | None = None) -> None:
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
+        members = num_workers if members is None else members
+        if not 1 <= members <= num_workers:
+            raise ValueError(f"members must be in 1..{num_workers}, got {members}")
         self.num_workers = num_workers
+        self.members = members                  # slots in the run from the start
+        self.absent: set[int] = set(range(members, num_workers))  # slots not (yet) admitted
+        self.pending: dict[int, int] = {}       # async / SSP: admitted worker -> the update its first pull waits for
+        self.offset = [0] * num_workers         # async / SSP: a joiner's clock lead (see `admit`)
         self.budget = budget                    # gradients to accept in total; None = unlimited
         self.at_start: set[int] = set()         # workers that asked for their first pull (clock 0)
         self.started = not start_barrier        # the start barrier is down (or was never up)
@@ -175,6 +198,9 @@ class Policy:
         self._check_worker(worker)
         with self.cond:
             self._check_live(worker)
+            if worker in self.pending:
+                raise PolicyError(f"worker {worker} pushed before its first pull was served (it joins at update "
+                                  f"{self.pending[worker]})")
             if self.done:
                 self.stats.refused_after_budget += 1
                 return PushOutcome(self.version, applied=False, done=True, staleness=0, refused=True)
@@ -239,7 +265,8 @@ class Policy:
             self.held.add(worker)  # a worker we hold is not silent: we are the ones keeping it waiting
             try:
                 ok = self.cond.wait_for(
-                    lambda: self.done or ((clock > 0 or self.started) and self._pull_ready(worker, clock)), timeout)
+                    lambda: self.done or ((clock > 0 or self.started) and self.version >= self.pending.get(worker, 0)
+                                          and self._pull_ready(worker, clock)), timeout)
             finally:
                 self.held.discard(worker)
                 self.last_seen[worker] = time.monotonic()
@@ -251,7 +278,11 @@ class Policy:
                                   f"(slowest clock {self._slowest()}, version {self.version}{at_barrier})")
             if self.done:
                 return PullOutcome(self.version, done=True, wait_s=waited, clock_gap=0, value=None)
-            gap = max(0, clock - self._slowest())
+            if worker in self.pending:  # a joiner's first pull, served: it is in the run from here
+                self.offset[worker] = self._slowest() - clock  # the others' slowest (it is still pending)
+                del self.pending[worker]
+                self._log(worker, "joined")
+            gap = max(0, clock + self.offset[worker] - self._slowest())
             self.stats.gaps[gap] += 1
             self.stats.max_clock_gap = max(self.stats.max_clock_gap, gap)
             return PullOutcome(self.version, done=False, wait_s=waited, clock_gap=gap, value=read())
@@ -281,6 +312,7 @@ class Policy:
                     and now - (self.last_seen[w] or self.first_seen) > lease]
             for w in gone:
                 self.stats.lost[w] = self.clocks[w]
+                self._log(w, "lost")
                 if self.name == "sync":
                     self._on_depart(w)
             if gone:
@@ -295,19 +327,74 @@ class Policy:
             if self.done or worker in self.stats.departed or worker in self.stats.lost:
                 return
             self.stats.departed[worker] = self.clocks[worker]
+            self._log(worker, "left")
             self._on_depart(worker)
             self.started = self.started or len(self.at_start | self._gone()) == self.num_workers
             self.cond.notify_all()
+
+    def admit(self, worker: int, at: int) -> int:
+        """Take absent slot `worker` into the run from update `at` (see the module docstring);
+        returns the clock its first pull and push carry. PolicyError (state unchanged) when the
+        run is done, the slot is taken, or (sync) step `at` is applied already."""
+        self._check_worker(worker)
+        with self.cond:
+            if self.done:
+                raise PolicyError("the run has finished (its budget is spent): nothing to join")
+            if worker not in self.absent:
+                raise PolicyError(f"worker slot {worker} is in the run already")
+            clock = self._on_admit(worker, at)
+            self.absent.discard(worker)
+            self.cond.notify_all()
+            return clock
+
+    def free_slot(self) -> int:
+        """The lowest absent slot; PolicyError when every slot is taken."""
+        with self.cond:
+            if self.done:
+                raise PolicyError("the run has finished (its budget is spent): nothing to join")
+            if not self.absent:
+                raise PolicyError(f"the run is full: all {self.num_workers} worker slots are taken (start its "
+                                  "shards with more, psgd run --max-workers)")
+            return min(self.absent)
+
+    def _on_admit(self, worker: int, at: int) -> int:
+        """A policy's own bookkeeping for an admission (cond held): async and SSP hold the first pull."""
+        self.pending[worker] = at
+        self.clocks[worker] = 0
+        return 0
+
+    def _log(self, worker: int, event: str) -> None:
+        self.stats.membership.append({"update": self.version, "worker": worker, "event": event,
+                                      "clock": self.clocks[worker] + self.offset[worker]})
+
+    def membership_state(self) -> dict:
+        """Who is in the run, for a checkpoint (cond held; `restore_membership` takes it back)."""
+        return {"absent": sorted(self.absent), "pending": {str(w): a for w, a in self.pending.items()},
+                "offset": list(self.offset), "departed": {str(w): c for w, c in self.stats.departed.items()},
+                "lost": {str(w): c for w, c in self.stats.lost.items()}, "log": list(self.stats.membership),
+                "budget": self.budget}
+
+    def restore_membership(self, state: dict) -> None:
+        with self.cond:
+            self.absent = set(state["absent"])
+            self.pending = {int(w): a for w, a in state["pending"].items()}
+            self.offset = list(state["offset"])
+            self.stats.departed = {int(w): c for w, c in state["departed"].items()}
+            self.stats.lost = {int(w): c for w, c in state["lost"].items()}
+            self.stats.membership = list(state["log"])
+            self.budget = state["budget"]
 
     def _on_depart(self, worker: int) -> None:
         """A policy's own bookkeeping for a departure (cond held)."""
 
     def _gone(self) -> set[int]:
-        """Workers nobody waits for: lost or departed (cond held)."""
-        return self.stats.lost.keys() | self.stats.departed.keys()
+        """Workers nobody waits for: lost, departed, absent, or admitted and not yet served (cond held)."""
+        return self.stats.lost.keys() | self.stats.departed.keys() | self.absent | self.pending.keys()
 
     def _check_live(self, worker: int) -> None:
-        """Refuse a lost or departed worker (cond held); note when a live one was last heard from."""
+        """Refuse a lost, departed or absent worker (cond held); note when a live one was last heard from."""
+        if worker in self.absent:
+            raise PolicyError(f"worker slot {worker} is not in the run (join it first: psgd worker --join)")
         if worker in self.stats.departed:
             raise PolicyError(f"worker {worker} left the run at clock {self.stats.departed[worker]}")
         if worker in self.stats.lost:
@@ -320,8 +407,8 @@ class Policy:
     def _slowest(self) -> int:
         """The slowest live worker's clock (cond held); a lost or departed worker holds nobody back."""
         gone = self._gone()
-        live = [c for w, c in enumerate(self.clocks) if w not in gone]
-        return min(live) if live else max(self.clocks)
+        live = [c + self.offset[w] for w, c in enumerate(self.clocks) if w not in gone]
+        return min(live) if live else max(c + o for c, o in zip(self.clocks, self.offset, strict=True))
 
     def close(self) -> None:
         """Stop: wake every blocked pull (they return done) and refuse further pushes."""
@@ -356,14 +443,14 @@ class SSP(Async):
 
     def __init__(self, num_workers: int, apply: Callable[[torch.Tensor], None],
                  staleness: int, budget: int | None = None, start_barrier: bool = False,
-                 adjust: Adjust | None = None) -> None:
+                 adjust: Adjust | None = None, members: int | None = None) -> None:
         if staleness < 0:
             raise ValueError(f"staleness bound must be >= 0, got {staleness}")
-        super().__init__(num_workers, apply, budget, start_barrier, adjust)
+        super().__init__(num_workers, apply, budget, start_barrier, adjust, members)
         self.staleness_bound = staleness
 
     def _pull_ready(self, worker: int, clock: int) -> bool:
-        return clock - self._slowest() <= self.staleness_bound
+        return clock + self.offset[worker] - self._slowest() <= self.staleness_bound
 
 
 class Sync(Policy):
@@ -399,19 +486,23 @@ class Sync(Policy):
     name = "sync"
 
     def __init__(self, num_workers: int, apply: Callable[[torch.Tensor], None],
-                 budget: int | None = None, start_barrier: bool = False, backup: int = 0) -> None:
+                 budget: int | None = None, start_barrier: bool = False, backup: int = 0,
+                 members: int | None = None) -> None:
         if not 0 <= backup < num_workers:
             raise ValueError(f"backup workers must be in 0..{num_workers - 1} (N - 1), got {backup}")
-        super().__init__(num_workers, apply, budget, start_barrier)
+        super().__init__(num_workers, apply, budget, start_barrier, members=members)
+        if backup and self.members < num_workers:
+            raise ValueError("backup workers and elastic membership exclude each other")
         self.backup = backup
-        self.quorum = num_workers - backup          # gradients that make a step's update
+        self.quorum = self.members - backup         # gradients that make a step's update
         self.last_step = [-1] * num_workers         # step (base_version) of each worker's last push
         self._held: dict[int, torch.Tensor] = {}  # this step's gradients by worker, the policy's own
         self._last: tuple[int, torch.Tensor] | None = None  # the gradient that completes the step
         self._spares: list[torch.Tensor] = []  # buffers of earlier steps, reused
         self._arrived = 0
-        self._steps = budget // num_workers if budget is not None and not backup else 0  # each worker's share
+        self._steps = budget // self.members if budget is not None and not backup else 0  # each worker's share
         self._shrink = 0  # departed workers whose last gradient is in the current step (`_on_depart`)
+        self._future: dict[int, int] = {}  # admitted workers whose first step is still to come -> that step
 
     def _pull_ready(self, worker: int, clock: int) -> bool:
         if self.backup:
@@ -496,8 +587,47 @@ class Sync(Policy):
             # Back for later steps (the completing caller's buffer is never among them).
             self._spares.extend({id(t): t for t in owned}.values())
             del self._spares[self.quorum + 1:]
-        self.quorum, self._shrink = self.quorum - self._shrink, 0
+        joining = sorted(w for w, at in self._future.items() if at == self.version)
+        self.quorum, self._shrink = self.quorum - self._shrink + len(joining), 0
+        for w in joining:  # their first step begins now: the next update averages their gradients too
+            del self._future[w]
+            self._log(w, "joined")
         return True
+
+    def _on_admit(self, worker: int, at: int) -> int:
+        if self.backup:
+            raise PolicyError("sync with backup workers has a fixed quorum: no worker can join it")
+        if at < self.version:
+            raise PolicyError(f"step {at} is applied already (the shard is at step {self.version}): join at a "
+                              "later step")
+        self.clocks[worker] = at
+        if self.budget is not None:
+            self.budget += max(0, self._steps - at)
+        if at > 0 or self.started:
+            self.at_start.add(worker)  # it never pulls at the start barrier
+        if at == self.version:  # the current step is not complete (it would be applied): it waits for this one too
+            self.quorum += 1
+            self._log(worker, "joined")
+        else:
+            self._future[worker] = at
+        return at
+
+    def membership_state(self) -> dict:
+        # Taken inside an update's apply (checkpoints), before `_maybe_update` moves the quorum on:
+        # saved as it is once this update is done, so a restored shard starts its next step right.
+        out = super().membership_state()
+        joining = [w for w, at in self._future.items() if at == self.version]
+        out["quorum"] = self.quorum - self._shrink + len(joining)
+        out["future"] = {str(w): at for w, at in self._future.items() if at != self.version}
+        out["log"] = out["log"] + [{"update": self.version, "worker": w, "event": "joined",
+                                    "clock": self.version} for w in sorted(joining)]
+        return out
+
+    def restore_membership(self, state: dict) -> None:
+        super().restore_membership(state)
+        with self.cond:
+            self.quorum = state["quorum"]
+            self._future = {int(w): at for w, at in state["future"].items()}
 
     def _on_depart(self, worker: int) -> None:
         if self.backup:
@@ -517,6 +647,8 @@ class Sync(Policy):
         # step, which still waits for everyone else: the quorum shrinks once the step is applied.
         if self.budget is not None:
             self.budget -= max(0, self._steps - self.clocks[worker])
+        if self._future.pop(worker, None) is not None:
+            return  # admitted for a step still to come: it was never in a quorum
         if self.clocks[worker] > self.version:
             self._shrink += 1
         else:
@@ -525,16 +657,16 @@ class Sync(Policy):
 
 def make_policy(mode: str, num_workers: int, apply: Callable[[torch.Tensor], None],
                 staleness: int = 0, budget: int | None = None, start_barrier: bool = False,
-                adjust: Adjust | None = None, backup: int = 0) -> Policy:
+                adjust: Adjust | None = None, backup: int = 0, members: int | None = None) -> Policy:
     """The policy for a run mode: 'sync' (with `backup` backup workers), 'async' or 'ssp' (`adjust`:
     async and SSP only)."""
     if backup and mode != "sync":
         raise ValueError(f"backup workers are a rule of sync mode, not of {mode}")
     if mode == "sync":
         assert adjust is None, "sync applies the mean of fresh gradients: nothing to adjust"
-        return Sync(num_workers, apply, budget, start_barrier, backup)
+        return Sync(num_workers, apply, budget, start_barrier, backup, members)
     if mode == "async":
-        return Async(num_workers, apply, budget, start_barrier, adjust)
+        return Async(num_workers, apply, budget, start_barrier, adjust, members)
     if mode == "ssp":
-        return SSP(num_workers, apply, staleness, budget, start_barrier, adjust)
+        return SSP(num_workers, apply, staleness, budget, start_barrier, adjust, members)
     raise ValueError(f"unknown parameter-server mode {mode!r}; choose sync, async or ssp")

@@ -36,6 +36,7 @@ class StepReport:
     overlapped_s: float = 0.0  # after_compute: exchange time spent blocked inside forward / backward
                                # (--overlap); already in pull_s / push_s, so not counted as compute
     compute_s: float = 0.0     # after_compute: compute done by the exchange (local SGD's optimizer step)
+    version: int = -1          # before_compute (PS): the first shard's version of the pulled parameters
 
 
 class Exchange(Protocol):

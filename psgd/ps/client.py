@@ -7,6 +7,9 @@ Contract (ps-lite's worker API, in Python):
   `make_client(name, addresses, ...)` builds one from the run's flags.
 - `wait_ready()` blocks (up to the deadline) until every shard answers, and checks that the
   addresses are the shards 0..K-1 in order.
+- `join_job(transport, num_elements)` (psgd worker --join): takes a slot in a running job, the
+  first shard's pick, on every shard; returns (worker id, first clock). A shard that refuses
+  leaves the others' admission undone (the worker Leaves them), so no shard waits for it.
 - `init(flat)` offers initial values to every shard (the first worker to call wins).
 - `pull(clock, out)` fills `out` with the parameters from all shards in parallel; blocks while
   a shard's consistency policy holds it; returns a `PullResult` (done once the budget is spent).
@@ -37,6 +40,7 @@ once, straight into `out` (the model's flat buffer).
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -262,6 +266,24 @@ class PullStreams:
 
     def result(self) -> PullResult:
         return self.client.pull_result([f.result() for f in self.futures])
+
+
+def join_job(transport: Transport, num_elements: int) -> tuple[int, int]:
+    """Take a slot in the running job on every shard (see the module docstring): (worker id, clock)."""
+    ranges = shard_ranges(num_elements, len(transport.addresses))
+    first = transport.join(0, pb.JoinRequest(shard=0, any_slot=True, num_elements=ranges[0][1] - ranges[0][0]))
+    joined = [0]
+    try:
+        for k in range(1, len(ranges)):
+            transport.join(k, pb.JoinRequest(shard=k, worker_id=first.worker_id, has_clock=True, clock=first.clock,
+                                             num_elements=ranges[k][1] - ranges[k][0]))
+            joined.append(k)
+    except ExchangeError:
+        # Undo: a sync shard would otherwise wait for this worker's gradients from its first step.
+        with contextlib.suppress(ExchangeError):
+            transport.leave(joined, first.worker_id)
+        raise
+    return first.worker_id, first.clock
 
 
 def make_client(transport: str, addresses: list[str], worker_id: int, num_elements: int, wire_dtype: str = "fp32",

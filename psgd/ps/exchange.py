@@ -137,14 +137,14 @@ class PSExchange:
             # PushPull brought these parameters with the last push; its time and bytes were
             # reported there.
             r, self._next = self._next, None
-            return StepReport(done=r.done, clock_gap=r.clock_gap)
+            return StepReport(done=r.done, clock_gap=r.clock_gap, version=r.versions[0])
         t0 = time.perf_counter()
         # The shards count rounds: without local SGD a round is one step and this is the clock.
         r = self.client.pull(clock // self.local_steps, self.staging.host_params())
         self._landed(r, flat)
         elapsed = time.perf_counter() - t0
         return StepReport(done=r.done, pull_s=max(0.0, elapsed - r.wait_s), wait_s=r.wait_s,
-                          bytes_pulled=r.bytes, clock_gap=r.clock_gap)
+                          bytes_pulled=r.bytes, clock_gap=r.clock_gap, version=r.versions[0])
 
     def _landed(self, r, flat) -> None:
         """Pulled parameters are in the staging buffer: give them to the model (and local SGD).
@@ -283,7 +283,7 @@ class Overlap:
             self.client.versions = [h.version for h in headers]
         wait_s = max(h.wait_s for h in headers)
         return StepReport(done=done, pull_s=max(0.0, time.perf_counter() - t0 - wait_s), wait_s=wait_s,
-                          clock_gap=max(h.clock_gap for h in headers))
+                          clock_gap=max(h.clock_gap for h in headers), version=headers[0].version)
 
     def after_compute(self, clock: int) -> StepReport:
         t0 = time.perf_counter()

@@ -17,6 +17,7 @@ core (psgd/ps/shard.py), which holds every check and state change, and writes th
   pull on the reply stream, until the worker closes its side; the pull's hold is bounded by the
   shard's `rpc_timeout` (the call itself has no deadline). A call per step works the same.
 - `Leave`: a worker has finished (the last of N ends the shard's run: `Shard.finished`).
+- `Join`: a worker takes a slot in the running job (`Shard.join`; psgd worker --join).
 - `Info`: the shard's place and state, and the port of its TCP data plane (psgd/ps/tcp_server.py).
 """
 
@@ -45,7 +46,7 @@ def aborts(context: grpc.ServicerContext):
 
 
 class ShardServicer:
-    """The six RPCs of one shard; all state is the Shard's (and guarded by its lock)."""
+    """The seven RPCs of one shard; all state is the Shard's (and guarded by its lock)."""
 
     def __init__(self, shard: Shard, data_port: int = 0) -> None:
         self.shard = shard
@@ -120,6 +121,13 @@ class ShardServicer:
         with aborts(context):
             return pb.LeaveReply(workers_left=self.shard.leave(request.worker_id, request.shard))
 
+    def Join(self, request, context):
+        with aborts(context):
+            worker, clock, version = self.shard.join(
+                None if request.any_slot else request.worker_id, request.clock if request.has_clock else None,
+                request.num_elements)
+            return pb.JoinReply(worker_id=worker, clock=clock, version=version)
+
     def Info(self, request, context):
         s = self.shard
         return pb.InfoReply(shard=s.index, num_shards=s.options.num_shards, num_workers=s.workers,
@@ -191,5 +199,7 @@ def rpc_handlers(servicer: ShardServicer) -> grpc.GenericRpcHandler:
                                                      pb.LeaveReply.SerializeToString),
         "Info": grpc.unary_unary_rpc_method_handler(servicer.Info, pb.InfoRequest.FromString,
                                                     pb.InfoReply.SerializeToString),
+        "Join": grpc.unary_unary_rpc_method_handler(servicer.Join, pb.JoinRequest.FromString,
+                                                    pb.JoinReply.SerializeToString),
     }
     return grpc.method_handlers_generic_handler(wire.SERVICE, methods)

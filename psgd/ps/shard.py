@@ -40,6 +40,14 @@ Contract (every method thread-safe; a refusal raises `ShardError(code, message)`
   (SGD with lr 1 and nothing else): the replicas' average (psgd/core/localsgd.py).
 - Start barrier: every worker's first pull (clock 0) is held until all N workers asked for it;
   its `wait_s` includes the time it waited for the first Init before that.
+- `join(worker_id, clock, num_elements)`: a worker asks for a slot in the running job (psgd worker
+  --join): worker_id None takes the lowest free slot (the first shard's answer; the worker then
+  names that slot, and sync's `clock`, to the other shards). Sync: its first step is `clock`, or
+  (None) two steps past this shard's version, a step boundary no shard has reached yet (sync
+  shards are at most one step apart). Async / SSP: its first pull is served at once and it starts
+  at the slowest worker's clock. Returns (worker_id, clock, version); refused with
+  FAILED_PRECONDITION when the shard is not initialised, the run has finished or is full, and
+  INVALID_ARGUMENT for another model's length (the policy's `admit`).
 - `leave(worker_id, shard)`: a worker has finished and sends nothing more; returns how many
   distinct workers have left. Once all N have, `finished` is set: the shard's run is over and its
   server stops by itself (psgd/cli.py), so a run started by hand ends without a signal.
@@ -216,7 +224,7 @@ class Shard:
         return {"shard": self.index, "mode": self.options.mode, "workers": self.workers,
                 "version": self.policy.version, "accepted": accepted,
                 "clocks": clocks, "param": self.param.detach().clone(),
-                "opt": self.opt.state_dict()}
+                "opt": self.opt.state_dict(), "membership": self.policy.membership_state()}
 
     def _write_pending(self) -> None:
         with self.lock:
@@ -252,6 +260,9 @@ class Shard:
             p = self.policy
             p.version, p.accepted, p.clocks = state["version"], state["accepted"], list(state["clocks"])
             p.started = True  # the workers of a resumed run start at their clocks, not at 0
+        if "membership" in state:  # who was in the run at that version (elastic runs, departures)
+            self.policy.restore_membership(state["membership"])
+        with self.lock:
             self.snapshots = [(p.version, time.time(), self.param.detach().clone())]
             self.restored_from = state["version"]
 
@@ -475,6 +486,27 @@ class Shard:
             self._maybe_finished()
             return len(self.left)
 
+    def join(self, worker_id: int | None, clock: int | None, num_elements: int) -> tuple[int, int, int]:
+        """A worker asks for a slot in the running job (see the module docstring)."""
+        if not self.ready.is_set():
+            raise ShardError(Code.FAILED_PRECONDITION, f"shard {self.index} is not initialised yet: join once the "
+                             "run has started")
+        if num_elements != self.num_elements:
+            raise ShardError(Code.INVALID_ARGUMENT, f"shard {self.index} of this run has {self.num_elements} "
+                             f"elements, the joining worker's model gives it {num_elements}: another model")
+        try:
+            worker = self.policy.free_slot() if worker_id is None else worker_id
+            if worker_id is not None:
+                self._check_sender(worker_id, self.index)
+            if self.policy.name == "sync":
+                at = self.policy.version + 2 if clock is None else clock
+            else:
+                at = self.policy.version
+            first = self.policy.admit(worker, at)
+        except PolicyError as e:
+            raise ShardError(Code.FAILED_PRECONDITION, str(e)) from None
+        return worker, first, self.policy.version
+
     def expire(self, lease: float) -> list[tuple[int, int]]:
         """Declare lost the workers silent for `lease` seconds (the policy's `expire`), with their
         clocks; a lost worker never Leaves, so it counts as gone for `finished`, and the DC-ASGD
@@ -490,7 +522,7 @@ class Shard:
         return gone
 
     def _maybe_finished(self) -> None:
-        if len(self.left | self.policy.stats.lost.keys()) == self.workers:  # lock held
+        if len(self.left | self.policy.stats.lost.keys() | self.policy.absent) == self.workers:  # lock held
             self.finished.set()
 
     @contextlib.contextmanager
@@ -526,6 +558,7 @@ class Shard:
                 "refused_after_budget": s.refused_after_budget, "bytes_in": self.bytes_in,
                 "lost_workers": {str(w): c for w, c in sorted(s.lost.items())},
                 "departed_workers": {str(w): c for w, c in sorted(s.departed.items())},
+                "membership": list(s.membership), "members_at_start": self.policy.members,
                 "rejoined": {str(w): n for w, n in sorted(s.rejoined.items())},
                 "checkpoints": self.checkpoints, "checkpoint_s": self.checkpoint_s,
                 "restored_from": self.restored_from,

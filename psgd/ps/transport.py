@@ -13,6 +13,7 @@ one line that names the shard and the status.
                                                   (a push of clock c answered by the pull of c + 1;
                                                    each header's `pushed` is the push's reply)
     leave(shards, worker_id)                            -> [LeaveReply]  (this worker has finished)
+    join(shard, request)                                -> JoinReply     (take a slot in a running job)
 
 `header_of(k)` / `request_of(k)` build shard k's .proto header, `payload_of(k)` its bytes in the
 wire dtype (or a `sparsify.Sparse` for a sparse push, --topk: SparseChunks on gRPC, its indices
@@ -96,6 +97,7 @@ class Transport(Protocol):
     def push_pull(self, shards: Sequence[int], header_of, payload_of, out_of,
                   events: Events = NO_EVENTS) -> list[tuple]: ...
     def leave(self, shards: Sequence[int], worker_id: int) -> list[pb.LeaveReply]: ...
+    def join(self, shard: int, request: pb.JoinRequest) -> pb.JoinReply: ...
     def close(self) -> None: ...
 
 
@@ -120,6 +122,7 @@ class GrpcTransport:
         self.channels = [auth.channel(a, wire.CHANNEL_OPTIONS, token, credentials) for a in addresses]
         self._info = [pb_grpc.ParameterShardStub(c).Info for c in self.channels]
         self._leave = [pb_grpc.ParameterShardStub(c).Leave for c in self.channels]
+        self._join = [pb_grpc.ParameterShardStub(c).Join for c in self.channels]
         chunk = wire.serialize_frame
         # The tensor streams with frame-aware (de)serialisers (the same messages on the wire).
         self._push = [c.stream_unary(f"/{wire.SERVICE}/Push", request_serializer=chunk,
@@ -158,6 +161,9 @@ class GrpcTransport:
     def leave(self, shards, worker_id):
         return self.fan_out("leave", shards, lambda k: self._leave[k](
             pb.LeaveRequest(worker_id=worker_id, shard=k), timeout=self.timeout))
+
+    def join(self, shard, request):
+        return self.fan_out("join", [shard], lambda k: self._join[k](request, timeout=self.timeout))[0]
 
     def init(self, shards, header_of, payload_of):
         return self.fan_out("init", shards, lambda k: self._init[k](
@@ -361,6 +367,9 @@ class TcpTransport:
     def leave(self, shards, worker_id):
         return self.control.leave(shards, worker_id)
 
+    def join(self, shard, request):
+        return self.control.join(shard, request)
+
     def push(self, shards, header_of, payload_of, events=NO_EVENTS):
         payloads = {k: _flat(payload_of(k)) for k in shards}  # each slice encoded once (a view for fp32)
 
@@ -557,6 +566,9 @@ class PacedTransport:
 
     def leave(self, shards, worker_id):
         return self.inner.leave(shards, worker_id)  # the end, not training traffic: unpaced
+
+    def join(self, shard, request):
+        return self.inner.join(shard, request)  # set-up: unpaced
 
     def push(self, shards, header_of, payload_of, events=NO_EVENTS):
         return self.inner.push(shards, header_of, payload_of, chain(self._events, events))

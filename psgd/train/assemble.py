@@ -5,7 +5,8 @@ forwards it to the processes it starts as flags) and returns objects that know n
 
 - `policy(cfg)`: the consistency policy of one shard (psgd/core/consistency.py), with the run's
   budget (`steps` updates in sync, counted in averaging rounds with --local-steps, N - b gradients
-  per update with backup workers) and the start barrier that a served shard always has.
+  per update with backup workers) and the start barrier that a served shard always has; its
+  slots and who is in them from when (--elastic, --max-workers).
 - `shard_optimizer(cfg)`: a factory param -> optimizer (psgd/core/optim.py `build`, fused where
   torch has the kernel); with --local-steps it is the outer optimizer (`localsgd.outer_config`:
   SGD at lr 1, the replicas' average, or DiLoCo's Nesterov; the run's optimizer acts in the workers).
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from psgd.core import localsgd, optim, sharding
+from psgd.core import elastic, localsgd, optim, sharding
 from psgd.core.config import RunConfig
 from psgd.core.consistency import Policy, make_policy
 from psgd.ps import auth
@@ -41,9 +42,15 @@ from psgd.ps.shard import Shard, ShardOptions
 
 
 def policy(cfg: RunConfig) -> Policy:
-    budget = localsgd.rounds(cfg.steps, cfg.local_steps) * (cfg.workers - cfg.backup_workers)
-    return make_policy(cfg.mode, cfg.workers, None, cfg.staleness, budget, start_barrier=True,
-                       backup=cfg.backup_workers)
+    # With --elastic the shards have one slot per scheduled worker, `members` of them in from the
+    # start, and admit the others at their scheduled updates (psgd/core/elastic.py); with
+    # --max-workers the extra slots wait for `psgd worker --join`.
+    budget = localsgd.rounds(cfg.steps, cfg.local_steps) * (cfg.members - cfg.backup_workers)
+    p = make_policy(cfg.mode, cfg.slots, None, cfg.staleness, budget, start_barrier=True,
+                    backup=cfg.backup_workers, members=cfg.members)
+    for slot in elastic.plan(elastic.parse(cfg.elastic))[cfg.members:] if cfg.elastic else ():
+        p.admit(slot.rank, slot.join)
+    return p
 
 
 def shard_optimizer(cfg: RunConfig):
@@ -134,8 +141,15 @@ def worker_parts(cfg: RunConfig, rank: int, device) -> WorkerParts:
     model = models.build(cfg.model, ds.input_dim, ds.num_classes, cfg.seed).to(device)
     options = worker.LoopOptions(accumulate=cfg.accumulate, delay_ms=dict(cfg.straggler).get(rank, 0),
                                  jitter_ms=cfg.jitter, jitter_seed=cfg.seed * 7919 + rank,
-                                 fail_step=dict(cfg.fail_at).get(rank))
+                                 fail_step=dict(cfg.fail_at).get(rank), leave_at=leave_at(cfg, rank))
     return WorkerParts(model, worker.Batches(x, y, plan, rank), losses.get(cfg.model.loss), options)
+
+
+def leave_at(cfg: RunConfig, rank: int) -> int | None:
+    """The update at which worker `rank` leaves the run by its --elastic schedule (None: it stays)."""
+    if not cfg.elastic:
+        return None
+    return elastic.plan(elastic.parse(cfg.elastic))[rank].leave
 
 
 def train_worker(cfg: RunConfig, rank: int, exchange, metrics=None, device=None) -> dict:

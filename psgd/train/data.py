@@ -293,7 +293,7 @@ class BatchPlan:
 def plan_for(cfg: RunConfig, labels: torch.Tensor) -> BatchPlan:
     """The batch plan of a run: a worker's batch is --batch-size x --accumulate samples."""
     shard = cfg.data.shard_data
-    return BatchPlan(labels, cfg.workers, cfg.batch_size * cfg.accumulate, cfg.seed, noniid=shard == "noniid",
+    return BatchPlan(labels, cfg.slots, cfg.batch_size * cfg.accumulate, cfg.seed, noniid=shard == "noniid",
                      dirichlet_alpha=cfg.data.dirichlet_alpha if shard == "dirichlet" else None)
 
 

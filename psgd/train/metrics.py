@@ -179,6 +179,12 @@ def summarize(out: Path, cfg: RunConfig, evals: list[dict], params: int, params_
                            / max(1, sum(e["steps"] for e in ends))),
         "time_breakdown_s": {k: sum(e[f"{k}_s"] for e in ends) / n for k in ("compute", "push", "pull", "wait")},
         "per_worker_steps": {str(e["rank"]): e["steps"] for e in sorted(ends, key=lambda e: e["rank"])},
+        "samples_per_worker": {str(e["rank"]): e["steps"] * cfg.batch_size * cfg.accumulate
+                               for e in sorted(ends, key=lambda e: e["rank"])},
+        # Who was in the run when (--elastic, --max-workers and joins, departures, losses): shard 0's log.
+        "membership": {"schedule": cfg.elastic, "slots": cfg.slots,
+                       "at_start": shard_stats[0].get("members_at_start", cfg.workers) if shard_stats else cfg.workers,
+                       "changes": shard_stats[0].get("membership", []) if shard_stats else []},
         **devices_of(ends),
         "skipped_nonfinite": sum(s.get("skipped_nonfinite", 0) for s in shard_stats),
         "lost_workers": lost_workers(events, shard_stats),

@@ -103,6 +103,7 @@ class LoopOptions:
     jitter_ms: float = 0.0          # mean of an exponential extra delay per step (--jitter)
     jitter_seed: int = 0            # its random stream
     fail_step: int | None = None    # fault injection: SIGKILL this process at this step (--fail-at; -1: before setup)
+    leave_at: int | None = None     # leave the run once a pull brings update >= this (--elastic's schedule)
 
 
 class Batches:
@@ -157,6 +158,8 @@ def _loop(exchange: Exchange, model, flat, batches: Batches, loss_fn: losses.Los
     totals = dict(steps=0, compute_s=0.0, pull_s=0.0, push_s=0.0, wait_s=0.0, bytes_pulled=0, bytes_pushed=0)
     train_start = 0.0
     clock = first = getattr(exchange, "start_clock", 0)  # > 0 when the shards were restored from checkpoints
+    if options.leave_at is not None and first >= options.leave_at:
+        return totals, time.time()  # resumed past its scheduled departure (sync: clocks are steps): nothing to do
     while True:
         if options.fail_step is not None and clock == options.fail_step:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die like a crashed machine
@@ -170,8 +173,8 @@ def _loop(exchange: Exchange, model, flat, batches: Batches, loss_fn: losses.Los
             train_start = called + before.wait_s
             before.wait_s = 0.0
         _add(totals, before)
-        if before.done:
-            break
+        if before.done or (options.leave_at is not None and before.version >= options.leave_at):
+            break  # (a scheduled departure: the exchange's close tells the shards, which shrink the quorum)
         t0 = time.perf_counter()
         # The emulated slow device delays the whole step's compute, before forward, so that a
         # gradient pushed during backward (--overlap) is not ready sooner than on such a device.
