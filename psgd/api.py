@@ -344,7 +344,8 @@ class Worker:
 
 def connect(model: nn.Module, addresses: str | Iterable[str], rank: int = 0, workers: int = 1, *,
             transport: str = "tcp", wire_dtype: str = "fp32", separate_pull: bool = False,
-            rpc_timeout: float = 60.0, token_file: str = "", tls_ca: str = "", backup_workers: int = 0) -> Worker:
+            rpc_timeout: float = 60.0, token_file: str = "", tls_ca: str = "", backup_workers: int = 0,
+            join: bool = False) -> Worker:
     """Connect `model` as worker `rank` of `workers` to running shards (in shard order); blocks
     until they answer. Every worker offers its parameters as the shards' start and the first Init
     wins: build the models alike (seeded) or the first to connect decides for all.
@@ -352,6 +353,9 @@ def connect(model: nn.Module, addresses: str | Iterable[str], rank: int = 0, wor
     `addresses`: "host:port,host:port" or a list, from `start_shards` or `psgd server`'s READY
     lines. `transport` "tcp" (the default, as `psgd run`) or "grpc". `backup_workers`: the shards'
     (sync): then a worker goes on until every shard said done, as one shard may finish first.
+    `join`: join a job that is running already (shards started with spare slots: `max_workers=`
+    of `start_shards`, `psgd server --max-workers`); the shards give it a slot (the Worker's
+    `rank`; `rank` and `workers` are not used) and its first step (sync: two steps on).
     Raises ValueError for a bad
     argument, ExchangeError when the shards cannot be reached or disagree."""
     from psgd.ps import auth  # noqa: PLC0415
@@ -360,7 +364,7 @@ def connect(model: nn.Module, addresses: str | Iterable[str], rank: int = 0, wor
     found = C.parse_servers(addresses) if isinstance(addresses, str) else list(addresses)
     if isinstance(found, int) or not found:
         raise ValueError(f"connect: addresses must be HOST:PORT,..., got {addresses!r}")
-    if not 0 <= rank < workers:
+    if not join and not 0 <= rank < workers:
         raise ValueError(f"connect: rank must be in 0..{workers - 1}, got {rank}")
     if transport not in C.TRANSPORTS or wire_dtype not in C.WIRE_DTYPES:
         raise ValueError(f"connect: transport must be one of {C.TRANSPORTS} and wire_dtype one of {C.WIRE_DTYPES}")
@@ -370,6 +374,8 @@ def connect(model: nn.Module, addresses: str | Iterable[str], rank: int = 0, wor
         token = auth.load(token_file)
     except auth.TokenError as e:
         raise ValueError(str(e)) from None
+    if join:
+        rank = _join(model, list(found), rpc_timeout, token, tls_ca)
     exchange = PSExchange(list(found), wire_dtype, rpc_timeout, transport=transport, separate_pull=separate_pull,
                           token=token, tls_ca=tls_ca, backup_workers=backup_workers)
     try:
@@ -380,6 +386,22 @@ def connect(model: nn.Module, addresses: str | Iterable[str], rank: int = 0, wor
     except BaseException:
         exchange.close(failed=True)
         raise
+
+
+def _join(model: nn.Module, addresses: list[str], rpc_timeout: float, token, tls_ca: str) -> int:
+    """connect(join=True): a slot in the running job (psgd/ps/client.py `join_job`); its id."""
+    import torch  # noqa: PLC0415
+
+    from psgd.ps.client import join_job  # noqa: PLC0415
+    from psgd.ps.transport import make_transport  # noqa: PLC0415
+
+    transport = make_transport("grpc", addresses, rpc_timeout, None, token, tls_ca)
+    try:
+        # The parameters in FlatParams' order (psgd/train/models.py): the Init it offers, and the size.
+        flat = torch.cat([p.detach().reshape(-1).to("cpu", torch.float32) for p in model.parameters()])
+        return join_job(transport, flat)[0]
+    finally:
+        transport.close()
 
 
 def summary_of(out: str | Path) -> dict:

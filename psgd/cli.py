@@ -557,8 +557,8 @@ def _join(cfg: C.RunConfig, where: str) -> tuple[C.RunConfig, list[str], int]:
             raise UsageError(f"--join: the running job is --mode {first.mode}, this worker says --mode {cfg.mode}")
         cfg = dataclasses.replace(cfg, servers=len(addresses), workers=first.num_workers, max_workers=0, elastic="")
         cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
-        parts = assemble.worker_parts(cfg, 0, "cpu")  # the model, to tell the shards its size
-        rank, clock = join_job(transport, models.num_params(parts.model))
+        model = assemble.worker_parts(cfg, 0, "cpu").model  # the seeded model: its size, and an Init if none came
+        rank, clock = join_job(transport, models.FlatParams(model).params)
     except ExchangeError as e:
         raise UsageError(f"--join: {e}") from None
     finally:

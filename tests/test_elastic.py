@@ -3,13 +3,14 @@ boundaries (psgd/core/consistency.py), the shard's Join (psgd/ps/shard.py) and i
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 
 import pytest
 import torch
 
 from psgd.core import elastic
-from psgd.core.config import RunConfig, validate
+from psgd.core.config import DataConfig, RunConfig, validate
 from psgd.core.consistency import SSP, Async, PolicyError, Sync
 from psgd.core.errors import ShardError
 from psgd.ps.shard import Shard, ShardOptions
@@ -165,3 +166,83 @@ def test_membership_survives_a_checkpoint():
     q = back.policy
     assert (q.quorum, q._future, sorted(q.absent)) == (2, {2: 2}, [])
     assert q.budget == p.budget == 4 * 2 + 2
+
+
+def _threads(jobs):
+    errors: list[BaseException] = []
+
+    def run(fn):
+        try:
+            fn()
+        except Exception as e:  # surfaced by the assertion below
+            errors.append(e)
+    threads = [threading.Thread(target=run, args=(fn,)) for fn in jobs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert not errors and not any(t.is_alive() for t in threads), errors
+
+
+def test_psgd_worker_join_takes_a_slot_two_steps_on_and_bad_joins_are_refused(shards):
+    """A sync job of 2 workers with a third slot: a worker that joins (the CLI's own --join path)
+    before the first step trains from step 2, and the shards log it; then a full job, another
+    model, another mode and a finished job each refuse with one line and change nothing."""
+    from psgd import cli
+    from psgd.core.errors import UsageError
+    from psgd.ps.client import make_client
+    from psgd.train import assemble, models
+
+    cfg = RunConfig(mode="sync", workers=2, max_workers=3, servers=2, steps=6, batch_size=8, transport="grpc",
+                    data=DataConfig(dataset="synthetic", num_samples=600))
+    addresses, cores = shards(cfg)
+    model = assemble.worker_parts(cfg, 0, "cpu").model
+    flat = models.FlatParams(model).params
+    client = make_client("grpc", addresses, 0, flat.numel())
+    client.init(flat)  # the first Init (every worker offers the same seeded values)
+    client.transport.close()
+    where = ",".join(addresses)
+    joined, _, rank = cli._join(dataclasses.replace(cfg, workers=1, max_workers=0), where)
+    assert rank == 2 and joined.workers == 3 and [c.policy.clocks[2] for c in cores] == [2, 2]
+    with pytest.raises(UsageError, match="full: all 3 worker slots"):
+        cli._join(cfg, where)
+    with pytest.raises(UsageError, match="another model"):
+        cli._join(dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, width=7)), where)
+    with pytest.raises(UsageError, match="is --mode sync, this worker says --mode async"):
+        cli._join(dataclasses.replace(cfg, mode="async"), where)
+    _threads([lambda r=r: assemble.train_worker(cfg, r, assemble.ps_exchange(cfg, addresses), None)
+              for r in (0, 1)] + [lambda: assemble.train_worker(joined, 2, assemble.ps_exchange(joined, addresses))])
+    for c in cores:
+        assert c.policy.version == 6 and c.policy.clocks == [6, 6, 6]
+        assert [(e["update"], e["worker"], e["event"]) for e in c.policy.stats.membership] == [(2, 2, "joined")]
+    with pytest.raises(UsageError, match="finished"):
+        cli._join(cfg, where)
+
+
+def test_api_connect_join_adds_a_worker_to_running_shards_before_any_init():
+    """psgd.start_shards with a spare slot; one worker connects, one joins (before any Init: the
+    joiner's own Init is the first); both train in their own loops and the job ends."""
+    import torch.nn.functional as F  # noqa: N812
+
+    import psgd
+
+    def model():
+        torch.manual_seed(0)
+        return torch.nn.Linear(4, 2)
+
+    x, y = torch.randn(8, 4), torch.randint(0, 2, (8,))
+    with psgd.start_shards(servers=2, workers=1, max_workers=2, mode="async", steps=5,
+                           optimizer=psgd.SGD(lr=0.1), transport="grpc") as shards:
+        joined = psgd.connect(model(), shards.addresses, join=True, transport="grpc")
+        first = psgd.connect(model(), shards.addresses, rank=0, workers=2, transport="grpc")
+        assert joined.rank == 1
+
+        def loop(w):
+            with w:
+                while w.pull():
+                    F.cross_entropy(w.model(x), y).backward()
+                    w.push()
+        _threads([lambda: loop(joined), lambda: loop(first)])
+        assert shards.wait(30)
+        log = shards.stats()[0]["membership"]
+        assert [(e["worker"], e["event"]) for e in log] == [(1, "joined")]

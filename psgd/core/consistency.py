@@ -365,7 +365,7 @@ class Policy:
 
     def _log(self, worker: int, event: str) -> None:
         self.stats.membership.append({"update": self.version, "worker": worker, "event": event,
-                                      "clock": self.clocks[worker] + self.offset[worker]})
+                                      "clock": self.clocks[worker] + self.offset[worker], "time": time.time()})
 
     def membership_state(self) -> dict:
         """Who is in the run, for a checkpoint (cond held; `restore_membership` takes it back)."""
@@ -620,7 +620,7 @@ class Sync(Policy):
         out["quorum"] = self.quorum - self._shrink + len(joining)
         out["future"] = {str(w): at for w, at in self._future.items() if at != self.version}
         out["log"] = out["log"] + [{"update": self.version, "worker": w, "event": "joined",
-                                    "clock": self.version} for w in sorted(joining)]
+                                    "clock": self.version, "time": time.time()} for w in sorted(joining)]
         return out
 
     def restore_membership(self, state: dict) -> None:

@@ -7,7 +7,7 @@ Contract (ps-lite's worker API, in Python):
   `make_client(name, addresses, ...)` builds one from the run's flags.
 - `wait_ready()` blocks (up to the deadline) until every shard answers, and checks that the
   addresses are the shards 0..K-1 in order.
-- `join_job(transport, num_elements)` (psgd worker --join): takes a slot in a running job, the
+- `join_job(transport, flat)` (psgd worker --join, psgd.connect(join=True)): takes a slot in a running job, the
   first shard's pick, on every shard; returns (worker id, first clock). A shard that refuses
   leaves the others' admission undone (the worker Leaves them), so no shard waits for it.
 - `init(flat)` offers initial values to every shard (the first worker to call wins).
@@ -268,9 +268,16 @@ class PullStreams:
         return self.client.pull_result([f.result() for f in self.futures])
 
 
-def join_job(transport: Transport, num_elements: int) -> tuple[int, int]:
-    """Take a slot in the running job on every shard (see the module docstring): (worker id, clock)."""
-    ranges = shard_ranges(num_elements, len(transport.addresses))
+def join_job(transport: Transport, flat: torch.Tensor) -> tuple[int, int]:
+    """Take a slot in the running job on every shard (see the module docstring): (worker id, clock).
+    First offers `flat` (the joiner's seeded parameters) as every worker does, so a join that comes
+    before any worker's Init is not refused: the first Init wins, the others only check the length."""
+    ranges = shard_ranges(flat.numel(), len(transport.addresses))
+    shards = list(range(len(ranges)))
+    values = flat.detach().to("cpu")
+    transport.init(shards, lambda k: pb.TensorHeader(worker_id=0, dtype=wire.DTYPE_ENUMS["fp32"], shard=k,
+                                                     num_elements=ranges[k][1] - ranges[k][0]),
+                   lambda k: codec.encode(values[ranges[k][0]:ranges[k][1]], "fp32"))
     first = transport.join(0, pb.JoinRequest(shard=0, any_slot=True, num_elements=ranges[0][1] - ranges[0][0]))
     joined = [0]
     try:

@@ -299,7 +299,8 @@ class Shard:
                 return self.policy.version, True
             if values.numel() != self.param.numel():
                 raise ShardError(Code.INVALID_ARGUMENT,
-                                 f"shard {self.index} holds {self.param.numel()} elements; Init sent {values.numel()}")
+                                 f"shard {self.index} holds {self.param.numel()} elements; Init sent "
+                                 f"{values.numel()}: another model")
             return self.policy.version, False
 
     def check_init(self, worker_id: int, shard: int, num_elements: int) -> None:
