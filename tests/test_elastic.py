@@ -246,3 +246,32 @@ def test_api_connect_join_adds_a_worker_to_running_shards_before_any_init():
         assert shards.wait(30)
         log = shards.stats()[0]["membership"]
         assert [(e["worker"], e["event"]) for e in log] == [(1, "joined")]
+
+
+def test_quorum_lr_scales_a_step_with_its_quorum():
+    applied = Applied()
+    p = Sync(3, applied, budget=2 * 2, members=2)
+    p.quorum_lr = True
+    p.admit(2, 1)
+    step(p, [0, 1], 0)
+    step(p, [0, 1, 2], 1)
+    assert [u.tolist() for u in applied.updates] == [[1.5, 1.5], [3.0, 3.0]]  # (1+2)/2, (1+2+3)/2
+
+
+def test_psgd_run_elastic_grows_and_shrinks_and_records_who_trained_what(tmp_path):
+    from tests.helpers import psgd, summary
+
+    out = tmp_path / "elastic"
+    r = psgd("run", "--mode", "sync", "--elastic", "0:2,20:4,40:3", "--servers", "2", "--model", "mlp", "--dataset",
+             "synthetic", "--num-samples", "800", "--batch-size", "8", "--steps", "60", "--eval-every", "0",
+             "--out", str(out), "--quiet")
+    assert r.returncode == 0, r.stderr
+    s = summary(out)
+    assert s["per_worker_steps"] == {"0": 60, "1": 60, "2": 40, "3": 20}
+    assert s["samples_per_worker"]["3"] == 20 * 8
+    m = s["membership"]
+    assert (m["slots"], m["at_start"]) == (4, 2)
+    assert [(c["update"], c["worker"], c["event"]) for c in m["changes"]] == [
+        (20, 2, "joined"), (20, 3, "joined"), (40, 3, "left")]
+    assert [seg["workers"] for seg in m["segments"]] == [2, 4, 3]
+    assert all(j["first_step_s"] is not None and j["first_step_s"] >= 0 for j in m["joiners"])

@@ -213,6 +213,9 @@ class RunConfig:
     elastic: str = opt("", "PS: a membership schedule, UPDATE:WORKERS,... (e.g. 0:2,100:4,200:3: two workers, four "
                            "from update 100, three from 200; psgd/core/elastic.py); sets --workers to the slots it "
                            "uses, and --steps counts each worker's steps at the run's start size", metavar="SCHEDULE")
+    quorum_lr: bool = opt(False, "sync with --elastic / joins: scale each update with its quorum (the sum of "
+                                 "the gradients over the starting --workers, not their mean: SGD's rate follows "
+                                 "the effective batch, the linear scaling rule); off: the mean, the rate fixed")
     max_workers: int = opt(0, "PS: worker slots of the shards, for `psgd worker --join` to a running job (0: "
                               "--workers; the run starts with --workers of them)", metavar="M")
     tls_cert: str = opt("", "PS shard: serve both ports over TLS with this certificate (psgd certs makes one)",
@@ -392,6 +395,8 @@ def validate(cfg: RunConfig) -> RunConfig:
          "--elastic and --max-workers: not with --backup-workers (a fixed quorum) or --local-steps (rounds, not "
          "steps)"),
         (not (cfg.elastic and cfg.max_workers), "--elastic sets the slots itself: leave out --max-workers"),
+        (not cfg.quorum_lr or cfg.mode == "sync", "--quorum-lr scales a synchronous step with its quorum: use it "
+                                                  "with --mode sync"),
         (not cfg.elastic or cfg.restart_workers == 0,
          "--elastic with --restart-workers: a scheduled worker that dies is not restarted; use --worker-lease"),
         (cfg.checkpoint_every == 0 or cfg.backup_workers == 0 or cfg.servers == 1,

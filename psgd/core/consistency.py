@@ -52,7 +52,10 @@ the others are absent, and count as gone (nobody waits for them) until admitted.
 at)` takes a slot in from update `at`:
 - Sync: the worker computes step `at` first (its clock starts there), and the step's quorum grows
   by one at that step boundary: step `at` is the first whose update averages its gradient too;
-  the budget grows by the steps it will push. `at` must not be a step already applied.
+  the budget grows by the steps it will push. `at` must not be a step already applied. The
+  update stays the mean of the step's gradients: with a fixed per-worker batch the effective
+  batch follows the quorum and the rate does not; `quorum_lr` divides the sum by the starting
+  workers instead (the rate scales with the quorum, the linear scaling rule of Goyal et al. 2017).
 - Async / SSP: its first pull is held until the shard's version reaches `at`; served, it is in,
   with the slowest live worker's clock as its own (an offset on the clock it counts from 0), so
   SSP's bound neither stalls the others for it nor lets it run ahead. The budget (gradients in
@@ -503,6 +506,7 @@ class Sync(Policy):
         self._steps = budget // self.members if budget is not None and not backup else 0  # each worker's share
         self._shrink = 0  # departed workers whose last gradient is in the current step (`_on_depart`)
         self._future: dict[int, int] = {}  # admitted workers whose first step is still to come -> that step
+        self.quorum_lr = False  # scale each update with its quorum (`--quorum-lr`; set by the assembler)
 
     def _pull_ready(self, worker: int, clock: int) -> bool:
         if self.backup:
@@ -580,7 +584,9 @@ class Sync(Policy):
                 for g in order[2:]:
                     total.add_(g)
                 owned.append(total)
-                self._commit(total.div_(len(order)))
+                # The mean; with `quorum_lr` the sum over the starting workers instead: a step of
+                # N gradients is N / members times as large (the linear scaling rule, for SGD).
+                self._commit(total.div_(self.members if self.quorum_lr else len(order)))
             else:
                 self.version += 1  # every gradient of the round was skipped: an update that changes nothing
         finally:

@@ -50,6 +50,8 @@ def policy(cfg: RunConfig) -> Policy:
                     backup=cfg.backup_workers, members=cfg.members)
     for slot in elastic.plan(elastic.parse(cfg.elastic))[cfg.members:] if cfg.elastic else ():
         p.admit(slot.rank, slot.join)
+    if cfg.quorum_lr:
+        p.quorum_lr = True
     return p
 
 

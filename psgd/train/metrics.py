@@ -138,6 +138,38 @@ def remedies(cfg: RunConfig, shard_stats: list[dict], params: int) -> dict | Non
     return out
 
 
+def membership(cfg: RunConfig, events: list[dict], shard_stats: list[dict], start: float, end: float) -> dict:
+    """Who was in the run when: shard 0's log of joins, departures and losses, and the run cut at
+    each change into segments with their workers and samples/s (from the step events' times); and
+    for each joiner the seconds from its admission to its first step done (its first gradient
+    applied: a step event is written once the push was answered)."""
+    changes = shard_stats[0].get("membership", []) if shard_stats else []
+    at_start = shard_stats[0].get("members_at_start", cfg.workers) if shard_stats else cfg.workers
+    steps = [e for e in events if e.get("event") == "step"]
+    # One cut per update that changed the membership (the joins of one step boundary together).
+    by_update: dict[int, list[dict]] = {}
+    for c in changes:
+        by_update.setdefault(c["update"], []).append(c)
+    bounds, members = [(start, at_start)], at_start
+    for update in sorted(by_update):
+        group = by_update[update]
+        members += sum(1 if c["event"] == "joined" else -1 for c in group)
+        bounds.append((max(start, min(c.get("time", start) for c in group)), members))
+    segments = []
+    for (a, n), (b, _) in zip(bounds, [*bounds[1:], (end, 0)], strict=True):
+        done = sum(1 for e in steps if a <= e["time"] < b)
+        segments.append({"from_s": a - start, "workers": n,
+                         "samples_per_s": done * cfg.batch_size * cfg.accumulate / (b - a) if b > a else None})
+    first_steps = []
+    for c in changes:
+        if c["event"] == "joined":
+            mine = [e["time"] for e in steps if e["rank"] == c["worker"]]
+            first_steps.append({"worker": c["worker"], "update": c["update"],
+                                "first_step_s": min(mine) - c["time"] if mine and "time" in c else None})
+    return {"schedule": cfg.elastic, "slots": cfg.slots, "at_start": at_start, "changes": changes,
+            "segments": segments if changes else [], "joiners": first_steps}
+
+
 def summarize(out: Path, cfg: RunConfig, evals: list[dict], params: int, params_sha256: str,
               shard_stats: list[dict], extra: dict | None = None) -> dict:
     events = read_events(out / "metrics.jsonl")
@@ -182,9 +214,7 @@ def summarize(out: Path, cfg: RunConfig, evals: list[dict], params: int, params_
         "samples_per_worker": {str(e["rank"]): e["steps"] * cfg.batch_size * cfg.accumulate
                                for e in sorted(ends, key=lambda e: e["rank"])},
         # Who was in the run when (--elastic, --max-workers and joins, departures, losses): shard 0's log.
-        "membership": {"schedule": cfg.elastic, "slots": cfg.slots,
-                       "at_start": shard_stats[0].get("members_at_start", cfg.workers) if shard_stats else cfg.workers,
-                       "changes": shard_stats[0].get("membership", []) if shard_stats else []},
+        "membership": membership(cfg, events, shard_stats, start, start + wall),
         **devices_of(ends),
         "skipped_nonfinite": sum(s.get("skipped_nonfinite", 0) for s in shard_stats),
         "lost_workers": lost_workers(events, shard_stats),
