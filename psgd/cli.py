@@ -546,7 +546,10 @@ def _join(cfg: C.RunConfig, where: str) -> tuple[C.RunConfig, list[str], int]:
         raise UsageError(f"--join: {e}") from None
     if isinstance(addresses, int):
         raise UsageError(f"--join wants the running shards' HOST:PORT,..., got {where!r}")
-    transport = make_transport("grpc", addresses, cfg.rpc_timeout, None, auth.load(cfg.token_file), cfg.tls_ca)
+    # A join holds nothing and waits for nothing: a job that is not there (finished, its shards gone)
+    # is said in seconds, not after the run's long RPC deadline.
+    transport = make_transport("grpc", addresses, min(cfg.rpc_timeout, 10.0), None, auth.load(cfg.token_file),
+                               cfg.tls_ca)
     try:
         infos = transport.info(list(range(len(addresses))))
         first = infos[0]
