@@ -4,6 +4,7 @@ report is written from hand-made sections, no run is made."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -142,3 +143,63 @@ def test_quote_en_and_quote_source_need_a_quote_and_a_string(tmp_path, extra, me
     path.write_text(f'id = "X"\ntitle = "t"\nclaim = "c"\nanalysis = "modes"\n{extra}[[runs]]\nlabel = "a"\n')
     with pytest.raises(suite.SuiteError, match=re.escape(message)):
         suite.load_experiment(path, "default", tmp_path)
+
+
+# -- one code version ----------------------------------------------------------------------------
+RESULTS = ROOT / "results"
+VERSION_LINE = re.compile(r"every run below was made by training code `([^`]+)`")
+
+
+def test_the_committed_report_states_the_one_training_code_version_of_every_run_it_cites():
+    """The reference report (results/REPORT.md) names one training-code version, and it is the one
+    that made everything it cites: summary.json's, every cited experiment's commands.txt header
+    (written when its runs or benchmark ran), and, where the run folders are here (results/runs is
+    not committed; a checkout that ran the suite has them), each run's own provenance.json."""
+    summary = json.loads((RESULTS / "summary.json").read_text())
+    stated = VERSION_LINE.search((RESULTS / "REPORT.md").read_text())
+    assert stated, "REPORT.md names no single training-code version for its runs"
+    version = stated.group(1)
+    assert summary["run_code_version"] == version
+    assert summary.get("run_code_versions", [version]) == [version]
+    checked = 0
+    for claim in summary["claims"]:
+        commands = (RESULTS / claim["id"] / "commands.txt").read_text()
+        header = re.search(r"^# code version: (\S+)$", commands, re.M)
+        assert header and header.group(1) == version, \
+            f"{claim['id']}: commands.txt says training code {header and header.group(1)}, REPORT.md says {version}"
+        for out in re.findall(r"--out (results/runs/[0-9a-f]+)", commands):
+            made = ROOT / out / "provenance.json"
+            if made.exists():
+                assert json.loads(made.read_text())["code_version"] == version, f"{claim['id']}: {out}"
+                checked += 1
+    assert not (RESULTS / "runs").is_dir() or checked > 0   # run folders here: some were checked
+
+
+def test_a_report_from_runs_of_two_training_codes_says_so(tmp_path):
+    sections = [section("E1"), section("E2")]
+    text = report.write(tmp_path, sections, command="c", wall_s=1.0, version="abc1234", run_version="abc1234",
+                        made_by={"E1": {"abc1234"}, "E2": {"abc1234"}}).read_text()
+    assert "every run below was made by training code `abc1234`" in text
+    mixed = report.write(tmp_path, sections, command="c", wall_s=1.0, version="abc1234", run_version="abc1234",
+                         made_by={"E1": {"abc1234"}, "E2": {"0ld0000", "abc1234"}})
+    text = mixed.read_text()
+    assert not VERSION_LINE.search(text)
+    assert "more than one version of the training code**: `0ld0000` (E2); `abc1234` (E1, E2)" in text
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["run_code_versions"] == ["0ld0000", "abc1234"]
+    assert summary["run_code_version"] == "mixed: 0ld0000, abc1234"
+
+
+def test_made_by_reads_each_runs_provenance_and_a_benchmarks_commands(tmp_path):
+    exp = suite.load_suite(SUITE, "default", results=tmp_path, version="now1234")
+    learning = next(e for e in exp if not e.bench)
+    bench = next(e for e in exp if e.bench)
+    finals = learning.final_specs({t.label: t.lr_grid[0] for t in learning.templates if t.lr_grid})[:2]
+    for spec, v in zip(finals, ("old0001", "now1234"), strict=True):
+        Path(spec.cfg.out).mkdir(parents=True)
+        (Path(spec.cfg.out) / "provenance.json").write_text(json.dumps({"code_version": v}))
+    assert suite.made_by(learning, finals) == {"old0001", "now1234"}
+    assert suite.made_by(learning, finals[:1] + [finals[0]]) == {"old0001"}
+    (tmp_path / bench.id).mkdir()
+    (tmp_path / bench.id / "commands.txt").write_text("# made by: x\n# code version: bench12\npsgd bench\n")
+    assert suite.made_by(bench, []) == {"bench12"}

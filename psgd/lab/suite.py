@@ -173,6 +173,27 @@ def _run_bench(exp: Experiment, out: Path, where: str) -> None:
     (out / name).write_text(printed.getvalue())
 
 
+def made_by(exp: Experiment, finals: list[RunSpec]) -> set[str]:
+    """The training-code versions that made what an experiment's section cites: each evaluated
+    run's own provenance.json (written when it ran), or for a benchmark the version its
+    commands.txt recorded when it ran (its output carries no provenance of its own). Read from the
+    files, never assumed from the code at hand: a re-analysis (--report, --only) states what made
+    the runs, not what would make them now."""
+    if exp.bench:
+        head = (exp.results / exp.id / "commands.txt")
+        for line in (head.read_text().splitlines() if head.exists() else []):
+            if line.startswith("# code version: "):
+                return {line.removeprefix("# code version: ").strip()}
+        return {"unknown"}
+    versions = set()
+    for spec in finals:
+        try:
+            versions.add(json.loads((Path(spec.cfg.out) / "provenance.json").read_text())["code_version"])
+        except (OSError, ValueError, KeyError):
+            versions.add("unknown")
+    return versions
+
+
 def _commands(exp: Experiment, tune_specs: list[RunSpec], finals: list[RunSpec], command: str) -> str:
     head = f"# made by: {command or 'psgd suite'}\n# experiment file: {exp.path}\n# code version: {exp.version}\n"
     if exp.bench:
@@ -206,6 +227,7 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
           f"(finished runs are reused; --fresh reruns them)", file=sys.stderr, flush=True)
     started = time.time()
     sections, reused, total_runs, done_outs = [], 0, 0, set()
+    made: dict[str, set[str]] = {}   # experiment id -> training-code versions of what its section cites
     overall = tqdm(total=n_tune + n_final + len(benches), desc="suite", unit="run", dynamic_ncols=True,
                    file=sys.stderr)
 
@@ -232,6 +254,7 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
                 finals = exp.final_specs(chosen)
                 summaries = [(s, json.loads((Path(s.cfg.out) / "summary.json").read_text())) for s in finals]
                 sections.append(analyses.analyse(exp, summaries, out, chosen, scores))
+                made[exp.id] = made_by(exp, finals)
             else:
                 tqdm.write(f"{exp.id}: not run yet, left out of the report (run the suite without --only)",
                            file=sys.stderr)
@@ -247,12 +270,14 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
             overall.update(1)
         (out / "commands.txt").write_text(_commands(exp, tune_specs, finals, command))
         sections.append(analyses.analyse(exp, summaries, out, chosen, scores))
+        made[exp.id] = made_by(exp, finals)
     overall.close()
     note = f"{reused} of {total_runs} runs reused from earlier invocations" if reused else ""
     if only == set():
         note = "--report: re-analysed the finished runs and benchmark outputs; nothing was run"
     path = report.write(results, sections, command=command, wall_s=time.time() - started, note=note,
-                        version=version, run_version=run_version, profile=profile, articles=articles)
+                        version=version, run_version=run_version, profile=profile, articles=articles,
+                        made_by=made)
     print(f"psgd suite: wrote {path} ({(time.time() - started) / 60:.1f} min)", file=sys.stderr)
     return path
 
