@@ -109,3 +109,25 @@ def test_interval_bars_and_the_grid_map(tmp_path):
                          tmp_path / "m.png")
     assert [t.get_text() for t in fig.axes[0].texts] == ["1.2", "2.3", "inf", "inf"]
     assert (tmp_path / "m.csv").read_text().splitlines()[1] == "N=1,0.1,0.0,1.2"
+
+
+def test_the_forest_plot_has_a_row_per_effect_a_panel_per_unit_and_its_csv(tmp_path):
+    from psgd.lab import verdicts as V
+    from psgd.lab.stats import Interval
+
+    claims = [("E1", V.INCONCLUSIVE, list(V.sync_beats_async(Interval(0.01, -0.02, 0.04, 3)).effects)),
+              ("E2", V.CONFIRMED, list(V.straggler_hurts_sync_more(Interval(3.0, 2.0, 4.0, 3)).effects)),
+              ("E0", V.CONFIRMED, list(V.baseline(Interval(0.3, 0.29, 0.31, 3), Interval(0.3, 0.2, 0.4, 3)).effects)),
+              ("E5", V.NOT_TESTABLE, [])]
+    fig = plots.forest(claims, tmp_path / "forest.png", "t")
+    assert len(fig.axes) == 2      # accuracy, ratios
+    acc = fig.axes[0]
+    assert [t.get_text() for t in acc.get_yticklabels()] == ["E1: sync - async", "E0: MLP - logreg", "E0: CNN - MLP"]
+    assert len(acc.patches) == 3 and acc.patches[0].get_width() == 2 * 0.01     # +- margin around 0
+    assert [t.get_text() for t in acc.get_legend().get_texts()] == ["confirmed", "inconclusive"]
+    assert any("E5 (not testable here)" in t.get_text() for t in fig.texts)
+    rows = (tmp_path / "forest.csv").read_text().splitlines()
+    assert rows[0] == "claim,verdict,effect,unit,test,estimate,lo,hi,seeds,null,margin,part_outcome"
+    assert rows[1].startswith("E1,inconclusive,sync - async,accuracy,effect,0.01,-0.02,0.04,3,0.0,0.01,inconclusive")
+    assert rows[2].startswith("E2,confirmed,sync's slowdown - async's,x,effect,3.0,2.0,4.0,3,0.0,0.2,confirmed")
+    assert rows[-1].startswith("E5,not testable here,") and len(rows) == 1 + 4 + 1

@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from psgd.lab import analyses_remedies, report, suite
+from psgd.lab import analyses_remedies, analysis_kit, report, stats, suite
 from psgd.lab import articles as articles_mod
+from psgd.lab import verdicts as V
 from psgd.lab.results import Section
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -203,3 +205,39 @@ def test_made_by_reads_each_runs_provenance_and_a_benchmarks_commands(tmp_path):
     (tmp_path / bench.id).mkdir()
     (tmp_path / bench.id / "commands.txt").write_text("# made by: x\n# code version: bench12\npsgd bench\n")
     assert suite.made_by(bench, []) == {"bench12"}
+
+
+# -- the forest plot and the noise floor ---------------------------------------------------------
+def fake_runs(root: Path, label: str, accuracies: list[float]) -> list:
+    """(spec, summary) pairs of finished runs, one seed each, ending at the given accuracy."""
+    out = []
+    for seed, acc in enumerate(accuracies):
+        folder = root / f"{label}-{seed}"
+        folder.mkdir(parents=True)
+        (folder / "summary.json").write_text(json.dumps({"mode": "sync", "config": {"seed": seed}}))
+        (folder / "metrics.jsonl").write_text("\n".join(json.dumps(
+            {"event": "eval", "version": v, "test_accuracy": acc}) for v in range(4)))
+        out.append((SimpleNamespace(label=label, cfg=SimpleNamespace(out=str(folder))), {}))
+    return out
+
+
+def test_the_noise_floor_is_the_far_end_of_two_identical_algorithms_paired_difference(tmp_path):
+    summaries = fake_runs(tmp_path, "sync", [0.62, 0.61, 0.63]) + fake_runs(tmp_path, "allreduce", [0.63, 0.60, 0.63])
+    exp = SimpleNamespace(id="E1", path="e1.toml", params={"noise_floor": ["sync", "allreduce"]})
+    floor = analysis_kit.noise_floor_of(exp, summaries)
+    expected = stats.diff_ci([0.62, 0.61, 0.63], [0.63, 0.60, 0.63])
+    assert floor.diff == expected and floor.pair == ("sync", "allreduce")
+    assert floor.value == pytest.approx(max(abs(expected.lo), abs(expected.hi)))
+    assert analysis_kit.noise_floor_of(SimpleNamespace(id="E2", path="x", params={}), summaries) is None
+    with pytest.raises(ValueError, match="names two labels"):
+        analysis_kit.noise_floor_of(SimpleNamespace(id="E1", path="e1.toml", params={"noise_floor": ["a"]}),
+                                    summaries)
+    # The report states it, and summary.json keeps it.
+    effects = V.sync_beats_async(stats.Interval(0.05, 0.02, 0.08, 3)).effects
+    sections = [Section("E1", "t", "c", "", "confirmed", "k", "b", effects=effects), section("E5")]
+    text = report.write(tmp_path, sections, command="c", wall_s=1.0, noise=floor).read_text()
+    assert "## The noise floor" in text and f"**{floor.value:.3f}**" in text
+    assert json.loads((tmp_path / "summary.json").read_text())["noise_floor"]["value"] == pytest.approx(floor.value)
+    # The forest plot opens the report, before the verdict table, with its CSV beside it.
+    assert text.index("![forest](forest.png)") < text.index("| claim | verdict |")
+    assert (tmp_path / "forest.png").exists() and "E1,confirmed,sync - async" in (tmp_path / "forest.csv").read_text()

@@ -83,7 +83,7 @@ def modes(ctx: Context):
     # when they ran (E1's controls), else against sync at its own batch.
     control = ctx.groups.get("sync, 4 x 8") or sync
     d = diff(control, asyn)
-    verdict = V.sync_beats_async(d)
+    verdict = V.sync_beats_async(d, label=f"{control.label} - async")
     one = ctx.groups.get("one worker")
     d_one = diff(one, asyn) if one is not None else None
     d_batch = diff(sync, asyn)
@@ -237,4 +237,4 @@ def analyse(exp, summaries: list, out: Path, chosen: dict | None = None, scores:
     verdict, headline, text, figures, key = fn(ctx)
     return Section(exp.id, exp.title, exp.claim, exp.quote, verdict.outcome, headline,
                    body(ctx, text, verdict), figures, key, exp.why, quote_en=exp.quote_en,
-                   quote_source=exp.quote_source)
+                   quote_source=exp.quote_source, effects=verdict.effects)

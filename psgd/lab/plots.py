@@ -34,6 +34,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display needed, safe in CI
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
 
 from psgd.core.palette import (  # noqa: E402
     LINESTYLES,
@@ -348,5 +349,68 @@ def grid_map(rows: list[str], cols: list[str], values: list[list[float]], texts:
     fig.colorbar(im, ax=ax, label=cbar, fraction=0.05)
     save(fig, path, ["row", "column", "value", "text"],
           [[r, c, data[i, j], texts[i][j]] for i, r in enumerate(rows) for j, c in enumerate(cols)])
+    plt.close(fig)
+    return fig
+
+
+# The verdicts' look on the forest plot: a colour (none of them a mode's) and a marker each, so a
+# verdict reads without colour too; inconclusive is hollow.
+VERDICT_STYLES = {"confirmed": ("#000000", "o", True), "refuted": ("#8C6D31", "X", True),
+                  "depends": ("#56B4E9", "D", True), "inconclusive": ("#777777", "o", False),
+                  "not testable here": ("#999999", "s", False)}
+UNIT_AXES = {"accuracy": "difference in final test accuracy", "x": "difference of ratios (x)",
+             "share": "share", "nats": "difference in test loss (nats per character)"}
+
+
+def forest(claims: list[tuple[str, str, list]], path: Path, title: str = ""):
+    """The whole comparison on one figure: per claim (id, verdict, effects: psgd.lab.verdicts.Effect
+    each), one row per effect with its estimate and 95% interval, over a grey band null +- margin
+    (smaller than that does not matter, or cannot be told from the noise floor); a panel per unit,
+    the marker and colour the claim's verdict. Claims with no effect (not testable here) are
+    named under the plot. The CSV has one row per effect."""
+    rows, units = [], []
+    for exp_id, verdict, effects in claims:
+        for e in effects:
+            rows.append((exp_id, verdict, e))
+            if e.unit not in units:
+                units.append(e.unit)
+    bare = [f"{exp_id} ({verdict})" for exp_id, verdict, effects in claims if not effects]
+    counts = [sum(1 for _, _, e in rows if e.unit == u) for u in units] or [1]
+    fig, axes = plt.subplots(len(counts), 1, figsize=(8.4, 1.1 + 0.32 * sum(counts) + 0.5 * len(counts)),
+                             gridspec_kw={"height_ratios": counts}, squeeze=False)
+    seen: dict[str, object] = {}
+    for ax, unit in zip(axes[:, 0], units, strict=False):
+        mine = [(i, v, e) for i, v, e in rows if e.unit == unit]
+        for y, (_, verdict, e) in enumerate(mine):
+            c, mk, filled = VERDICT_STYLES.get(verdict, (REF_COLOR, "o", False))
+            ax.add_patch(Rectangle((e.null - e.margin, y - 0.38), 2 * e.margin, 0.76,
+                                                      color="#DDDDDD", linewidth=0, zorder=0))
+            ax.plot([e.null, e.null], [y - 0.42, y + 0.42], color=REF_COLOR, linewidth=0.8, zorder=1)
+            est, lo, hi = e.ci.estimate, e.ci.lo, e.ci.hi
+            if not np.isfinite(est):
+                continue
+            if e.ci.n > 1 and np.isfinite(lo) and np.isfinite(hi):
+                ax.plot([lo, hi], [y, y], color=c, linewidth=1.6, zorder=2)
+            h = ax.plot([est], [y], mk, color=c, markersize=6, markerfacecolor=c if filled else "white",
+                        markeredgecolor=c, zorder=3, label=verdict)[0]
+            seen.setdefault(verdict, h)
+        ax.set_yticks(range(len(mine)), [f"{i}: {e.label}" for i, _, e in mine], fontsize=8)
+        ax.set_ylim(len(mine) - 0.5, -0.5)
+        ax.set_xlabel(UNIT_AXES.get(unit, unit), fontsize=9)
+        ax.grid(alpha=0.3, axis="x")
+    if title:
+        axes[0, 0].set_title(title)
+    order = [v for v in VERDICT_STYLES if v in seen]
+    if order:
+        axes[0, 0].legend(handles=[seen[v] for v in order], fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                          borderaxespad=0.0, title="verdict", title_fontsize=8)
+    if bare:
+        fig.text(0.01, 0.0, "No effect measured: " + ", ".join(bare), fontsize=8, ha="left", va="top")
+    fig.tight_layout()
+    save(fig, path, ["claim", "verdict", "effect", "unit", "test", "estimate", "lo", "hi", "seeds", "null", "margin",
+                     "part_outcome"],
+         [[i, v, e.label, e.unit, e.test, e.ci.estimate, e.ci.lo, e.ci.hi, e.ci.n, e.null, e.margin, e.outcome]
+          for i, v, e in rows] + [[i, v, "", "", "", "", "", "", "", "", "", ""]
+                                   for i, v, effects in claims if not effects])
     plt.close(fig)
     return fig

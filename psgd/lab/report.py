@@ -31,6 +31,7 @@ from pathlib import Path
 import grpc
 import torch
 
+from psgd.lab import plots
 from psgd.lab.articles import Article
 
 
@@ -121,13 +122,45 @@ def cited_versions(made_by: Mapping[str, Collection[str]] | None, run_version: s
     return sorted({v for versions in made_by.values() for v in versions})
 
 
+def forest_lines(results: Path, sections: list) -> list[str]:
+    """The report's first figure: every claim's effects against their margins (plots.forest)."""
+    if not any(s.effects for s in sections):
+        return []
+    path = results / "forest.png"
+    plots.forest([(s.id, s.verdict, list(s.effects)) for s in sections], path,
+                 "every claim: the numbers that decided its verdict")
+    return [f"![forest]({path.name})", "",
+            "*Every claim at a glance: each number its verdict rule weighed, with its 95% t interval over seeds "
+            "(paired by seed), over a grey band of +- its margin around no effect (the vertical tick; for a share "
+            "or ratio claim, the claimed threshold): an interval clear of the band on the claimed side confirms, one "
+            "inside or beyond it on the other side refutes, one across its edge is inconclusive. Accuracy margins "
+            "are at least the noise floor. Marker and colour: the claim's verdict. Numbers: "
+            f"[`{path.with_suffix('.csv').name}`]({path.with_suffix('.csv').name}).*", ""]
+
+
+def noise_lines(noise) -> list[str]:
+    """"The noise floor": what two identical algorithms measure, and what it does to the margins."""
+    if noise is None:
+        return []
+    a, b = noise.pair
+    return ["", "## The noise floor", "",
+            f"{a} and {b} compute the same updates (up to the order of a floating-point sum), from the same "
+            f"initialisation and data order in each seed. In [{noise.experiment}](#{noise.experiment.lower()}) their "
+            f"final test accuracy differs by {noise.diff.fmt(signed=True)} ({a} minus {b}, Student t 95% over "
+            f"{noise.diff.n} paired seeds): two identical algorithms can land up to **{noise.value:.3f}** apart, "
+            "so a smaller accuracy difference cannot be told from run-to-run noise here. Every accuracy verdict's "
+            f"margin is therefore max(its configured margin, {noise.value:.3f}), stated beside each verdict rule. "
+            "It measures the noise of one setup (E1's MLP, 4 workers); the other experiments' intervals carry "
+            "their own seed-to-seed spread."]
+
+
 def write(results: Path, sections: list, command: str, wall_s: float, note: str = "", version: str = "",
           profile: str = "default", run_version: str = "", articles: Sequence[Article] = (),
-          made_by: Mapping[str, Collection[str]] | None = None) -> Path:
+          made_by: Mapping[str, Collection[str]] | None = None, noise=None) -> Path:
     """Write REPORT.md and summary.json under `results`; returns the REPORT.md path. `articles`: the
     seed articles' summary, printed once after the verdict table. `made_by`: per experiment, the
     training-code versions its cited runs recorded (`provenance_line`); without it the report
-    states `run_version` for every run."""
+    states `run_version` for every run. `noise`: the suite's noise floor (analysis_kit.NoiseFloor)."""
     made = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     versions = cited_versions(made_by, run_version or version)
     if versions:
@@ -148,7 +181,9 @@ def write(results: Path, sections: list, command: str, wall_s: float, note: str 
         "paired by seed, Welch where the seeds differ); verdicts come "
         "from the rules in psgd/lab/verdicts.py (confirmed / refuted / depends / inconclusive / not testable here).",
         "",
+        *forest_lines(results, sections),
         verdict_table(sections),
+        *noise_lines(noise),
         *articles_section(articles, {s.id for s in sections}),
     ]
     for s in sections:
@@ -169,6 +204,10 @@ def write(results: Path, sections: list, command: str, wall_s: float, note: str 
                "run_code_version": run_version or version, "run_code_versions": versions, "machine": machine(),
                "date": made,
                "wall_s": round(wall_s, 1), "note": note,
+               "noise_floor": None if noise is None else {"experiment": noise.experiment, "pair": list(noise.pair),
+                                                          "difference": [noise.diff.estimate, noise.diff.lo,
+                                                                         noise.diff.hi],
+                                                          "seeds": noise.diff.n, "value": noise.value},
                "claims": [{"id": s.id, "title": s.title, "verdict": s.verdict, "headline": s.headline,
                            "key": s.key} for s in sections]}
     (results / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
