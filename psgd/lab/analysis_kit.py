@@ -125,8 +125,17 @@ def noise_floor_of(exp, summaries: list) -> NoiseFloor | None:
 
 
 def series_of(groups: list[Group], names: list[str] | None = None) -> list[plots.Series]:
-    return [plots.Series(names[i] if names else g.label, g.mode if g.cfg.get("local_steps", 1) == 1 else "local",
-                         g.runs) for i, g in enumerate(groups)]
+    """A series per group, coloured by its mode ("local" for local SGD); sync with backup workers
+    takes a variant colour (1 + its backup count), so it never hides under plain sync's curve."""
+    out = []
+    for i, g in enumerate(groups):
+        name = names[i] if names else g.label
+        backup = g.cfg.get("backup_workers", 0) if g.mode == "sync" else 0
+        if backup:
+            out.append(plots.Series(name, "", g.runs, variant=backup))
+        else:
+            out.append(plots.Series(name, g.mode if g.cfg.get("local_steps", 1) == 1 else "local", g.runs))
+    return out
 
 
 def variant_series(groups: list[Group]) -> list[plots.Series]:
