@@ -464,7 +464,8 @@ def forest(claims: list[tuple[str, str, list]], path: Path, title: str = ""):
             h = ax.plot([est], [y], mk, color=c, markersize=6, markerfacecolor=c if filled else "white",
                         markeredgecolor=c, zorder=3, label=verdict)[0]
             seen.setdefault(verdict, h)
-        ax.set_yticks(range(len(mine)), [f"{i}: {e.label}" for i, _, e in mine], fontsize=8)
+        ax.set_yticks(range(len(mine)), [f"{i}: {e.label}" + (" (no worse)" if e.test == "no_worse" else "")
+                                         for i, _, e in mine], fontsize=8)
         ax.set_ylim(len(mine) - 0.5, -0.5)
         ax.set_xlabel(UNIT_AXES.get(unit, unit), fontsize=9)
         ax.grid(alpha=0.3, axis="x")

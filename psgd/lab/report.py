@@ -132,9 +132,12 @@ def forest_lines(results: Path, sections: list) -> list[str]:
     return [f"![forest]({path.name})", "",
             "*Every claim at a glance: each number its verdict rule weighed, with its 95% t interval over seeds "
             "(paired by seed), over a grey band of +- its margin around no effect (the vertical tick; for a share "
-            "or ratio claim, the claimed threshold): an interval clear of the band on the claimed side confirms, one "
-            "inside or beyond it on the other side refutes, one across its edge is inconclusive. Accuracy margins "
-            "are at least the noise floor. Marker and colour: the claim's verdict. Numbers: "
+            "or ratio claim, the claimed threshold). A claimed effect (better by more than the margin) is confirmed "
+            "when its estimate lies right of the band and its interval excludes no effect, refuted when the whole "
+            "interval lies left of the band's right edge; a claimed \"no worse\" (marked so) is confirmed when the "
+            "whole interval lies right of the band's left edge, refuted when it lies wholly left of it; across an "
+            "edge: inconclusive. Accuracy margins are at least the noise floor. Marker and colour: the claim's "
+            "verdict. Numbers: "
             f"[`{path.with_suffix('.csv').name}`]({path.with_suffix('.csv').name}).*", ""]
 
 
