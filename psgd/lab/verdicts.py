@@ -15,7 +15,7 @@ The margins are the smallest differences worth a sentence (1 accuracy point for 
 for a slowdown ratio); they are arguments, stated in the report next to every verdict. An accuracy
 margin is never below the measured noise floor (`noise_floor`: how far two identical algorithms
 land apart, set by the suite from E1's sync PS and all-reduce): a rule uses max(its configured
-margin, the floor) and says so ("margin max(0.01, noise floor 0.012) = 0.012").
+margin, the floor) and says so ("margin 0.012 (max(0.01, noise floor 0.012))").
 
 Every verdict also carries its `effects`: each number the rule weighed, with its interval, the
 margin it was held against, the test (`effect`: claimed above null + margin; `no_worse`: claimed
@@ -83,7 +83,7 @@ def accuracy_margin(configured: float) -> tuple[float, str]:
     if floor <= 0.0:
         return configured, f"{configured:g}"
     used = max(configured, floor)
-    return used, f"max({configured:g}, noise floor {floor:.3f}) = {used:.3f}"
+    return used, f"{used:.3f} (max({configured:g}, noise floor {floor:.3f}))"
 
 
 def _part(label: str, ci: Interval, margin: float, test: str, unit: str = ACCURACY, null: float = 0.0) -> Effect:
