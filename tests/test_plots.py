@@ -40,11 +40,16 @@ def test_bars_and_histograms(tmp_path):
                      "samples/s", tmp_path / "b.png")
     ax = fig.axes[0]
     assert ax.get_ylabel() == "samples/s" and len(ax.patches) == 4
-    fig = plots.histograms({"N=2": ("async", {"0": 5, "1": 15}), "N=4": ("async", {"2": 1, "3": 3})},
-                           tmp_path / "h.png")
+    # Staleness is discrete: bars side by side at each value, over the whole range (no clipping of
+    # the tail), a repeated mode hatched; seeds pooled by summing their counts.
+    assert plots.pooled([{"0": 1, "2": 3}, {"2": 1, "30": 1}]) == {"0": 1, "2": 4, "30": 1}
+    fig = plots.histograms({"N=2": ("async", {"0": 5, "1": 15}), "N=4": ("async", {"2": 1, "3": 2, "28": 1})},
+                           tmp_path / "h.png", logy=True)
     ax = fig.axes[0]
-    assert [list(line.get_ydata()) for line in ax.get_lines()] == [[0.25, 0.75], [0.25, 0.75]]
-    assert ax.get_xlabel() == "staleness (updates)"
+    assert not ax.get_lines()
+    assert [round(p.get_height(), 3) for p in ax.patches] == [0.25, 0.75, 0.25, 0.5, 0.25]
+    assert ax.patches[0].get_hatch() in (None, "") and ax.patches[2].get_hatch() == "//"
+    assert ax.get_xlim()[1] > 28 and ax.get_yscale() == "log" and ax.get_xlabel() == "staleness (updates)"
 
 
 def test_psgd_plot_cli(tmp_path):
@@ -109,3 +114,80 @@ def test_interval_bars_and_the_grid_map(tmp_path):
                          tmp_path / "m.png")
     assert [t.get_text() for t in fig.axes[0].texts] == ["1.2", "2.3", "inf", "inf"]
     assert (tmp_path / "m.csv").read_text().splitlines()[1] == "N=1,0.1,0.0,1.2"
+
+
+def test_the_forest_plot_has_a_row_per_effect_a_panel_per_unit_and_its_csv(tmp_path):
+    from psgd.lab import verdicts as V
+    from psgd.lab.stats import Interval
+
+    claims = [("E1", V.INCONCLUSIVE, list(V.sync_beats_async(Interval(0.01, -0.02, 0.04, 3)).effects)),
+              ("E2", V.CONFIRMED, list(V.straggler_hurts_sync_more(Interval(3.0, 2.0, 4.0, 3)).effects)),
+              ("E0", V.CONFIRMED, list(V.baseline(Interval(0.3, 0.29, 0.31, 3), Interval(0.3, 0.2, 0.4, 3)).effects)),
+              ("E5", V.NOT_TESTABLE, [])]
+    fig = plots.forest(claims, tmp_path / "forest.png", "t")
+    assert len(fig.axes) == 2      # accuracy, ratios
+    acc = fig.axes[0]
+    assert [t.get_text() for t in acc.get_yticklabels()] == ["E1: sync - async", "E0: MLP - logreg", "E0: CNN - MLP"]
+    assert len(acc.patches) == 3 and acc.patches[0].get_width() == 2 * 0.01     # +- margin around 0
+    assert [t.get_text() for t in acc.get_legend().get_texts()] == ["confirmed", "inconclusive"]
+    assert any("E5 (not testable here)" in t.get_text() for t in fig.texts)
+    rows = (tmp_path / "forest.csv").read_text().splitlines()
+    assert rows[0] == "claim,verdict,effect,unit,test,estimate,lo,hi,seeds,null,margin,part_outcome"
+    assert rows[1].startswith("E1,inconclusive,sync - async,accuracy,effect,0.01,-0.02,0.04,3,0.0,0.01,inconclusive")
+    assert rows[2].startswith("E2,confirmed,sync's slowdown - async's,x,effect,3.0,2.0,4.0,3,0.0,0.2,confirmed")
+    assert rows[-1].startswith("E5,not testable here,") and len(rows) == 1 + 4 + 1
+
+
+def test_dot_plots_span_the_data_and_leave_out_what_was_not_measured(tmp_path):
+    fig = plots.dots(["batch 128", "batch 1024, batch-128 rate", "c"],
+                     {"acc": ("variant:0", [0.61, 0.62, float("nan")], [(0.60, 0.62), (0.615, 0.625), (0, 0)]),
+                      "paper": ("variant:3", [0.68, 0.68, 0.68], None)}, "accuracy", tmp_path / "d.png")
+    ax = fig.axes[0]
+    assert ax.get_ylim()[0] > 0.5          # not from zero: a one-point difference stays visible
+    assert "\n" in ax.get_xticklabels()[1].get_text()     # long names wrap instead of overlapping
+    rows = (tmp_path / "d.csv").read_text().splitlines()
+    assert rows[0] == "series,mode,group,value,lo,hi" and len(rows) == 1 + 2 + 3
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["acc", "paper"]
+
+
+def test_a_bar_never_made_is_left_out_not_drawn_at_zero(tmp_path):
+    nan = float("nan")
+    fig = plots.bars(["a", "b"], {"sync": ("sync", [1.0, nan], [(0.9, 1.1), (nan, nan)]),
+                                  "async": ("async", [2.0, 3.0], [(1.9, 2.1), (2.9, 3.1)])}, "samples/s",
+                     tmp_path / "b.png")
+    assert [round(p.get_height(), 3) for p in fig.axes[0].patches] == [1.0, 2.0, 3.0]
+    assert [r.split(",")[2] for r in (tmp_path / "b.csv").read_text().splitlines()[1:]] == ["a", "a", "b"]
+
+
+def test_categories_are_points_with_error_bars_and_throughput_starts_at_zero(tmp_path):
+    ys = {"every step": ("sync", [0.62, 0.60], [(0.61, 0.63), (0.59, 0.61)]),
+          "local": ("local", [0.63, 0.58], [(0.60, 0.66), (0.55, 0.61)])}
+    fig = plots.lines([0, 1], ys, "skew", "accuracy", tmp_path / "l.png", xticklabels=["IID", "Dir(0.1)"])
+    ax = fig.axes[0]
+    assert not ax.collections or all(type(c).__name__ == "LineCollection" for c in ax.collections)  # no band
+    data = [c.lines[0] for c in ax.containers]       # each series' markers (an ErrorbarContainer each)
+    assert len(data) == 2 and all(line.get_linestyle() == "None" for line in data)   # no line between categories
+    assert list(data[0].get_xdata()) != list(data[1].get_xdata())   # nudged apart: the error bars do not overlap
+    fig = plots.lines([1, 2, 4], {"ps": ("sync", [900.0, 1500.0, 1900.0])}, "N", "samples/s", tmp_path / "t.png",
+                      logx=True, ymin0=True)
+    assert fig.axes[0].get_ylim()[0] == 0
+
+
+def test_the_grid_map_can_shade_accuracy_and_hatch_the_diverged_cells(tmp_path):
+    fig = plots.grid_map(["N=1", "N=4"], ["0.1", "0.3"], [[0.6, 0.1], [0.2, 0.1]], [["0.60", "0.10"], ["0.20", "0.10"]],
+                         tmp_path / "m.png", cmap="cividis", vmax=0.6, hatched=[[False, True], [False, True]])
+    ax = fig.axes[0]
+    assert [p.get_hatch() for p in ax.patches] == ["///", "///"]
+    assert ax.images[0].get_cmap().name == "cividis"
+
+
+def test_sync_with_backup_workers_is_not_drawn_in_sync_s_colour():
+    from psgd.lab.analysis_kit import series_of
+    from psgd.lab.results import Group
+
+    def group(label, backup):
+        return Group(label, [plots.RunData({"mode": "sync", "config": {"seed": 0, "backup_workers": backup}}, [])])
+
+    plain, backup = series_of([group("sync", 0), group("sync b=1", 1)])
+    assert plots.color(plain.mode, plain.variant) == plots.MODE_COLORS["sync"]
+    assert plots.color(backup.mode, backup.variant) not in plots.MODE_COLORS.values()

@@ -4,13 +4,16 @@ report is written from hand-made sections, no run is made."""
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from psgd.lab import analyses_remedies, report, suite
+from psgd.lab import analyses_remedies, analysis_kit, report, stats, suite
 from psgd.lab import articles as articles_mod
+from psgd.lab import verdicts as V
 from psgd.lab.results import Section
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -142,3 +145,99 @@ def test_quote_en_and_quote_source_need_a_quote_and_a_string(tmp_path, extra, me
     path.write_text(f'id = "X"\ntitle = "t"\nclaim = "c"\nanalysis = "modes"\n{extra}[[runs]]\nlabel = "a"\n')
     with pytest.raises(suite.SuiteError, match=re.escape(message)):
         suite.load_experiment(path, "default", tmp_path)
+
+
+# -- one code version ----------------------------------------------------------------------------
+RESULTS = ROOT / "results"
+VERSION_LINE = re.compile(r"every run below was made by training code `([^`]+)`")
+
+
+def test_the_committed_report_states_the_one_training_code_version_of_every_run_it_cites():
+    """The reference report (results/REPORT.md) names one training-code version, and it is the one
+    that made everything it cites: summary.json's, every cited experiment's commands.txt header
+    (written when its runs or benchmark ran), and, where the run folders are here (results/runs is
+    not committed; a checkout that ran the suite has them), each run's own provenance.json."""
+    summary = json.loads((RESULTS / "summary.json").read_text())
+    stated = VERSION_LINE.search((RESULTS / "REPORT.md").read_text())
+    assert stated, "REPORT.md names no single training-code version for its runs"
+    version = stated.group(1)
+    assert summary["run_code_version"] == version
+    assert summary.get("run_code_versions", [version]) == [version]
+    checked = 0
+    for claim in summary["claims"]:
+        commands = (RESULTS / claim["id"] / "commands.txt").read_text()
+        header = re.search(r"^# code version: (\S+)$", commands, re.M)
+        assert header and header.group(1) == version, \
+            f"{claim['id']}: commands.txt says training code {header and header.group(1)}, REPORT.md says {version}"
+        for out in re.findall(r"--out (results/runs/[0-9a-f]+)", commands):
+            made = ROOT / out / "provenance.json"
+            if made.exists():
+                assert json.loads(made.read_text())["code_version"] == version, f"{claim['id']}: {out}"
+                checked += 1
+    assert not (RESULTS / "runs").is_dir() or checked > 0   # run folders here: some were checked
+
+
+def test_a_report_from_runs_of_two_training_codes_says_so(tmp_path):
+    sections = [section("E1"), section("E2")]
+    text = report.write(tmp_path, sections, command="c", wall_s=1.0, version="abc1234", run_version="abc1234",
+                        made_by={"E1": {"abc1234"}, "E2": {"abc1234"}}).read_text()
+    assert "every run below was made by training code `abc1234`" in text
+    mixed = report.write(tmp_path, sections, command="c", wall_s=1.0, version="abc1234", run_version="abc1234",
+                         made_by={"E1": {"abc1234"}, "E2": {"0ld0000", "abc1234"}})
+    text = mixed.read_text()
+    assert not VERSION_LINE.search(text)
+    assert "more than one version of the training code**: `0ld0000` (E2); `abc1234` (E1, E2)" in text
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["run_code_versions"] == ["0ld0000", "abc1234"]
+    assert summary["run_code_version"] == "mixed: 0ld0000, abc1234"
+
+
+def test_made_by_reads_each_runs_provenance_and_a_benchmarks_commands(tmp_path):
+    exp = suite.load_suite(SUITE, "default", results=tmp_path, version="now1234")
+    learning = next(e for e in exp if not e.bench)
+    bench = next(e for e in exp if e.bench)
+    finals = learning.final_specs({t.label: t.lr_grid[0] for t in learning.templates if t.lr_grid})[:2]
+    for spec, v in zip(finals, ("old0001", "now1234"), strict=True):
+        Path(spec.cfg.out).mkdir(parents=True)
+        (Path(spec.cfg.out) / "provenance.json").write_text(json.dumps({"code_version": v}))
+    assert suite.made_by(learning, finals) == {"old0001", "now1234"}
+    assert suite.made_by(learning, finals[:1] + [finals[0]]) == {"old0001"}
+    (tmp_path / bench.id).mkdir()
+    (tmp_path / bench.id / "commands.txt").write_text("# made by: x\n# code version: bench12\npsgd bench\n")
+    assert suite.made_by(bench, []) == {"bench12"}
+
+
+# -- the forest plot and the noise floor ---------------------------------------------------------
+def fake_runs(root: Path, label: str, accuracies: list[float]) -> list:
+    """(spec, summary) pairs of finished runs, one seed each, ending at the given accuracy."""
+    out = []
+    for seed, acc in enumerate(accuracies):
+        folder = root / f"{label}-{seed}"
+        folder.mkdir(parents=True)
+        (folder / "summary.json").write_text(json.dumps({"mode": "sync", "config": {"seed": seed}}))
+        (folder / "metrics.jsonl").write_text("\n".join(json.dumps(
+            {"event": "eval", "version": v, "test_accuracy": acc}) for v in range(4)))
+        out.append((SimpleNamespace(label=label, cfg=SimpleNamespace(out=str(folder))), {}))
+    return out
+
+
+def test_the_noise_floor_is_the_far_end_of_two_identical_algorithms_paired_difference(tmp_path):
+    summaries = fake_runs(tmp_path, "sync", [0.62, 0.61, 0.63]) + fake_runs(tmp_path, "allreduce", [0.63, 0.60, 0.63])
+    exp = SimpleNamespace(id="E1", path="e1.toml", params={"noise_floor": ["sync", "allreduce"]})
+    floor = analysis_kit.noise_floor_of(exp, summaries)
+    expected = stats.diff_ci([0.62, 0.61, 0.63], [0.63, 0.60, 0.63])
+    assert floor.diff == expected and floor.pair == ("sync", "allreduce")
+    assert floor.value == pytest.approx(max(abs(expected.lo), abs(expected.hi)))
+    assert analysis_kit.noise_floor_of(SimpleNamespace(id="E2", path="x", params={}), summaries) is None
+    with pytest.raises(ValueError, match="names two labels"):
+        analysis_kit.noise_floor_of(SimpleNamespace(id="E1", path="e1.toml", params={"noise_floor": ["a"]}),
+                                    summaries)
+    # The report states it, and summary.json keeps it.
+    effects = V.sync_beats_async(stats.Interval(0.05, 0.02, 0.08, 3)).effects
+    sections = [Section("E1", "t", "c", "", "confirmed", "k", "b", effects=effects), section("E5")]
+    text = report.write(tmp_path, sections, command="c", wall_s=1.0, noise=floor).read_text()
+    assert "## The noise floor" in text and f"**{floor.value:.3f}**" in text
+    assert json.loads((tmp_path / "summary.json").read_text())["noise_floor"]["value"] == pytest.approx(floor.value)
+    # The forest plot opens the report, before the verdict table, with its CSV beside it.
+    assert text.index("![forest](forest.png)") < text.index("| claim | verdict |")
+    assert (tmp_path / "forest.png").exists() and "E1,confirmed,sync - async" in (tmp_path / "forest.csv").read_text()

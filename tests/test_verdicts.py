@@ -254,3 +254,38 @@ def test_e13_error_feedback(ef, without, outcome):
     v = V.error_feedback_keeps_accuracy(ef, without)
     assert v.outcome == outcome
     assert ("keep" in v.reason) == (outcome == V.DEPENDS)
+
+
+# -- what a verdict weighed, and the noise floor -------------------------------------------------
+def test_every_rule_records_the_numbers_it_weighed_with_their_margins():
+    v = V.baseline(GOOD, NONE)
+    assert [(e.label, e.ci, e.margin, e.test, e.unit, e.outcome) for e in v.effects] == [
+        ("MLP - logreg", GOOD, 0.02, "effect", V.ACCURACY, V.CONFIRMED),
+        ("CNN - MLP", NONE, 0.02, "effect", V.ACCURACY, V.REFUTED)]
+    assert [e.test for e in V.keeps_accuracy({"fp16": NONE}).effects] == ["no_worse"]
+    assert V.sync_beats_async(GOOD, label="one worker - async").effects[0].label == "one worker - async"
+    share, cost = V.backup_recovers(iv(0.8, 0.7, 0.9), iv(0.9, 0.8, 1.0), NONE).effects
+    assert (share.null, share.margin, share.unit, share.outcome) == (0.5, 0.0, V.SHARE, V.CONFIRMED)
+    assert cost.outcome == V.CONFIRMED
+    assert V.straggler_hurts_sync_more(iv(2, 1, 3)).effects[0].unit == V.RATIO
+    assert V.keeps_loss({"H=10": NONE}, 0.05).effects[0].unit == V.NATS
+    assert V.library_far_faster("gloo", iv(1.0, 0.8, 1.2)).effects == ()    # not testable: nothing weighed
+    # A part's own outcome is the building block's on that number.
+    for ci in (GOOD, NONE, UNSURE):
+        assert V.sync_beats_async(ci).effects[0].outcome == V.effect(ci, 0.01)
+
+
+def test_the_noise_floor_raises_every_accuracy_margin_and_the_reason_says_so():
+    small = iv(0.03, 0.015, 0.045)          # clear of a 0.01 margin, not of a 0.05 floor
+    assert V.sync_beats_async(small).outcome == V.CONFIRMED
+    with V.noise_floor(0.05):
+        v = V.sync_beats_async(small)
+        assert v.outcome == V.REFUTED and "margin 0.050 (max(0.01, noise floor 0.050))" in v.reason
+        assert v.effects[0].margin == 0.05
+        assert V.keeps_accuracy({"fp16": iv(-0.02, -0.04, 0.0)}).outcome == V.CONFIRMED   # -0.04 > -0.05
+        # Margins in other units are not accuracy: the floor leaves them alone.
+        assert V.straggler_hurts_sync_more(iv(0.3, 0.25, 0.35)).effects[0].margin == 0.2
+        assert V.keeps_loss({"H=10": NONE}, 0.01).effects[0].margin == 0.01
+    with V.noise_floor(0.001):                # below the configured margin: the configured one holds
+        assert V.sync_beats_async(small).effects[0].margin == 0.01
+    assert V.sync_beats_async(small).outcome == V.CONFIRMED and "noise floor" not in V.sync_beats_async(small).reason

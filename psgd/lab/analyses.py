@@ -34,7 +34,7 @@ def baseline(ctx: Context):
     plots.curves(variant_series(order), "samples", "test_accuracy", f1, f"{ctx.exp.id}: test accuracy", refs=refs)
     cis = {g.cfg["model"]["model"]: acc_ci(g) for g in order}
     f2 = out / "final_accuracy.png"
-    plots.bars([g.label for g in order], {"this run (sync PS)": ("variant:0", [c.estimate for c in cis.values()],
+    plots.dots([g.label for g in order], {"this run (sync PS)": ("variant:0", [c.estimate for c in cis.values()],
                                                                  [(c.lo, c.hi) for c in cis.values()]),
                                           "paper (Greydanus 2020)": ("variant:3", [paper.get(m, float("nan"))
                                                                                    for m in cis], None)},
@@ -64,10 +64,10 @@ def modes(ctx: Context):
     f1, f2, f3 = out / "accuracy_vs_samples.png", out / "accuracy_vs_elapsed_s.png", out / "loss_vs_samples.png"
     plots.curves(series, "samples", "test_accuracy", f1, f"{exp.id}: test accuracy at equal samples")
     plots.curves(series, "elapsed_s", "test_accuracy", f2, f"{exp.id}: test accuracy at equal wall time")
-    plots.curves(series, "samples", "test_loss", f3, f"{exp.id}: test loss", logy=True,
-                 refs=[(CHANCE_LOSS, "chance (ln 10)")])
+    plots.curves(series, "samples", "test_loss", f3, f"{exp.id}: test loss", refs=[(CHANCE_LOSS, "chance (ln 10)")])
     sync, asyn = ctx.group("sync"), ctx.group("async")
     target = float(ctx.params.get("target_accuracy", 0.5))
+    extra = _modes_extra_figures(ctx, gs, series, target)
     rows = []
     for g in gs:
         tt = [time_to(r, target) for r in g.runs]
@@ -83,7 +83,7 @@ def modes(ctx: Context):
     # when they ran (E1's controls), else against sync at its own batch.
     control = ctx.groups.get("sync, 4 x 8") or sync
     d = diff(control, asyn)
-    verdict = V.sync_beats_async(d)
+    verdict = V.sync_beats_async(d, label=f"{control.label} - async")
     one = ctx.groups.get("one worker")
     d_one = diff(one, asyn) if one is not None else None
     d_batch = diff(sync, asyn)
@@ -101,8 +101,11 @@ def modes(ctx: Context):
              "so their curves coincide "
              "within the seed spread; all-reduce is drawn dashed.")
     figs = [Figure(f1, ctx.caption("Test accuracy against training samples, each mode at its own tuned rate.")),
+            *extra[:1],
             Figure(f2, ctx.caption("The same runs against steady-state wall time.")),
-            Figure(f3, ctx.caption("Test loss; dotted: chance level ln 10."))]
+            *extra[1:],
+            Figure(f3, ctx.caption("Test loss (linear axis); dotted: chance level ln 10. Test loss rising while "
+                                   "accuracy holds is overfitting, not divergence."))]
     body += (f"\n\nThe verdict compares async with {control.label}: both average 32 samples per update at equal "
              "samples, so what differs is staleness alone (differences paired by seed, Student t). Sync at 4 x 32 "
              "differs from async in batch size too; its difference is shown, not judged. Loss roughness is "
@@ -110,6 +113,43 @@ def modes(ctx: Context):
     return verdict, headline, body, figs, {"control_minus_async": d.estimate, "ci": [d.lo, d.hi],
                                            "control": control.label,
                                            "sync_batch128_minus_async": d_batch.estimate}
+
+
+def _modes_extra_figures(ctx: Context, gs: list[Group], series: list, target: float) -> list[Figure]:
+    """E1's figures beside the curves: training loss per update (the seed's "roller coaster" is a
+    training loss), seconds to the target accuracy per mode, and the staleness of async vs SSP."""
+    out, exp = ctx.out, ctx.exp
+    figs = []
+    if all(r.evals and r.evals[0].get("train_loss") is not None for g in gs for r in g.runs):
+        f = out / "train_loss_vs_updates.png"
+        plots.curves(series, "version", "train_loss", f, f"{exp.id}: training loss per update")
+        figs.append(Figure(f, ctx.caption("Training loss (on the training split, at each evaluation) against "
+                                          "global updates: sync makes one update per 4 x 32 samples, async one per "
+                                          "32, so at equal samples async has made 4x the updates.")))
+    times = {g.label: [time_to(r, target) for r in g.runs] for g in gs}
+    reached = {k: stats.mean_ci([t for t in v if math.isfinite(t)]) for k, v in times.items()
+               if any(math.isfinite(t) for t in v)}
+    if reached:
+        f = out / "time_to_accuracy.png"
+        plots.dots(list(reached), {f"s to {target:.0%}": ("variant:0", [c.estimate for c in reached.values()],
+                                                          [(c.lo, c.hi) for c in reached.values()])},
+                   f"steady-state seconds to {target:.0%} test accuracy", f,
+                   f"{exp.id}: time to {target:.0%} test accuracy", xlabel="run")
+        missed = [f"{k} ({sum(not math.isfinite(t) for t in v)}/{len(v)} seeds)" for k, v in times.items()
+                  if not all(math.isfinite(t) for t in v)]
+        figs.append(Figure(f, f"Seconds of steady-state training until test accuracy first reached {target:.0%}, "
+                              "per run at its tuned rate; error bars: 95% t interval over the seeds that reached it"
+                           + (f"; not reached by {', '.join(missed)}" if missed else "") + "."))
+    stale = [g for g in gs if g.mode in ("async", "ssp") and g.cfg["workers"] > 1]
+    if stale:
+        f = out / "staleness_hist.png"
+        plots.histograms({f"{g.label} ({len(g.runs)} seeds)": (g.mode, plots.pooled(
+            [r.summary["staleness"]["hist"] for r in g.runs])) for g in stale}, f,
+            f"{exp.id}: staleness of applied gradients, async vs SSP", logy=True)
+        figs.append(Figure(f, "Staleness (updates between a gradient's pull and its apply) of every applied "
+                              "gradient, all seeds pooled, async beside SSP (which bounds how far a worker may run "
+                              "ahead); log scale, so the tail shows."))
+    return figs
 
 
 # -- E2 ------------------------------------------------------------------------------------------
@@ -142,9 +182,10 @@ def stragglers(ctx: Context):
                              f"{np.mean(tt):.1f}" if all(map(math.isfinite, tt)) else "not reached by all",
                              acc_ci(g).fmt()])
     f1 = out / "throughput.png"
-    plots.bars(conditions, {m: (m, [by[m][c].mean("samples_per_s") if c in by[m] else 0.0 for c in conditions],
+    nan = float("nan")   # a condition a mode was not run in: no bar
+    plots.bars(conditions, {m: (m, [by[m][c].mean("samples_per_s") if c in by[m] else nan for c in conditions],
                                 [(by[m][c].summary_ci("samples_per_s").lo, by[m][c].summary_ci("samples_per_s").hi)
-                                 if c in by[m] else (0.0, 0.0) for c in conditions]) for m in by},
+                                 if c in by[m] else (nan, nan) for c in conditions]) for m in by},
                "samples/s (steady state)", f1, f"{exp.id}: throughput")
     series = series_of([g for d in by.values() for g in d.values()],
                        [f"{g.mode}, {_condition(g.cfg)}" for d in by.values() for g in d.values()])
@@ -181,19 +222,21 @@ def staleness(ctx: Context):
     names = sorted({row_name(g) for g in gs}, key=lambda r: (not r.startswith("N=1"), r.split()[0] != "sync",
                                                              int(r.split("N=")[1].split()[0])))
     cell: dict[tuple[str, float], Group] = {(row_name(g), g.lr): g for g in gs}
-    frac = [[np.mean([diverged(r) for r in cell[(n, lr)].runs]) if (n, lr) in cell else float("nan")
-             for lr in lrs] for n in names]
-    texts = [[(f"{np.mean(cell[(n, lr)].finals('test_loss')):.2f}" if all(
-        math.isfinite(x) for x in cell[(n, lr)].finals('test_loss')) else "inf") if (n, lr) in cell else ""
-        for lr in lrs] for n in names]
+    acc = [[acc_ci(cell[(n, lr)]).estimate if (n, lr) in cell else float("nan") for lr in lrs] for n in names]
+    failed = [[sum(diverged(r) for r in cell[(n, lr)].runs) if (n, lr) in cell else 0 for lr in lrs] for n in names]
+    texts = [[(f"{acc[i][j]:.2f}" + (f"\ndiverged {failed[i][j]}/{len(cell[(n, lr)].runs)}" if failed[i][j] else ""))
+              if (n, lr) in cell else "" for j, lr in enumerate(lrs)] for i, n in enumerate(names)]
     f1 = out / "stability_map.png"
-    plots.grid_map(names, [f"{lr:g}" for lr in lrs], frac, texts, f1,
-                   f"{exp.id}: where training diverges", xlabel="learning rate", cbar="fraction of seeds diverged")
+    plots.grid_map(names, [f"{lr:g}" for lr in lrs], acc, texts, f1,
+                   f"{exp.id}: accuracy and divergence per rate", xlabel="learning rate",
+                   cbar="mean final test accuracy", cmap="cividis", vmin=0.0, vmax=max(
+                       [1.0 / 10] + [a for row in acc for a in row if math.isfinite(a)]),
+                   hatched=[[k > 0 for k in row] for row in failed])
     asyn = sorted([g for g in gs if g.mode == "async" and g.cfg["workers"] > 1], key=lambda g: (g.cfg["workers"], g.lr))
-    hists = {f"async N={g.cfg['workers']}": ("async", g.runs[0].summary["staleness"]["hist"])
-             for g in asyn if g.lr == lrs[0]}
+    hists = {f"async N={g.cfg['workers']} ({len(g.runs)} seeds)": ("async", plots.pooled(
+        [r.summary["staleness"]["hist"] for r in g.runs])) for g in asyn if g.lr == lrs[0]}
     f2 = out / "staleness_hist.png"
-    plots.histograms(hists, f2, f"{exp.id}: staleness of applied gradients (lr {lrs[0]:g}, seed {ctx.exp.seeds[0]})")
+    plots.histograms(hists, f2, f"{exp.id}: staleness of applied gradients (lr {lrs[0]:g}, all seeds)", logy=True)
     control = {g.lr: g for g in gs if g.cfg["workers"] == 1}
     cells = []
     for g in asyn:
@@ -210,15 +253,19 @@ def staleness(ctx: Context):
     stale = {g.cfg["workers"]: g.mean("staleness.mean") for g in asyn if g.lr == lrs[0]}
     headline = (f"mean staleness {', '.join(f'{v:.1f} at N={n}' for n, v in sorted(stale.items()))}; "
                 + verdict.reason)
-    body += ("\n\nDiverged (failed to converge): final test loss not finite or above 0.95x the initial loss. "
+    body += ("\n\nDiverged (failed to train): final training loss not finite or above 0.95x the initial training loss "
+             "(never the test loss: a run that overfits has not diverged). "
              "The control is one worker with the same batch per update and the same samples: async with N workers "
              "differs from it only in staleness (about N-1 updates). Sync with N workers averages N batches per "
              "update (a larger batch) and is shown for reference. The rule counts both halves of the claim: "
              "non-convergence (async diverges where the control does not) and degradation (where both converge, "
              "async ends below the control by more than the margin).")
-    figs = [Figure(f1, f"Fraction of seeds ({ctx.seeds_note()}) that diverged per learning rate; cell text: mean "
-                       f"final test loss (chance: {CHANCE_LOSS:.2f})."),
-            Figure(f2, "Distribution of staleness (updates between a gradient's pull and its apply), one seed.")]
+    figs = [Figure(f1, f"Mean final test accuracy per row and learning rate (shade and text; {ctx.seeds_note()}); "
+                       "hatched, with the count: seeds that diverged (training loss no better than at the start). "
+                       "The gap between a row and the N=1 control at the same rate is what staleness costs."),
+            Figure(f2, "Distribution of staleness (updates between a gradient's pull and its apply), every applied "
+                       "gradient of every seed pooled, the whole range; log scale, so the tail shows. SSP beside "
+                       "async: E1.")]
     key = {"cells": [dict(lr=c.lr, control_diverged=c.control_diverged, async_diverged=c.async_diverged,
                           control_minus_async=c.gap.estimate if c.gap else None) for c in cells]}
     return verdict, headline, body, figs, key
@@ -237,4 +284,4 @@ def analyse(exp, summaries: list, out: Path, chosen: dict | None = None, scores:
     verdict, headline, text, figures, key = fn(ctx)
     return Section(exp.id, exp.title, exp.claim, exp.quote, verdict.outcome, headline,
                    body(ctx, text, verdict), figures, key, exp.why, quote_en=exp.quote_en,
-                   quote_source=exp.quote_source)
+                   quote_source=exp.quote_source, effects=verdict.effects)

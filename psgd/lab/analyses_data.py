@@ -24,7 +24,7 @@ def batch(ctx: Context):
     plots.curves(variant_series(order), "samples", "test_accuracy", f1, f"{ctx.exp.id}: accuracy at equal samples")
     f2 = ctx.out / "final_accuracy.png"
     cis = [acc_ci(g) for g in order]
-    plots.bars([g.label for g in order], {"final test accuracy": ("variant:0", [c.estimate for c in cis],
+    plots.dots([g.label for g in order], {"final test accuracy": ("variant:0", [c.estimate for c in cis],
                                                                   [(c.lo, c.hi) for c in cis])},
                "final test accuracy", f2, f"{ctx.exp.id}: large batches")
     rows = [[g.label, g.runs[0].summary["global_batch"], f"{g.lr:g}", g.cfg["optim"]["warmup"],
@@ -96,7 +96,7 @@ def noniid(ctx: Context):
     figs = [Figure(f3, f"Training samples of each class on each worker with {skews[-1]} shards (cell: count; shade: "
                        "share of that worker's samples)."),
             Figure(f1, "Final test accuracy per label skew (x: " + ", ".join(f"{i} = {s}" for i, s in enumerate(skews))
-                   + f"); band: 95% t interval over seeds ({ctx.seeds_note()})."),
+                   + f"); error bars: 95% t interval over seeds ({ctx.seeds_note()})."),
             Figure(f2, ctx.caption("Test accuracy against samples for every skew."))]
     return verdict, headline, body, figs, {"local_drop": local_drop.estimate, "every_step_drop": every_drop.estimate}
 
@@ -123,7 +123,7 @@ def wire(ctx: Context):
                refs=[(theory, "fp32 parameters x 4 B"), (theory / 2, "x 2 B")])
     cis = [acc_ci(g) for g in order]
     f2 = ctx.out / "accuracy.png"
-    plots.bars([g.cfg["wire_dtype"] for g in order], {"final test accuracy": ("variant:0", [c.estimate for c in cis],
+    plots.dots([g.cfg["wire_dtype"] for g in order], {"final test accuracy": ("variant:0", [c.estimate for c in cis],
                                                                               [(c.lo, c.hi) for c in cis])},
                "final test accuracy", f2, f"{ctx.exp.id}: accuracy", xlabel="wire dtype")
     diffs = {g.cfg["wire_dtype"]: diff(g, base) for g in order[1:]}
@@ -155,7 +155,7 @@ def accumulate(ctx: Context):
     f2 = ctx.out / "samples_per_s.png"
     plots.lines(ks, {"samples/s vs k=1": ("variant:0", [s.estimate for s in speed], [(s.lo, s.hi) for s in speed])},
                 "micro-batches accumulated per push (k)", "samples/s relative to k=1", f2,
-                f"{ctx.exp.id}: throughput", logx=True)
+                f"{ctx.exp.id}: throughput", logx=True, points=True)
     diffs = {f"k={g.cfg['accumulate']}": diff(g, gs[0]) for g in gs[1:]}
     rows = [[k, f"{g.lr:g}", f"{p:.1f}", int(g.mean("global_updates")), acc_ci(g).fmt(),
              diffs[f"k={k}"].fmt(signed=True) if i else "", s.fmt(2), g.converged()]
@@ -173,7 +173,7 @@ def accumulate(ctx: Context):
     if any(not math.isfinite(p) for p in pushes):
         body += " Some runs reported no throughput."
     figs = [Figure(f1, ctx.caption("Test accuracy against samples, each k at its tuned rate.")),
-            Figure(f2, "Samples/s relative to k=1; band: 95% t interval over seeds.")]
+            Figure(f2, "Samples/s relative to k=1; error bars: 95% t interval over seeds.")]
     return verdict, headline, body, figs, {k: v.estimate for k, v in diffs.items()}
 
 

@@ -134,7 +134,7 @@ def scaling_bench(ctx):
     f1, f2 = out / "samples_per_s.png", out / "busiest_bytes.png"
     params = int(rows[0]["params"])
     plots.lines(ns, col("samples_per_s"), "workers N", "samples/s", f1,
-                f"{exp.id}: throughput, wide MLP ({params / 1e6:.1f}M parameters)", logx=True)
+                f"{exp.id}: throughput, wide MLP ({params / 1e6:.1f}M parameters)", logx=True, ymin0=True)
     plots.lines(ns, col("busiest_bytes", 1 / 2**20), "workers N", "MiB per step through the busiest process", f2,
                 f"{exp.id}: the busiest process's traffic", logx=True)
     body = table(["config", "N", "samples/s", "step s", "compute s", "comm s", "wait s", "busiest", "MiB/step"],

@@ -9,6 +9,7 @@ verdict's rule. `diff` / `acc_ci` are the intervals every learning claim uses. T
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -94,9 +95,47 @@ def diff(a: Group, b: Group, key: str = "test_accuracy") -> stats.Interval:
     return stats.diff_ci(a.finals(key), b.finals(key), paired=a.seeds == b.seeds)
 
 
+@dataclass(frozen=True)
+class NoiseFloor:
+    """How far two identical algorithms land apart in final test accuracy: `diff`, the paired t
+    interval of a - b over seeds, for the labels `pair` of `experiment`. Its `value` is the
+    interval's larger end in absolute value: a difference no bigger than it is what identical
+    algorithms show, so no accuracy margin is set below it (psgd/lab/verdicts.py noise_floor)."""
+    experiment: str
+    pair: tuple[str, str]
+    diff: stats.Interval
+
+    @property
+    def value(self) -> float:
+        return max(abs(self.diff.lo), abs(self.diff.hi), abs(self.diff.estimate))
+
+
+def noise_floor_of(exp, summaries: list) -> NoiseFloor | None:
+    """The noise floor an experiment measures, when its [params] name the pair (`noise_floor =
+    ["sync", "allreduce"]`) and both ran; else None."""
+    pair = exp.params.get("noise_floor")
+    if not pair or not summaries:
+        return None
+    if len(pair) != 2:
+        raise ValueError(f"{exp.path}: params.noise_floor names two labels (two identical algorithms), got {pair!r}")
+    groups = groups_of(summaries)
+    if not all(label in groups for label in pair):
+        return None
+    return NoiseFloor(exp.id, (pair[0], pair[1]), diff(groups[pair[0]], groups[pair[1]]))
+
+
 def series_of(groups: list[Group], names: list[str] | None = None) -> list[plots.Series]:
-    return [plots.Series(names[i] if names else g.label, g.mode if g.cfg.get("local_steps", 1) == 1 else "local",
-                         g.runs) for i, g in enumerate(groups)]
+    """A series per group, coloured by its mode ("local" for local SGD); sync with backup workers
+    takes a variant colour (1 + its backup count), so it never hides under plain sync's curve."""
+    out = []
+    for i, g in enumerate(groups):
+        name = names[i] if names else g.label
+        backup = g.cfg.get("backup_workers", 0) if g.mode == "sync" else 0
+        if backup:
+            out.append(plots.Series(name, "", g.runs, variant=backup))
+        else:
+            out.append(plots.Series(name, g.mode if g.cfg.get("local_steps", 1) == 1 else "local", g.runs))
+    return out
 
 
 def variant_series(groups: list[Group]) -> list[plots.Series]:

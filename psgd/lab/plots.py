@@ -5,8 +5,11 @@ Contract:
   several seeds the line is the mean and the shaded band spans min..max over the seeds (`BAND`,
   which every caption quotes).
 - `curves(series, x, y, path)` plots eval metrics (`test_accuracy`, `test_loss`, `val_accuracy`,
-  ...) against `elapsed_s`, `version` (global updates) or `samples`; `bars(...)`, `lines(...)`,
-  `histograms(...)` and `stacked(...)` cover the rest. Every function returns the matplotlib
+  ...) against `elapsed_s`, `version` (global updates) or `samples`; `bars(...)` (quantities
+  whose zero means something: throughput, bytes), `dots(...)` (a value with its interval per
+  category, on an axis that spans the data: accuracies), `lines(...)` (points with error bars for
+  categories), `histograms(...)` (bars), `grid_map(...)`, `stacked(...)` and `forest(...)` (the
+  report's first figure) cover the rest. Every function returns the matplotlib
   Figure (tests inspect its content) and writes `path` (.png) and the same name with .csv
   (`save`, which psgd/lab/trace.py's timeline uses too).
 - `psgd plot RUN... --view curves | staleness | time`: convergence curves (the default), each
@@ -26,6 +29,7 @@ Contract:
 from __future__ import annotations
 
 import csv
+import textwrap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,6 +38,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: no display needed, safe in CI
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.patches import Rectangle  # noqa: E402
 
 from psgd.core.palette import (  # noqa: E402
     LINESTYLES,
@@ -48,9 +53,9 @@ from psgd.core.palette import (  # noqa: E402
 )
 from psgd.lab.results import RunData, load_run  # noqa: E402
 
-__all__ = ["RunData", "load_run", "Series", "curves", "bars", "lines", "histograms", "stacked", "save", "color",
-           "marker", "LINESTYLES", "MODE_COLORS", "MODE_MARKERS", "REF_COLOR", "SEGMENT_COLORS", "VARIANT_COLORS",
-           "VARIANT_MARKERS"]
+__all__ = ["RunData", "load_run", "Series", "curves", "bars", "dots", "forest", "grid_map", "pooled", "lines",
+           "histograms", "stacked", "save", "color", "marker", "LINESTYLES", "MODE_COLORS", "MODE_MARKERS",
+           "REF_COLOR", "SEGMENT_COLORS", "VARIANT_COLORS", "VARIANT_MARKERS"]
 
 BAND = "band: min-max over seeds"
 AXIS_LABELS = {
@@ -164,10 +169,15 @@ def bars(groups: list[str], bars_: dict[str, tuple[str, list[float], list[float]
                                  [max(0.0, hi - v) for (_, hi), v in zip(errors, values, strict=True)]])
             else:
                 yerr = errors
-        ax.bar(pos, values, width, yerr=yerr, color=color(mode, variant), hatch=hatch, label=name,
-               edgecolor="white", capsize=3)
-        rows += [[name, mode, g, v, (errors[j] if errors else "")] for j, (g, v) in enumerate(zip(groups, values,
-                                                                                                 strict=True))]
+        # A value that is nan was never measured (a run not made): no bar, not a bar at zero.
+        shown = [j for j, v in enumerate(values) if np.isfinite(v)]
+        if yerr is not None and not isinstance(yerr, list | tuple):
+            yerr = yerr[:, shown]
+        elif yerr is not None:
+            yerr = [yerr[j] for j in shown]
+        ax.bar(pos[shown], [values[j] for j in shown], width, yerr=yerr, color=color(mode, variant), hatch=hatch,
+               label=name, edgecolor="white", capsize=3)
+        rows += [[name, mode, groups[j], values[j], (errors[j] if errors else "")] for j in shown]
     _refs(ax, refs)
     ax.set_xticks(np.arange(len(groups)), groups)
     ax.set_ylabel(ylabel)
@@ -180,25 +190,69 @@ def bars(groups: list[str], bars_: dict[str, tuple[str, list[float], list[float]
     return fig
 
 
+def dots(groups: list[str], series: dict[str, tuple[str, list[float], list[tuple[float, float]] | None]],
+         ylabel: str, path: Path, title: str = "", xlabel: str = "", refs: list[tuple[float, str]] | None = None):
+    """A dot plot: series[name] = (mode or "variant:I", a value per group, optional (lo, hi) per
+    group), each value a marker with its interval, nudged apart per series. The y axis spans the
+    data, not zero to the top: a one-point difference between 0.61 and 0.62 stays visible (bars from
+    zero would hide it). A nan value was not measured and is left out. Long group names wrap."""
+    fig, ax = plt.subplots(figsize=(max(5.0, 1.6 + 1.5 * len(groups)), 4.2))
+    rows = []
+    for i, (name, (mode, values, ends)) in enumerate(series.items()):
+        variant = int(mode.split(":")[1]) if mode.startswith("variant:") else -1
+        c = color(mode, variant)
+        nudge = (i - (len(series) - 1) / 2) * 0.12
+        for j, v in enumerate(values):
+            if not np.isfinite(v):
+                continue
+            lo, hi = ends[j] if ends is not None else (v, v)
+            err = [[max(0.0, v - lo)], [max(0.0, hi - v)]] if np.isfinite(lo) and np.isfinite(hi) else None
+            ax.errorbar([j + nudge], [v], yerr=err, fmt=marker(mode, variant), color=c, markersize=7, capsize=4,
+                        label=name if j == next(k for k, x in enumerate(values) if np.isfinite(x)) else None)
+            rows.append([name, mode, groups[j], v, lo, hi])
+    _refs(ax, refs)
+    ax.set_xticks(range(len(groups)), [textwrap.fill(g, 16) for g in groups])
+    ax.set_xlim(-0.6, len(groups) - 0.4)
+    ax.set_ylabel(ylabel)
+    ax.set_xlabel(xlabel)
+    ax.set_title(title)
+    ax.grid(alpha=0.3, axis="y")
+    _legend(ax)
+    save(fig, path, ["series", "mode", "group", "value", "lo", "hi"], rows)
+    plt.close(fig)
+    return fig
+
+
+def pooled(hists: list[dict[str, int]]) -> dict[str, int]:
+    """value -> count maps summed (the seeds of one configuration pooled into one histogram)."""
+    out: dict[str, int] = {}
+    for h in hists:
+        for k, n in h.items():
+            out[str(k)] = out.get(str(k), 0) + int(n)
+    return out
+
+
 def histograms(hists: dict[str, tuple[str, dict[str, int]]], path: Path, title: str = "",
-               xlabel: str = "staleness (updates)"):
-    """Normalised histograms (fraction of gradients) of value -> count maps, one line each."""
+               xlabel: str = "staleness (updates)", logy: bool = False):
+    """Normalised histograms (fraction of gradients) of value -> count maps, as bars side by side
+    at each value (a count is discrete: no line between values), over the whole range (the tail
+    too; `logy` keeps its small fractions visible). Repeated modes are told apart by hatching."""
     fig, ax = plt.subplots(figsize=(7.4, 4.2))
     rows = []
-    for i, ((name, (mode, hist)), style) in enumerate(zip(hists.items(), _styles([Series(n, m) for n, (m, _)
-                                                                                   in hists.items()]), strict=True)):
+    width = 0.8 / max(1, len(hists))
+    modes = [m for m, _ in hists.values()]
+    for i, (name, (mode, hist)) in enumerate(hists.items()):
         keys = sorted(int(k) for k in hist)
         total = sum(hist.values()) or 1
         fractions = [hist[str(k)] / total for k in keys]
-        ax.plot(keys, fractions, style, marker=VARIANT_MARKERS[i % len(VARIANT_MARKERS)], markersize=3,
-                color=color(mode), label=name)
+        hatch = ["", "//", "..", "xx"][modes[:i].count(mode) % 4]
+        ax.bar(np.array(keys, dtype=float) + (i - (len(hists) - 1) / 2) * width, fractions, width, color=color(mode),
+               hatch=hatch, edgecolor="white", label=name)
         rows += [[name, mode, k, hist[str(k)], f] for k, f in zip(keys, fractions, strict=True)]
-    # The long tail (a worker descheduled for a while) would squash the body: show up to the p99.5.
-    tail = [k for _, (_, h) in hists.items() for k in _quantile_keys(h, 0.995)]
-    if tail:
-        ax.set_xlim(-0.5, max(tail) + 0.5)
+    if logy:
+        ax.set_yscale("log")
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("fraction of applied gradients")
+    ax.set_ylabel("fraction of applied gradients" + (" (log scale)" if logy else ""))
     ax.set_title(title)
     ax.grid(alpha=0.3)
     _legend(ax)
@@ -207,35 +261,38 @@ def histograms(hists: dict[str, tuple[str, dict[str, int]]], path: Path, title: 
     return fig
 
 
-def _quantile_keys(hist: dict[str, int], q: float) -> list[int]:
-    keys = sorted(int(k) for k in hist)
-    total, acc = sum(hist.values()), 0
-    for k in keys:
-        acc += hist[str(k)]
-        if acc >= q * total:
-            return [k]
-    return keys[-1:]
-
-
 def lines(xs: list[float], ys: dict[str, tuple], xlabel: str, ylabel: str, path: Path,
           title: str = "", logx: bool = False, logy: bool = False, refs: list[tuple[float, str]] | None = None,
-          xticklabels: list[str] | None = None):
+          xticklabels: list[str] | None = None, points: bool | None = None, ymin0: bool = False):
     """Simple x-y lines sharing one x axis: ys[name] = (mode, values) or (mode, values, (lo, hi) per
-    point) for an interval band. Mode "ideal" is a grey reference line; "variant:I" a variant colour."""
+    point) for an interval band. Mode "ideal" is a grey reference line; "variant:I" a variant colour.
+    `points` (the default when `xticklabels` names categories): markers with error bars, nudged
+    apart per series, and no line or band, since nothing lies between two categories. `ymin0`: the
+    y axis starts at zero (a throughput's scale)."""
     fig, ax = plt.subplots(figsize=(7.4, 4.2))
     rows = []
+    points = xticklabels is not None if points is None else points
     styled = [Series(n, v[0] if not v[0].startswith("variant:") else "", variant=int(v[0].split(":")[1])
                      if v[0].startswith("variant:") else -1) for n, v in ys.items()]
+    drawn = [n for n, v in ys.items() if v[0] != "ideal"]
     for (name, spec), st, style in zip(ys.items(), styled, _styles(styled), strict=True):
         mode, values = spec[0], spec[1]
+        band = spec[2] if len(spec) > 2 else None
+        c = color(st.mode, st.variant)
         if mode == "ideal":
             ax.plot(xs, values, ":", color=REF_COLOR, label=name)
+        elif points:
+            nudge = (drawn.index(name) - (len(drawn) - 1) / 2) * 0.06
+            at = [x * 10 ** nudge for x in xs] if logx else [x + nudge for x in xs]
+            err = None if band is None else np.array(
+                [[max(0.0, v - a) for v, (a, _) in zip(values, band, strict=True)],
+                 [max(0.0, b - v) for v, (_, b) in zip(values, band, strict=True)]])
+            ax.errorbar(at, values, yerr=err, fmt=marker(st.mode, st.variant), color=c, capsize=3, markersize=6,
+                        linestyle="none", label=name)
         else:
-            ax.plot(xs, values, style, marker=marker(st.mode, st.variant), color=color(st.mode, st.variant),
-                    label=name)
-        if len(spec) > 2 and spec[2] is not None:
-            ax.fill_between(xs, [a for a, _ in spec[2]], [b for _, b in spec[2]], color=color(st.mode, st.variant),
-                            alpha=0.15, linewidth=0)
+            ax.plot(xs, values, style, marker=marker(st.mode, st.variant), color=c, label=name)
+            if band is not None:
+                ax.fill_between(xs, [a for a, _ in band], [b for _, b in band], color=c, alpha=0.15, linewidth=0)
         rows += [[name, mode, x, v] for x, v in zip(xs, values, strict=True)]
     _refs(ax, refs)
     if logx:
@@ -244,8 +301,12 @@ def lines(xs: list[float], ys: dict[str, tuple], xlabel: str, ylabel: str, path:
         ax.minorticks_off()
     if xticklabels is not None:  # categories at positions xs (e.g. IID, Dir(1), Dir(0.1))
         ax.set_xticks(xs, xticklabels)
+    if points and not logx:
+        ax.set_xlim(min(xs) - 0.5, max(xs) + 0.5)
     if logy:
         ax.set_yscale("log")
+    if ymin0:
+        ax.set_ylim(bottom=0)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -332,15 +393,25 @@ def stacked(groups: list[str], parts: dict[str, list[float]], ylabel: str, path:
 
 
 def grid_map(rows: list[str], cols: list[str], values: list[list[float]], texts: list[list[str]], path: Path,
-             title: str = "", xlabel: str = "", cbar: str = ""):
-    """A table of cells shaded by value in [0, 1] (greys: no mode colour), each with its text."""
-    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(cols), 0.9 + 0.55 * len(rows)))
+             title: str = "", xlabel: str = "", cbar: str = "", cmap: str = "Greys", vmin: float = 0.0,
+             vmax: float = 1.0, hatched: list[list[bool]] | None = None):
+    """A table of cells shaded by value in [vmin, vmax] (greys by default: no mode colour; `cmap`
+    another colour-blind-safe map, e.g. "cividis" for accuracy), each with its text; `hatched`
+    marks cells (e.g. runs that diverged) with a hatch on top of their shade, so a second variable
+    reads beside the first."""
+    fig, ax = plt.subplots(figsize=(1.6 + 1.3 * len(cols), 0.9 + 0.55 * len(rows) + 0.2 * (hatched is not None)))
     data = np.array(values, dtype=float)
-    im = ax.imshow(data, cmap="Greys", vmin=0.0, vmax=1.0, aspect="auto")
+    im = ax.imshow(data, cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
+    mapper = matplotlib.colormaps[cmap]
     for i, row in enumerate(texts):
         for j, text in enumerate(row):
-            dark = data[i, j] > 0.55
+            shade = (data[i, j] - vmin) / max(1e-12, vmax - vmin) if np.isfinite(data[i, j]) else 0.0
+            r, g, b, _ = mapper(shade)
+            dark = 0.299 * r + 0.587 * g + 0.114 * b < 0.5   # the text's colour against the cell's luminance
             ax.text(j, i, text, ha="center", va="center", fontsize=8, color="white" if dark else "black")
+            if hatched is not None and hatched[i][j]:
+                ax.add_patch(Rectangle((j - 0.5, i - 0.5), 1, 1, fill=False, hatch="///", edgecolor=REF_COLOR,
+                                       linewidth=0))
     ax.set_xticks(range(len(cols)), cols)
     ax.set_yticks(range(len(rows)), rows)
     ax.set_xlabel(xlabel)
@@ -348,5 +419,69 @@ def grid_map(rows: list[str], cols: list[str], values: list[list[float]], texts:
     fig.colorbar(im, ax=ax, label=cbar, fraction=0.05)
     save(fig, path, ["row", "column", "value", "text"],
           [[r, c, data[i, j], texts[i][j]] for i, r in enumerate(rows) for j, c in enumerate(cols)])
+    plt.close(fig)
+    return fig
+
+
+# The verdicts' look on the forest plot: a colour (none of them a mode's) and a marker each, so a
+# verdict reads without colour too; inconclusive is hollow.
+VERDICT_STYLES = {"confirmed": ("#000000", "o", True), "refuted": ("#8C6D31", "X", True),
+                  "depends": ("#56B4E9", "D", True), "inconclusive": ("#777777", "o", False),
+                  "not testable here": ("#999999", "s", False)}
+UNIT_AXES = {"accuracy": "difference in final test accuracy", "x": "difference of ratios (x)",
+             "share": "share", "nats": "difference in test loss (nats per character)"}
+
+
+def forest(claims: list[tuple[str, str, list]], path: Path, title: str = ""):
+    """The whole comparison on one figure: per claim (id, verdict, effects: psgd.lab.verdicts.Effect
+    each), one row per effect with its estimate and 95% interval, over a grey band null +- margin
+    (smaller than that does not matter, or cannot be told from the noise floor); a panel per unit,
+    the marker and colour the claim's verdict. Claims with no effect (not testable here) are
+    named under the plot. The CSV has one row per effect."""
+    rows, units = [], []
+    for exp_id, verdict, effects in claims:
+        for e in effects:
+            rows.append((exp_id, verdict, e))
+            if e.unit not in units:
+                units.append(e.unit)
+    bare = [f"{exp_id} ({verdict})" for exp_id, verdict, effects in claims if not effects]
+    counts = [sum(1 for _, _, e in rows if e.unit == u) for u in units] or [1]
+    fig, axes = plt.subplots(len(counts), 1, figsize=(8.4, 1.1 + 0.32 * sum(counts) + 0.5 * len(counts)),
+                             gridspec_kw={"height_ratios": counts}, squeeze=False)
+    seen: dict[str, object] = {}
+    for ax, unit in zip(axes[:, 0], units, strict=False):
+        mine = [(i, v, e) for i, v, e in rows if e.unit == unit]
+        for y, (_, verdict, e) in enumerate(mine):
+            c, mk, filled = VERDICT_STYLES.get(verdict, (REF_COLOR, "o", False))
+            ax.add_patch(Rectangle((e.null - e.margin, y - 0.38), 2 * e.margin, 0.76,
+                                                      color="#DDDDDD", linewidth=0, zorder=0))
+            ax.plot([e.null, e.null], [y - 0.42, y + 0.42], color=REF_COLOR, linewidth=0.8, zorder=1)
+            est, lo, hi = e.ci.estimate, e.ci.lo, e.ci.hi
+            if not np.isfinite(est):
+                continue
+            if e.ci.n > 1 and np.isfinite(lo) and np.isfinite(hi):
+                ax.plot([lo, hi], [y, y], color=c, linewidth=1.6, zorder=2)
+            h = ax.plot([est], [y], mk, color=c, markersize=6, markerfacecolor=c if filled else "white",
+                        markeredgecolor=c, zorder=3, label=verdict)[0]
+            seen.setdefault(verdict, h)
+        ax.set_yticks(range(len(mine)), [f"{i}: {e.label}" + (" (no worse)" if e.test == "no_worse" else "")
+                                         for i, _, e in mine], fontsize=8)
+        ax.set_ylim(len(mine) - 0.5, -0.5)
+        ax.set_xlabel(UNIT_AXES.get(unit, unit), fontsize=9)
+        ax.grid(alpha=0.3, axis="x")
+    if title:
+        axes[0, 0].set_title(title)
+    order = [v for v in VERDICT_STYLES if v in seen]
+    if order:
+        axes[0, 0].legend(handles=[seen[v] for v in order], fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                          borderaxespad=0.0, title="verdict", title_fontsize=8)
+    if bare:
+        fig.text(0.01, 0.0, "No effect measured: " + ", ".join(bare), fontsize=8, ha="left", va="top")
+    fig.tight_layout()
+    save(fig, path, ["claim", "verdict", "effect", "unit", "test", "estimate", "lo", "hi", "seeds", "null", "margin",
+                     "part_outcome"],
+         [[i, v, e.label, e.unit, e.test, e.ci.estimate, e.ci.lo, e.ci.hi, e.ci.n, e.null, e.margin, e.outcome]
+          for i, v, e in rows] + [[i, v, "", "", "", "", "", "", "", "", "", ""]
+                                   for i, v, effects in claims if not effects])
     plt.close(fig)
     return fig

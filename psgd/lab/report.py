@@ -10,6 +10,11 @@ the setup sentence (from the run configs), the tuning, the table of measured num
 behind the verdict, and where the exact run commands are. It also writes `results/summary.json`
 (verdicts, key numbers, code version, wall time), from which `make readme` regenerates the
 README's verdict table (`update_readme`; a test fails when the README is stale).
+
+Provenance: the training-code version the report states is read from what its sections cite
+(each run's provenance.json, each benchmark's commands.txt: `made_by`), not from the code at hand;
+summary.json lists them (`run_code_versions`), and tests/test_report.py fails when the committed
+report cites runs of more than one version or names another than theirs.
 """
 
 from __future__ import annotations
@@ -20,12 +25,13 @@ import platform
 import re
 import sys
 import time
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 import grpc
 import torch
 
+from psgd.lab import plots
 from psgd.lab.articles import Article
 
 
@@ -87,11 +93,81 @@ def quote_lines(quote: str, quote_en: str, source: str = "") -> list[str]:
     return [f"> {quote}", *([">", f"> *English:* {quote_en}"] if quote_en else []), ""]
 
 
+def provenance_line(version: str, run_version: str, made_by: Mapping[str, Collection[str]] | None) -> str:
+    """The report's code-version line. `made_by` (experiment id -> the training-code versions
+    recorded by the runs and benchmark outputs its section cites) decides what it says about the
+    runs: one version is stated as such; several are listed with the experiments each made, so a
+    report stitched from runs of different training code says so in its second line."""
+    head = f"- Code version: `{version}` (git describe of the code that wrote this report); "
+    if made_by is None:
+        return head + (f"every run below was made by training code `{run_version or version}` (the last commit that "
+                       "changed it; runs are cached by it)")
+    by: dict[str, list[str]] = {}
+    for exp_id, versions in made_by.items():
+        for v in versions:
+            by.setdefault(v, []).append(exp_id)
+    if len(by) == 1:
+        return head + (f"every run below was made by training code `{next(iter(by))}` (the last commit that changed "
+                       "it, read from each run's provenance.json and each benchmark's commands.txt; runs are cached "
+                       "by it)")
+    return head + ("**the runs below were made by more than one version of the training code**: "
+                   + "; ".join(f"`{v}` ({', '.join(ids)})" for v, ids in sorted(by.items()))
+                   + " (read from each run's provenance.json and each benchmark's commands.txt)")
+
+
+def cited_versions(made_by: Mapping[str, Collection[str]] | None, run_version: str) -> list[str]:
+    """The distinct training-code versions behind a report (summary.json's `run_code_versions`)."""
+    if made_by is None:
+        return [run_version] if run_version else []
+    return sorted({v for versions in made_by.values() for v in versions})
+
+
+def forest_lines(results: Path, sections: list) -> list[str]:
+    """The report's first figure: every claim's effects against their margins (plots.forest)."""
+    if not any(s.effects for s in sections):
+        return []
+    path = results / "forest.png"
+    plots.forest([(s.id, s.verdict, list(s.effects)) for s in sections], path,
+                 "every claim: the numbers that decided its verdict")
+    return [f"![forest]({path.name})", "",
+            "*Every claim at a glance: each number its verdict rule weighed, with its 95% t interval over seeds "
+            "(paired by seed), over a grey band of +- its margin around no effect (the vertical tick; for a share "
+            "or ratio claim, the claimed threshold). A claimed effect (better by more than the margin) is confirmed "
+            "when its estimate lies right of the band and its interval excludes no effect, refuted when the whole "
+            "interval lies left of the band's right edge; a claimed \"no worse\" (marked so) is confirmed when the "
+            "whole interval lies right of the band's left edge, refuted when it lies wholly left of it; across an "
+            "edge: inconclusive. Accuracy margins are at least the noise floor. Marker and colour: the claim's "
+            "verdict. Numbers: "
+            f"[`{path.with_suffix('.csv').name}`]({path.with_suffix('.csv').name}).*", ""]
+
+
+def noise_lines(noise) -> list[str]:
+    """"The noise floor": what two identical algorithms measure, and what it does to the margins."""
+    if noise is None:
+        return []
+    a, b = noise.pair
+    return ["", "## The noise floor", "",
+            f"{a} and {b} compute the same updates (up to the order of a floating-point sum), from the same "
+            f"initialisation and data order in each seed. In [{noise.experiment}](#{noise.experiment.lower()}) their "
+            f"final test accuracy differs by {noise.diff.fmt(signed=True)} ({a} minus {b}, Student t 95% over "
+            f"{noise.diff.n} paired seeds): two identical algorithms can land up to **{noise.value:.3f}** apart, "
+            "so a smaller accuracy difference cannot be told from run-to-run noise here. Every accuracy verdict's "
+            f"margin is therefore max(its configured margin, {noise.value:.3f}), stated beside each verdict rule. "
+            "It measures the noise of one setup (E1's MLP, 4 workers); the other experiments' intervals carry "
+            "their own seed-to-seed spread."]
+
+
 def write(results: Path, sections: list, command: str, wall_s: float, note: str = "", version: str = "",
-          profile: str = "default", run_version: str = "", articles: Sequence[Article] = ()) -> Path:
+          profile: str = "default", run_version: str = "", articles: Sequence[Article] = (),
+          made_by: Mapping[str, Collection[str]] | None = None, noise=None) -> Path:
     """Write REPORT.md and summary.json under `results`; returns the REPORT.md path. `articles`: the
-    seed articles' summary, printed once after the verdict table."""
+    seed articles' summary, printed once after the verdict table. `made_by`: per experiment, the
+    training-code versions its cited runs recorded (`provenance_line`); without it the report
+    states `run_version` for every run. `noise`: the suite's noise floor (analysis_kit.NoiseFloor)."""
     made = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    versions = cited_versions(made_by, run_version or version)
+    if versions:
+        run_version = versions[0] if len(versions) == 1 else "mixed: " + ", ".join(versions)
     smoke = profile == "quick"
     lines = [
         "# psgd report: the claims of data-parallel training, measured" + (" (SMOKE RUN: --quick)" if smoke else ""),
@@ -101,15 +177,16 @@ def write(results: Path, sections: list, command: str, wall_s: float, note: str 
         f"Generated by `psgd suite` from the runs under `{results}/`; do not edit by hand.",
         "",
         f"- Command: `{command}` (profile: {profile})",
-        f"- Code version: `{version}` (git describe of the code that wrote this report); every run below was made "
-        f"by training code `{run_version or version}` (the last commit that changed it; runs are cached by it)",
+        provenance_line(version, run_version, made_by),
         f"- Machine: {machine()}",
         f"- Date: {made}; this invocation took {wall_s / 60:.1f} min" + (f" ({note})" if note else ""),
         "- All processes ran on one machine over loopback. Intervals are Student t 95% over seeds (differences "
         "paired by seed, Welch where the seeds differ); verdicts come "
         "from the rules in psgd/lab/verdicts.py (confirmed / refuted / depends / inconclusive / not testable here).",
         "",
+        *forest_lines(results, sections),
         verdict_table(sections),
+        *noise_lines(noise),
         *articles_section(articles, {s.id for s in sections}),
     ]
     for s in sections:
@@ -127,8 +204,13 @@ def write(results: Path, sections: list, command: str, wall_s: float, note: str 
     path = results / "REPORT.md"
     path.write_text("\n".join(lines))
     summary = {"command": command, "profile": profile, "code_version": version,
-               "run_code_version": run_version or version, "machine": machine(), "date": made,
+               "run_code_version": run_version or version, "run_code_versions": versions, "machine": machine(),
+               "date": made,
                "wall_s": round(wall_s, 1), "note": note,
+               "noise_floor": None if noise is None else {"experiment": noise.experiment, "pair": list(noise.pair),
+                                                          "difference": [noise.diff.estimate, noise.diff.lo,
+                                                                         noise.diff.hi],
+                                                          "seeds": noise.diff.n, "value": noise.value},
                "claims": [{"id": s.id, "title": s.title, "verdict": s.verdict, "headline": s.headline,
                            "key": s.key} for s in sections]}
     (results / "summary.json").write_text(json.dumps(summary, indent=1, default=float))

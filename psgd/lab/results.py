@@ -238,3 +238,4 @@ class Section:
     why: str = ""
     quote_en: str = ""           # the quote's English translation ("" when the quote is English)
     quote_source: str = ""       # where the quote is from: a seed article's number ("000") or a citation
+    effects: tuple = ()          # the verdict's psgd.lab.verdicts.Effect parts (the forest plot's rows)

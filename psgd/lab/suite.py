@@ -6,8 +6,10 @@ Contract:
   experiment (an experiment's own tables win; bench experiments ignore them). The experiment
   files' schema, the grids, the evaluation grid and the tuning rules are in psgd/lab/experiment.py.
 - For each experiment, in order: the tuning runs (validation only), the choice of rates, the
-  evaluated runs at those rates (or the benchmark), then its analysis. The test set is never
-  looked at while choosing.
+  evaluated runs at those rates (or the benchmark). The test set is never looked at while
+  choosing. Once all have run, the noise floor (an experiment whose [params] name two identical
+  algorithms, `noise_floor = ["sync", "allreduce"]`: analysis_kit.noise_floor_of) is measured
+  and every analysis runs with it as the least accuracy margin (psgd/lab/verdicts.py).
 - Runs go to `RESULTS/runs/<digest>/` (config + the training code's version,
   psgd/lab/provenance.py): identical runs of different experiments are made once, a run made by other
   training code is never reused, and a change to an analysis re-analyses finished runs. A
@@ -173,6 +175,27 @@ def _run_bench(exp: Experiment, out: Path, where: str) -> None:
     (out / name).write_text(printed.getvalue())
 
 
+def made_by(exp: Experiment, finals: list[RunSpec]) -> set[str]:
+    """The training-code versions that made what an experiment's section cites: each evaluated
+    run's own provenance.json (written when it ran), or for a benchmark the version its
+    commands.txt recorded when it ran (its output carries no provenance of its own). Read from the
+    files, never assumed from the code at hand: a re-analysis (--report, --only) states what made
+    the runs, not what would make them now."""
+    if exp.bench:
+        head = (exp.results / exp.id / "commands.txt")
+        for line in (head.read_text().splitlines() if head.exists() else []):
+            if line.startswith("# code version: "):
+                return {line.removeprefix("# code version: ").strip()}
+        return {"unknown"}
+    versions = set()
+    for spec in finals:
+        try:
+            versions.add(json.loads((Path(spec.cfg.out) / "provenance.json").read_text())["code_version"])
+        except (OSError, ValueError, KeyError):
+            versions.add("unknown")
+    return versions
+
+
 def _commands(exp: Experiment, tune_specs: list[RunSpec], finals: list[RunSpec], command: str) -> str:
     head = f"# made by: {command or 'psgd suite'}\n# experiment file: {exp.path}\n# code version: {exp.version}\n"
     if exp.bench:
@@ -192,6 +215,8 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
     """Tune and run the experiments (all, or those in `only`), then analyse every experiment that has
     results and write the whole report (with the seed `articles`, if any); returns the REPORT.md path."""
     from psgd.lab import analyses, report
+    from psgd.lab import verdicts as V
+    from psgd.lab.analysis_kit import noise_floor_of
 
     chosen_exps = [e for e in experiments if only is None or e.id in only]   # only = set(): --report
     version = code_version()
@@ -205,7 +230,9 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
           f"{n_final} evaluated runs and {len(benches)} benchmarks; about {eta / 60:.0f} min on a 2-core CPU machine "
           f"(finished runs are reused; --fresh reruns them)", file=sys.stderr, flush=True)
     started = time.time()
-    sections, reused, total_runs, done_outs = [], 0, 0, set()
+    reused, total_runs, done_outs = 0, 0, set()
+    made: dict[str, set[str]] = {}   # experiment id -> training-code versions of what its section cites
+    pending: list[tuple] = []        # (experiment, summaries, out, chosen, scores), analysed at the end
     overall = tqdm(total=n_tune + n_final + len(benches), desc="suite", unit="run", dynamic_ncols=True,
                    file=sys.stderr)
 
@@ -231,7 +258,8 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
                 chosen, scores = tuning_of(exp) if exp.tuned else ({}, {})
                 finals = exp.final_specs(chosen)
                 summaries = [(s, json.loads((Path(s.cfg.out) / "summary.json").read_text())) for s in finals]
-                sections.append(analyses.analyse(exp, summaries, out, chosen, scores))
+                pending.append((exp, summaries, out, chosen, scores))
+                made[exp.id] = made_by(exp, finals)
             else:
                 tqdm.write(f"{exp.id}: not run yet, left out of the report (run the suite without --only)",
                            file=sys.stderr)
@@ -246,13 +274,20 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
             _run_bench(exp, out, f"[{overall.n + 1}/{overall.total}] {exp.id}")
             overall.update(1)
         (out / "commands.txt").write_text(_commands(exp, tune_specs, finals, command))
-        sections.append(analyses.analyse(exp, summaries, out, chosen, scores))
+        pending.append((exp, summaries, out, chosen, scores))
+        made[exp.id] = made_by(exp, finals)
     overall.close()
+    # Analysed once everything has run: the noise floor (E1's two identical algorithms) sets the
+    # least accuracy margin of every verdict, E0's included, so it is measured first.
+    floor = next((f for e, s, *_ in pending if (f := noise_floor_of(e, s)) is not None), None)
+    with V.noise_floor(floor.value if floor is not None else 0.0):
+        sections = [analyses.analyse(*args) for args in pending]
     note = f"{reused} of {total_runs} runs reused from earlier invocations" if reused else ""
     if only == set():
         note = "--report: re-analysed the finished runs and benchmark outputs; nothing was run"
     path = report.write(results, sections, command=command, wall_s=time.time() - started, note=note,
-                        version=version, run_version=run_version, profile=profile, articles=articles)
+                        version=version, run_version=run_version, profile=profile, articles=articles,
+                        made_by=made, noise=floor)
     print(f"psgd suite: wrote {path} ({(time.time() - started) / 60:.1f} min)", file=sys.stderr)
     return path
 

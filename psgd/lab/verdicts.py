@@ -12,14 +12,24 @@ from some input (tests/test_verdicts.py feeds synthetic numbers for every one):
 - not testable here   the claim needs hardware this run did not have (say which).
 
 The margins are the smallest differences worth a sentence (1 accuracy point for accuracy, 0.2x
-for a slowdown ratio); they are arguments, stated in the report next to every verdict. Accounting
+for a slowdown ratio); they are arguments, stated in the report next to every verdict. An accuracy
+margin is never below the measured noise floor (`noise_floor`: how far two identical algorithms
+land apart, set by the suite from E1's sync PS and all-reduce): a rule uses max(its configured
+margin, the floor) and says so ("margin 0.012 (max(0.01, noise floor 0.012))").
+
+Every verdict also carries its `effects`: each number the rule weighed, with its interval, the
+margin it was held against, the test (`effect`: claimed above null + margin; `no_worse`: claimed
+above null - margin) and the unit. The report's first figure, a forest plot of every claim, is
+drawn from them (psgd/lab/plots.py `forest`), so it shows exactly what decided each verdict. Accounting
 facts (fp16 moves half the bytes, k-fold accumulation pushes k times less) are not claims: they
 are tests of the code (tests/test_accounting.py) and a line in the report.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import contextvars
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from psgd.lab.stats import Interval
@@ -29,10 +39,57 @@ CONFIRMED, REFUTED, DEPENDS, INCONCLUSIVE, NOT_TESTABLE = (
 OUTCOMES = (CONFIRMED, REFUTED, DEPENDS, INCONCLUSIVE, NOT_TESTABLE)
 
 
+ACCURACY, RATIO, NATS, SHARE = "accuracy", "x", "nats", "share"   # the units of an Effect
+
+
+@dataclass(frozen=True)
+class Effect:
+    """One number a rule weighed: `ci` against `null` +- `margin`, as `test` ("effect": the claim is
+    that it lies above null + margin; "no_worse": above null - margin), in `unit`, with the outcome
+    that part reached on its own."""
+    label: str
+    ci: Interval
+    margin: float
+    test: str
+    unit: str
+    outcome: str
+    null: float = 0.0
+
+
 @dataclass(frozen=True)
 class Verdict:
     outcome: str
     reason: str          # one sentence: which numbers decided it
+    effects: tuple[Effect, ...] = ()
+
+
+# -- the noise floor ------------------------------------------------------------------------------
+_FLOOR: contextvars.ContextVar[float] = contextvars.ContextVar("accuracy_noise_floor", default=0.0)
+
+
+@contextlib.contextmanager
+def noise_floor(floor: float) -> Iterator[None]:
+    """While inside, every accuracy margin is at least `floor` (the measured noise floor)."""
+    token = _FLOOR.set(max(0.0, float(floor)))
+    try:
+        yield
+    finally:
+        _FLOOR.reset(token)
+
+
+def accuracy_margin(configured: float) -> tuple[float, str]:
+    """(the margin a rule uses, how the report states it): max(configured, the noise floor)."""
+    floor = _FLOOR.get()
+    if floor <= 0.0:
+        return configured, f"{configured:g}"
+    used = max(configured, floor)
+    return used, f"{used:.3f} (max({configured:g}, noise floor {floor:.3f}))"
+
+
+def _part(label: str, ci: Interval, margin: float, test: str, unit: str = ACCURACY, null: float = 0.0) -> Effect:
+    shifted = Interval(ci.estimate - null, ci.lo - null, ci.hi - null, ci.n)
+    outcome = effect(shifted, margin) if test == "effect" else no_worse(shifted, margin)
+    return Effect(label, ci, margin, test, unit, outcome, null)
 
 
 def effect(ci: Interval, margin: float) -> str:
@@ -72,21 +129,26 @@ def combine(parts: Sequence[str]) -> str:
 # -- one rule per claim -------------------------------------------------------------------------
 def baseline(mlp_minus_logreg: Interval, cnn_minus_mlp: Interval, margin: float = 0.02) -> Verdict:
     """E0: the paper's ranking on MNIST-1D, logistic regression < MLP < CNN."""
-    parts = [effect(mlp_minus_logreg, margin), effect(cnn_minus_mlp, margin)]
-    return Verdict(combine(parts), f"MLP - logreg {mlp_minus_logreg.fmt(signed=True)}, CNN - MLP "
-                                   f"{cnn_minus_mlp.fmt(signed=True)} (margin {margin})")
+    margin, stated = accuracy_margin(margin)
+    parts = (_part("MLP - logreg", mlp_minus_logreg, margin, "effect"),
+             _part("CNN - MLP", cnn_minus_mlp, margin, "effect"))
+    return Verdict(combine([p.outcome for p in parts]), f"MLP - logreg {mlp_minus_logreg.fmt(signed=True)}, CNN - MLP "
+                                                        f"{cnn_minus_mlp.fmt(signed=True)} (margin {stated})", parts)
 
 
-def sync_beats_async(sync_minus_async: Interval, margin: float = 0.01) -> Verdict:
+def sync_beats_async(sync_minus_async: Interval, margin: float = 0.01, label: str = "sync - async") -> Verdict:
     """E1: at each mode's tuned rate and equal samples, sync ends more accurate than async."""
-    return Verdict(effect(sync_minus_async, margin),
-                   f"sync - async accuracy {sync_minus_async.fmt(signed=True)} (margin {margin})")
+    margin, stated = accuracy_margin(margin)
+    part = _part(label, sync_minus_async, margin, "effect")
+    return Verdict(part.outcome, f"{label} accuracy {sync_minus_async.fmt(signed=True)} (margin {stated})", (part,))
 
 
 def straggler_hurts_sync_more(sync_minus_async_slowdown: Interval, margin: float = 0.2) -> Verdict:
     """E2: one slow worker slows sync down by more (ratio of throughputs) than async."""
-    return Verdict(effect(sync_minus_async_slowdown, margin),
-                   f"sync's slowdown - async's {sync_minus_async_slowdown.fmt(2, signed=True)}x (margin {margin}x)")
+    part = _part("sync's slowdown - async's", sync_minus_async_slowdown, margin, "effect", RATIO)
+    return Verdict(part.outcome,
+                   f"sync's slowdown - async's {sync_minus_async_slowdown.fmt(2, signed=True)}x (margin {margin}x)",
+                   (part,))
 
 
 @dataclass(frozen=True)
@@ -107,65 +169,76 @@ def staleness_destabilises(cells: Sequence[StabilityCell], margin: float = 0.02)
     when seeds disagree, or nothing was measured."""
     if not cells:
         return Verdict(INCONCLUSIVE, "no stale-free control ran at the async runs' rates")
+    margin, stated = accuracy_margin(margin)
+    parts = tuple(_part(f"control - async, lr {c.lr:g}", c.gap, margin, "effect") for c in cells if c.gap is not None)
     shown = [c.lr for c in cells if c.async_diverged == 1.0 and c.control_diverged == 0.0]
     if shown:
         return Verdict(CONFIRMED, f"async diverges in every seed at lr {', '.join(f'{x:g}' for x in shown)} "
-                                  f"where the stale-free control converges in every seed")
+                                  f"where the stale-free control converges in every seed", parts)
     stable = [c for c in cells if c.control_diverged == 0.0 and c.async_diverged == 0.0 and c.gap is not None]
     worse = [c for c in stable if effect(c.gap, margin) == CONFIRMED]
     if worse:
         c = max(worse, key=lambda c: c.gap.estimate)
         return Verdict(CONFIRMED, f"no run collapses that the control does not, but at lr {c.lr:g} async ends "
                                   f"{c.gap.fmt(signed=True)} below the stale-free control in accuracy "
-                                  f"(margin {margin})")
+                                  f"(margin {stated})", parts)
     settled = all(c.async_diverged in (0.0, 1.0) and c.async_diverged == c.control_diverged for c in cells)
     if settled and all(effect(c.gap, margin) == REFUTED for c in stable) and stable:
         return Verdict(REFUTED, "async diverges exactly where the stale-free control does, and where both converge "
-                                f"it ends within {margin} of the control")
-    return Verdict(INCONCLUSIVE, "seeds disagree at the edge of stability, or the accuracy gaps straddle the margin")
+                                f"it ends within {stated} of the control", parts)
+    return Verdict(INCONCLUSIVE, "seeds disagree at the edge of stability, or the accuracy gaps straddle the margin",
+                   parts)
 
 
 def retuning_pays(tuned_minus_fixed: Interval, lr_changed: bool, margin: float = 0.01) -> Verdict:
     """E6: at the largest batch, its own tuned rate beats the small batch's rate."""
-    outcome = effect(tuned_minus_fixed, margin)
+    margin, stated = accuracy_margin(margin)
+    part = _part("tuned - small-batch rate", tuned_minus_fixed, margin, "effect")
+    outcome = part.outcome
     if outcome == CONFIRMED and not lr_changed:
         outcome = INCONCLUSIVE  # the "tuned" rate is the small batch's: the gain is seed noise
     return Verdict(outcome, f"tuned - small-batch rate at the largest batch {tuned_minus_fixed.fmt(signed=True)} "
-                            f"(margin {margin})")
+                            f"(margin {stated})", (part,))
 
 
 def skew_hurts(local_drop: Interval, sync_drop: Interval, margin: float = 0.01) -> Verdict:
     """E7: label skew costs accuracy. Expected to depend on how often replicas are averaged:
     local SGD (H steps apart) drifts; averaging every step keeps the mean gradient unbiased."""
-    local, every = effect(local_drop, margin), effect(sync_drop, margin)
-    outcome = combine([local, every])
+    margin, stated = accuracy_margin(margin)
+    parts = (_part("drop with skew, local SGD", local_drop, margin, "effect"),
+             _part("drop with skew, every step", sync_drop, margin, "effect"))
+    outcome = combine([p.outcome for p in parts])
     reason = (f"drop with skew: local SGD {local_drop.fmt(signed=True)}, averaging every step "
-              f"{sync_drop.fmt(signed=True)} (margin {margin})")
+              f"{sync_drop.fmt(signed=True)} (margin {stated})")
     if outcome == DEPENDS:
         reason += "; it depends on how often the replicas are averaged"
-    return Verdict(outcome, reason)
+    return Verdict(outcome, reason, parts)
 
 
 def keeps_accuracy(diffs: dict[str, Interval], margin: float = 0.01) -> Verdict:
     """E8 / E9: each variant's accuracy minus the baseline's stays above -margin."""
-    outcome = combine([no_worse(ci, margin) for ci in diffs.values()])
-    return Verdict(outcome, ", ".join(f"{k}: {ci.fmt(signed=True)}" for k, ci in diffs.items())
-                   + f" (margin -{margin})")
+    margin, stated = accuracy_margin(margin)
+    parts = tuple(_part(f"{k} - baseline", ci, margin, "no_worse") for k, ci in diffs.items())
+    return Verdict(combine([p.outcome for p in parts]), ", ".join(f"{k}: {ci.fmt(signed=True)}"
+                                                                  for k, ci in diffs.items())
+                   + f" (margin -{stated})", parts)
 
 
 def keeps_loss(gaps: dict[str, Interval], margin: float) -> Verdict:
     """E14: each variant's test loss stays within `margin` of the baseline's (gaps: baseline minus
     variant, so a worse variant is negative): confirmed when every interval is above -margin."""
-    outcome = combine([no_worse(ci, margin) for ci in gaps.values()])
-    return Verdict(outcome, ", ".join(f"{k}: {ci.fmt(signed=True)}" for k, ci in gaps.items())
-                   + f" (baseline minus variant, margin -{margin} nats)")
+    parts = tuple(_part(f"baseline - {k}", ci, margin, "no_worse", NATS) for k, ci in gaps.items())
+    return Verdict(combine([p.outcome for p in parts]), ", ".join(f"{k}: {ci.fmt(signed=True)}"
+                                                                  for k, ci in gaps.items())
+                   + f" (baseline minus variant, margin -{margin} nats)", parts)
 
 
 def communication_wall(fast_minus_slow_speedup: Interval, margin: float = 0.2) -> Verdict:
     """E10: the speedup from adding workers is smaller on a slow link than on a fast one."""
-    return Verdict(effect(fast_minus_slow_speedup, margin),
+    part = _part("speedup, fast link - slow link", fast_minus_slow_speedup, margin, "effect", RATIO)
+    return Verdict(part.outcome,
                    f"speedup on the fast link - on the slow one {fast_minus_slow_speedup.fmt(2, signed=True)}x "
-                   f"(margin {margin}x)")
+                   f"(margin {margin}x)", (part,))
 
 
 def library_far_faster(backend: str, ring_over_library: Interval, factor: float = 10.0) -> Verdict:
@@ -173,9 +246,8 @@ def library_far_faster(backend: str, ring_over_library: Interval, factor: float 
     if backend != "nccl":
         return Verdict(NOT_TESTABLE, f"the claim is about NCCL on GPUs; this run had {backend} on CPUs "
                                      f"(needs 2+ CUDA GPUs with NCCL)")
-    shifted = Interval(ring_over_library.estimate - factor, ring_over_library.lo - factor,
-                       ring_over_library.hi - factor, ring_over_library.n)
-    return Verdict(effect(shifted, 0.0), f"ring / NCCL time {ring_over_library.fmt(2)}x (claim: > {factor:g}x)")
+    part = _part("ring / NCCL time", ring_over_library, 0.0, "effect", RATIO, null=factor)
+    return Verdict(part.outcome, f"ring / NCCL time {ring_over_library.fmt(2)}x (claim: > {factor:g}x)", (part,))
 
 
 def server_bottleneck(hosts: int, ring_minus_ps_speedup: Interval, margin: float = 0.2) -> Verdict:
@@ -186,8 +258,10 @@ def server_bottleneck(hosts: int, ring_minus_ps_speedup: Interval, margin: float
         return Verdict(NOT_TESTABLE, "every process shares one host's cores and loopback, so CPU, not the "
                                      "server's link, is the scarce resource; needs workers and servers on "
                                      "separate hosts")
-    return Verdict(effect(ring_minus_ps_speedup, margin),
-                   f"ring speedup - PS speedup {ring_minus_ps_speedup.fmt(2, signed=True)}x (margin {margin}x)")
+    part = _part("ring speedup - PS speedup", ring_minus_ps_speedup, margin, "effect", RATIO)
+    return Verdict(part.outcome,
+                   f"ring speedup - PS speedup {ring_minus_ps_speedup.fmt(2, signed=True)}x (margin {margin}x)",
+                   (part,))
 
 
 @dataclass(frozen=True)
@@ -206,11 +280,16 @@ def remedies_close_the_gap(cells: Sequence[RemedyCell], margin: float = 0.02) ->
     the cells combine (all agree -> that outcome; a mix -> depends: the rate decides); then the
     remedies combine the same way (one helps, one does not -> depends). Where plain async is never
     clearly behind sync there is no gap to close: inconclusive."""
+    margin, stated = accuracy_margin(margin)
     degraded = [c for c in cells if effect(c.gap, margin) == CONFIRMED]
     if not degraded:
-        return Verdict(INCONCLUSIVE, f"plain async is not behind sync by more than {margin} at any cell where a "
-                                     "remedy ran: no gap to close")
+        return Verdict(INCONCLUSIVE, f"plain async is not behind sync by more than {stated} at any cell where a "
+                                     "remedy ran: no gap to close",
+                       tuple(_part(f"sync - async, N={c.workers} lr {c.lr:g}", c.gap, margin, "effect")
+                             for c in cells))
     remedies = list(dict.fromkeys(c.remedy for c in degraded))
+    parts = tuple(_part(f"{c.remedy} - async, N={c.workers} lr {c.lr:g}", c.gain, margin, "effect")
+                  for c in degraded)
     per = {r: combine([effect(c.gain, margin) for c in degraded if c.remedy == r]) for r in remedies}
     cells_text = "; ".join(
         f"{c.remedy} at N={c.workers} lr {c.lr:g}: {c.gain.fmt(signed=True)} on a gap of {c.gap.fmt()}"
@@ -218,7 +297,7 @@ def remedies_close_the_gap(cells: Sequence[RemedyCell], margin: float = 0.02) ->
     outcome = combine(list(per.values()))
     summary = ", ".join(f"{r} {o}" for r, o in per.items())
     return Verdict(outcome, f"{summary} (accuracy gained on plain async where it trails sync: {cells_text}; "
-                            f"margin {margin})")
+                            f"margin {stated})", parts)
 
 
 def backup_recovers(loss: Interval, recovered: Interval, accuracy_cost: Interval, share: float = 0.5,
@@ -227,17 +306,20 @@ def backup_recovers(loss: Interval, recovered: Interval, accuracy_cost: Interval
     `recovered` of the loss above `share`) at little cost in accuracy (backup minus sync above
     -`margin`). Inconclusive when the straggler did not measurably slow sync (`loss`, the relative
     throughput loss, not above 0): there is nothing to recover."""
+    margin, stated = accuracy_margin(margin)
+    effects = (_part("share of the straggler's loss recovered", recovered, 0.0, "effect", SHARE, null=share),
+               _part("accuracy, backup - sync", accuracy_cost, margin, "no_worse"))
     if not loss.lo > 0:
-        return Verdict(INCONCLUSIVE, f"the straggler cost sync {loss.fmt(2)} of its throughput: no loss to recover")
-    shifted = Interval(recovered.estimate - share, recovered.lo - share, recovered.hi - share, recovered.n)
-    parts = [effect(shifted, 0.0), no_worse(accuracy_cost, margin)]
+        return Verdict(INCONCLUSIVE, f"the straggler cost sync {loss.fmt(2)} of its throughput: no loss to recover",
+                       effects)
+    parts = [e.outcome for e in effects]
     reason = (f"recovered share of sync's straggler loss {recovered.fmt(2)} (claim: > {share:g}), accuracy backup - "
-              f"sync {accuracy_cost.fmt(signed=True)} (margin -{margin})")
+              f"sync {accuracy_cost.fmt(signed=True)} (margin -{stated})")
     outcome = combine(parts)
     if outcome == DEPENDS:
         reason += ": " + ("throughput recovered, accuracy lost" if parts[0] == CONFIRMED else
                           "accuracy kept, throughput not recovered")
-    return Verdict(outcome, reason)
+    return Verdict(outcome, reason, effects)
 
 
 # -- the remedies -------------------------------------------------------------------------------
@@ -249,19 +331,23 @@ def error_feedback_keeps_accuracy(ef_minus_dense: dict[str, Interval], dense_min
     accuracy at every fraction, depends when at some only, inconclusive when its intervals
     straddle. When it holds, the second half: confirmed when dropping the rest costs accuracy,
     depends when it does not (then sparse pushes keep up on this problem without feedback too)."""
+    margin, stated = accuracy_margin(margin)
+    parts = (tuple(_part(f"{k} with error feedback - dense", ci, margin, "no_worse")
+                   for k, ci in ef_minus_dense.items())
+             + tuple(_part(f"dense - {k} without", ci, margin, "effect") for k, ci in dense_minus_no_ef.items()))
     with_ef = combine([no_worse(ci, margin) for ci in ef_minus_dense.values()])
     without = combine([effect(ci, margin) for ci in dense_minus_no_ef.values()])
     reason = ("accuracy with error feedback minus dense: "
               + ", ".join(f"{k} {ci.fmt(signed=True)}" for k, ci in ef_minus_dense.items())
               + "; dense minus without it: "
               + ", ".join(f"{k} {ci.fmt(signed=True)}" for k, ci in dense_minus_no_ef.items())
-              + f" (margin {margin})")
+              + f" (margin {stated})")
     if with_ef != CONFIRMED:
         if with_ef == DEPENDS:
             reason += "; error feedback keeps up at some fractions only"
-        return Verdict(with_ef, reason)
+        return Verdict(with_ef, reason, parts)
     if without in (REFUTED, DEPENDS):
         reason += ("; without error feedback the sparse pushes keep up too" if without == REFUTED
                    else "; without error feedback some fractions keep up")
-        return Verdict(DEPENDS, reason)
-    return Verdict(without, reason)
+        return Verdict(DEPENDS, reason, parts)
+    return Verdict(without, reason, parts)
