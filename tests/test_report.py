@@ -42,7 +42,7 @@ def test_seed_articles_name_only_experiments_of_the_suite():
     assert len(arts) == 2
     for a in arts:
         assert a.title and a.title_en and not CJK.search(a.title_en)
-        assert 4 <= len(a.claims) <= 8
+        assert 4 <= len(a.claims) <= 10
         for c in a.claims:
             assert not CJK.search(c.text)
             assert bool(c.tested_by) != bool(c.not_tested)
