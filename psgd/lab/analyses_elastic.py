@@ -69,8 +69,8 @@ def elastic(ctx: Context):
     if first:
         body += (f"A joining worker's first step was done {1000 * float(np.median(first)):.0f} ms after its "
                  f"admission (median of {len(first)}; max {1000 * max(first):.0f} ms): a scheduled joiner starts with "
-                 "the run and waits at its first pull, so this is the step itself, not its start-up (a `psgd worker --join` "
-                 "started by hand adds its process start, about 3.5 s here). ")
+                 "the run and waits at its first pull, so this is the step itself, not its start-up (a "
+                 "`psgd worker --join` started by hand adds its process start, about 3.5 s here). ")
     if any(math.isnan(x) for x in seg_small + seg_large):
         body += "Some elastic runs reported no segment of that size. "
     body += ("The curves are against wall time: an elastic run's samples per update change at the change, so its "
