@@ -20,12 +20,12 @@ INNER = dict(optimizer="adamw", lr=3e-3, beta1=0.9, beta2=0.95, weight_decay=0.1
 WORKERS, BATCH, H, ROUNDS = 3, 8, 4, 3
 
 
-def reference(outer_lr: float, outer_momentum: float) -> torch.Tensor:
+def reference(outer_lr: float, outer_momentum: float, workers: int = WORKERS) -> torch.Tensor:
     ds = data.load(DATA)
-    plan = data.BatchPlan(ds.y_train, WORKERS, BATCH, seed=3)
+    plan = data.BatchPlan(ds.y_train, workers, BATCH, seed=3)
     global_model = models.build(MODEL, ds.input_dim, ds.num_classes, seed=3)
     outer = torch.optim.SGD(global_model.parameters(), lr=outer_lr, momentum=outer_momentum, nesterov=True)
-    replicas = [models.build(MODEL, ds.input_dim, ds.num_classes, seed=3) for _ in range(WORKERS)]
+    replicas = [models.build(MODEL, ds.input_dim, ds.num_classes, seed=3) for _ in range(workers)]
     inner = [torch.optim.AdamW(m.parameters(), lr=INNER["lr"], betas=(0.9, 0.95), weight_decay=0.1) for m in replicas]
     t = 0
     for _ in range(ROUNDS):
@@ -47,8 +47,8 @@ def reference(outer_lr: float, outer_momentum: float) -> torch.Tensor:
     return torch.nn.utils.parameters_to_vector(global_model.parameters()).detach()
 
 
-def ps_run(shards, **optim) -> torch.Tensor:
-    cfg = validate(RunConfig(mode="sync", workers=WORKERS, servers=2, batch_size=BATCH, steps=ROUNDS * H, local_steps=H,
+def ps_run(shards, mode: str = "sync", workers: int = WORKERS, **optim) -> torch.Tensor:
+    cfg = validate(RunConfig(mode=mode, workers=workers, servers=2, batch_size=BATCH, steps=ROUNDS * H, local_steps=H,
                              seed=3, data=DATA, model=MODEL, device="cpu", optim=OptimConfig(**INNER, **optim)))
     addresses, cores = shards(cfg)
     return train_in_threads(cfg, addresses, cores)
@@ -85,6 +85,36 @@ def test_allreduce_diloco_equals_the_ps(tmp_path, shards):
     assert (allreduce - ps_run(shards, outer="nesterov", outer_momentum=0.8)).abs().max() < 1e-5
     assert (allreduce - reference(0.7, 0.8)).abs().max() < 1e-5
     assert summary(out)["global_updates"] == ROUNDS
+
+
+@pytest.mark.parametrize("nesterov, momentum", [(True, 0.9), (False, 0.8), (False, 0.0)])
+def test_delayed_nesterov_moves_a_round_of_n_changes_as_one_outer_step_on_their_mean(nesterov, momentum):
+    from psgd.core.delayed_nesterov import DelayedNesterov
+
+    torch.manual_seed(0)
+    cfg = OptimConfig(lr=0.7, momentum=momentum, nesterov=nesterov)
+    mine, ref = torch.zeros(5), torch.zeros(5, requires_grad=True)
+    dn, sgd = DelayedNesterov(mine, cfg, workers=3), torch.optim.SGD([ref], lr=0.7, momentum=momentum,
+                                                                      nesterov=nesterov)
+    for _ in range(3):  # rounds
+        deltas = torch.randn(3, 5)
+        for d in deltas:
+            mine.grad = d
+            dn.step()
+        ref.grad = deltas.mean(0)
+        sgd.step()
+        assert torch.allclose(mine, ref.detach(), atol=1e-6)
+    state = dn.state_dict()
+    back = DelayedNesterov(torch.zeros(5), cfg, workers=3)
+    back.load_state_dict(state)
+    assert back.arrivals == 9 and torch.equal(back.momentum_buffer, dn.momentum_buffer)
+
+
+def test_async_diloco_with_one_worker_is_diloco(shards):
+    """Async rounds of one worker: every arrival is a whole round, so the shard's delayed Nesterov
+    is DiLoCo's outer step (to float rounding: psgd's arithmetic, not torch's kernel)."""
+    got = ps_run(shards, mode="async", workers=1, outer="nesterov")
+    assert (got - reference(0.7, 0.9, workers=1)).abs().max() < 1e-5
 
 
 def test_outer_flags_without_local_steps_are_refused():

@@ -174,8 +174,9 @@ class RunConfig:
     epochs: float = opt(0.0, "budget in epochs instead of --steps (if > 0)")
     batch_size: int = opt(32, "samples per worker per micro-batch")
     accumulate: int = opt(1, "micro-batches accumulated per push")
-    local_steps: int = opt(1, "local SGD: H optimizer steps on each worker's replica between synchronous "
-                              "averagings (sync PS or allreduce; 1 = average every step)", metavar="H")
+    local_steps: int = opt(1, "local SGD: H optimizer steps on each worker's replica between averagings (sync "
+                              "PS or allreduce: of all N changes; async PS: each change on arrival, momentum every "
+                              "N arrivals, psgd/core/delayed_nesterov.py; 1 = average every step)", metavar="H")
     seed: int = opt(0, "seed of model init and batch order")
     eval_every: int = opt(20, "snapshot parameters every this many updates, evaluated after the run (0: end only)")
     device: str = opt("auto", "where workers compute: auto (a GPU when there is one), cpu, cuda (worker r takes "
@@ -371,8 +372,8 @@ def validate(cfg: RunConfig) -> RunConfig:
          f"--dirichlet-alpha must be > 0, got {cfg.data.dirichlet_alpha}"),
         (0 <= cfg.data.val_fraction < 1, f"--val-fraction must be in [0, 1), got {cfg.data.val_fraction}"),
         (cfg.local_steps >= 1, f"--local-steps must be >= 1, got {cfg.local_steps}"),
-        (cfg.local_steps == 1 or cfg.mode in ("sync", "allreduce"),
-         "--local-steps is local SGD with synchronous averaging: use it with --mode sync or allreduce"),
+        (cfg.local_steps == 1 or cfg.mode in ("sync", "allreduce", "async"),
+         "--local-steps is local SGD: use it with --mode sync, allreduce or async (ssp has no rounds)"),
         (bool(cfg.tls_cert) == bool(cfg.tls_key), "--tls-cert and --tls-key go together (a certificate and its key)"),
         (cfg.checkpoint_every >= 0, f"--checkpoint-every must be >= 0, got {cfg.checkpoint_every}"),
         (cfg.mode != "allreduce" or cfg.checkpoint_every == 0,
@@ -403,6 +404,8 @@ def validate(cfg: RunConfig) -> RunConfig:
          "--checkpoint-every with --backup-workers needs one shard: each shard takes its own first N-b "
          "gradients, so their checkpoints of one version disagree on the workers' clocks"),
         (cfg.local_steps == 1 or cfg.accumulate == 1, "--local-steps and --accumulate exclude each other"),
+        (cfg.local_steps == 1 or not (cfg.staleness_lr or cfg.dc_lambda),
+         "--staleness-lr and --dc-lambda correct stale gradients; with --local-steps a push is a parameter change"),
         (cfg.dc_lambda >= 0 and math.isfinite(cfg.dc_lambda), f"--dc-lambda must be >= 0, got {cfg.dc_lambda}"),
         (cfg.mode in ("async", "ssp") or not (cfg.staleness_lr or cfg.dc_lambda),
          f"--staleness-lr and --dc-lambda correct stale gradients: use them with --mode async or ssp "

@@ -23,8 +23,9 @@ Contract:
   SGD with Nesterov momentum, lr 0.7, momentum 0.9 by default), with any inner optimizer
   (`--optimizer adamw` as the paper). The shard steps it (sync PS); in all-reduce every replica
   all-reduces delta and steps the same outer optimizer on its copy of the global parameters.
-  Async rounds (async local SGD, delayed Nesterov) are not built: `--local-steps` is sync or
-  all-reduce only.
+  Async rounds (`--mode async --local-steps H`): each worker's change is applied on arrival as
+  its 1/N share, with the momentum updated once every N arrivals (Liu et al. 2024's delayed
+  Nesterov: psgd/core/delayed_nesterov.py).
 - H = 1 is plain synchronous data-parallel SGD, and takes the exchanges' ordinary paths
   (gradients, not parameters, are averaged): bit for bit what it was before this option.
 

@@ -9,7 +9,8 @@ forwards it to the processes it starts as flags) and returns objects that know n
   slots and who is in them from when (--elastic, --max-workers).
 - `shard_optimizer(cfg)`: a factory param -> optimizer (psgd/core/optim.py `build`, fused where
   torch has the kernel); with --local-steps it is the outer optimizer (`localsgd.outer_config`:
-  SGD at lr 1, the replicas' average, or DiLoCo's Nesterov; the run's optimizer acts in the workers).
+  SGD at lr 1, the replicas' average, or DiLoCo's Nesterov; the run's optimizer acts in the workers;
+  async: each change on arrival, psgd/core/delayed_nesterov.py).
 - `remedies(cfg)`: the stale-gradient remedies the shard applies (psgd/ps/remedies.py), DC-ASGD
   before the staleness-aware rate.
 - `shard(cfg, index, num_params)`: a `Shard` of those, with its `ShardOptions`.
@@ -57,6 +58,11 @@ def policy(cfg: RunConfig) -> Policy:
 
 def shard_optimizer(cfg: RunConfig):
     outer = localsgd.outer_config(cfg.optim) if cfg.local_steps > 1 else cfg.optim
+    if cfg.local_steps > 1 and cfg.mode == "async":
+        # Each worker's change on arrival, momentum once per N arrivals (psgd/core/delayed_nesterov.py).
+        from psgd.core.delayed_nesterov import DelayedNesterov  # noqa: PLC0415
+
+        return functools.partial(DelayedNesterov, cfg=outer, workers=cfg.members)
     return functools.partial(optim.build, cfg=outer, fused=True)
 
 
