@@ -1,6 +1,7 @@
 """DC-ASGD-a, the adaptive delay compensation (psgd/core/staleness.py `dc_adaptive_scale`, applied by
 psgd/ps/remedies.py `DCASGD(adaptive=True)`): the arithmetic against a hand computation on tiny
-tensors, through a real shard, and the flags' refusals."""
+tensors, through a real shard, and the flags' refusals; and E12's verdict (psgd/lab/analyses_remedies.py)
+on synthetic per-seed finals, which must be able to come out either way."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import torch
 
 from psgd.core import staleness
 from psgd.core.config import OptimConfig, RunConfig
+from psgd.lab import analyses_remedies as R
+from psgd.lab.results import Group, RunData
 from psgd.train import assemble
 from tests.helpers import psgd_main
 from tests.test_staleness import pull_first
@@ -68,3 +71,58 @@ def test_dc_asgd_a_on_a_shard_matches_a_hand_computation():
 def test_bad_dc_adaptive_flags_are_a_one_line_usage_error(flags, message):
     r = psgd_main("run", *flags)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+# -- E12's verdict (psgd/lab/analyses_remedies.py) on synthetic per-seed finals ----------------------
+def group(label: str, accs: list[float], *, workers: int = 4, lr: float = 0.03, mode: str = "async",
+          scale: float | None = None, **cfg) -> Group:
+    """Seeds 0.. of one arm whose final test accuracy (the mean of its last 3 evaluations) is `accs`."""
+    runs = []
+    for seed, acc in enumerate(accs):
+        config = {"mode": mode, "workers": workers, "seed": seed, "optim": {"lr": lr, "momentum": 0.9}, **cfg}
+        summary = {"config": config, "mode": mode, "staleness": {"mean": 3.0},
+                   "remedies": None if scale is None else {"mean_step_scale": scale}}
+        runs.append(RunData(summary, [{"version": v, "test_accuracy": acc, "train_loss": 1.0} for v in range(3)]))
+    return Group(label, runs)
+
+
+PLAIN = [0.55, 0.555, 0.56]
+
+
+def plus(d: list[float]) -> list[float]:
+    return [p + x for p, x in zip(PLAIN, d, strict=True)]
+
+
+def e12_verdict(dc10: list[float], dc100: list[float], sa: list[float], control: list[float] | None = None,
+                sa_scale: float = 0.45):
+    groups = [group("control", control or plus([0.05, 0.055, 0.06]), workers=1),
+              group("plain", PLAIN), group("plain 0.1", [0.2, 0.25, 0.3], lr=0.1),
+              group("dc10", plus(dc10), dc_lambda=10.0), group("dc100", plus(dc100), dc_lambda=100.0),
+              group("sa", plus(sa), lr=0.067, staleness_lr=True, scale=sa_scale)]
+    cell = {(R.arm(g), g.cfg["workers"], g.lr): g for g in groups}
+    cells = R._cells(cell)
+    primary = R._primary(cells)
+    grid = {lr: g for (a, n, lr), g in cell.items() if a == R.PLAIN and n == 4}
+    return primary, R._verdict(primary, grid, 0.02)[0]
+
+
+def test_e12_verdict_comes_out_either_way_from_paired_differences():
+    none, gain = [0.001, -0.001, 0.0], [0.04, 0.045, 0.05]
+    primary, v = e12_verdict(none, [0.0, 0.001, -0.001], gain)
+    assert primary.lr == 0.03 and set(primary.arms) == {"DC-ASGD λ=10", "DC-ASGD λ=100",
+                                                        "staleness-aware rate at lr 0.067"}
+    assert v.outcome == "depends" and "DC-ASGD refuted" in v.reason and "staleness-aware rate confirmed" in v.reason
+    assert "97.5% intervals" in v.reason  # Bonferroni over DC's two settings
+    _, v = e12_verdict(none, [0.05, 0.052, 0.054], gain)
+    assert v.outcome == "confirmed" and "best of 2 settings DC-ASGD λ=100" in v.reason
+    _, v = e12_verdict(none, none, [-0.01, 0.0, -0.005])
+    assert v.outcome == "refuted"
+    # A gain within the seeds' noise: neither.
+    _, v = e12_verdict(none, none, [0.06, -0.03, 0.02])
+    assert v.outcome == "inconclusive" and "staleness-aware rate inconclusive" in v.reason
+    # Nothing stale costs accuracy: nothing to close.
+    _, v = e12_verdict(none, none, gain, control=PLAIN)
+    assert v.outcome == "inconclusive" and "no gap to close" in v.reason
+    # A staleness-aware step that does not match plain async's mean step is shown, not judged.
+    _, v = e12_verdict(none, none, gain, sa_scale=0.64)
+    assert v.outcome == "refuted" and "not judged: its mean step is 1.43x" in v.reason
