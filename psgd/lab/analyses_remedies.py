@@ -28,7 +28,7 @@ from psgd.core import staleness
 from psgd.lab import plots, stats
 from psgd.lab import verdicts as V
 from psgd.lab.analysis_kit import Context, acc_ci, diff, series_of, variant_series
-from psgd.lab.results import LAST_K, Figure, Group, diverged, table, time_to
+from psgd.lab.results import LAST_K, PLATEAU, Figure, Group, diverged, table, time_to
 
 CONDITIONS = ("no straggler", "persistent straggler", "random jitter")
 MIB = 2**20
@@ -449,7 +449,8 @@ def _step_ms(g: Group) -> list[float]:
 
 
 def _rising(g: Group) -> bool:
-    return _trend(g) > 0 and g.converged() != f"{len(g.runs)}/{len(g.runs)}"
+    """Still rising at the end: on average over seeds, by at least what `converged` calls a plateau."""
+    return _trend(g) >= PLATEAU
 
 
 def topk(ctx: Context):
@@ -526,8 +527,9 @@ def topk(ctx: Context):
              "sent, and the server steps without momentum (the 'server momentum' column). Warm-up: in epoch e of "
              "its first E the fraction sent is max(f, 0.25^(e+1)), so its bytes include those epochs. DGC's local "
              "gradient clipping is not done (nothing clips here). 'last change': the mean accuracy of the last "
-             f"{LAST_K} evaluations minus the {LAST_K} before (validation accuracy where there is one); a run still "
-             "rising at the end may still close its gap: the claim is judged at equal samples.")
+             f"{LAST_K} evaluations minus the {LAST_K} before (validation accuracy where there is one), averaged over "
+             f"seeds; 'rising' where it is at least {PLATEAU} (what 'converged' calls a plateau). A run still rising "
+             "at the end may still close its gap: the claim is judged at equal samples.")
     return verdict, headline, body, figs, key
 
 
