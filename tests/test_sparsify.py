@@ -14,6 +14,7 @@ from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig, va
 from psgd.ps import framing as fr
 from psgd.ps.client import make_client
 from psgd.train import assemble
+from psgd.train import data as data_mod
 from tests.helpers import open_start_barrier, psgd_main, workers_in_threads
 
 
@@ -185,8 +186,91 @@ def test_bad_sparse_pushes_are_invalid_argument_and_change_nothing(shard_servers
     (["--topk", "0.1", "--mode", "allreduce"], "--mode allreduce reduces dense gradients"),
     (["--topk", "0.1", "--local-steps", "4"], "use one or the other"),
     (["--no-error-feedback"], "give --topk a fraction below 1"),
+    (["--topk-momentum-correction"], "give --topk a fraction below 1"),
+    (["--topk-warmup-epochs", "2"], "give --topk a fraction below 1"),
+    (["--topk", "0.1", "--topk-momentum-correction", "--no-error-feedback"], "drop --no-error-feedback"),
+    (["--topk", "0.1", "--topk-momentum-correction", "--optimizer", "adamw"], "use --optimizer sgd"),
+    (["--topk", "0.1", "--topk-momentum-correction", "--nesterov"], "use --optimizer sgd"),
+    (["--topk", "0.1", "--topk-warmup-epochs", "-1"], "--topk-warmup-epochs must be >= 0"),
 ])
 def test_bad_topk_is_a_one_line_usage_error(flags, message):
     r = psgd_main("run", *flags)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert validate(RunConfig(topk=0.01, no_error_feedback=True)).topk == 0.01
+
+
+def test_momentum_correction_accumulates_the_velocity_and_masks_what_was_sent():
+    """Deep Gradient Compression's momentum correction by hand, one shard of 4, one entry a push,
+    m = 0.5: u = m u + g; acc = residual + u; the top entry of acc is sent and zeroed in both acc
+    and u. Every number below is exact in fp32."""
+    s = sparsify.Sparsifier([(0, 4)], sparsify.TopK(0.25, momentum=0.5))
+    steps = [  # gradient, (index, value) sent, residual after, velocity after
+        ([1.0, -3.0, 0.5, 2.0], (1, -3.0), [1.0, 0.0, 0.5, 2.0], [1.0, 0.0, 0.5, 2.0]),
+        ([1.0, 1.0, 1.0, -1.0], (0, 2.5), [0.0, 1.0, 1.75, 2.0], [0.0, 1.0, 1.25, 0.0]),
+        ([0.0, 0.0, 0.0, 0.0], (2, 2.375), [0.0, 1.5, 0.0, 2.0], [0.0, 0.5, 0.0, 0.0]),
+    ]
+    for clock, (grad, (i, v), residual, velocity) in enumerate(steps):
+        sp = s.compress(0, torch.tensor(grad), "fp32", clock)
+        assert sp.indices.tolist() == [i] and sp.values.tolist() == [v], clock
+        assert s.residual.tolist() == residual and s.velocity.tolist() == velocity, clock
+    # Without momentum the same spec is the plain error feedback of a bare fraction, bit for bit.
+    plain, spec = sparsify.Sparsifier([(0, 4)], 0.25), sparsify.Sparsifier([(0, 4)], sparsify.TopK(0.25))
+    for grad, *_ in steps:
+        a, b = plain.compress(0, torch.tensor(grad), "fp32"), spec.compress(0, torch.tensor(grad), "fp32")
+        assert torch.equal(a.indices, b.indices) and torch.equal(a.values, b.values)
+    assert spec.velocity is None and torch.equal(plain.residual, spec.residual)
+
+
+def test_warmup_sends_exponentially_less_for_its_epochs_then_the_fraction():
+    spec = sparsify.TopK(0.01, warmup_epochs=4, pushes_per_epoch=10)
+    assert [spec.density(c) for c in (0, 9, 10, 19, 20, 30, 39, 40, 1000)] == [
+        0.25, 0.25, 0.0625, 0.0625, 0.015625, 0.01, 0.01, 0.01, 0.01]  # 0.25^4 < 1%: the target
+    assert [sparsify.TopK(0.1, warmup_epochs=3, pushes_per_epoch=2.5).density(c) for c in (0, 2, 3, 5)] == [
+        0.25, 0.25, 0.1, 0.1]
+    assert sparsify.TopK(0.5, warmup_epochs=2).density(0) == 0.5      # never less than the fraction
+    s = sparsify.Sparsifier([(0, 1000), (1000, 1200)], spec)
+    for clock, expect in [(0, [250, 50]), (10, [63, 13]), (20, [16, 3]), (35, [10, 2])]:  # round half up
+        assert [s.count_at(k, clock) for k in (0, 1)] == expect
+        for k, (a, b) in enumerate(s.ranges):
+            sp = s.compress(k, torch.randn(b - a), "fp16", clock)
+            assert sp.indices.numel() == expect[k] and s.nbytes(k, "fp16") == sp.nbytes == expect[k] * 6
+
+
+def test_assemble_moves_the_momentum_to_the_workers_and_counts_warmup_epochs_in_pushes():
+    data = DataConfig(dataset="synthetic", num_samples=500)
+    cfg = validate(RunConfig(mode="sync", workers=2, batch_size=8, topk=0.05, topk_momentum_correction=True,
+                             topk_warmup_epochs=2, optim=OptimConfig(lr=0.1, momentum=0.9), data=data))
+    assert assemble.topk(cfg) == sparsify.TopK(0.05, True, 0.9, 2.0, data_mod.train_size(data) / 16)
+    opt = assemble.shard_optimizer(cfg)(torch.nn.Parameter(torch.zeros(3)))
+    assert opt.cfg.momentum == 0.0 and opt.cfg.lr == 0.1
+    plain = validate(RunConfig(mode="sync", topk=0.05, optim=OptimConfig(momentum=0.9)))
+    assert assemble.topk(plain) == sparsify.TopK(0.05) and assemble.topk(RunConfig()) is None
+    assert assemble.shard_optimizer(plain)(torch.nn.Parameter(torch.zeros(3))).cfg.momentum == 0.9
+
+
+@pytest.mark.parametrize("transport", ["grpc", "tcp"])
+def test_warmup_and_momentum_correction_on_a_real_shard(shards, transport):
+    """Each push's header announces the count its payload has (the shard refuses any other), and
+    the shard, without momentum, applies exactly what the worker's velocity sent."""
+    cfg = RunConfig(mode="async", workers=1, servers=1, optim=OptimConfig(lr=0.5, momentum=0.0))
+    (address,), (core,) = shards(cfg)
+    n, spec = 1000, sparsify.TopK(0.01, momentum=0.9, warmup_epochs=1, pushes_per_epoch=2)
+    client = make_client(transport, [address], 0, n, "fp32", topk=spec)
+    mirror = sparsify.Sparsifier([(0, n)], spec)
+    gen = torch.Generator().manual_seed(5)
+    expect, sent_bytes = torch.zeros(n), []
+    try:
+        client.init(torch.zeros(n))
+        for clock in range(4):
+            client.pull(clock, torch.empty(n))
+            grad = torch.randn(n, generator=gen)
+            _, refused, sent = client.push(clock, grad)
+            assert not refused
+            sent_bytes.append(sent)
+            sp = mirror.compress(0, grad, "fp32", clock)
+            expect[sp.indices.long()] -= 0.5 * sp.values
+    finally:
+        client.close()
+    assert sent_bytes == [250 * 8, 250 * 8, 10 * 8, 10 * 8] and core.stats()["bytes_in"] == sum(sent_bytes)
+    assert torch.allclose(core.param, expect, rtol=0, atol=1e-6)
+    assert torch.equal(client.sparsifier.velocity, mirror.velocity)

@@ -191,6 +191,13 @@ class RunConfig:
                            "its next gradient (error feedback: Stich et al. 2018, Lin et al. 2018)", metavar="FRACTION")
     no_error_feedback: bool = opt(False, "with --topk < 1: drop what is not sent instead of carrying it over (the "
                                          "control of experiment E13)")
+    topk_momentum_correction: bool = opt(False, "with --topk < 1: Deep Gradient Compression's momentum correction "
+                                                "(Lin et al. 2018): each worker keeps the velocity (momentum "
+                                                "--momentum) and accumulates it, not the gradient, in its residual; "
+                                                "the shards then step without momentum")
+    topk_warmup_epochs: float = opt(0.0, "with --topk < 1: Deep Gradient Compression's warm-up: in epoch e < E "
+                                         "send the fraction max(FRACTION, 0.25^(e+1)) (25%, 6.25%, 1.5625%, ...)",
+                                    metavar="E")
     straggler: Pairs = opt((), "worker RANK sleeps MS extra per step (repeatable)", metavar="RANK=MS")
     jitter: float = opt(0.0, "every worker sleeps an exponential random delay of this mean per step", metavar="MS")
     cpu_quota: float = opt(0.0, "give every shard and worker of psgd run this many cores of its own, enforced by the "
@@ -204,6 +211,9 @@ class RunConfig:
     dc_lambda: float = opt(0.0, "async / SSP: DC-ASGD (Zheng et al. 2017): the shard adds lambda * g * g * "
                                 "(w_now - w_then) to each gradient g, w_then the parameters its worker pulled "
                                 "(0: off; the shard keeps up to N pulled copies)", metavar="LAMBDA")
+    dc_adaptive: bool = opt(False, "with --dc-lambda: DC-ASGD-a (Zheng et al. 2017): lambda per coordinate "
+                                   "--dc-lambda / sqrt(a moving mean square of the gradients)")
+    dc_ms_decay: float = opt(0.95, "DC-ASGD-a: the decay m of the mean square, m * MS + (1 - m) * g * g")
     # Long: a pull that SSP or sync holds back waits under this deadline too.
     rpc_timeout: float = opt(60.0, "deadline of every RPC, seconds")
     checkpoint_every: int = opt(0, "PS: each shard writes a checkpoint to OUT/checkpoints every K updates, keeping "
@@ -321,6 +331,16 @@ def validate(cfg: RunConfig) -> RunConfig:
          "--topk sparsifies gradients, --local-steps pushes model deltas: use one or the other"),
         (not cfg.no_error_feedback or cfg.topk < 1,
          "--no-error-feedback only applies to sparsified pushes: give --topk a fraction below 1"),
+        (not (cfg.topk_momentum_correction or cfg.topk_warmup_epochs) or cfg.topk < 1,
+         "--topk-momentum-correction and --topk-warmup-epochs only apply to sparsified pushes: give --topk a "
+         "fraction below 1"),
+        (not cfg.topk_momentum_correction or not cfg.no_error_feedback,
+         "--topk-momentum-correction accumulates the velocity in the error-feedback residual: drop "
+         "--no-error-feedback"),
+        (not cfg.topk_momentum_correction or (cfg.optim.optimizer == "sgd" and not cfg.optim.nesterov),
+         "--topk-momentum-correction moves SGD's (non-Nesterov) momentum to the workers: use --optimizer sgd"),
+        (cfg.topk_warmup_epochs >= 0 and math.isfinite(cfg.topk_warmup_epochs),
+         f"--topk-warmup-epochs must be >= 0, got {cfg.topk_warmup_epochs}"),
         (cfg.jitter >= 0, f"--jitter must be >= 0 ms, got {cfg.jitter}"),
         (cfg.cpu_quota >= 0 and math.isfinite(cfg.cpu_quota), f"--cpu-quota must be >= 0 cores, got {cfg.cpu_quota}"),
         (cfg.rpc_timeout > 0, f"--rpc-timeout must be > 0, got {cfg.rpc_timeout}"),
@@ -407,6 +427,8 @@ def validate(cfg: RunConfig) -> RunConfig:
         (cfg.local_steps == 1 or not (cfg.staleness_lr or cfg.dc_lambda),
          "--staleness-lr and --dc-lambda correct stale gradients; with --local-steps a push is a parameter change"),
         (cfg.dc_lambda >= 0 and math.isfinite(cfg.dc_lambda), f"--dc-lambda must be >= 0, got {cfg.dc_lambda}"),
+        (not cfg.dc_adaptive or cfg.dc_lambda > 0, "--dc-adaptive scales --dc-lambda: give --dc-lambda > 0"),
+        (0 <= cfg.dc_ms_decay < 1, f"--dc-ms-decay must be in [0, 1), got {cfg.dc_ms_decay}"),
         (cfg.mode in ("async", "ssp") or not (cfg.staleness_lr or cfg.dc_lambda),
          f"--staleness-lr and --dc-lambda correct stale gradients: use them with --mode async or ssp "
          f"(--mode {cfg.mode} has no stale gradients)"),

@@ -24,6 +24,21 @@ Contract (pure: torch and numpy only, no transport):
   `acc = residual + grad` rounds (one fp32 addition per step, as any accumulation does).
   Concurrent `compress` calls for different shards are safe (their residual slices are disjoint);
   one shard's calls come from one thread at a time.
+- Deep Gradient Compression's two fixes (Lin et al. 2018, ICLR, Sec. 3.2 and 3.4), given as a
+  `TopK(fraction, error_feedback, momentum, warmup_epochs, pushes_per_epoch)` in place of the
+  fraction:
+  * momentum correction (`momentum` m > 0; needs error feedback): the worker keeps a velocity
+    u = m u + grad and accumulates it, not the gradient, in the residual: acc = residual + u; the
+    top-k of acc is sent and both acc (as above) and u are zeroed where sent (their "momentum
+    factor masking": the sent coordinates' momentum is not applied a second time). The shards then
+    step with plain SGD (momentum 0, psgd/train/assemble.py), so the update is the velocity, as
+    momentum SGD's is, only sparse. One more fp32 per parameter on the worker.
+  * warm-up (`warmup_epochs` E > 0): push `clock` of epoch e = clock // pushes_per_epoch (< E)
+    sends the fraction max(fraction, 0.25^(e+1)) (25%, 6.25%, 1.5625%, ...: the paper's
+    exponentially rising sparsity 75%, 93.75%, 98.4375%, ...), then `fraction`. `density(clock)`,
+    `count_at(k, clock)`: what push `clock` sends, the same for the header and the payload,
+    so a resumed worker sends what it would have.
+  The paper's local gradient clipping is not done here (no clipping anywhere in psgd).
 - `Sparse(indices, values, dtype)`: one shard's push: int32 indices (shard-local, strictly increasing)
   and values in the wire dtype. `nbytes` = count x (4 + the dtype's size), what crosses the wire;
   `payload()` the TCP data plane's layout (every index, then every value); `pieces()` the gRPC
@@ -116,36 +131,79 @@ class Sparse:
             yield indices[start * INDEX_BYTES:stop * INDEX_BYTES], values[start * width:stop * width]
 
 
+WARMUP_BASE = 0.25               # Deep Gradient Compression's warm-up: density 0.25^(e+1) in epoch e
+
+
+@dataclass(frozen=True)
+class TopK:
+    """What a worker's pushes send: `fraction` of each slice, and Deep Gradient Compression's
+    momentum correction (`momentum` > 0) and warm-up (`warmup_epochs` of `pushes_per_epoch`)."""
+    fraction: float
+    error_feedback: bool = True
+    momentum: float = 0.0
+    warmup_epochs: float = 0.0
+    pushes_per_epoch: float = 1.0
+
+    def __post_init__(self) -> None:
+        assert 0 < self.fraction <= 1, f"fraction must be in (0, 1], got {self.fraction}"
+        assert 0 <= self.momentum < 1, f"momentum must be in [0, 1), got {self.momentum}"
+        assert not self.momentum or self.error_feedback, "momentum correction accumulates in the residual"
+        assert self.warmup_epochs >= 0 and self.pushes_per_epoch > 0
+
+    def density(self, clock: int) -> float:
+        """The fraction push `clock` sends: max(fraction, 0.25^(e+1)) in warm-up epoch e, then fraction."""
+        epoch = int(clock // self.pushes_per_epoch)
+        if epoch < self.warmup_epochs:
+            return min(1.0, max(self.fraction, WARMUP_BASE ** (epoch + 1)))
+        return self.fraction
+
+
 class Sparsifier:
     """A worker's top-k compression of its pushes, with or without error feedback (module docstring)."""
 
-    def __init__(self, ranges: Sequence[tuple[int, int]], fraction: float, error_feedback: bool = True) -> None:
+    def __init__(self, ranges: Sequence[tuple[int, int]], fraction: float | TopK, error_feedback: bool = True) -> None:
         self.ranges = list(ranges)
-        self.fraction, self.error_feedback = fraction, error_feedback
+        self.spec = fraction if isinstance(fraction, TopK) else TopK(fraction, error_feedback)
+        self.fraction, self.error_feedback = self.spec.fraction, self.spec.error_feedback
         assert all(b - a <= MAX_SLICE for a, b in self.ranges), "a shard slice too long for int32 indices"
-        self.counts = [count(b - a, fraction) for a, b in self.ranges]
+        self.counts = [count(b - a, self.fraction) for a, b in self.ranges]   # after any warm-up
+        self.sent = [self.count_at(k, 0) for k in range(len(self.ranges))]     # of each shard's last push
         size = self.ranges[-1][1] if self.ranges else 0
         # What has not been sent yet, per parameter; none without error feedback.
-        self.residual = torch.zeros(size) if error_feedback else None
+        self.residual = torch.zeros(size) if self.error_feedback else None
+        # Momentum correction: the worker's velocity (the shards step without momentum).
+        self.velocity = torch.zeros(size) if self.spec.momentum else None
+
+    def count_at(self, k: int, clock: int) -> int:
+        """Entries of shard k's push `clock` (warm-up sends more in its first epochs)."""
+        a, b = self.ranges[k]
+        return count(b - a, self.spec.density(clock))
 
     def nbytes(self, k: int, dtype: str) -> int:
-        """Bytes of shard k's push (the same every step: the count depends on the slice's length only)."""
-        return wire_bytes(self.counts[k], dtype)
+        """Bytes of shard k's last push (before any, its first)."""
+        return wire_bytes(self.sent[k], dtype)
 
-    def compress(self, k: int, grad: torch.Tensor, dtype: str) -> Sparse:
-        """Shard k's push of `grad` (its slice of the flat gradient); updates the residual."""
+    def compress(self, k: int, grad: torch.Tensor, dtype: str, clock: int = 0) -> Sparse:
+        """Shard k's push `clock` of `grad` (its slice of the flat gradient); updates the residual
+        (and the velocity)."""
         start, stop = self.ranges[k]
         assert grad.numel() == stop - start, f"shard {k}'s slice has {stop - start} elements, got {grad.numel()}"
         grad = grad.detach().to("cpu", torch.float32)
+        if self.velocity is not None:
+            u = self.velocity[start:stop]
+            grad = u.mul_(self.spec.momentum).add_(grad)  # u = m u + g, in place: what is accumulated
         if self.residual is None:
             acc = grad
         else:
             acc = self.residual[start:stop]
-            acc += grad                                   # the accumulated gradient, in place
-        idx = select(acc, self.counts[k])
+            acc += grad                                   # the accumulated gradient (or velocity), in place
+        self.sent[k] = self.count_at(k, clock)
+        idx = select(acc, self.sent[k])
         values = acc[idx].to(codec.WIRE_DTYPES[dtype])
         if self.residual is not None:
             acc[idx] -= values.to(torch.float32)         # exactly what the server decodes leaves the residual
+        if self.velocity is not None:
+            u[idx] = 0.0                                  # momentum factor masking
         return Sparse(idx.to(torch.int32), values, dtype)
 
 

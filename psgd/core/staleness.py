@@ -18,6 +18,15 @@ optimizer step, under its lock, so every transport gets the same remedy:
   Hessian H approximated by lambda * g (.) g (the outer-product approximation, its diagonal), so
   the applied gradient is g + lambda * g * g * (w_now - w_then). `--dc-lambda LAMBDA`.
   When both are on, the compensated gradient is then scaled.
+- DC-ASGD-a, the adaptive variant of the same paper: lambda_t = lambda_0 / sqrt(MeanSquare(t)),
+  per coordinate, with MeanSquare(t) = m MeanSquare(t-1) + (1 - m) g_t (.) g_t a moving average
+  of the squared gradients the shard received (RMSProp's, Tieleman & Hinton 2012), so the term
+  becomes lambda_0 g (.) g (.) (w_now - w_then) / sqrt(MeanSquare): large where the gradient is
+  large compared with its own history. `--dc-lambda LAMBDA_0 --dc-adaptive --dc-ms-decay m`
+  (the paper's CIFAR-10 runs: lambda_0 = 2, m = 0.95; their DC-ASGD-c used lambda = 0.04). The
+  paper gives no epsilon; `DC_EPS` keeps a coordinate whose gradients were all 0 at 0 (0/eps),
+  not NaN (0/0). MeanSquare includes the gradient being compensated (updated first), and starts
+  at 0, as RMSProp's does.
 
 tau <= 1 scales by 1 and lambda = 0 adds nothing: the shard then skips the arithmetic, so a run
 with a remedy that has nothing to do is bit for bit a plain run.
@@ -58,6 +67,20 @@ def dc_term(grad: torch.Tensor, w_now: torch.Tensor, w_then: torch.Tensor, lam: 
     """
     torch.sub(w_now, w_then, out=out)          # w_now - w_then, in fp32
     return out.mul_(grad).mul_(grad).mul_(lam)
+
+
+DC_EPS = 1e-7
+
+
+def dc_adaptive_scale(mean_square: torch.Tensor, grad: torch.Tensor, decay: float,
+                      out: torch.Tensor | None = None) -> torch.Tensor:
+    """DC-ASGD-a's per-coordinate 1 / (sqrt(MeanSquare(t)) + DC_EPS), after updating `mean_square`
+    in place to m MeanSquare(t-1) + (1 - m) grad (.) grad (m = `decay`); returns the scale (in
+    `out` when given). The term is then dc_term(...) * scale."""
+    assert 0 <= decay < 1, f"the mean square's decay must be in [0, 1), got {decay}"
+    mean_square.mul_(decay).addcmul_(grad, grad, value=1.0 - decay)
+    out = torch.sqrt(mean_square, out=out) if out is not None else torch.sqrt(mean_square)
+    return out.add_(DC_EPS).reciprocal_()
 
 
 def effective_momentum(momentum: float, mean_staleness: float) -> float:

@@ -3,16 +3,25 @@ beside that problem on the same model, data and seeds (backup workers against st
 staleness-aware rates and DC-ASGD against stale gradients, sparsified pushes against the
 central server's link). Same contract as psgd/lab/analyses.py, whose `analyse` dispatches here.
 
-E12 (`staleness_remedies`): E3's stability map (async with N workers across rising rates, the
-same runs where the configs are equal) with three more arms at each cell, the remedies applied by
-the shard (psgd/core/staleness.py): `--staleness-lr`, `--dc-lambda`, and momentum 0 (Mitliagkas
-et al. 2016: asynchrony already acts as momentum). Per cell: each arm's accuracy minus plain
-async's, and the fraction of plain async's gap to sync (same N, same rate) that it closes.
+E12 (`staleness_remedies`): remedies for stale gradients applied by the shard (psgd/core/staleness.py:
+`--staleness-lr`, `--dc-lambda` with `--dc-adaptive`, and momentum 0), on E3's runs where the configs
+are equal. A cell is N workers with plain async at one rate; its arms are the remedies at that rate
+(the staleness-aware rate at the rate whose mean step matches it), its reference the one-worker
+control at that rate (same batch per update, nothing stale). The verdict's cell is plain async at
+its best rate; each remedy is judged by its accuracy minus plain async's, paired by seed (t
+intervals, psgd/lab/stats.py; DC-ASGD's settings with Bonferroni intervals, as the best of them is
+chosen on the accuracy it is judged on), against the margin: confirmed, refuted or inconclusive.
+
+E13 (`topk`): sparsified pushes per arm (label) against dense at equal samples: with error feedback
+(plain, or with Deep Gradient Compression's momentum correction and warm-up) within the margin of
+dense, without it below; which arms were still rising at the end.
 """
 
 from __future__ import annotations
 
 import math
+import textwrap
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -20,7 +29,7 @@ from psgd.core import staleness
 from psgd.lab import plots, stats
 from psgd.lab import verdicts as V
 from psgd.lab.analysis_kit import Context, acc_ci, diff, series_of, variant_series
-from psgd.lab.results import Figure, Group, diverged, table, time_to
+from psgd.lab.results import LAST_K, PLATEAU, Figure, Group, diverged, table, time_to
 
 CONDITIONS = ("no straggler", "persistent straggler", "random jitter")
 MIB = 2**20
@@ -147,21 +156,30 @@ def _delay(ctx: Context) -> int:
     return max((ms for g in ctx.groups.values() for _, ms in g.cfg.get("straggler", [])), default=0)
 
 
-PLAIN, SYNC = "async", "sync"
-REMEDIES = ("staleness-aware rate", "DC-ASGD")   # the claim's; momentum 0 is shown beside them
+PLAIN, SYNC, CONTROL = "async", "sync", "one worker (control)"
+SA = "staleness-aware rate"
 MOMENTUM0 = "async, momentum 0"
+LEVEL = stats.LEVEL
 
 
 def arm(g: Group) -> str:
-    """Which arm of the map a run is, from its config."""
+    """Which arm a run is, from its config: the control, sync, plain async, or its remedies."""
     cfg = g.cfg
     if g.mode == "sync":
         return SYNC
-    names = [n for n, on in (("staleness-aware rate", cfg.get("staleness_lr")), ("DC-ASGD", cfg.get("dc_lambda")))
-             if on]
+    if cfg["workers"] == 1:
+        return CONTROL
+    names = [SA] if cfg.get("staleness_lr") else []
+    lam = cfg.get("dc_lambda") or 0.0
+    if lam:
+        names.append(f"DC-ASGD-a λ0={lam:g}" if cfg.get("dc_adaptive") else f"DC-ASGD λ={lam:g}")
     if names:
         return " + ".join(names)
     return MOMENTUM0 if cfg["optim"]["momentum"] == 0 else PLAIN
+
+
+def _is_dc(a: str) -> bool:
+    return "DC-ASGD" in a
 
 
 def _remedy(g: Group, key: str) -> float:
@@ -170,125 +188,215 @@ def _remedy(g: Group, key: str) -> float:
     return float(np.mean(values)) if all(v is not None for v in values) else float("nan")
 
 
+@dataclass
+class Cell:
+    """One cell of the design: N workers, plain async at rate `lr`, and the arms judged against it.
+    A DC-ASGD arm runs at the same rate; a staleness-aware arm at the rate whose mean step (lr x
+    its measured mean step scale) is nearest `lr` (`matched`: that step / lr)."""
+    workers: int
+    lr: float
+    plain: Group
+    control: Group | None
+    sync: Group | None
+    arms: dict[str, Group]
+    matched: dict[str, float]
+
+    def judged(self, a: str) -> bool:
+        """A staleness-aware arm counts in the verdict when its mean step is within 25% of plain's."""
+        return a not in self.matched or abs(math.log(self.matched[a])) < math.log(1.25)
+
+
+def _cells(cell: dict[tuple[str, int, float], Group]) -> list[Cell]:
+    out = []
+    for n in sorted({k[1] for k in cell if k[0] == PLAIN}):
+        plains = {lr: g for (a, m, lr), g in cell.items() if a == PLAIN and m == n}
+        for lr, plain in sorted(plains.items()):
+            arms = {a: g for (a, m, r), g in cell.items() if m == n and r == lr and a not in (PLAIN, SYNC, CONTROL)
+                    and SA not in a}
+            matched = {}
+            for (a, m, r), g in cell.items():
+                scale = _remedy(g, "mean_step_scale")
+                if m == n and SA in a and math.isfinite(scale):
+                    # Beside the plain async rate nearest its mean step; judged only when the two are
+                    # within 25% (`matched`), else shown with the ratio: no control for it.
+                    if min(plains, key=lambda x: abs(math.log(x / (r * scale)))) == lr:
+                        name = f"{a} at lr {r:g}"
+                        arms[name], matched[name] = g, r * scale / lr
+            if arms:
+                out.append(Cell(n, lr, plain, cell.get((CONTROL, 1, lr)), cell.get((SYNC, n, lr)), arms, matched))
+    return out
+
+
+def _primary(cells: list[Cell]) -> Cell | None:
+    """The verdict's cell: at the smallest N with remedies, the cell whose plain async is best (the
+    design puts the remedies at plain async's best rate; `_verdict` says when it is not)."""
+    if not cells:
+        return None
+    n = min(c.workers for c in cells)
+    return max((c for c in cells if c.workers == n), key=lambda c: acc_ci(c.plain).estimate)
+
+
+def _verdict(c: Cell | None, grid: dict[float, Group], margin: float) -> tuple[V.Verdict, dict]:
+    """Per remedy at the primary cell, gained on plain async (paired by seed, t intervals):
+    DC-ASGD confirmed when any of its k settings gains more than the margin at the Bonferroni level
+    1 - 0.05 / k (the best of k is chosen on the same test accuracy), refuted when every setting's
+    interval is below the margin, else inconclusive; the staleness-aware rate against plain async
+    at the matched mean step, by `effect`. No gap between the control and plain async: nothing to
+    close, inconclusive."""
+    if c is None or c.control is None:
+        return V.Verdict(V.INCONCLUSIVE, "no cell with plain async, its one-worker control and a remedy at one "
+                                         "rate"), {}
+    gap = diff(c.control, c.plain)
+    best = max(grid, key=lambda lr: acc_ci(grid[lr]).estimate)
+    rates = "{" + ", ".join(f"{x:g}" for x in sorted(grid)) + "}"
+    if best != c.lr:
+        which = (f"not plain async's best rate of {rates} here ({best:g}: {acc_ci(grid[best]).fmt()}; at {c.lr:g}: "
+                 f"{acc_ci(c.plain).fmt()})")
+    else:
+        edge = (": the lowest of the grid, a smaller rate may do better" if c.lr == min(grid) else
+                ": the highest of the grid" if c.lr == max(grid) else "")
+        which = f"plain async's best rate of {rates}{edge}"
+    where = (f"at N={c.workers}, lr {c.lr:g} ({which}), the one-worker control minus plain async is "
+             f"{gap.fmt(signed=True)}")
+    key = {"workers": c.workers, "lr": c.lr, "gap": gap.estimate, "gap_ci": [gap.lo, gap.hi]}
+    if V.effect(gap, margin) != V.CONFIRMED:
+        return V.Verdict(V.INCONCLUSIVE, f"{where}: staleness does not cost plain async more than {margin} there, "
+                                       "so there is no gap to close"), key
+    parts, texts = [], []
+    dcs = {a: g for a, g in c.arms.items() if _is_dc(a)}
+    if dcs:
+        level = 1 - (1 - LEVEL) / len(dcs)
+        gains = {a: stats.diff_ci(g.finals(), c.plain.finals(), level=level, paired=g.seeds == c.plain.seeds)
+                 for a, g in dcs.items()}
+        effects = {a: V.effect(ci, margin) for a, ci in gains.items()}
+        best = max(gains, key=lambda a: gains[a].estimate)
+        dc = (V.CONFIRMED if V.CONFIRMED in effects.values() else
+              V.REFUTED if all(e == V.REFUTED for e in effects.values()) else V.INCONCLUSIVE)
+        parts.append(dc)
+        texts.append(f"DC-ASGD {dc}: best of {len(dcs)} settings {best} {gains[best].fmt(signed=True)} "
+                     f"({100 * level:.1f}% intervals, Bonferroni over the settings; all: "
+                     + ", ".join(f"{a} {ci.fmt(signed=True)}" for a, ci in gains.items()) + ")")
+        key["dc"] = {a: {"gain": ci.estimate, "ci": [ci.lo, ci.hi], "level": level} for a, ci in gains.items()}
+    for a, g in c.arms.items():
+        if a in c.matched and not c.judged(a):
+            texts.append(f"{a} not judged: its mean step is {c.matched[a]:.2f}x plain async's, not matched")
+        elif a in c.matched:
+            gain = diff(g, c.plain)
+            sa = V.effect(gain, margin)
+            parts.append(sa)
+            texts.append(f"{SA} {sa}: {a} (mean step {c.matched[a]:.2f}x plain async's) minus plain async "
+                         f"{gain.fmt(signed=True)}")
+            key["staleness_aware"] = {"arm": a, "gain": gain.estimate, "ci": [gain.lo, gain.hi],
+                                      "step_ratio": c.matched[a]}
+    if not parts:
+        return V.Verdict(V.INCONCLUSIVE, f"{where}: no remedy ran there"), key
+    return V.Verdict(V.combine(parts), f"{where}; " + "; ".join(texts) + f" (margin {margin})"), key
+
+
 def staleness_remedies(ctx: Context):
     exp, out = ctx.exp, ctx.out
     margin = float(ctx.params.get("margin", 0.02))
     cell: dict[tuple[str, int, float], Group] = {(arm(g), g.cfg["workers"], g.lr): g for g in ctx.groups.values()}
-    arms = [a for a in (SYNC, PLAIN, *REMEDIES, MOMENTUM0) if any(k[0] == a for k in cell)]
-    arms += sorted({k[0] for k in cell} - set(arms))
-    ns = sorted({k[1] for k in cell})
+    cells = _cells(cell)
+    primary = _primary(cells)
+    grid = {lr: g for (a, n, lr), g in cell.items() if a == PLAIN and primary is not None and n == primary.workers}
+    verdict, key = _verdict(primary, grid, margin)
+
+    # Figure 1: every arm's accuracy on the rates it ran (shade and text: accuracy; "d/n": diverged seeds).
+    order = [CONTROL, SYNC, PLAIN]
+    arms = [a for a in order if any(k[0] == a for k in cell)] + sorted({k[0] for k in cell} - set(order))
+    rows = [(a, n) for a in arms for n in sorted({k[1] for k in cell if k[0] == a})]
     lrs = sorted({k[2] for k in cell})
-
-    # The verdict's cells and every arm's share of the gap it closes.
-    cells, closed = [], {}
-    for (a, n, lr), g in sorted(cell.items(), key=lambda kv: (kv[0][1], kv[0][2])):
-        plain, ref = cell.get((PLAIN, n, lr)), cell.get((SYNC, n, lr))
-        if a in (PLAIN, SYNC) or plain is None or ref is None:
-            continue
-        gap, gain = diff(ref, plain), diff(g, plain)
-        closed[(a, n, lr)] = (stats.gap_closed_ci(plain.finals(), g.finals(), ref.finals())
-                              if V.effect(gap, margin) == V.CONFIRMED else None)
-        if a in REMEDIES:
-            cells.append(V.RemedyCell(a, n, lr, gap, gain, closed[(a, n, lr)]))
-    verdict = V.remedies_close_the_gap(cells, margin)
-
-    # Figure 1: E3's map with the remedies as more rows; shade = seeds diverged, text = accuracy.
-    rows = [(a, n) for n in ns for a in arms if any((a, n, lr) in cell for lr in lrs)]
-    names = [f"{a} N={n}" for a, n in rows]
-    frac = [[float(np.mean([diverged(r) for r in cell[(a, n, lr)].runs])) if (a, n, lr) in cell else float("nan")
-             for lr in lrs] for a, n in rows]
-    texts = [[f"{acc_ci(cell[(a, n, lr)]).estimate:.2f}" if (a, n, lr) in cell else "" for lr in lrs]
-             for a, n in rows]
+    acc = [[acc_ci(cell[(a, n, lr)]).estimate if (a, n, lr) in cell else float("nan") for lr in lrs] for a, n in rows]
+    texts = [[_map_text(cell[(a, n, lr)]) if (a, n, lr) in cell else "" for lr in lrs] for a, n in rows]
     f1 = out / "stability_map.png"
-    plots.grid_map(names, [f"{lr:g}" for lr in lrs], frac, texts, f1, f"{exp.id}: remedies on the stability map",
-                   xlabel="learning rate", cbar="fraction of seeds diverged")
-    # Figure 2: the fraction of the gap each arm closes, where there is a gap.
-    where = sorted({(n, lr) for (_, n, lr), c in closed.items() if c is not None})
-    f2 = out / "gap_closed.png"
-    shown = [a for a in arms if a not in (PLAIN, SYNC)]
-    plots.bars([f"N={n} lr {lr:g}" for n, lr in where],
-               {a: (f"variant:{i}", [_est(closed.get((a, n, lr))) for n, lr in where],
-                    [_ends(closed.get((a, n, lr))) for n, lr in where]) for i, a in enumerate(shown)},
-               "fraction of async's gap to sync closed", f2, f"{exp.id}: how much of the gap each arm closes",
-               refs=[(1.0, "sync"), (0.0, "plain async")])
+    plots.grid_map([f"{a} N={n}" for a, n in rows], [f"{lr:g}" for lr in lrs], acc, texts, f1,
+                   f"{exp.id}: remedies across rates", xlabel="learning rate", cbar="final test accuracy")
+    figs = [Figure(f1, f"Mean final test accuracy ({ctx.seeds_note()}) per arm and learning rate (shade and text; "
+                       "'d/n': seeds diverged, on the training loss; no text: not run).")]
 
-    header = ["arm", "N", "lr", "mean staleness", "momentum: set -> effective", "mean step scale",
-              "DC term, relative to g", "w_then held (peak)", "test accuracy [95% CI]", "minus plain async",
-              "gap to sync closed", "diverged"]
+    # Figure 2: the verdict's cell: each arm minus plain async (paired), the control's first (the gap).
+    if primary is not None:
+        shown = [(CONTROL, primary.control), (f"{SYNC} N={primary.workers}", primary.sync), *primary.arms.items()]
+        shown = [(a, g) for a, g in shown if g is not None]
+        cis = [diff(g, primary.plain) for _, g in shown]
+        f2 = out / "remedies_at_best_rate.png"
+        plots.bars([textwrap.fill(a, 10) for a, _ in shown],
+                   {"minus plain async": ("variant:2", [c.estimate for c in cis], [(c.lo, c.hi) for c in cis])},
+                   "final test accuracy minus plain async's", f2,
+                   f"{exp.id}: N={primary.workers}, plain async at lr {primary.lr:g} ({acc_ci(primary.plain).fmt()})",
+                   refs=[(0.0, "plain async"), (margin, f"+margin {margin:g}"), (-margin, "-margin")])
+        figs.append(Figure(f2, "The verdict's cell: each arm's mean final test accuracy minus plain async's, seed by "
+                               f"seed; error bars 95% t intervals ({ctx.seeds_note()}). The first bar is the "
+                               "one-worker control (the same batch per update, nothing stale): the gap a remedy "
+                               "could close. Dotted: 0 and +-margin."))
+
+    header = ["cell", "arm", "N", "lr", "mean staleness", "momentum: set -> effective", "mean step scale",
+              "DC term, relative to g", "test accuracy [95% CI]", "minus plain async (paired)",
+              "share of the control's gap closed", "diverged"]
     body_rows = []
-    for a, n in rows:
-        for lr in lrs:
-            g = cell.get((a, n, lr))
+    for c in cells:
+        gap = diff(c.control, c.plain) if c.control is not None else None
+        here = f"N={c.workers}, plain lr {c.lr:g}"
+        refs = [(CONTROL, c.control), (SYNC, c.sync), (PLAIN, c.plain)]
+        for a, g in [*refs, *c.arms.items()]:
             if g is None:
                 continue
-            plain = cell.get((PLAIN, n, lr))
+            judged = a not in (CONTROL, SYNC, PLAIN)
+            closed = (stats.gap_closed_ci(c.plain.finals(), g.finals(), c.control.finals())
+                      if judged and gap is not None and V.effect(gap, margin) == V.CONFIRMED else None)
             mom, tau = float(g.cfg["optim"]["momentum"]), g.mean("staleness.mean")
-            c = closed.get((a, n, lr))
             body_rows.append([
-                a, n, f"{lr:g}", f"{tau:.2f}",
+                here, a, g.cfg["workers"], f"{g.lr:g}", f"{tau:.2f}",
                 f"{mom:g} -> {staleness.effective_momentum(mom, tau):.3f}" if g.mode != "sync" else f"{mom:g}",
-                _num(_remedy(g, "mean_step_scale"), 2), _num(_remedy(g, "dc_relative_correction"), 3),
-                _bytes(_remedy(g, "dc_memory_peak_bytes")), acc_ci(g).fmt(),
-                diff(g, plain).fmt(signed=True) if plain is not None and a not in (PLAIN, SYNC) else "",
-                c.fmt(2) if c is not None else "", f"{sum(diverged(r) for r in g.runs)}/{len(g.runs)}"])
+                _num(_remedy(g, "mean_step_scale"), 2), _num(_remedy(g, "dc_relative_correction"), 4),
+                acc_ci(g).fmt(), diff(g, c.plain).fmt(signed=True) if judged else (
+                    gap.fmt(signed=True) + " (the gap)" if a == CONTROL and gap is not None else ""),
+                closed.fmt(2) if closed is not None else "", f"{sum(diverged(r) for r in g.runs)}/{len(g.runs)}"])
     body = table(header, body_rows)
-    body += "\n\n" + _notes(cell)
-    headline = _headline(cells, closed, margin) or verdict.reason
-    headline += "".join(f"; plain async at lr {near:g}, near the staleness-aware rate's mean step ({scale:.2f}x lr "
-                        f"{lr:g}), reaches {acc_ci(p).fmt()} (N={n})"
-                        for n, lr, scale, _, near, p in _rate_matched(cell))
-    figs = [Figure(f1, f"Fraction of seeds ({ctx.seeds_note()}) that diverged, per arm and learning rate; cell text: "
-                       "mean final test accuracy (no text: not run)."),
-            Figure(f2, "Fraction of plain async's accuracy gap to sync (same N and rate) that each arm closes, "
-                       "where that gap exceeds the margin; error bars: 95% t interval over seeds "
-                       "(the three groups resampled apart).")]
-    key = {"cells": [dict(remedy=c.remedy, workers=c.workers, lr=c.lr, gap=c.gap.estimate, gain=c.gain.estimate,
-                          gain_ci=[c.gain.lo, c.gain.hi],
-                          closed=None if c.closed is None else c.closed.estimate,
-                          closed_ci=None if c.closed is None else [c.closed.lo, c.closed.hi]) for c in cells],
-           "momentum0_closed": {f"N={n} lr={lr:g}": c.estimate for (a, n, lr), c in closed.items()
-                                if a == MOMENTUM0 and c is not None}}
+    body += "\n\n" + _notes(cell, cells, primary)
+    headline = verdict.reason
+    for c in cells:
+        if c is primary:
+            continue
+        parts = [f"{a} {diff(g, c.plain).fmt(signed=True)}" for a, g in c.arms.items()]
+        headline += (f"; where plain async is not at its best (N={c.workers}, lr {c.lr:g}: "
+                     f"{acc_ci(c.plain).fmt()}), minus plain async: " + ", ".join(parts))
     return verdict, headline, body, figs, key
 
 
-def _headline(cells: list[V.RemedyCell], closed: dict, margin: float) -> str:
-    parts = [f"{c.remedy} closes {c.closed.fmt(2)} of it" for c in cells if c.closed is not None]
-    parts += [f"momentum 0 closes {c.fmt(2)}" for (a, _, _), c in closed.items() if a == MOMENTUM0 and c is not None]
-    gaps = sorted({(c.workers, c.lr, c.gap.fmt()) for c in cells if c.closed is not None})
-    if not parts:
-        return ""
-    where = ", ".join(f"N={n} lr {lr:g} ({gap})" for n, lr, gap in gaps)
-    return f"where plain async trails sync by more than {margin} in accuracy ({where}): " + ", ".join(parts)
+def _map_text(g: Group) -> str:
+    d = sum(diverged(r) for r in g.runs)
+    return f"{acc_ci(g).estimate:.2f}" + (f"\n{d}/{len(g.runs)} div." if d else "")
 
 
-def _rate_matched(cell: dict) -> list[tuple[int, float, float, Group, float, Group]]:
-    """(N, lr, mean step scale, the staleness-aware group, the plain async rate nearest lr x scale,
-    its group) per staleness-aware cell: the staleness-aware rate is also a smaller rate, and plain
-    async at a smaller rate is the control that tells the two apart."""
-    out = []
-    for (a, n, lr), g in sorted(cell.items(), key=lambda kv: (kv[0][1], kv[0][2])):
-        scale = _remedy(g, "mean_step_scale")
-        plains = {k[2]: v for k, v in cell.items() if k[0] == PLAIN and k[1] == n}
-        if "staleness-aware" in a and math.isfinite(scale) and plains:
-            near = min(plains, key=lambda x: abs(math.log(x / (lr * scale))))
-            out.append((n, lr, scale, g, near, plains[near]))
-    return out
-
-
-def _notes(cell: dict) -> str:
-    """The caveats that keep the table honest: the staleness-aware rate is also a smaller rate."""
-    lines = [f"At N={n}, lr {lr:g} the staleness-aware rate takes a mean step of {scale:.2f}x, about plain async's "
-             f"step at lr {lr * scale:.2g}; plain async at lr {near:g} ends at {acc_ci(p).fmt()} (staleness-aware at "
-             f"lr {lr:g}: {acc_ci(g).fmt()}): compare these two to tell the remedy from a smaller step."
-             for n, lr, scale, g, near, p in _rate_matched(cell)]
-    dc = [(n, g) for (a, n, _), g in cell.items() if "DC-ASGD" in a]
+def _notes(cell: dict, cells: list[Cell], primary: Cell | None) -> str:
+    """What keeps the table honest: the matched rates, DC-ASGD's memory, the implicit momentum."""
+    lines = ["Design: plain async is judged at its best rate of the map, against the one-worker control "
+             "(async with 1 worker: the same batch of 32 per update, nothing stale; E3's runs), so the gap is "
+             "what staleness costs there; each remedy runs on top of plain async and is judged by its accuracy "
+             "minus plain async's, seed by seed (every arm of a seed has the same initialisation and data order). "
+             "Sync with N workers (batch N x 32 per update) is shown where it ran; it differs from async in "
+             "batch per update as well as in staleness."]
+    for c in cells:
+        for a, ratio in c.matched.items():
+            lines.append(f"The staleness-aware rate divides each gradient's step by its staleness: at N={c.workers} "
+                         f"{a} takes a mean step of {ratio:.2f}x plain async's at lr {c.lr:g} (lr x the measured mean "
+                         "step scale), so the two differ in how the step is spread over stale and fresh gradients, "
+                         "not in its mean size.")
+    dc = [(n, g) for (a, n, _), g in cell.items() if _is_dc(a)]
     if dc:
         n, g = max(dc, key=lambda t: t[0])
-        bound = _remedy(g, "dc_memory_bound_bytes")
-        lines.append(f"DC-ASGD's memory: each shard keeps, per worker, the snapshot that worker pulled until its push "
-                     f"(shared by workers on one version); measured peak {_bytes(_remedy(g, 'dc_memory_peak_bytes'))} "
-                     f"at N={n}, bound N x parameters x wire bytes = {_bytes(bound)}. No remedy sends an extra "
-                     "byte: bytes pushed and pulled per gradient are plain async's.")
+        lines.append("DC-ASGD (Zheng et al. 2017) adds lambda g (.) g (.) (w_now - w_then) to each gradient; its "
+                     "adaptive variant DC-ASGD-a divides lambda_0 per coordinate by the root of a moving mean square "
+                     "of the gradients (decay 0.95 unless the table's run says otherwise). The constant lambda is "
+                     "swept by factors of 10 because the term's size, relative to g (the table's column), grows "
+                     "with lambda and with the rate; the settings are chosen on the test accuracy they are "
+                     "judged on, hence the Bonferroni intervals in the verdict. Memory: each shard keeps, per "
+                     f"worker, the snapshot that worker pulled until its push; measured peak "
+                     f"{_bytes(_remedy(g, 'dc_memory_peak_bytes'))} at N={n}, bound N x parameters x wire bytes = "
+                     f"{_bytes(_remedy(g, 'dc_memory_bound_bytes'))} (DC-ASGD-a: one more fp32 per parameter). No "
+                     "remedy sends an extra byte.")
     lines.append("Effective momentum (Mitliagkas et al. 2016, psgd/core/staleness.py): 1 - 1/(1/(1 - mu) + mean "
                  "staleness), the single momentum whose mean delay equals that of momentum mu followed by the "
                  "measured staleness; with mu = 0 and staleness N - 1 it is their implicit momentum 1 - 1/N. Their "
@@ -296,16 +404,8 @@ def _notes(cell: dict) -> str:
     return "\n\n".join(lines)
 
 
-def _est(ci: stats.Interval | None) -> float:
-    return ci.estimate if ci is not None else float("nan")
-
-
-def _ends(ci: stats.Interval | None) -> tuple[float, float]:
-    return (ci.lo, ci.hi) if ci is not None else (float("nan"), float("nan"))
-
-
-def _num(x: float, digits: int) -> str:
-    return f"{x:.{digits}f}" if math.isfinite(x) else ""
+def _num(x: float, digits: int, signed: bool = False) -> str:
+    return f"{x:{'+' if signed else ''}.{digits}f}" if math.isfinite(x) else ""
 
 
 def _bytes(x: float) -> str:
@@ -318,9 +418,39 @@ def _fraction(g: Group) -> str:
     return "dense" if g.cfg["topk"] >= 1 else f"top {g.cfg['topk'] * 100:g}%"
 
 
+def _feedback(g: Group) -> str:
+    """What a sparse arm does with what it did not send (and whether it runs DGC's two fixes)."""
+    cfg = g.cfg
+    if cfg["topk"] >= 1:
+        return "-"
+    if cfg["no_error_feedback"]:
+        return "no"
+    fixes = [name for name, on in (("momentum correction", cfg.get("topk_momentum_correction")),
+                                   (f"warm-up {cfg.get('topk_warmup_epochs', 0):g} epochs",
+                                    cfg.get("topk_warmup_epochs", 0) > 0)) if on]
+    return "yes" + (" + " + " + ".join(fixes) if fixes else "")
+
+
+def _trend(g: Group) -> float:
+    """Mean over seeds of the accuracy's change over the last evaluations (the last LAST_K's mean
+    minus the LAST_K before: what `converged` compares; validation accuracy where there is one)."""
+    out = []
+    for r in g.runs:
+        key = "val_accuracy" if r.evals and r.evals[-1].get("val_accuracy") is not None else "test_accuracy"
+        acc = [e[key] for e in r.evals]
+        if len(acc) >= 2 * LAST_K:
+            out.append(float(np.mean(acc[-LAST_K:]) - np.mean(acc[-2 * LAST_K:-LAST_K])))
+    return float(np.mean(out)) if out else float("nan")
+
+
 def _step_ms(g: Group) -> list[float]:
     """Milliseconds per worker step of each seed: steady-state wall time / steps per worker."""
     return [1e3 * r.summary["wall_time_s"] * r.summary["workers"] / max(1, r.summary["worker_steps"]) for r in g.runs]
+
+
+def _rising(g: Group) -> bool:
+    """Still rising at the end: on average over seeds, by at least what `converged` calls a plateau."""
+    return _trend(g) >= PLATEAU
 
 
 def topk(ctx: Context):
@@ -328,58 +458,54 @@ def topk(ctx: Context):
     learning = [g for g in ctx.groups.values() if not g.cfg.get("link")]
     dense = next(g for g in learning if g.cfg["topk"] >= 1)
     sparse = sorted((g for g in learning if g.cfg["topk"] < 1),
-                    key=lambda g: (-g.cfg["topk"], g.cfg["no_error_feedback"]))
-    with_ef = {_fraction(g): g for g in sparse if not g.cfg["no_error_feedback"]}
-    without = {_fraction(g): g for g in sparse if g.cfg["no_error_feedback"]}
+                    key=lambda g: (-g.cfg["topk"], g.cfg["no_error_feedback"], g.label))
+    with_ef = {g.label: g for g in sparse if not g.cfg["no_error_feedback"]}
+    without = {g.label: g for g in sparse if g.cfg["no_error_feedback"]}
     order = [dense, *sparse]
 
     f1 = ctx.out / "accuracy_vs_samples.png"
     plots.curves(variant_series(order), "samples", "test_accuracy", f1, f"{ctx.exp.id}: accuracy at equal samples")
-    # Accuracy against the bytes each run pushed (measured): one point per fraction, both arms at
-    # the same bytes (feedback changes what is sent, not how much), dense shared by both lines.
-    fractions = sorted({_fraction(g): g.cfg["topk"] for g in sparse}.items(), key=lambda kv: kv[1])
-    names = [f for f, _ in fractions] + ["dense"]
-    xs = [_by_fraction(sparse, f).mean("bytes_pushed") / MIB for f, _ in fractions] + [dense.mean("bytes_pushed") / MIB]
-
-    def arm(groups: dict[str, Group]) -> tuple[list[float], list[tuple[float, float]]]:
-        cis = [acc_ci(groups[f]) if f in groups else stats.Interval(float("nan"), float("nan"), float("nan"))
-               for f, _ in fractions] + [acc_ci(dense)]
-        return [c.estimate for c in cis], [(c.lo, c.hi) for c in cis]
+    # Each sparse arm minus dense, paired (categories: bars, not lines), named with the bytes it pushed.
+    cis = [diff(g, dense) for g in sparse]
     f2 = ctx.out / "accuracy_vs_bytes.png"
-    plots.lines(xs, {"with error feedback": ("variant:0", *arm(with_ef)), "without": ("variant:1", *arm(without))},
-                "MiB pushed per run (all workers, measured)", "final test accuracy", f2,
-                f"{ctx.exp.id}: bytes on the wire vs accuracy", logx=True,
-                xticklabels=[f"{f}\n{x:.2f} MiB" for f, x in zip(names, xs, strict=True)])
-
+    plots.bars([f"{textwrap.fill(g.label, 14)}\n{g.mean('bytes_pushed') / dense.mean('bytes_pushed'):.3f}x bytes"
+                for g in sparse],
+               {"minus dense": ("variant:2", [c.estimate for c in cis], [(c.lo, c.hi) for c in cis])},
+               "final test accuracy minus dense's", f2,
+               f"{ctx.exp.id}: accuracy and bytes pushed against dense ({acc_ci(dense).fmt()})",
+               refs=[(0.0, "dense"), (-margin, f"-margin {margin:g}")])
     rows = []
     for g in order:
         d = diff(g, dense)
-        rows.append([g.label, _fraction(g), "-" if g is dense else ("no" if g.cfg["no_error_feedback"] else "yes"),
-                     f"{g.lr:g}", f"{g.mean('bytes_pushed') / MIB:.2f}",
-                     f"{g.mean('bytes_pushed') / dense.mean('bytes_pushed'):.3f}x",
-                     f"{g.mean('bytes_pulled') / MIB:.1f}", acc_ci(g).fmt(), "" if g is dense else d.fmt(signed=True),
-                     g.converged()])
-    body = table(["run", "sent", "error feedback", "lr (tuned)", "MiB pushed", "vs dense", "MiB pulled",
-                  "test accuracy [95% CI]", "minus dense", "converged"], rows)
+        server_mom = 0.0 if g.cfg.get("topk_momentum_correction") else g.cfg["optim"]["momentum"]
+        share = g.mean("bytes_pushed") / dense.mean("bytes_pushed")
+        rows.append([g.label, _fraction(g), _feedback(g), f"{server_mom:g}", f"{g.lr:g}",
+                     f"{g.mean('bytes_pushed') / MIB:.2f}", f"{share:.3f}x",
+                     acc_ci(g).fmt(), "" if g is dense else d.fmt(signed=True), g.converged(),
+                     _num(_trend(g), 3, signed=True) + (" (rising)" if _rising(g) else "")])
+    body = table(["run", "sent", "error feedback", "server momentum", "lr", "MiB pushed", "vs dense",
+                  "test accuracy [95% CI]", "minus dense (paired)", "converged", "last change"], rows)
 
     ef_d = {f: diff(g, dense) for f, g in with_ef.items()}
     no_d = {f: diff(dense, g) for f, g in without.items()}
     verdict = V.error_feedback_keeps_accuracy(ef_d, no_d, margin)
     params = dense.runs[0].summary["params"]
     pushed = {f: g.mean("bytes_pushed") / dense.mean("bytes_pushed") for f, g in with_ef.items()}
+    rising = [g.label for g in order if _rising(g)]
     headline = ("at equal samples, accuracy minus dense: with error feedback "
                 + ", ".join(f"{f} {d.fmt(signed=True)}" for f, d in ef_d.items()) + "; without "
                 + ", ".join(f"{f} {diff(g, dense).fmt(signed=True)}" for f, g in without.items())
                 + " (dense " + acc_ci(dense).fmt() + "); pushed bytes "
                 + ", ".join(f"{f} {r:.3f}x" for f, r in pushed.items())
-                + f" of dense (measured), for a residual of {4 * params / 1024:.0f} KiB per worker")
-    figs = [Figure(f1, ctx.caption("Test accuracy against training samples, each run at its tuned rate.")),
-            Figure(f2, "Final test accuracy against the bytes each run's workers pushed in all (log scale; measured, "
-                       "summary.json); band: 95% t interval over seeds. With and without error feedback a "
-                       "fraction pushes the same bytes.")]
+                + f" of dense (measured), for a residual of {4 * params / 1024:.0f} KiB per worker"
+                + (f"; still rising at the end: {', '.join(rising)}" if rising else "; every arm at a plateau"))
+    figs = [Figure(f1, ctx.caption("Test accuracy against training samples, each run at its rate (tuning table).")),
+            Figure(f2, "Each sparse arm's mean final test accuracy minus dense's, seed by seed; error bars 95% t "
+                       "intervals; under each, the bytes its workers pushed in all, as a multiple of dense's "
+                       "(measured, summary.json; warm-up sends more in its first epochs). Dotted: 0 and -margin.")]
     key = {"ef_minus_dense": {f: d.estimate for f, d in ef_d.items()},
            "no_feedback_minus_dense": {f: -d.estimate for f, d in no_d.items()},
-           "bytes_vs_dense": pushed,
+           "bytes_vs_dense": pushed, "still_rising": rising,
            "residual_bytes_per_worker": 4 * params}
 
     linked = [g for g in ctx.groups.values() if g.cfg.get("link")]
@@ -393,19 +519,19 @@ def topk(ctx: Context):
     body += ("\n\nAccounting, not a finding: a sparse push of a fraction f of an n-element slice sends round(f n) "
              "entries of an int32 index and a value each, so 8 bytes per entry in fp32 (tests/test_sparsify.py checks "
              "the bytes and that fraction 1 equals dense pushes bit for bit); with error feedback each worker keeps a "
-             f"residual of one fp32 per parameter ({4 * params:,} bytes here). Pulls stay dense: the parameters are "
-             "not sparse, so the bytes a worker receives do not change. What is measured is whether accuracy at equal "
-             "samples survives sending only the largest entries, with the rest carried over (error feedback: Stich "
-             "et al. 2018; Lin et al. 2018) or dropped; each run at its own rate tuned on the validation split. Error "
-             "feedback delays the small coordinates instead of dropping them, so a sparse run that has not converged "
-             "(the table's last column) may still be closing its gap: the claim is judged at equal samples, not at "
-             "the plateau. Momentum is the server's, applied to the sum of the sparse gradients; Deep Gradient "
-             "Compression's momentum correction and sparsity warm-up are not done here.")
+             f"residual of one fp32 per parameter ({4 * params:,} bytes here), and with momentum correction a "
+             "velocity of the same size. Pulls stay dense: the parameters are not sparse, so the bytes a worker "
+             "receives do not change. What is measured is whether accuracy at equal samples survives sending only "
+             "the largest entries, with the rest carried over (error feedback: Stich et al. 2018; Lin et al. 2018) or "
+             "dropped. Momentum: without momentum correction it is the server's, applied to the sum of the sparse "
+             "gradients; with it (Deep Gradient Compression) each worker's velocity is what is accumulated and "
+             "sent, and the server steps without momentum (the 'server momentum' column). Warm-up: in epoch e of "
+             "its first E the fraction sent is max(f, 0.25^(e+1)), so its bytes include those epochs. DGC's local "
+             "gradient clipping is not done (nothing clips here). 'last change': the mean accuracy of the last "
+             f"{LAST_K} evaluations minus the {LAST_K} before (validation accuracy where there is one), averaged over "
+             f"seeds; 'rising' where it is at least {PLATEAU} (what 'converged' calls a plateau). A run still rising "
+             "at the end may still close its gap: the claim is judged at equal samples.")
     return verdict, headline, body, figs, key
-
-
-def _by_fraction(groups: list[Group], fraction: str) -> Group:
-    return next(g for g in groups if _fraction(g) == fraction)
 
 
 def _link_timing(ctx: Context, linked: list[Group]) -> tuple[str, Figure, stats.Interval | None]:

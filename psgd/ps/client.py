@@ -78,7 +78,7 @@ class PushPulled:
 
 class PSClient:
     def __init__(self, transport: Transport, worker_id: int, num_elements: int, wire_dtype: str = "fp32",
-                 timeout: float = 60.0, all_done: bool = False, topk: float | None = None,
+                 timeout: float = 60.0, all_done: bool = False, topk: float | sparsify.TopK | None = None,
                  error_feedback: bool = True) -> None:
         self.transport, self.worker_id, self.dtype, self.timeout = transport, worker_id, wire_dtype, timeout
         self.all_done = all_done
@@ -108,14 +108,14 @@ class PSClient:
                                sparse_count=sparse_count)
 
     def _push_header(self, k: int, clock: int) -> pb.TensorHeader:
-        count = self.sparsifier.counts[k] if self.sparsifier else 0
+        count = self.sparsifier.count_at(k, clock) if self.sparsifier else 0
         return self._header(k, clock, self.versions[k], self.dtype, count)
 
-    def _push_payload(self, grad: torch.Tensor, k: int) -> memoryview | sparsify.Sparse:
+    def _push_payload(self, grad: torch.Tensor, k: int, clock: int = 0) -> memoryview | sparsify.Sparse:
         """Shard k's slice of `grad` as it goes out: its bytes, or its top entries (--topk)."""
         if self.sparsifier is None:
             return codec.encode(self._slice(grad, k), self.dtype)
-        return self.sparsifier.compress(k, self._slice(grad, k), self.dtype)
+        return self.sparsifier.compress(k, self._slice(grad, k), self.dtype, clock)
 
     def _slice(self, flat: torch.Tensor, k: int) -> torch.Tensor:
         start, stop = self.ranges[k]
@@ -150,7 +150,8 @@ class PSClient:
         return PullStreams(self, clock, out)
 
     def _push(self, shards: list[int], clock: int, grad: torch.Tensor) -> list[pb.PushReply]:
-        return self.transport.push(shards, lambda k: self._push_header(k, clock), lambda k: self._push_payload(grad, k))
+        return self.transport.push(shards, lambda k: self._push_header(k, clock),
+                                   lambda k: self._push_payload(grad, k, clock))
 
     def start_push(self, k: int, clock: int, grad: torch.Tensor) -> Future:
         return self.background.submit(lambda: self._push([k], clock, grad)[0])
@@ -183,7 +184,7 @@ class PSClient:
             if last:
                 on_sent()
         results = self.transport.push_pull(
-            self.shards, lambda k: self._push_header(k, clock), lambda k: self._push_payload(grad, k),
+            self.shards, lambda k: self._push_header(k, clock), lambda k: self._push_payload(grad, k, clock),
             lambda k: self._slice(out, k),
             Events(replied=lambda k, header: replied.append(time.perf_counter()),
                    delivered=on_delivered if on_sent else None))
@@ -295,7 +296,7 @@ def join_job(transport: Transport, flat: torch.Tensor) -> tuple[int, int]:
 
 def make_client(transport: str, addresses: list[str], worker_id: int, num_elements: int, wire_dtype: str = "fp32",
                 rpc_timeout: float = 60.0, link: link_mod.Link | None = None, token: bytes | None = None,
-                all_done: bool = False, topk: float | None = None, error_feedback: bool = True,
+                all_done: bool = False, topk: float | sparsify.TopK | None = None, error_feedback: bool = True,
                 tls_ca: str = "") -> PSClient:
     """A PSClient on `--transport grpc | tcp` (paced to `link` when given, carrying `token` when given;
     sparse pushes with `topk`)."""

@@ -14,6 +14,10 @@ stale is bit for bit a plain run. The arithmetic itself is psgd/core/staleness.p
 - `StalenessLR` (Zhang et al. 2016, "Staleness-aware async-SGD"): g / max(1, tau).
 - `DCASGD(lam)` (Zheng et al. 2017, DC-ASGD-c): g + lam g (.) g (.) (w_now - w_then), w_then the
   snapshot the worker pulled last (lent to it from its pull to its push: no copy of its own).
+- `DCASGD(lam, adaptive=True, ms_decay=m)` (the same paper's DC-ASGD-a): lambda per coordinate
+  lam / sqrt(MeanSquare), MeanSquare = m MeanSquare + (1 - m) g (.) g over the gradients this
+  shard received (psgd/core/staleness.py `dc_adaptive_scale`): one more fp32 per parameter on the
+  shard, not checkpointed (a restored shard starts it at 0 again, as a fresh run does).
 """
 
 from __future__ import annotations
@@ -42,9 +46,13 @@ class StalenessLR:
 
 
 class DCASGD:
-    def __init__(self, lam: float, skip_nonfinite: bool = False) -> None:
+    def __init__(self, lam: float, skip_nonfinite: bool = False, adaptive: bool = False,
+                 ms_decay: float = 0.95) -> None:
         assert lam > 0, "DC-ASGD with lambda 0 is no remedy: leave it out"
+        assert 0 <= ms_decay < 1, f"DC-ASGD-a's mean-square decay must be in [0, 1), got {ms_decay}"
         self.lam, self.skip_nonfinite = lam, skip_nonfinite
+        self.adaptive, self.ms_decay = adaptive, ms_decay
+        self.mean_square: torch.Tensor | None = None   # DC-ASGD-a: made at the first push (the shard's length)
         self.then: dict = {}   # worker -> the snapshot it pulled last, lent to it until its push
 
     def adjust(self, shard, grad: torch.Tensor, worker: int, tau: int) -> torch.Tensor | None:
@@ -57,6 +65,12 @@ class DCASGD:
                              f"DC-ASGD on shard {shard.index}: worker {worker} pushed a gradient of version {base} "
                              f"but last pulled {'nothing' if then is None else then.version} here")
         out = staleness.dc_term(grad, shard.param.detach(), then.values, self.lam, shard.scratch())
+        if self.adaptive:
+            if self.mean_square is None:
+                self.mean_square = torch.zeros_like(grad, dtype=torch.float32)
+            # A gradient that is not finite would poison the average for good: it is left out of it.
+            if all_finite(grad):
+                out.mul_(staleness.dc_adaptive_scale(self.mean_square, grad, self.ms_decay))
         # How large the compensation is next to the gradient: what the remedy did, in summary.json.
         relative = float(torch.linalg.vector_norm(out) / torch.linalg.vector_norm(grad).clamp_min(1e-30))
         out.add_(grad)

@@ -10,12 +10,14 @@ forwards it to the processes it starts as flags) and returns objects that know n
 - `shard_optimizer(cfg)`: a factory param -> optimizer (psgd/core/optim.py `build`, fused where
   torch has the kernel); with --local-steps it is the outer optimizer (`localsgd.outer_config`:
   SGD at lr 1, the replicas' average, or DiLoCo's Nesterov; the run's optimizer acts in the workers;
-  async: each change on arrival, psgd/core/delayed_nesterov.py).
+  async: each change on arrival, psgd/core/delayed_nesterov.py); with --topk-momentum-correction
+  it has no momentum (the workers keep it).
 - `remedies(cfg)`: the stale-gradient remedies the shard applies (psgd/ps/remedies.py), DC-ASGD
   before the staleness-aware rate.
 - `shard(cfg, index, num_params)`: a `Shard` of those, with its `ShardOptions`.
 - `shard_server(cfg, index, host, port, ...)`: that shard served (psgd/ps/server.py).
-- `ps_exchange(cfg, addresses)`: a worker's `PSExchange` (psgd/ps/exchange.py);
+- `topk(cfg)`: what a worker's pushes send (psgd/core/sparsify.py `TopK`; None: dense);
+  `ps_exchange(cfg, addresses)`: a worker's `PSExchange` (psgd/ps/exchange.py);
   `collective_exchange(cfg, rank, env, init_method)`: an all-reduce rank's (psgd/allreduce/collective.py).
 - `worker_parts(cfg, rank, device)`: what one worker's loop is given (psgd/train/worker.py
   `train`): the model (seeded), the batches, the loss and the loop's options; `train_worker`
@@ -28,12 +30,13 @@ and its name in `optim.build`; nothing here changes for either.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from psgd.core import elastic, localsgd, optim, sharding
+from psgd.core import elastic, localsgd, optim, sharding, sparsify
 from psgd.core.config import RunConfig
 from psgd.core.consistency import Policy, make_policy
 from psgd.ps import auth
@@ -63,13 +66,16 @@ def shard_optimizer(cfg: RunConfig):
         from psgd.core.delayed_nesterov import DelayedNesterov  # noqa: PLC0415
 
         return functools.partial(DelayedNesterov, cfg=outer, workers=cfg.members)
+    if cfg.topk_momentum_correction:
+        # Deep Gradient Compression: the workers keep the momentum (psgd/core/sparsify.py), the shards do not.
+        outer = dataclasses.replace(outer, momentum=0.0)
     return functools.partial(optim.build, cfg=outer, fused=True)
 
 
 def remedies(cfg: RunConfig) -> tuple:
     out: list[Any] = []
     if cfg.dc_lambda > 0:
-        out.append(remedies_mod.DCASGD(cfg.dc_lambda, cfg.skip_nonfinite))
+        out.append(remedies_mod.DCASGD(cfg.dc_lambda, cfg.skip_nonfinite, cfg.dc_adaptive, cfg.dc_ms_decay))
     if cfg.staleness_lr:
         out.append(remedies_mod.StalenessLR())
     return tuple(out)
@@ -103,11 +109,26 @@ def shard_server(cfg: RunConfig, index: int, host: str = "127.0.0.1", port: int 
                         worker_lease=cfg.worker_lease)
 
 
+def topk(cfg: RunConfig) -> sparsify.TopK | None:
+    """What a worker's pushes send (psgd/core/sparsify.py); None: dense pushes (--topk 1, the
+    default; the sparse path at fraction 1 is for tests). The warm-up's epochs are counted in
+    pushes: a push per global batch of the training set (as --epochs counts them)."""
+    if cfg.topk >= 1:
+        return None
+    per_epoch = 1.0
+    if cfg.topk_warmup_epochs > 0:
+        from psgd.train import data as data_mod  # noqa: PLC0415 - a worker's import, as in worker_parts
+
+        per_epoch = max(1.0, data_mod.train_size(cfg.data) / cfg.global_batch)
+    return sparsify.TopK(cfg.topk, not cfg.no_error_feedback,
+                         cfg.optim.momentum if cfg.topk_momentum_correction else 0.0,
+                         cfg.topk_warmup_epochs, per_epoch)
+
+
 def ps_exchange(cfg: RunConfig, addresses: list[str]) -> PSExchange:
-    # --topk 1 (the default) is a dense push; the sparse path at fraction 1 is for tests.
     return PSExchange(addresses, cfg.wire_dtype, cfg.rpc_timeout, cfg.link, cfg.overlap, cfg.accumulate, cfg.transport,
                       cfg.local_steps, cfg.optim, cfg.separate_pull, auth.load(cfg.token_file),
-                      backup_workers=cfg.backup_workers, topk=cfg.topk if cfg.topk < 1 else None,
+                      backup_workers=cfg.backup_workers, topk=topk(cfg),
                       error_feedback=not cfg.no_error_feedback, tls_ca=cfg.tls_ca)
 
 
