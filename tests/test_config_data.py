@@ -279,3 +279,18 @@ def test_dirichlet_plan_cycles_each_worker_through_its_own_part():
     assert [sum(h) for h in hist] == [len(p) for p in plan.parts] and sum(map(sum, hist)) == 300
     iid = data.class_histogram(data.BatchPlan(labels, 3, 10, seed=2), labels, 5)
     assert [sum(h) for h in iid] == [100, 100, 100]  # IID: what each worker sees in one epoch
+
+
+def test_dirichlet_equal_parts_are_one_size_skewed_and_a_partition():
+    labels = torch.arange(10).repeat_interleave(40)[torch.randperm(400, generator=torch.Generator().manual_seed(0))]
+    parts = data.dirichlet_equal_parts(labels, 4, alpha=0.1, seed=3, min_size=8)
+    assert [len(p) for p in parts] == [100] * 4
+    assert len(torch.cat(parts).unique()) == 400                      # every sample once: a partition
+    assert all(torch.equal(a, b) for a, b in zip(parts, data.dirichlet_equal_parts(labels, 4, 0.1, 3, 8),
+                                                  strict=True))       # a pure function of its inputs
+    first = torch.bincount(labels[parts[0]], minlength=10)
+    assert int((first > 0).sum()) <= 5, first                          # Dir(0.1): a few classes, not all ten
+    plan = data.BatchPlan(labels, 4, 8, seed=3, dirichlet_alpha=0.1, equal=True)
+    assert all(len(p) == 100 for p in plan.parts)
+    with pytest.raises(ValueError, match="cannot give"):
+        data.dirichlet_equal_parts(labels, 4, 0.1, 3, min_size=101)

@@ -47,7 +47,7 @@ WIRE_DTYPES = ("fp32", "fp16", "bf16")
 ALLREDUCE_IMPLS = ("library", "ring")
 BACKENDS = ("auto", "gloo", "nccl")
 TRANSPORTS = ("grpc", "tcp")
-SHARD_DATA = ("iid", "noniid", "dirichlet")
+SHARD_DATA = ("iid", "noniid", "dirichlet", "dirichlet-equal")
 
 Pairs = tuple[tuple[int, int], ...]   # (rank, n) pairs: a repeatable `--flag RANK=N`, a TOML list ["0=40"]
 
@@ -111,7 +111,9 @@ class DataConfig:
     num_samples: int = opt(5000, "samples to generate (80% train)")   # synthetic / mnist1d; the rest is test
     data_seed: int = opt(42, "seed of the generated dataset")          # kept apart from --seed
     shard_data: str = opt("iid", "noniid: sort by label, worker r trains on part r only; dirichlet: each class "
-                                 "split among workers in Dir(alpha) shares (Hsu et al. 2019)", choices=SHARD_DATA)
+                                 "split among workers in Dir(alpha) shares; dirichlet-equal: every worker as many "
+                                 "samples, its class mix drawn from Dir(alpha) (Hsu et al. 2019's clients)",
+                          choices=SHARD_DATA)
     dirichlet_alpha: float = opt(1.0, "dirichlet label skew: 100 is nearly IID, 0.1 gives most workers a few "
                                       "classes", metavar="ALPHA")
     val_fraction: float = opt(0.0, "hold this fraction of the training set out as a validation split (LR tuning)")

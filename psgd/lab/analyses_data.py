@@ -54,7 +54,7 @@ def _skew(cfg: dict) -> str:
         return "IID"
     if d["shard_data"] == "noniid":
         return "label-sorted"
-    return f"Dir({d['dirichlet_alpha']:g})"
+    return f"Dir({d['dirichlet_alpha']:g})" + (", equal" if d["shard_data"] == "dirichlet-equal" else "")
 
 
 def noniid(ctx: Context):
@@ -88,10 +88,18 @@ def noniid(ctx: Context):
     verdict = V.skew_hurts(local_drop, every_drop)
     headline = (f"with {skews[-1]} shards, {names['local']} loses {local_drop.fmt(signed=True)} accuracy and "
                 f"{names['every']} {every_drop.fmt(signed=True)}")
-    body += (f"\n\nDir(alpha): each class is split among the workers in Dirichlet(alpha) shares (Hsu et al. 2019); "
-             f"small alpha gives each worker few classes. Averaging every step (sync) applies the mean of all workers' "
-             f"gradients, which together still cover every class: the update is the IID one, only the batch "
-             f"composition changes. {names['local']} lets each replica drift toward its own classes between averagings "
+    sizes = [sum(row) for row in counts]
+    equal = len(set(sizes)) == 1
+    how = ("every worker holds as many samples, its class mix drawn from Dirichlet(alpha) proportions" if equal
+           else "each class is split among the workers in Dirichlet(alpha) shares")
+    weights = (": with shards of one size every class weighs as in the data, so the update is an IID one of a "
+               "differently composed batch" if equal else
+               ": but with shards of unequal size each worker's samples weigh 1/N of a step whatever their number, "
+               "so the classes are weighted unlike the data")
+    body += (f"\n\nDir(alpha): {how} (Hsu et al. 2019); small alpha gives each worker few classes. The workers' "
+             f"shards here hold {'/'.join(map(str, sizes))} samples. Averaging every step (sync) applies the mean of "
+             f"all workers' gradients, one batch each, which together still cover every class{weights}. "
+             f"{names['local']} lets each replica drift toward its own classes between averagings "
              f"(Stich 2019; Lin et al. 2020). Each averaging scheme runs at its rate tuned on IID shards.")
     figs = [Figure(f3, f"Training samples of each class on each worker with {skews[-1]} shards (cell: count; shade: "
                        "share of that worker's samples)."),

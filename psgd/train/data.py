@@ -23,7 +23,9 @@ Contract:
   distribution"), each class's samples are split among the N workers in proportions drawn from
   Dir(alpha x 1_N) (numpy, seeded by the run seed), and worker r draws from the union of its
   pieces: alpha -> infinity is IID, alpha -> 0 puts each class on (nearly) one worker. A part
-  smaller than one batch is topped up from the largest part (`dirichlet_parts`). In both
+  smaller than one batch is topped up from the largest part (`dirichlet_parts`). With
+  `dirichlet-equal` every worker holds floor(n / N) samples and its class mix is Dir(alpha)
+  (`dirichlet_equal_parts`): the workers' parts weigh as many samples each. In the
   partitioned cases worker r takes its own seeded permutation of its part each epoch, cycling.
 - Your own data (`--dataset pkg.mod:make_data` or `FILE.py:make_data`, psgd/train/userspec.py):
   a callable of no required arguments returning `(train, test)`, each a tuple `(x, y)` of tensors
@@ -246,7 +248,7 @@ class BatchPlan:
     """
 
     def __init__(self, labels: torch.Tensor, workers: int, per_worker: int, seed: int,
-                 noniid: bool = False, dirichlet_alpha: float | None = None) -> None:
+                 noniid: bool = False, dirichlet_alpha: float | None = None, equal: bool = False) -> None:
         n = int(labels.shape[0])
         self.workers, self.per_worker, self.seed = workers, per_worker, seed
         assert not (noniid and dirichlet_alpha is not None), "noniid and dirichlet are two different splits"
@@ -256,7 +258,8 @@ class BatchPlan:
             if any(len(p) < per_worker for p in self.parts):
                 raise ValueError(f"non-IID shards of {n // workers} samples are smaller than a batch of {per_worker}")
         elif dirichlet_alpha is not None:
-            self.parts = dirichlet_parts(labels, workers, dirichlet_alpha, seed, min_size=per_worker)
+            self.parts = (dirichlet_equal_parts(labels, workers, dirichlet_alpha, seed, min_size=per_worker) if equal
+                          else dirichlet_parts(labels, workers, dirichlet_alpha, seed, min_size=per_worker))
         else:
             self.parts = None
             if n < workers * per_worker:
@@ -294,7 +297,8 @@ def plan_for(cfg: RunConfig, labels: torch.Tensor) -> BatchPlan:
     """The batch plan of a run: a worker's batch is --batch-size x --accumulate samples."""
     shard = cfg.data.shard_data
     return BatchPlan(labels, cfg.slots, cfg.batch_size * cfg.accumulate, cfg.seed, noniid=shard == "noniid",
-                     dirichlet_alpha=cfg.data.dirichlet_alpha if shard == "dirichlet" else None)
+                     dirichlet_alpha=cfg.data.dirichlet_alpha if shard.startswith("dirichlet") else None,
+                     equal=shard == "dirichlet-equal")
 
 
 def dirichlet_parts(labels: torch.Tensor, workers: int, alpha: float, seed: int,
@@ -337,6 +341,49 @@ def dirichlet_parts(labels: torch.Tensor, workers: int, alpha: float, seed: int,
         parts[small] = np.concatenate([parts[small], parts[big][-move:]])
         parts[big] = parts[big][:-move]
     return [torch.from_numpy(p.astype(np.int64)) for p in parts]
+
+
+def dirichlet_equal_parts(labels: torch.Tensor, workers: int, alpha: float, seed: int,
+                          min_size: int = 1) -> list[torch.Tensor]:
+    """Split the samples into `workers` parts of one size, floor(n / N), each with its own label
+    skew: worker r's class mix q_r ~ Dir(alpha x 1_C) (Hsu et al. 2019's clients, which all hold
+    as many samples). Worker by worker (rank order), its n / N samples are drawn class by class in
+    proportion to q_r from what the workers before it left; a class that runs out gives its share
+    to the classes still there, in proportion to q_r. So every worker's gradient stands for as
+    many samples, and the mean of the N gradients weights the classes as the data does, up to
+    the floor(n / N) remainder (samples left out). Pure function of (labels, workers, alpha, seed);
+    ValueError when a part would be smaller than `min_size`."""
+    n = int(labels.shape[0])
+    size = n // workers
+    if size < min_size:
+        raise ValueError(f"{n} training samples cannot give {workers} workers a batch of {min_size} each")
+    rng = np.random.default_rng([seed % (1 << 63), 0xE7])
+    y = labels.cpu().numpy()
+    classes = np.unique(y)
+    pools = [list(rng.permutation(np.flatnonzero(y == c))) for c in classes]
+    parts = []
+    for _ in range(workers):
+        q = rng.dirichlet(np.full(len(classes), alpha))
+        take = np.zeros(len(classes), dtype=np.int64)
+        need = size
+        while need:
+            left = np.array([len(p) for p in pools]) - take
+            w = np.where(left > 0, q, 0.0)
+            w = w / w.sum() if w.sum() > 0 else (left > 0) / max(1, (left > 0).sum())
+            want = np.minimum(np.floor(w * need).astype(np.int64), left)
+            if want.sum() == 0:  # less than one sample each: the largest weights take one
+                for c in np.argsort(-w, kind="stable")[:need]:
+                    if left[c] > 0:
+                        want[c] += 1
+            want = np.minimum(want, left)
+            take += want
+            need -= int(want.sum())
+        piece = []
+        for c, k in enumerate(take):
+            piece += pools[c][:k]
+            pools[c] = pools[c][k:]
+        parts.append(torch.tensor(piece, dtype=torch.int64))
+    return parts
 
 
 def class_histogram(plan: BatchPlan, labels: torch.Tensor, num_classes: int) -> list[list[int]]:
