@@ -122,6 +122,32 @@ def _on_the_same_link(cfg: C.RunConfig, out: Path) -> bool:
     now = hosts.link_record(c, cfg.mode)
     then = json.loads((out / "summary.json").read_text()).get("cluster") or {}
     return {k: then.get(k) for k in now} == now
+class _WarmParent:
+    """One warm parent for every run the suite makes (psgd/train/launch.py `warm_parent`): torch is
+    imported once per suite, not once per run (about 1.2 s of a run's start-up on 2 cores). Started
+    at the first run, replaced if it died, closed when the suite ends (and it dies with the suite's
+    process in any case: PR_SET_PDEATHSIG)."""
+
+    def __init__(self) -> None:
+        self.zygote = None
+
+    def get(self):
+        from psgd.train import launch
+
+        if self.zygote is None or self.zygote.gone:
+            self.close()
+            self.zygote = launch.warm_parent("psgd-suite")
+        return self.zygote
+
+    def close(self) -> None:
+        if self.zygote is not None:
+            self.zygote.close()
+            self.zygote = None
+
+
+WARM = _WarmParent()
+
+
 def execute(spec: RunSpec, fresh: bool, position: str, tensorboard: Path | None = None) -> dict:
     """Run one spec (or reuse its cached result); returns its summary. With `tensorboard`, the
     run's curves go to TENSORBOARD/<experiment>/<label>-<phase>-lr<lr>-s<seed> (psgd/train/tboard.py)."""
@@ -134,7 +160,7 @@ def execute(spec: RunSpec, fresh: bool, position: str, tensorboard: Path | None 
     cfg = C.with_epochs_resolved(spec.cfg, data.train_size(spec.cfg.data))
     tag = f"{position} {spec.experiment} {spec.label}" + (f" lr={spec.cfg.optim.lr:g}" if spec.phase == "tune" else "")
     with progress.live(Path(cfg.out), cfg.budget, f"{tag} s{spec.seed}"):
-        summary = launch.run(cfg)
+        summary = launch.run(cfg, zygote=WARM.get())
     # Record the config as specified (before --epochs was resolved), so the cache check matches.
     out = Path(cfg.out)
     (out / "config.json").write_text(json.dumps(launch.config_record(spec.cfg), indent=1))
@@ -250,32 +276,35 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
                 overall.update(1)
         return out
 
-    for exp in experiments:
-        out = results / exp.id
-        if exp not in chosen_exps:
-            # --only: the report still covers the whole suite, from the results already there.
-            if _has_results(exp):
-                chosen, scores = tuning_of(exp) if exp.tuned else ({}, {})
-                finals = exp.final_specs(chosen)
-                summaries = [(s, json.loads((Path(s.cfg.out) / "summary.json").read_text())) for s in finals]
-                pending.append((exp, summaries, out, chosen, scores))
-                made[exp.id] = made_by(exp, finals)
-            else:
-                tqdm.write(f"{exp.id}: not run yet, left out of the report (run the suite without --only)",
-                           file=sys.stderr)
-            continue
-        out.mkdir(parents=True, exist_ok=True)
-        tune_specs = exp.tune_specs()
-        run_all(tune_specs)
-        chosen, scores = tuning_of(exp) if exp.tuned else ({}, {})
-        finals = exp.final_specs(chosen)
-        summaries = run_all(finals)
-        if exp.bench:
-            _run_bench(exp, out, f"[{overall.n + 1}/{overall.total}] {exp.id}")
-            overall.update(1)
-        (out / "commands.txt").write_text(_commands(exp, tune_specs, finals, command))
-        pending.append((exp, summaries, out, chosen, scores))
-        made[exp.id] = made_by(exp, finals)
+    try:
+        for exp in experiments:
+            out = results / exp.id
+            if exp not in chosen_exps:
+                # --only: the report still covers the whole suite, from the results already there.
+                if _has_results(exp):
+                    chosen, scores = tuning_of(exp) if exp.tuned else ({}, {})
+                    finals = exp.final_specs(chosen)
+                    summaries = [(s, json.loads((Path(s.cfg.out) / "summary.json").read_text())) for s in finals]
+                    pending.append((exp, summaries, out, chosen, scores))
+                    made[exp.id] = made_by(exp, finals)
+                else:
+                    tqdm.write(f"{exp.id}: not run yet, left out of the report (run the suite without --only)",
+                               file=sys.stderr)
+                continue
+            out.mkdir(parents=True, exist_ok=True)
+            tune_specs = exp.tune_specs()
+            run_all(tune_specs)
+            chosen, scores = tuning_of(exp) if exp.tuned else ({}, {})
+            finals = exp.final_specs(chosen)
+            summaries = run_all(finals)
+            if exp.bench:
+                _run_bench(exp, out, f"[{overall.n + 1}/{overall.total}] {exp.id}")
+                overall.update(1)
+            (out / "commands.txt").write_text(_commands(exp, tune_specs, finals, command))
+            pending.append((exp, summaries, out, chosen, scores))
+            made[exp.id] = made_by(exp, finals)
+    finally:
+        WARM.close()  # the suite's runs are over: its warm parent goes
     overall.close()
     # Analysed once everything has run: the noise floor (E1's two identical algorithms) sets the
     # least accuracy margin of every verdict, E0's included, so it is measured first.

@@ -323,10 +323,17 @@ def set_threads(cfg: RunConfig, role: str = "worker") -> None:
     torch.set_num_threads(thread_budget(cfg, role=role))
 
 
+_LAUNCHED_BEFORE: list[float] = []  # when each run of this process began (the suite makes many)
+
+
 def _write_launch(out: Path, by: str) -> None:
-    """The run's first line: when its first process started (summary.json's startup_s counts from it)."""
+    """The run's first line: when it started (summary.json's startup_s counts from it). The first
+    run of a process started with the process (its imports are start-up); a later run of the same
+    process (the suite's) starts when it is launched, not when the suite did."""
+    began = time.time() if _LAUNCHED_BEFORE else process_start_time()
+    _LAUNCHED_BEFORE.append(began)
     m = Metrics(out / "metrics.jsonl")
-    m.write(event="launch", by=by, process_start=process_start_time())
+    m.write(event="launch", by=by, process_start=began)
     m.close()
 
 
@@ -369,12 +376,15 @@ def resume_version(cfg: RunConfig) -> int:
     return max(common)
 
 
-def run(cfg: RunConfig, resume: bool = False, cold_start: bool = False) -> dict:
+def run(cfg: RunConfig, resume: bool = False, cold_start: bool = False, zygote: Zygote | None = None) -> dict:
     """Run one training job end to end; returns the summary. Raises RunFailed, or UsageError for an
     --out that is not psgd's to write (an empty --out gets a folder of its own: with_out_resolved).
     `resume`: continue the stopped run in cfg.out from its checkpoints (`resumable`).
     `cold_start`: every child execs `python -m psgd ...` instead of being forked by the run's warm
-    parent (psgd/train/zygote.py); for debugging, and the same results.
+    parent (psgd/train/zygote.py); for debugging, and the same results. `zygote`: a warm parent
+    that outlives this run (`warm_parent`: the suite forks every run's processes from one, so torch
+    is imported once per suite, not once per run); this run neither starts nor closes it (a gone one
+    is replaced by a zygote of the run's own).
 
     --restart-servers N: when a shard dies, every process is stopped and the run goes on from the
     newest checkpoint all shards have (the same path as --resume), at most N times; each restart
@@ -384,7 +394,7 @@ def run(cfg: RunConfig, resume: bool = False, cold_start: bool = False) -> dict:
     restarts = 0
     while True:
         try:
-            return _attempt(cfg, resume, cold_start)
+            return _attempt(cfg, resume, cold_start, zygote)
         except ShardDied as e:
             if restarts >= cfg.restart_servers:
                 raise
@@ -418,7 +428,12 @@ def _note_restart(out: Path, died: ShardDied, resumed_from: int) -> None:
         updates_lost=max(0, reached - resumed_from))))
 
 
-def _attempt(cfg: RunConfig, resume: bool, cold_start: bool = False) -> dict:
+def warm_parent(tag: str = "suite") -> Zygote:
+    """A warm parent for many runs (`run(..., zygote=)`); its children get each run's own environment."""
+    return Zygote.start(tag, child_env())
+
+
+def _attempt(cfg: RunConfig, resume: bool, cold_start: bool = False, shared: Zygote | None = None) -> dict:
     restore: list[str] = []
     if resume:
         out = Path(cfg.out)
@@ -447,11 +462,13 @@ def _attempt(cfg: RunConfig, resume: bool, cold_start: bool = False) -> dict:
     _write_launch(out, "psgd run --resume" if resume else "psgd run")
     # The warm parent loads torch while the launcher prepares; on cluster hosts each child enters
     # its namespace by exec (`ip netns exec`), so there, and with --cold-start, every child execs.
-    zygote = None if cold_start or cfg.hosts else Zygote.start(str(out), child_env(cfg))
+    forks = not (cold_start or cfg.hosts)
+    own = forks and (shared is None or shared.gone)
+    zygote = Zygote.start(str(out), child_env(cfg)) if own else (shared if forks else None)
     try:
         return _start_and_wait(cfg, out, restore, zygote)
     finally:
-        if zygote is not None:
+        if own:
             zygote.close()
 
 
