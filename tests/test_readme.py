@@ -55,6 +55,8 @@ NOT_RUN = {
     "psgd bench peers": "tests/test_bench_peers.py",
     "psgd bench cluster": "minutes, and root; tests/test_bench.py checks its model's two floors, tests/test_cluster.py "
                           "its probe, calibrate --cluster's refusal and runs across hosts",
+    "psgd bench utilisation": "minutes, and root; tests/test_bench_utilisation.py checks its runs, its utilisation "
+                              "arithmetic, the model's amortised step and the table",
     # A run costs make test about 3 s of start-up; the same sparse pushes go through in-process shards.
     "psgd run --mode sync --workers 4 --topk": "tests/test_sparsify.py (both transports, --link pacing included)",
     # The transformer's two runs cost make test about 6 s; the same flags run in tests of their own.

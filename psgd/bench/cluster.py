@@ -114,6 +114,40 @@ def calibration(out: Path, a: argparse.Namespace, c: plan.Cluster | None = None)
     return json.loads(out.read_text())
 
 
+def host_calibration(out: Path, a: argparse.Namespace) -> dict:
+    """The one-host calibration: --calibration's file, or made on loopback now (OUT/calibration-loopback.json);
+    BenchFailed when it is for another --width."""
+    host = json.loads(Path(a.calibration).read_text()) if a.calibration else \
+        calibration(out / "calibration-loopback.json", a)
+    if host.get("model", {}).get("width") != a.width:
+        raise BenchFailed(f"--calibration {a.calibration} is for width {host.get('model', {}).get('width')}, "
+                          f"not --width {a.width}")
+    return host
+
+
+def check_rates(rates: list[str], latency: str, prefix: str) -> None:
+    """ValueError unless every rate is a finite link rate that gives a cluster name with `prefix`."""
+    for rate in rates:
+        lk = link_mod.parse(f"{rate},{latency}")
+        if lk is None or lk.bits_per_s == float("inf"):
+            raise ValueError(f"--rates needs finite rates, got {rate!r}")
+        cluster_name(prefix, rate)
+
+
+def add_cluster_flags(p: argparse.ArgumentParser, name: str, repeat: int) -> None:
+    """The flags of `calibration`, `host_calibration`, the link probe, the clusters' names and the retries
+    (this bench's and `psgd bench utilisation`'s)."""
+    p.add_argument("--sizes-mb", default="auto", help="calibration: push / pull sizes to fit beta on, MiB (auto: "
+                   "2 and 8, or 4x and 16x a link's tbf bucket where that is more)")
+    p.add_argument("--repeat", type=int, default=repeat, help="calibration: timed repetitions per size")
+    p.add_argument("--calibration", default="", help="the one-host calibration (psgd bench calibrate --transport "
+                   "tcp, same --width) for the model's CPU floor; default: made in this run "
+                   "(OUT/calibration-loopback.json)")
+    p.add_argument("--probe-s", type=float, default=1.0, help="the raw TCP probe moves this many seconds of the rate")
+    p.add_argument("--name", default=name, help="cluster name prefix (the rate is appended)")
+    p.add_argument("--retries", type=int, default=1, help="rerun a failed configuration this many times")
+
+
 def machines(across: dict, host: dict, latency_s: float, goodput_bits: float) -> dict[str, cm.Machine]:
     """The cost model on the cluster, two ways (psgd/core/costmodel.py).
     "ps" and "ring": its cluster form (cores = 0: a CPU and a full-duplex link per host), the PS's
@@ -317,7 +351,8 @@ def plot(rows: list[dict], a: argparse.Namespace, path: Path) -> None:
     plt.close(fig)
 
 
-def provenance(argv: list[str]) -> str:
+def provenance(argv: list[str], bench: str = "cluster") -> str:
+    """command.txt's text: `psgd bench BENCH ARGV`, the date, the machine and the code commit."""
     root = Path(__file__).resolve().parents[2]
 
     def git(*args: str) -> str:
@@ -325,7 +360,7 @@ def provenance(argv: list[str]) -> str:
         return r.stdout.strip() if r.returncode == 0 else "unknown"
 
     dirty = " (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else ""
-    return (f"psgd bench cluster {' '.join(argv)}\n# date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"
+    return (f"psgd bench {bench} {' '.join(argv)}\n# date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"
             f"# machine: {len(os.sched_getaffinity(0))} CPU cores, shared with other jobs (load average at start "
             f"{os.getloadavg()[0]:.1f}); {platform.system()} {platform.release()}; Python {platform.python_version()}"
             f"\n# training code: commit {git('rev-parse', 'HEAD')}{dirty}\n")
@@ -344,20 +379,12 @@ def main(argv: list[str]) -> int:
                    "timed)")
     p.add_argument("--compute-ms", type=float, default=30, help="E10: emulated compute per step on every rank")
     p.add_argument("--batch-size", type=int, default=32, help="samples per worker per step")
-    p.add_argument("--sizes-mb", default="auto", help="calibration: push / pull sizes to fit beta on, MiB (auto: "
-                   "2 and 8, or 4x and 16x a link's tbf bucket where that is more)")
-    p.add_argument("--repeat", type=int, default=5, help="calibration: timed repetitions per size")
-    p.add_argument("--calibration", default="", help="the one-host calibration (psgd bench calibrate --transport "
-                   "tcp, same --width) for the model's CPU floor; default: made in this run "
-                   "(OUT/calibration-loopback.json)")
-    p.add_argument("--probe-s", type=float, default=1.0, help="the raw TCP probe moves this many seconds of the rate")
+    add_cluster_flags(p, name="bc", repeat=5)
     p.add_argument("--ceiling", action=argparse.BooleanOptionalAction, default=True,
                    help="first measure an unshaped veth pair: the fastest link the cores can drive")
     p.add_argument("--probe-rates", default="25gbit",
                    help="with --ceiling: rates measured with the raw TCP probe only (no runs), to show what the "
                         "cores cannot drive")
-    p.add_argument("--name", default="bc", help="cluster name prefix (the rate is appended)")
-    p.add_argument("--retries", type=int, default=1, help="rerun a failed configuration this many times")
     p.add_argument("--out", default="results/bench/cluster", help="folder for the CSVs, table, plot and command")
     p.add_argument("--runs", default="results/runs/bench-cluster", help="folder for the runs themselves")
     a = p.parse_args(argv)
@@ -365,11 +392,7 @@ def main(argv: list[str]) -> int:
     a.rates = [r.strip().lower() for r in a.rates.split(",") if r.strip()]
     a.probe_rates = [r.strip().lower() for r in a.probe_rates.split(",") if r.strip()] if a.ceiling else []
     try:
-        for rate in a.rates + a.probe_rates:
-            lk = link_mod.parse(f"{rate},{a.latency}")
-            if lk is None or lk.bits_per_s == float("inf"):
-                raise ValueError(f"--rates needs finite rates, got {rate!r}")
-            cluster_name(a.name, rate)
+        check_rates(a.rates + a.probe_rates, a.latency, a.name)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if not a.rates or max(a.workers) < 2 or a.steps < 3 or a.e10_steps < 3 or a.width < 1 or a.batch_size < 1:
@@ -399,11 +422,7 @@ def main(argv: list[str]) -> int:
                                   "goodput_over_setting": bits / setting})
                 ceiling = ceiling or bits
                 print(f"{rate or 'unshaped veth pair'}: {bits / 1e6:.0f} Mbit/s (raw TCP)", flush=True)
-        host = json.loads(Path(a.calibration).read_text()) if a.calibration else \
-            calibration(out / "calibration-loopback.json", a)
-        if host.get("model", {}).get("width") != a.width:
-            raise BenchFailed(f"--calibration {a.calibration} is for width {host.get('model', {}).get('width')}, "
-                              f"not --width {a.width}")
+        host = host_calibration(out, a)
         for name, cfg in [(name, cfg) for e, _, name, cfg in plans(a, runs / "loopback") if e == "E10"]:
             row = run_row(dataclasses.replace(cfg, out=str(runs / "loopback" / name)), "", "E10", "ps", "loopback",
                           a.retries)
