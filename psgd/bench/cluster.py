@@ -377,7 +377,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--steps", type=int, default=10, help="E4: updates per run (the first and the last not timed)")
     p.add_argument("--e10-steps", type=int, default=12, help="E10: updates per run (the first and the last not "
                    "timed)")
-    p.add_argument("--compute-ms", type=int, default=30, help="E10: emulated compute per step on every rank (whole ms: --straggler takes them)")
+    p.add_argument("--compute-ms", type=int, default=30,
+                   help="E10: emulated compute per step on every rank (whole ms, as --straggler takes them)")
     p.add_argument("--batch-size", type=int, default=32, help="samples per worker per step")
     add_cluster_flags(p, name="bc", repeat=5)
     p.add_argument("--ceiling", action=argparse.BooleanOptionalAction, default=True,
