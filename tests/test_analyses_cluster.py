@@ -1,0 +1,61 @@
+"""E4's and E10's cluster analyses (psgd/lab/analyses_systems.py) on made-up `psgd bench cluster`
+rows: the verdict comes from the kernel-shaped rows, the cost model sits beside them, and a cluster
+that could not be built is "not testable here" with its reason."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from psgd.lab import analyses, analyses_systems
+
+FIELDS = ["rate", "experiment", "config", "where", "mode", "workers", "shards", "status", "step_s", "samples_per_s",
+          "busiest_bytes", "busiest", "predicted_s", "bound", "params"]
+
+
+def write(folder: Path, rows: list[tuple]) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder / "cluster.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(FIELDS)
+        for rate, exp, config, where, n, step, model in rows:
+            w.writerow([rate, exp, config, where, "sync", n, 1, "ok", step, 32 * n / step,
+                        8e6 * (n if config == "ps" else 2 * (n - 1) / n), "shard", model, "wire", 2143242])
+
+
+def exp(root: Path, exp_id: str = "E4") -> SimpleNamespace:
+    return SimpleNamespace(id=exp_id, path=f"{exp_id}.toml", title="t", claim="c", quote="", quote_en="",
+                           quote_source="", why="w", analysis="cluster_bench", seeds=(0,), params={}, results=root)
+
+
+@pytest.mark.parametrize("ps4, verdict", [(0.55, "confirmed"), (0.14, "refuted")])
+def test_e4_judges_the_ring_speedup_against_the_server_s(tmp_path, ps4, verdict):
+    g = "1gbit"
+    write(tmp_path / "E4", [(g, "E4", "ps", "kernel", 1, 0.16, 0.15), (g, "E4", "ps", "kernel", 2, 0.28, 0.3),
+                            (g, "E4", "ps", "kernel", 4, ps4, 0.59), (g, "E4", "gloo", "kernel", 2, 0.09, 0.08),
+                            (g, "E4", "gloo", "kernel", 4, 0.14, 0.12), (g, "E4", "ps", "pacer", 4, 9.0, 0.59)])
+    section = analyses.analyse(exp(tmp_path), [], tmp_path / "E4")
+    assert section.verdict == verdict, section.headline
+    assert "gloo's all-reduce 1.29x" in section.headline     # 2 x 0.09 / 0.14: the pacer's row is not used
+    assert (tmp_path / "E4" / "step_vs_model.png").exists()
+
+
+def test_e4_without_a_cluster_is_not_testable_and_says_why(tmp_path):
+    (tmp_path / "E4").mkdir()
+    (tmp_path / "E4" / "not_testable.txt").write_text("psgd cluster needs root\n")
+    section = analyses.analyse(exp(tmp_path), [], tmp_path / "E4")
+    assert section.verdict == "not testable here" and "needs root" in section.headline
+
+
+def test_e10_kernel_speedups_fastest_link_first_with_the_model_beside(tmp_path):
+    write(tmp_path, [("", "E10", "ps", "loopback", 1, 0.12, 0.05), ("", "E10", "ps", "loopback", 4, 0.084, 0.08),
+                     ("1gbit", "E10", "ps", "kernel", 1, 0.2, 0.19), ("1gbit", "E10", "ps", "kernel", 4, 0.6, 0.64),
+                     ("1gbit", "E10", "ps", "pacer", 4, 0.7, 0.64)])
+    got = analyses_systems._kernel_speedups(tmp_path)
+    assert [name for name, *_ in got] == ["loopback (no shaping)", "1gbit"]
+    (_, loop, loop_model), (_, slow, slow_model) = got
+    assert loop == pytest.approx(4 * 0.12 / 0.084) and slow == pytest.approx(4 * 0.2 / 0.6)
+    assert slow_model == pytest.approx(4 * 0.19 / 0.64)
