@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from psgd.lab import analyses_data, analyses_elastic, analyses_remedies, analyses_systems, plots, stats
+from psgd.lab import analyses_data, analyses_elastic, analyses_optim, analyses_remedies, analyses_systems, plots, stats
 from psgd.lab import verdicts as V
 from psgd.lab.analysis_kit import Context, acc_ci, body, diff, series_of, variant_series
 from psgd.lab.results import Figure, Group, Section, diverged, roughness, table, time_to
@@ -289,7 +289,7 @@ ANALYSES = {"baseline": baseline, "modes": modes, "stragglers": stragglers, "sta
 
 def analyse(exp, summaries: list, out: Path, chosen: dict | None = None, scores: dict | None = None) -> Section:
     table_ = {**ANALYSES, **analyses_data.ANALYSES, **analyses_systems.ANALYSES, **analyses_remedies.ANALYSES,
-              **analyses_elastic.ANALYSES}
+              **analyses_elastic.ANALYSES, **analyses_optim.ANALYSES}
     fn = table_.get(exp.analysis)
     if fn is None:
         raise ValueError(f"{exp.path}: unknown analysis {exp.analysis!r}; known: {', '.join(sorted(table_))}")

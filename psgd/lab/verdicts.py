@@ -143,6 +143,14 @@ def sync_beats_async(sync_minus_async: Interval, margin: float = 0.01, label: st
     return Verdict(part.outcome, f"{label} accuracy {sync_minus_async.fmt(signed=True)} (margin {stated})", (part,))
 
 
+def staleness_hurts_adam_more(adam_minus_sgd_damage: Interval, margin: float = 0.02) -> Verdict:
+    """E16: the accuracy staleness costs (control minus async) is larger with AdamW than with SGD."""
+    margin, stated = accuracy_margin(margin)
+    part = _part("AdamW's staleness cost - SGD's", adam_minus_sgd_damage, margin, "effect")
+    return Verdict(part.outcome, f"AdamW's staleness cost - SGD's {adam_minus_sgd_damage.fmt(signed=True)} "
+                                 f"(margin {stated})", (part,))
+
+
 def straggler_hurts_sync_more(sync_minus_async_slowdown: Interval, margin: float = 0.2) -> Verdict:
     """E2: one slow worker slows sync down by more (ratio of throughputs) than async."""
     part = _part("sync's slowdown - async's", sync_minus_async_slowdown, margin, "effect", RATIO)

@@ -1,0 +1,42 @@
+"""E16's analysis (psgd/lab/analyses_optim.py) on made-up runs: the verdict is AdamW's staleness
+cost minus SGD's, paired by seed, and can come out either way."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from psgd.core.config import OptimConfig, RunConfig, to_dict
+from psgd.lab import analyses
+
+
+def runs(root: Path, label: str, acc: list[float], mode: str, workers: int, optimizer: str) -> list:
+    out = []
+    for seed, a in enumerate(acc):
+        folder = root / f"{label.replace(' ', '_').replace(',', '')}-{seed}"
+        folder.mkdir(parents=True)
+        cfg = to_dict(RunConfig(mode=mode, seed=seed, workers=workers, optim=OptimConfig(optimizer=optimizer)))
+        (folder / "summary.json").write_text(json.dumps({"mode": mode, "config": cfg, "staleness": {"mean": 3.0}}))
+        (folder / "metrics.jsonl").write_text("\n".join(json.dumps(
+            {"event": "eval", "version": v, "test_accuracy": a, "samples": 100 * v}) for v in range(6)))
+        out.append((SimpleNamespace(label=label, cfg=SimpleNamespace(out=str(folder))), {}))
+    return out
+
+
+@pytest.mark.parametrize("adam_async, verdict", [([0.50, 0.52, 0.51], "confirmed"), ([0.60, 0.61, 0.60], "refuted")])
+def test_adam_staleness_weighs_adams_cost_against_sgds(tmp_path, adam_async, verdict):
+    summaries = (runs(tmp_path, "one worker", [0.62, 0.63, 0.62], "sync", 1, "sgd")
+                 + runs(tmp_path, "async", [0.60, 0.61, 0.60], "async", 4, "sgd")
+                 + runs(tmp_path, "one worker, AdamW", [0.62, 0.63, 0.62], "sync", 1, "adamw")
+                 + runs(tmp_path, "async, AdamW", adam_async, "async", 4, "adamw"))
+    exp = SimpleNamespace(id="E16", path="e16.toml", title="t", claim="c", quote="", quote_en="", quote_source="",
+                          why="w", analysis="adam_staleness", seeds=(0, 1, 2),
+                          params={"sgd": ["one worker", "async"], "adamw": ["one worker, AdamW", "async, AdamW"],
+                                  "margin": 0.02})
+    (tmp_path / "E16").mkdir()
+    section = analyses.analyse(exp, summaries, tmp_path / "E16")
+    assert section.verdict == verdict, section.headline
+    assert "SGD +0.020" in section.headline and (tmp_path / "E16" / "staleness_cost.png").exists()
