@@ -18,12 +18,13 @@ BENCHMARKS = {
     "peers": "the same training workload through psgd and through PyTorch RPC (and Ray) parameter servers",
     "cluster": "E4 and E10 on kernel-shaped links (psgd cluster, root) beside the Python pacer and the cost model",
     "startup": "a run's start-up forked from the warm parent against exec'd children, beside one torch import",
+    "transformer": "the GPT with AdamW: psgd PS vs a plain torch loop, psgd all-reduce vs torch DDP; memory",
 }
 NAMES = tuple(BENCHMARKS)
 
 HELP = (f"usage: psgd bench {{{','.join(NAMES)}}} [flags]\n\n"
         "Benchmarks that measure figures side by side in one run (ratios against a raw ceiling).\n\n"
-        "benchmarks:\n" + "".join(f"  {name:<11}{line}\n" for name, line in BENCHMARKS.items()) +
+        "benchmarks:\n" + "".join(f"  {name:<12}{line}\n" for name, line in BENCHMARKS.items()) +
         "\npsgd bench NAME -h shows each one's flags.")
 
 
