@@ -31,7 +31,8 @@ def test_steady_rate_leaves_out_the_warm_up_and_the_last_step():
 def fake_rows() -> list[dict]:
     speeds = {"plain": [500, 520, 480], "ps": [450, 400, 470], "allreduce": [600, 650, 630], "ddp": [700, 640, 690]}
     return [{"round": r + 1, "arm": arm, "status": "ok", "samples_per_s": float(v[r]), "step_ms": 1.0, "threads": 1,
-             "processes": 2, "peak_rss_sum_mib": 100.0 + r, "peak_pss_sum_mib": 50.0}
+             "processes": 2, "peak_rss_sum_mib": 100.0 + r, "peak_pss_sum_mib": 50.0, "compute_ms": 2.0 + r,
+             "exchange_ms": None if arm in ("plain", "ddp") else 0.5}
             for r in range(3) for arm, v in speeds.items()]
 
 
@@ -40,11 +41,16 @@ def test_ratios_are_the_medians_of_the_measured_rows_with_each_round_beside():
     rows.append({"round": 3, "arm": "ddp", "status": "failed: gone", "note": "gone"})  # a failed run counts nowhere
     s = tb.summarise(rows)
     assert s["arms"]["ps"]["samples_per_s"] == 450 and s["arms"]["ps"]["min"] == 400 and s["arms"]["ps"]["runs"] == 3
+    assert s["arms"]["ps"]["compute_ms"] == 3.0 and s["arms"]["ps"]["exchange_ms"] == 0.5
+    assert s["arms"]["plain"]["exchange_ms"] is None  # no exchange to split off
     ratio = {r["name"]: r for r in s["ratios"]}
     ps = ratio["ps_over_plain"]
-    assert ps["ratio"] == pytest.approx(statistics.median([450, 400, 470]) / statistics.median([500, 520, 480]))
-    assert ps["per_round"] == pytest.approx([450 / 500, 400 / 520, 470 / 480]) and ps["met"] is True
+    assert ps["per_round"] == pytest.approx([450 / 500, 400 / 520, 470 / 480])
+    assert ps["ratio"] == pytest.approx(450 / 500) and ps["met"] is True  # the median round's
+    medians = statistics.median([450, 400, 470]) / statistics.median([500, 520, 480])
+    assert ps["ratio_of_medians"] == pytest.approx(medians)
     ar = ratio["allreduce_over_ddp"]
+    assert ar["per_round"] == pytest.approx([600 / 700, 650 / 640, 630 / 690])
     assert ar["ratio"] == pytest.approx(630 / 690) and ar["met"] is True and ar["target"] == 0.9
     assert len(ar["per_round"]) == 3 and ar["min"] == min(ar["per_round"]) and ar["max"] == max(ar["per_round"])
     only = tb.summarise([r for r in rows if r["arm"] != "ddp"])
@@ -66,7 +72,9 @@ def test_main_writes_json_csv_and_tables_from_its_runs(monkeypatch, tmp_path):
                   "--skip", "1", "--rounds", "3", "--no-memory", "--out", str(out), "--runs", str(tmp_path / "runs"))
     assert r.returncode == 0, r.stderr
     assert {c[0] for c in calls} == set(tb.ARMS) and len(calls) == 12
-    assert [c[0] for c in calls[:4]] != [c[0] for c in calls[4:8]]  # the order rotates between rounds
+    assert [c[0] for c in calls[:4]] == ["ps", "plain", "allreduce", "ddp"]  # each ratio's two arms back to back
+    assert [c[0] for c in calls[4:8]] == ["allreduce", "ddp", "ps", "plain"]  # the other pair first next round
+    assert [c[0] for c in calls[8:12]] == ["plain", "ps", "ddp", "allreduce"]  # and the other arm of each first
     assert {c[1:] for c in calls if c[0] == "ps"} == {("async", 1, "tcp", "adamw", "gpt")}
     assert {c[1:3] for c in calls if c[0] in ("allreduce", "ddp")} == {("allreduce", 2)}
     result = json.loads((out / "transformer.json").read_text())
@@ -75,9 +83,9 @@ def test_main_writes_json_csv_and_tables_from_its_runs(monkeypatch, tmp_path):
     rows = list(csv.DictReader(open(out / "transformer.csv")))
     assert len(rows) == 12 and set(rows[0]) == set(tb.FIELDS)
     for ratio in result["summary"]["ratios"]:
-        num = sorted(float(x["samples_per_s"]) for x in rows if x["arm"] == ratio["num"])
-        den = sorted(float(x["samples_per_s"]) for x in rows if x["arm"] == ratio["den"])
-        assert ratio["ratio"] == pytest.approx(num[1] / den[1])  # the medians of 3 CSV rows
+        speed = {(x["round"], x["arm"]): float(x["samples_per_s"]) for x in rows}
+        each = sorted(speed[(str(r), ratio["num"])] / speed[(str(r), ratio["den"])] for r in (1, 2, 3))
+        assert ratio["ratio"] == pytest.approx(each[1])  # the median of the rounds' ratios, from the CSV rows
     table = (out / "TRANSFORMER.md").read_text()
     assert "| ps / plain |" in table and "| allreduce / ddp |" in table and "2048 MiB" in table
 

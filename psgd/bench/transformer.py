@@ -3,8 +3,9 @@
 Contract: one workload, the small GPT of `--model gpt --dataset text` (psgd/train/gpt.py; width,
 layers and heads as flags, psgd's defaults unless given), batch `--batch-size` per worker, AdamW
 (lr `--lr`, torch.optim.AdamW's other defaults), on the CPU. Four arms, each a fresh process (or
-group of processes) started the same way, run `--rounds` times, interleaved (the arms in a
-rotated order per round, so no arm always runs first on a machine shared with other work):
+group of processes) started the same way, run `--rounds` times, interleaved (`order`: the two
+arms of a ratio back to back, so that both see the same load on a machine shared with other work,
+and no arm always first):
 - `plain`: one process, no server: the same model (seeded build), the same batches (worker 0 of
   one), torch.optim.AdamW over `model.parameters()`: the loop a user writes without psgd.
 - `ps`: `psgd run --mode async --workers 1 --servers 1 --transport tcp`: the same loop through
@@ -21,7 +22,8 @@ end of each step (psgd: metrics.jsonl's step events; the torch arms record their
 the first `--skip` steps and the last one are left out (warm-up; psgd's last push brings back no
 parameters), rate = steps between the first and last kept step ends / their distance, x batch,
 summed over the ranks. Ratios, with their target: ps / plain (>= 0.8), allreduce / ddp (>= 0.9):
-the ratio of the arms' medians over rounds, beside each round's own ratio (min, max).
+the median over rounds of each round's own ratio (its two runs back to back), their min and max,
+and beside it the ratio of the two arms' medians.
 Memory (`memory`): peak RSS of every process of each arm (VmHWM from /proc, read every 0.5 s, and
 the launcher's own from wait4), summed over the processes, beside the 2 GiB budget; the sum of
 their PSS at the busiest sample (shared pages counted once: the zygote's forks share torch).
@@ -75,7 +77,11 @@ def workload(width: int = 0, layers: int = 2, heads: int = 4, batch: int = 32, s
 
 
 def arm_config(base: RunConfig, arm: str, out: Path) -> RunConfig:
-    """The run of `arm`: the torch arms use the psgd run they stand beside (batches, threads)."""
+    """The run of `arm`: the torch arms use the psgd run they stand beside (batches, threads);
+    "default" is psgd run's own mode, workers and shards (sync, N=2, K=1), for its memory only."""
+    if arm == "default":
+        d = RunConfig()
+        return dataclasses.replace(base, mode=d.mode, workers=d.workers, servers=d.servers, out=str(out))
     if arm in ("plain", "ps"):
         return dataclasses.replace(base, mode="async", workers=1, servers=1, out=str(out))
     return dataclasses.replace(base, mode="allreduce", workers=2, servers=1, backend="gloo", out=str(out))
@@ -306,7 +312,7 @@ def run_arm(arm: str, cfg: RunConfig, skip: int, timeout: float = 600.0) -> dict
     out = Path(cfg.out)
     tag = f"{os.getpid()}-{out.parent.name}-{out.name}"
     t0 = time.perf_counter()
-    if arm in ("ps", "allreduce"):
+    if arm in ("ps", "allreduce", "default"):
         # psgd run makes (or reuses) its own folder; the launcher's output goes beside it.
         out.parent.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "psgd", "run", *to_argv(cfg), "--quiet"]
@@ -397,9 +403,21 @@ def per_param(base: RunConfig, local_steps: int = 4) -> dict:
 
 
 # -- the rounds and the table -----------------------------------------------------------------------------
-def rotated(arms: list[str], round_index: int) -> list[str]:
-    k = round_index % len(arms)
-    return arms[k:] + arms[:k]
+def order(arms: list[str], round_index: int) -> list[str]:
+    """Round `round_index`'s order: the two arms of each ratio back to back (they see the same load
+    on a shared machine), which one first alternating every other round, which pair first every round."""
+    pairs = [[num, den] for _, num, den, _ in RATIOS]
+    if (round_index // 2) % 2:
+        pairs = [pair[::-1] for pair in pairs]
+    if round_index % 2:
+        pairs = pairs[::-1]
+    return [arm for pair in pairs for arm in pair if arm in arms]
+
+
+def _median(rows: list[dict], key: str) -> float | None:
+    """The median of a field every row has (None when some row has none: the torch arms' exchange)."""
+    values = [r.get(key) for r in rows]
+    return statistics.median(values) if values and None not in values else None
 
 
 def summarise(rows: list[dict]) -> dict:
@@ -414,20 +432,22 @@ def summarise(rows: list[dict]) -> dict:
                          "min": min(v), "max": max(v), "step_ms": statistics.median(r["step_ms"] for r in ok),
                          "peak_rss_sum_mib": max(r["peak_rss_sum_mib"] for r in ok),
                          "peak_pss_sum_mib": max(r["peak_pss_sum_mib"] for r in ok),
-                         "processes": max(r["processes"] for r in ok), "threads": ok[0]["threads"]}
+                         "processes": max(r["processes"] for r in ok), "threads": ok[0]["threads"],
+                         "compute_ms": _median(ok, "compute_ms"), "exchange_ms": _median(ok, "exchange_ms")}
     ratios = []
     for name, num, den, target in RATIOS:
         if num not in arms or den not in arms:
             ratios.append({"name": name, "num": num, "den": den, "target": target, "ratio": None, "met": None})
             continue
-        value = arms[num]["samples_per_s"] / arms[den]["samples_per_s"]
+        of_medians = arms[num]["samples_per_s"] / arms[den]["samples_per_s"]
         per_round = []
         for rnd in sorted({r["round"] for r in rows}):
             pair = {r["arm"]: r for r in rows if r["round"] == rnd and r["status"] == "ok"}
             if num in pair and den in pair:
                 per_round.append(pair[num]["samples_per_s"] / pair[den]["samples_per_s"])
+        value = statistics.median(per_round) if per_round else of_medians
         ratios.append({"name": name, "num": num, "den": den, "target": target, "ratio": value,
-                       "per_round": per_round, "min": min(per_round, default=None),
+                       "ratio_of_medians": of_medians, "per_round": per_round, "min": min(per_round, default=None),
                        "max": max(per_round, default=None), "met": value >= target})
     return {"arms": arms, "ratios": ratios}
 
@@ -446,13 +466,20 @@ def format_tables(result: dict) -> str:
         lines.append(f"| {a['label']} | {a['samples_per_s']:.0f} | {a['min']:.0f} - {a['max']:.0f} | "
                      f"{a['step_ms']:.1f} | {a['processes']} | {a['threads']} | {a['peak_rss_sum_mib']:.0f} | "
                      f"{a['peak_pss_sum_mib']:.0f} |")
-    lines += ["", "| ratio | value (of medians) | per round | target | met |", "|---|---|---|---|---|"]
+    split = [f"{a['label']}: compute {a['compute_ms']:.1f} ms, exchange {a['exchange_ms']:.1f} ms"
+             for a in s["arms"].values() if a.get("exchange_ms") is not None]
+    if split:
+        lines += ["", "Per worker step, median (summary.json's time_breakdown_s; exchange = push + pull + wait): "
+                  + "; ".join(split) + "."]
+    lines += ["", "| ratio | median of the rounds' ratios | per round | of the medians | target | met |",
+              "|---|---|---|---|---|---|"]
     for r in s["ratios"]:
         if r["ratio"] is None:
-            lines.append(f"| {r['num']} / {r['den']} | - | - | >= {r['target']} | not measured |")
+            lines.append(f"| {r['num']} / {r['den']} | - | - | - | >= {r['target']} | not measured |")
             continue
         rounds = ", ".join(f"{x:.2f}" for x in r["per_round"])
-        lines.append(f"| {r['num']} / {r['den']} | {r['ratio']:.2f}x | {rounds} | >= {r['target']}x | "
+        lines.append(f"| {r['num']} / {r['den']} | {r['ratio']:.2f}x | {rounds} | {r['ratio_of_medians']:.2f}x | "
+                     f">= {r['target']}x | "
                      f"{'yes' if r['met'] else 'no'} |")
     if m:
         a, d = m["adamw_shard"], m["diloco"]
@@ -466,6 +493,13 @@ def format_tables(result: dict) -> str:
                   f"- DiLoCo worker: inner AdamW {d['inner_optimizer_bytes_per_param']:.2f} "
                   f"({', '.join(d['inner_optimizer_tensors'])}); everything the worker's exchange and flat buffers "
                   f"hold: {d['worker_bytes_per_param']:.2f} ({', '.join(d['worker_tensors'])})"]
+    d = result.get("memory_run")
+    if d and d["status"] == "ok":
+        each = ", ".join(f"{p['peak_rss_mib']:.0f}" for p in d["peak_rss_by_process"])
+        lines.append(f"\n`{d['command']}` (psgd run's own mode and sizes: {d['processes']} processes, peak RSS "
+                     f"{each} MiB): {d['peak_rss_sum_mib']:.0f} MiB summed, {d['peak_pss_sum_mib']:.0f} MiB PSS "
+                     f"at the busiest sample, against the {BUDGET_MIB} MiB budget: "
+                     f"{'within' if d['peak_rss_sum_mib'] <= BUDGET_MIB else 'OVER'}.")
     lines.append(f"\nMemory budget: {BUDGET_MIB} MiB for a default-size run in all its processes; "
                  + "; ".join(f"{arm} {a['peak_rss_sum_mib']:.0f} MiB RSS summed ({a['peak_pss_sum_mib']:.0f} PSS)"
                              for arm, a in s["arms"].items()))
@@ -477,6 +511,19 @@ def write_csv(rows: list[dict], path: Path) -> None:
         w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
+
+
+def _changed(cfg: RunConfig) -> list[str]:
+    """The `psgd run` flags of cfg that differ from psgd run's defaults (the command as a user types it)."""
+    from psgd.core.config import leaves
+
+    default, words = RunConfig(), []
+    for leaf in leaves(RunConfig):
+        mine, theirs = (getattr(getattr(c, leaf.section) if leaf.section else c, leaf.name) for c in (cfg, default))
+        if mine != theirs and leaf.name != "out":
+            flag = "--" + leaf.name.replace("_", "-")
+            words += [flag] if leaf.type is bool else [flag, str(mine)]
+    return words
 
 
 def write_outputs(result: dict, out: Path) -> str:
@@ -524,7 +571,7 @@ def main(argv: list[str]) -> int:
     (out / "command.txt").write_text(command + "\n")
     rows: list[dict] = []
     for rnd in range(1, a.rounds + 1):
-        for arm in rotated(arms, rnd - 1):
+        for arm in order(arms, rnd - 1):
             cfg = arm_config(base, arm, runs / f"round{rnd}" / arm)
             row = {"round": rnd, "arm": arm}
             try:
@@ -535,12 +582,21 @@ def main(argv: list[str]) -> int:
             shown = f"{row['samples_per_s']:.0f} samples/s" if row["status"] == "ok" else row["status"]
             print(f"round {rnd} {arm}: {shown}", flush=True)
             write_csv(rows, out / "transformer.csv")  # rewritten after every run: partial results survive
+    memory_run = None
+    if not a.no_memory:
+        cfg = arm_config(base, "default", runs / "default")
+        memory_run = {"command": "psgd run " + " ".join(_changed(cfg)), "status": "ok"}
+        try:
+            memory_run.update(run_arm("default", cfg, a.skip))
+        except (RuntimeError, ValueError, OSError, KeyError) as e:
+            memory_run.update(status=f"failed: {e}")
+        print(f"memory run: {memory_run.get('peak_rss_sum_mib', 0):.0f} MiB peak RSS summed", flush=True)
     result = {"command": command, "machine": f"{os.cpu_count()} CPU cores shared with other work; CPU only",
               "model": {"width": base.model.width or 128, "layers": a.layers, "heads": a.heads, "block": text.BLOCK,
                         "vocab": text.VOCAB, "params": models.count(base.model, *data.SHAPES["text"])},
               "batch_size": a.batch_size, "lr": a.lr, "steps": a.steps, "skip": a.skip, "rounds": a.rounds,
               "arms": arms, "rows": rows, "summary": summarise(rows), "memory_budget_mib": BUDGET_MIB,
-              "per_param": None if a.no_memory else per_param(base)}
+              "memory_run": memory_run, "per_param": None if a.no_memory else per_param(base)}
     print(write_outputs(result, out))
     print(f"wrote {out / 'transformer.json'}, {out / 'transformer.csv'}, {out / 'TRANSFORMER.md'}, "
           f"{out / 'command.txt'}")
