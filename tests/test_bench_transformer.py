@@ -19,11 +19,13 @@ TINY = dict(width=16, layers=1, heads=2, batch=8, steps=6)
 
 
 def test_steady_rate_leaves_out_the_warm_up_and_the_last_step():
-    ends = [0.0, 5.0, 10.0, 10.5, 11.0, 11.5, 12.0, 40.0]  # slow first steps, a slow last one
-    rate, timed = tb.steady_rate(ends, skip=2)
-    assert (rate, timed) == (pytest.approx(2.0), 4)        # kept 10.0 .. 12.0: 4 steps in 2 s
+    ends = [0.0, 5.0, 10.0, 10.5, 11.0, 13.0, 13.5, 40.0]  # slow first steps, one stalled, a slow last one
+    median, window, timed = tb.steady_rate(ends, skip=2)
+    assert timed == 4 and median == pytest.approx(2.0)      # kept 10.0 .. 13.5: steps of 0.5, 0.5, 2, 0.5 s
+    assert window == pytest.approx(4 / 3.5)                 # the stall counts over the window
     both = tb.rate_of([ends, [t * 2 for t in ends]], skip=2, batch=8)
     assert both["samples_per_s"] == pytest.approx((2.0 + 1.0) * 8) and both["steps_timed"] == 4
+    assert both["samples_per_s_window"] == pytest.approx((4 / 3.5 + 4 / 7) * 8)
     with pytest.raises(ValueError, match="more --steps"):
         tb.steady_rate(ends[:4], skip=2)
 
@@ -32,7 +34,7 @@ def fake_rows() -> list[dict]:
     speeds = {"plain": [500, 520, 480], "ps": [450, 400, 470], "allreduce": [600, 650, 630], "ddp": [700, 640, 690]}
     return [{"round": r + 1, "arm": arm, "status": "ok", "samples_per_s": float(v[r]), "step_ms": 1.0, "threads": 1,
              "processes": 2, "peak_rss_sum_mib": 100.0 + r, "peak_pss_sum_mib": 50.0, "compute_ms": 2.0 + r,
-             "exchange_ms": None if arm in ("plain", "ddp") else 0.5}
+             "exchange_ms": None if arm in ("plain", "ddp") else 0.5, "samples_per_s_window": float(v[r]) / 2}
             for r in range(3) for arm, v in speeds.items()]
 
 
@@ -47,6 +49,7 @@ def test_ratios_are_the_medians_of_the_measured_rows_with_each_round_beside():
     ps = ratio["ps_over_plain"]
     assert ps["per_round"] == pytest.approx([450 / 500, 400 / 520, 470 / 480])
     assert ps["ratio"] == pytest.approx(450 / 500) and ps["met"] is True  # the median round's
+    assert ps["window_per_round"] == pytest.approx(ps["per_round"]) and ps["window_ratio"] == pytest.approx(0.9)
     medians = statistics.median([450, 400, 470]) / statistics.median([500, 520, 480])
     assert ps["ratio_of_medians"] == pytest.approx(medians)
     ar = ratio["allreduce_over_ddp"]

@@ -15,15 +15,19 @@ and no arm always first):
   r of 2), torch.optim.AdamW; rendezvous through a file (no TCP store), GLOO_SOCKET_IFNAME=lo
   (launch.child_env), so every socket is on 127.0.0.1.
 Every arm's processes take psgd's own thread budget (psgd/train/launch.py `thread_budget`): the
-plain loop the cores a lone psgd worker gets, each DDP rank what an all-reduce rank gets.
+plain loop the cores a lone psgd worker gets, each DDP rank what an all-reduce rank gets; or
+`--threads` each, in every arm.
 
 Metric: samples/s in the steady state, the same clock for every arm: the wall-clock time at the
 end of each step (psgd: metrics.jsonl's step events; the torch arms record theirs the same way);
 the first `--skip` steps and the last one are left out (warm-up; psgd's last push brings back no
-parameters), rate = steps between the first and last kept step ends / their distance, x batch,
-summed over the ranks. Ratios, with their target: ps / plain (>= 0.8), allreduce / ddp (>= 0.9):
-the median over rounds of each round's own ratio (its two runs back to back), their min and max,
-and beside it the ratio of the two arms' medians.
+parameters). `samples_per_s` = batch / the median step (time between consecutive step ends),
+summed over the ranks: on cores shared with other work a step that waited for another process's
+turn is an outlier the median ignores (a thread of a 2-thread op preempted stalls the whole op);
+`samples_per_s_window` = kept steps / the window's wall time, every stall included.
+Ratios, with their target: ps / plain (>= 0.8), allreduce / ddp (>= 0.9): the median over rounds
+of each round's own ratio (its two runs back to back), their min and max, and beside it the ratio
+of the two arms' medians and the same over the window.
 Memory (`memory`): peak RSS of every process of each arm (VmHWM from /proc, read every 0.5 s, and
 the launcher's own from wait4), summed over the processes, beside the 2 GiB budget; the sum of
 their PSS at the busiest sample (shared pages counted once: the zygote's forks share torch).
@@ -33,7 +37,7 @@ through a served shard: the shard's outer momentum and the worker's inner AdamW 
 Writes OUT/transformer.json (everything), OUT/transformer.csv (one row per run), OUT/TRANSFORMER.md
 (the tables) and OUT/command.txt; the runs under `--runs` (their *.pt deleted).
 
-    psgd bench transformer --out results/bench/transformer          # 3 rounds, about 3 minutes on 2 cores
+    psgd bench transformer --out results/bench/transformer          # 4 rounds, about 3 minutes on 2 cores
     psgd bench transformer --width 16 --layers 1 --heads 2 --steps 12 --rounds 1 --out /tmp/t
 """
 
@@ -57,9 +61,9 @@ ARMS = ("plain", "ps", "allreduce", "ddp")
 LABELS = {"plain": "plain torch loop, no server (1 process)", "ps": "psgd async N=1 through 1 shard (tcp)",
           "allreduce": "psgd allreduce N=2 (gloo)", "ddp": "torch DistributedDataParallel N=2 (gloo)"}
 RATIOS = (("ps_over_plain", "ps", "plain", 0.8), ("allreduce_over_ddp", "allreduce", "ddp", 0.9))
-FIELDS = ["round", "arm", "status", "processes", "threads", "samples_per_s", "steps_timed", "step_ms",
-          "compute_ms", "exchange_ms", "final_train_loss", "peak_rss_sum_mib", "peak_rss_max_mib", "peak_pss_sum_mib",
-          "run_s", "note"]
+FIELDS = ["round", "arm", "status", "processes", "threads", "samples_per_s", "samples_per_s_window", "steps_timed",
+          "step_ms", "compute_ms", "exchange_ms", "final_train_loss", "peak_rss_sum_mib", "peak_rss_max_mib",
+          "peak_pss_sum_mib", "run_s", "note"]
 BUDGET_MIB = 2048
 RUNNER = "import sys; from psgd.bench.transformer import child; sys.exit(child(sys.argv[1:]))"
 TAG = "PSGD_BENCH_TRANSFORMER"  # in every process of an arm (inherited): how the memory poll finds them
@@ -68,9 +72,10 @@ MIB = 1 << 20
 
 # -- the workload ---------------------------------------------------------------------------------
 def workload(width: int = 0, layers: int = 2, heads: int = 4, batch: int = 32, steps: int = 100,
-             lr: float = 3e-3) -> RunConfig:
+             lr: float = 3e-3, threads: int = 0) -> RunConfig:
     """The base config every arm derives from (`arm_config`)."""
-    return RunConfig(steps=steps, batch_size=batch, eval_every=0, device="cpu", rpc_timeout=600.0, transport="tcp",
+    return RunConfig(steps=steps, batch_size=batch, threads=threads, eval_every=0, device="cpu", rpc_timeout=600.0,
+                     transport="tcp",
                      data=DataConfig(dataset="text"), model=ModelConfig(model="gpt", width=width, layers=layers,
                                                                         heads=heads),
                      optim=OptimConfig(optimizer="adamw", lr=lr))
@@ -87,20 +92,22 @@ def arm_config(base: RunConfig, arm: str, out: Path) -> RunConfig:
     return dataclasses.replace(base, mode="allreduce", workers=2, servers=1, backend="gloo", out=str(out))
 
 
-def steady_rate(ends: list[float], skip: int) -> tuple[float, int]:
-    """(steps per second, steps timed) from one rank's step-end times (see the module docstring)."""
+def steady_rate(ends: list[float], skip: int) -> tuple[float, float, int]:
+    """(steps/s at the median step, steps/s over the window, steps timed) from one rank's
+    step-end times (see the module docstring)."""
     kept = ends[skip:-1]
-    if len(kept) < 2 or kept[-1] <= kept[0]:
+    if len(kept) < 3 or kept[-1] <= kept[0]:
         raise ValueError(f"{len(ends)} steps leave {len(kept)} to time after skipping {skip} and the last: "
                          "give more --steps or fewer --skip")
-    return (len(kept) - 1) / (kept[-1] - kept[0]), len(kept) - 1
+    steps = [b - a for a, b in zip(kept, kept[1:], strict=False)]
+    return 1.0 / statistics.median(steps), len(steps) / (kept[-1] - kept[0]), len(steps)
 
 
 def rate_of(ends_by_rank: list[list[float]], skip: int, batch: int) -> dict:
-    """samples/s summed over the ranks, and the mean ms per step."""
+    """samples/s summed over the ranks (at the median step, and over the window), ms per median step."""
     rates = [steady_rate(ends, skip) for ends in ends_by_rank]
-    return {"samples_per_s": sum(r for r, _ in rates) * batch, "steps_timed": min(n for _, n in rates),
-            "step_ms": 1e3 / statistics.mean(r for r, _ in rates)}
+    return {"samples_per_s": sum(r[0] for r in rates) * batch, "samples_per_s_window": sum(r[1] for r in rates) * batch,
+            "steps_timed": min(r[2] for r in rates), "step_ms": 1e3 / statistics.mean(r[0] for r in rates)}
 
 
 # -- the torch arms, in their own processes ---------------------------------------------------------
@@ -433,22 +440,26 @@ def summarise(rows: list[dict]) -> dict:
                          "peak_rss_sum_mib": max(r["peak_rss_sum_mib"] for r in ok),
                          "peak_pss_sum_mib": max(r["peak_pss_sum_mib"] for r in ok),
                          "processes": max(r["processes"] for r in ok), "threads": ok[0]["threads"],
-                         "compute_ms": _median(ok, "compute_ms"), "exchange_ms": _median(ok, "exchange_ms")}
+                         "compute_ms": _median(ok, "compute_ms"), "exchange_ms": _median(ok, "exchange_ms"),
+                         "samples_per_s_window": _median(ok, "samples_per_s_window")}
     ratios = []
     for name, num, den, target in RATIOS:
         if num not in arms or den not in arms:
             ratios.append({"name": name, "num": num, "den": den, "target": target, "ratio": None, "met": None})
             continue
         of_medians = arms[num]["samples_per_s"] / arms[den]["samples_per_s"]
-        per_round = []
+        per_round, window = [], []
         for rnd in sorted({r["round"] for r in rows}):
             pair = {r["arm"]: r for r in rows if r["round"] == rnd and r["status"] == "ok"}
             if num in pair and den in pair:
                 per_round.append(pair[num]["samples_per_s"] / pair[den]["samples_per_s"])
+                if pair[num].get("samples_per_s_window") and pair[den].get("samples_per_s_window"):
+                    window.append(pair[num]["samples_per_s_window"] / pair[den]["samples_per_s_window"])
         value = statistics.median(per_round) if per_round else of_medians
         ratios.append({"name": name, "num": num, "den": den, "target": target, "ratio": value,
                        "ratio_of_medians": of_medians, "per_round": per_round, "min": min(per_round, default=None),
-                       "max": max(per_round, default=None), "met": value >= target})
+                       "max": max(per_round, default=None), "met": value >= target,
+                       "window_per_round": window, "window_ratio": statistics.median(window) if window else None})
     return {"arms": arms, "ratios": ratios}
 
 
@@ -460,26 +471,31 @@ def format_tables(result: dict) -> str:
              f"parameters; batch {result['batch_size']} per worker, AdamW lr {result['lr']:g}; {result['steps']} "
              f"steps per run, the first {result['skip']} and the last untimed; {result['rounds']} rounds, "
              f"interleaved. {result['machine']}\n",
-             "| arm | samples/s (median) | min - max | ms / step | processes | threads each | "
-             "peak RSS, sum (MiB) | peak PSS, sum (MiB) |", "|---|---|---|---|---|---|---|---|"]
+             "| arm | samples/s (median over runs) | min - max | over the window, stalls in | ms / median step "
+             "| processes | threads each | peak RSS, sum (MiB) | peak PSS, sum (MiB) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for a in s["arms"].values():
+        window = a.get("samples_per_s_window")
         lines.append(f"| {a['label']} | {a['samples_per_s']:.0f} | {a['min']:.0f} - {a['max']:.0f} | "
-                     f"{a['step_ms']:.1f} | {a['processes']} | {a['threads']} | {a['peak_rss_sum_mib']:.0f} | "
+                     f"{'-' if window is None else format(window, '.0f')} | {a['step_ms']:.1f} | {a['processes']} | "
+                     f"{a['threads']} | {a['peak_rss_sum_mib']:.0f} | "
                      f"{a['peak_pss_sum_mib']:.0f} |")
     split = [f"{a['label']}: compute {a['compute_ms']:.1f} ms, exchange {a['exchange_ms']:.1f} ms"
              for a in s["arms"].values() if a.get("exchange_ms") is not None]
     if split:
         lines += ["", "Per worker step, median (summary.json's time_breakdown_s; exchange = push + pull + wait): "
                   + "; ".join(split) + "."]
-    lines += ["", "| ratio | median of the rounds' ratios | per round | of the medians | target | met |",
-              "|---|---|---|---|---|---|"]
+    lines += ["", "| ratio | median of the rounds' ratios | per round | of the medians | over the window, stalls in "
+              "| target | met |", "|---|---|---|---|---|---|---|"]
     for r in s["ratios"]:
         if r["ratio"] is None:
-            lines.append(f"| {r['num']} / {r['den']} | - | - | - | >= {r['target']} | not measured |")
+            lines.append(f"| {r['num']} / {r['den']} | - | - | - | - | >= {r['target']} | not measured |")
             continue
         rounds = ", ".join(f"{x:.2f}" for x in r["per_round"])
+        window = "-" if r.get("window_ratio") is None else f"{r['window_ratio']:.2f}x (" + ", ".join(
+            f"{x:.2f}" for x in r["window_per_round"]) + ")"
         lines.append(f"| {r['num']} / {r['den']} | {r['ratio']:.2f}x | {rounds} | {r['ratio_of_medians']:.2f}x | "
-                     f">= {r['target']}x | "
+                     f"{window} | >= {r['target']}x | "
                      f"{'yes' if r['met'] else 'no'} |")
     if m:
         a, d = m["adamw_shard"], m["diloco"]
@@ -546,9 +562,11 @@ def main(argv: list[str]) -> int:
     p.add_argument("--heads", type=int, default=4, help="attention heads (a divisor of the width)")
     p.add_argument("--batch-size", type=int, default=32, help="samples per worker per step")
     p.add_argument("--lr", type=float, default=3e-3, help="AdamW's learning rate")
-    p.add_argument("--steps", type=int, default=120, help="steps per run (per worker)")
+    p.add_argument("--steps", type=int, default=100, help="steps per run (per worker)")
+    p.add_argument("--threads", type=int, default=0,
+                   help="torch threads per process in every arm (0: psgd's own budget, psgd run --threads)")
     p.add_argument("--skip", type=int, default=10, help="steps left out at the start of each run (warm-up)")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds, each running every arm")
+    p.add_argument("--rounds", type=int, default=4, help="interleaved rounds, each running every arm (4: every order)")
     p.add_argument("--arms", default=",".join(ARMS), help=f"a comma-separated subset of {', '.join(ARMS)}")
     p.add_argument("--no-memory", action="store_true", help="skip counting bytes per parameter")
     p.add_argument("--out", default="results/bench/transformer", help="folder for the JSON, CSV, tables, command")
@@ -560,7 +578,7 @@ def main(argv: list[str]) -> int:
     if a.rounds < 1 or a.skip < 0 or a.steps < a.skip + 3:
         raise UsageError(f"--rounds must be >= 1 and --steps >= --skip + 3 (>= 2 timed steps), got --rounds "
                          f"{a.rounds} --steps {a.steps} --skip {a.skip}")
-    base = workload(a.width, a.layers, a.heads, a.batch_size, a.steps, a.lr)
+    base = workload(a.width, a.layers, a.heads, a.batch_size, a.steps, a.lr, a.threads)
     try:
         validate(base)
     except ValueError as e:
