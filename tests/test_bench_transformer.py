@@ -81,7 +81,9 @@ def test_main_writes_json_csv_and_tables_from_its_runs(monkeypatch, tmp_path):
     assert {c[1:] for c in calls if c[0] == "ps"} == {("async", 1, "tcp", "adamw", "gpt")}
     assert {c[1:3] for c in calls if c[0] in ("allreduce", "ddp")} == {("allreduce", 2)}
     result = json.loads((out / "transformer.json").read_text())
-    assert result["command"] == (out / "command.txt").read_text().strip()
+    command = (out / "command.txt").read_text().splitlines()
+    assert command[0] == result["command"] and command[1].startswith("# started ") and "cores" in command[1]
+    assert command[2].startswith("# finished ") and len(command) == 3
     assert result["model"]["params"] > 0 and result["memory_budget_mib"] == 2048 and result["per_param"] is None
     rows = list(csv.DictReader(open(out / "transformer.csv")))
     assert len(rows) == 12 and set(rows[0]) == set(tb.FIELDS)

@@ -37,7 +37,7 @@ through a served shard: the shard's outer momentum and the worker's inner AdamW 
 Writes OUT/transformer.json (everything), OUT/transformer.csv (one row per run), OUT/TRANSFORMER.md
 (the tables) and OUT/command.txt; the runs under `--runs` (their *.pt deleted).
 
-    psgd bench transformer --out results/bench/transformer          # 4 rounds, about 3 minutes on 2 cores
+    psgd bench transformer --out results/bench/transformer          # 4 rounds: 4-7 minutes on 2 shared cores
     psgd bench transformer --width 16 --layers 1 --heads 2 --steps 12 --rounds 1 --out /tmp/t
 """
 
@@ -542,6 +542,23 @@ def _changed(cfg: RunConfig) -> list[str]:
     return words
 
 
+def _when(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
+
+
+def _machine() -> str:
+    """The context a reader of the figures needs: cores, their load, the code measured."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                timeout=10).stdout.strip() or "?"
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
+                               text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = "?", ""
+    return (f"{os.cpu_count()} CPU cores shared with other work, load average {os.getloadavg()[0]:.2f}; "
+            f"Python {sys.version.split()[0]}; commit {commit}{' with uncommitted changes' if dirty else ''}")
+
+
 def write_outputs(result: dict, out: Path) -> str:
     """OUT/transformer.json, OUT/transformer.csv and OUT/TRANSFORMER.md of a result; returns the tables."""
     (out / "transformer.json").write_text(json.dumps(result, indent=1))
@@ -586,7 +603,8 @@ def main(argv: list[str]) -> int:
     out, runs = Path(a.out), Path(a.runs)
     out.mkdir(parents=True, exist_ok=True)
     command = "psgd bench transformer " + " ".join(argv)
-    (out / "command.txt").write_text(command + "\n")
+    started = time.time()
+    (out / "command.txt").write_text(f"{command}\n# started {_when(started)}; {_machine()}\n")
     rows: list[dict] = []
     for rnd in range(1, a.rounds + 1):
         for arm in order(arms, rnd - 1):
@@ -616,6 +634,9 @@ def main(argv: list[str]) -> int:
               "arms": arms, "rows": rows, "summary": summarise(rows), "memory_budget_mib": BUDGET_MIB,
               "memory_run": memory_run, "per_param": None if a.no_memory else per_param(base)}
     print(write_outputs(result, out))
+    with open(out / "command.txt", "a") as f:
+        f.write(f"# finished {_when(time.time())}, took {time.time() - started:.0f} s; load average "
+                f"{os.getloadavg()[0]:.2f}\n")
     print(f"wrote {out / 'transformer.json'}, {out / 'transformer.csv'}, {out / 'TRANSFORMER.md'}, "
           f"{out / 'command.txt'}")
     return 0
