@@ -59,3 +59,12 @@ def test_e10_kernel_speedups_fastest_link_first_with_the_model_beside(tmp_path):
     (_, loop, loop_model), (_, slow, slow_model) = got
     assert loop == pytest.approx(4 * 0.12 / 0.084) and slow == pytest.approx(4 * 0.2 / 0.6)
     assert slow_model == pytest.approx(4 * 0.19 / 0.64)
+
+
+def test_e4_says_depends_when_gloo_and_the_hand_written_ring_disagree(tmp_path):
+    g = "1gbit"
+    write(tmp_path / "E4", [(g, "E4", "ps", "kernel", 2, 0.28, 0.3), (g, "E4", "ps", "kernel", 4, 0.55, 0.59),
+                            (g, "E4", "gloo", "kernel", 2, 0.09, 0.08), (g, "E4", "gloo", "kernel", 4, 0.17, 0.12),
+                            (g, "E4", "ring", "kernel", 2, 0.15, 0.08), (g, "E4", "ring", "kernel", 4, 0.15, 0.12)])
+    section = analyses.analyse(exp(tmp_path), [], tmp_path / "E4")
+    assert section.verdict == "depends", section.headline

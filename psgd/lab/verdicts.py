@@ -258,7 +258,8 @@ def library_far_faster(backend: str, ring_over_library: Interval, factor: float 
     return Verdict(part.outcome, f"ring / NCCL time {ring_over_library.fmt(2)}x (claim: > {factor:g}x)", (part,))
 
 
-def server_bottleneck(hosts: int, ring_minus_ps_speedup: Interval, margin: float = 0.2) -> Verdict:
+def server_bottleneck(hosts: int, ring_minus_ps_speedup: Interval, margin: float = 0.2,
+                      label: str = "ring speedup - PS speedup") -> Verdict:
     """E4: from 1 to N workers the ring's throughput grows more than a one-shard PS's. A server's
     link as the bottleneck needs processes on separate hosts (separate NICs): on one host every
     process shares the cores and loopback, and the rule does not apply."""
@@ -266,10 +267,8 @@ def server_bottleneck(hosts: int, ring_minus_ps_speedup: Interval, margin: float
         return Verdict(NOT_TESTABLE, "every process shares one host's cores and loopback, so CPU, not the "
                                      "server's link, is the scarce resource; needs workers and servers on "
                                      "separate hosts")
-    part = _part("ring speedup - PS speedup", ring_minus_ps_speedup, margin, "effect", RATIO)
-    return Verdict(part.outcome,
-                   f"ring speedup - PS speedup {ring_minus_ps_speedup.fmt(2, signed=True)}x (margin {margin}x)",
-                   (part,))
+    part = _part(label, ring_minus_ps_speedup, margin, "effect", RATIO)
+    return Verdict(part.outcome, f"{label} {ring_minus_ps_speedup.fmt(2, signed=True)}x (margin {margin}x)", (part,))
 
 
 @dataclass(frozen=True)
