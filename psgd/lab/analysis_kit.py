@@ -9,6 +9,7 @@ verdict's rule. `diff` / `acc_ci` are the intervals every learning claim uses. T
 
 from __future__ import annotations
 
+import csv
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,7 +17,7 @@ import numpy as np
 
 from psgd.lab import plots, stats
 from psgd.lab import verdicts as V
-from psgd.lab.results import LAST_K, PLATEAU, Group, groups_of, setup, table
+from psgd.lab.results import LAST_K, PLATEAU, Group, converged, final, groups_of, setup, table
 
 
 class Context:
@@ -41,8 +42,27 @@ class Context:
         return f"{what} {plots.BAND.capitalize()} ({self.seeds_note()}); each point the mean over seeds."
 
 
+def write_finals(ctx: Context) -> Path | None:
+    """Every evaluated run's per-seed finals, one row per (run, seed): finals.csv in the experiment's
+    folder, the numbers behind its tables and intervals (None when it has no learning runs)."""
+    if not ctx.groups:
+        return None
+    path = ctx.out / "finals.csv"
+    keys = ("test_accuracy", "test_loss", "train_loss", "val_accuracy")
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["run", "seed", "lr", *(f"final_{k}" for k in keys), "samples_per_s", "converged"])
+        for g in ctx.groups.values():
+            for r in g.runs:
+                w.writerow([g.label, r.cfg.get("seed", 0), r.cfg["optim"]["lr"],
+                            *(f"{final(r, k):.6g}" for k in keys),
+                            f"{float(r.summary.get('samples_per_s') or 0.0):.6g}", converged(r)])
+    return path
+
+
 def body(ctx: Context, text: str, verdict: V.Verdict) -> str:
     parts = []
+    finals = write_finals(ctx)
     if ctx.groups:
         first = next(iter(ctx.groups.values()))
         parts.append(f"**Setup** (from the run configs): {setup(first.cfg, ctx.params.get('vary', ()))}. "
@@ -53,6 +73,8 @@ def body(ctx: Context, text: str, verdict: V.Verdict) -> str:
     if ctx.chosen:
         parts.append(tuning_table(ctx))
     parts.append(text)
+    if finals is not None:
+        parts.append(f"Every run's per-seed finals: [`{ctx.exp.id}/finals.csv`]({ctx.exp.id}/finals.csv).")
     parts.append(f"**Verdict rule.** {verdict.reason}.")
     return "\n\n".join(parts)
 
