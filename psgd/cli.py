@@ -582,7 +582,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     cfg = by_hand(config_from_args(args))
     _token(cfg)  # a bad token file is a usage error here, before anything starts
-    if args.join:
+    if getattr(args, "join", ""):  # (psgd node's arguments have no --join: a torchrun job is fixed)
         cfg, args.servers, args.rank = _join(cfg, args.join)
     rank = args.rank if args.rank is not None else int(os.environ.get("RANK", "-1"))
     if not 0 <= rank < cfg.workers:
