@@ -122,7 +122,7 @@ def test_e12_verdict_comes_out_either_way_from_paired_differences():
     assert v.outcome == "inconclusive" and "staleness-aware rate inconclusive" in v.reason
     # Nothing stale costs accuracy: nothing to close.
     _, v = e12_verdict(none, none, gain, control=PLAIN)
-    assert v.outcome == "inconclusive" and "no gap to close" in v.reason
+    assert v.outcome == "inconclusive" and "no measured gap for a remedy to close" in v.reason
     # A staleness-aware step that does not match plain async's mean step is shown, not judged.
     _, v = e12_verdict(none, none, gain, sa_scale=0.64)
     assert v.outcome == "refuted" and "not judged: its mean step is 1.43x" in v.reason

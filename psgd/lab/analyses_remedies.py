@@ -261,9 +261,12 @@ def _verdict(c: Cell | None, grid: dict[float, Group], margin: float) -> tuple[V
              f"{gap.fmt(signed=True)}")
     key = {"workers": c.workers, "lr": c.lr, "gap": gap.estimate, "gap_ci": [gap.lo, gap.hi]}
     margin = V.accuracy_margin(margin)[0]  # raised to the noise floor, as every accuracy rule's
-    if V.effect(gap, margin) != V.CONFIRMED:
-        return V.Verdict(V.INCONCLUSIVE, f"{where}: staleness does not cost plain async more than {margin} there, "
-                                       "so there is no gap to close"), key
+    cost = V.effect(gap, margin)
+    if cost != V.CONFIRMED:
+        why = (f"staleness costs plain async less than {margin} there" if cost == V.REFUTED else
+               f"that staleness costs plain async more than {margin} there is not established (the interval "
+               f"reaches below it)")
+        return V.Verdict(V.INCONCLUSIVE, f"{where}: {why}, so there is no measured gap for a remedy to close"), key
     parts, texts = [], []
     dcs = {a: g for a, g in c.arms.items() if _is_dc(a)}
     if dcs:
