@@ -61,7 +61,7 @@ def step(p, workers, clock, value_of=lambda w: float(w + 1)):
 def test_sync_grows_and_shrinks_at_step_boundaries_and_logs_them():
     applied = Applied()
     p = Sync(4, applied, budget=3 * 2, members=2)   # 3 steps of 2 workers to start with
-    assert p.admit(2, 1) == 1                      # worker 2's first step is step 1
+    assert p.admit(2, 1) == (2, 1)                 # worker 2's first step is step 1
     with pytest.raises(PolicyError, match="in the run already"):
         p.admit(2, 1)
     step(p, [0, 1], 0)
@@ -82,13 +82,38 @@ def test_sync_refuses_a_join_at_a_step_already_applied_and_a_full_or_finished_ru
     with pytest.raises(PolicyError, match="applied already"):
         p.admit(1, 0)
     assert p.absent == {1}, "a refused join changes nothing"
-    p.admit(1, 1)
+    assert p.admit(None, 1) == (1, 1)             # the lowest free slot, picked and taken at once
     with pytest.raises(PolicyError, match="full"):
-        p.free_slot()
+        p.admit(None, None)
     step(p, [0, 1], 1)
     assert p.done
     with pytest.raises(PolicyError, match="finished"):
         Sync(1, Applied(), budget=0).admit(0, 0)
+
+
+def test_a_cancelled_join_frees_its_slot_and_budget_and_a_begun_one_cannot_be_cancelled():
+    p = Sync(3, Applied(), budget=10 * 2, members=2)
+    assert p.admit(None, None) == (2, 2)          # dynamic: two steps on
+    assert p.budget == 20 + 8
+    p.cancel(2)
+    assert p.absent == {2} and p.budget == 20 and p._future == {}
+    assert p.admit(None, 0) == (2, 0)             # the current step: in its quorum at once
+    with pytest.raises(PolicyError, match="has begun"):
+        p.cancel(2)
+    a = Async(2, Applied(), budget=10, members=1)
+    a.admit(1, 5)
+    a.cancel(1)
+    assert a.absent == {1} and a.pending == {}
+
+
+def test_a_joiner_that_dies_before_its_first_pull_is_lost_not_kept_for_ever():
+    p = Async(2, Applied(), budget=10, members=1)
+    p.pull(0, 0, lambda: None)                    # the run has started
+    p.admit(1, 0)
+    t = p.last_seen[1]
+    assert p.expire(5.0, now=t + 1.0) == []       # its lease counts from the admission
+    p.last_seen[0] = t + 5.5                      # worker 0 was heard from just now (a test's clock)
+    assert p.expire(5.0, now=t + 6.0) == [(1, 0)] and 1 in p.stats.lost and p.pending == {}
 
 
 def test_ssp_joiner_starts_at_the_slowest_clock_and_stalls_nobody():
@@ -97,7 +122,7 @@ def test_ssp_joiner_starts_at_the_slowest_clock_and_stalls_nobody():
         for w in (0, 1):
             p.pull(w, c, lambda: None)
             p.push(w, c, p.version, torch.ones(2))
-    assert p.admit(2, 0) == 0
+    assert p.admit(2, 0) == (2, 0)
     out = p.pull(2, 0, lambda: "w")              # served at once: its clock counts from the slowest (5)
     assert out.value == "w" and out.clock_gap == 0 and p.offset[2] == 5
     # Workers 0 and 1 at clock 5 are not held back by the newcomer (which is at 5 too).

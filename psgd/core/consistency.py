@@ -311,9 +311,14 @@ class Policy:
         with self.cond:
             if self.done or self.first_seen is None:
                 return []
-            gone = [w for w in range(self.num_workers) if w not in self._gone() and w not in self.held
+            # An admitted joiner not yet served (async / SSP pending) counts too: one that died before its
+            # first pull would otherwise keep its slot, and the shard would never finish.
+            quiet = ((self._gone() - self.pending.keys()) | self.held | self.stats.lost.keys()
+                     | self.stats.departed.keys())
+            gone = [w for w in range(self.num_workers) if w not in quiet and w not in self.absent
                     and now - (self.last_seen[w] or self.first_seen) > lease]
             for w in gone:
+                self.pending.pop(w, None)
                 self.stats.lost[w] = self.clocks[w]
                 self._log(w, "lost")
                 if self.name == "sync":
@@ -335,34 +340,50 @@ class Policy:
             self.started = self.started or len(self.at_start | self._gone()) == self.num_workers
             self.cond.notify_all()
 
-    def admit(self, worker: int, at: int) -> int:
-        """Take absent slot `worker` into the run from update `at` (see the module docstring);
-        returns the clock its first pull and push carry. PolicyError (state unchanged) when the
-        run is done, the slot is taken, or (sync) step `at` is applied already."""
-        self._check_worker(worker)
+    def admit(self, worker: int | None, at: int | None) -> tuple[int, int]:
+        """Take absent slot `worker` (None: the lowest absent one, picked and taken under one lock)
+        into the run from update `at` (None: the next safe one, see `_on_admit`); returns (the slot,
+        the clock its first pull and push carry). PolicyError, state unchanged, when the run is
+        done, full, the slot is taken, or (sync) step `at` is applied already."""
+        if worker is not None:
+            self._check_worker(worker)
         with self.cond:
             if self.done:
                 raise PolicyError("the run has finished (its budget is spent): nothing to join")
-            if worker not in self.absent:
+            if worker is None:
+                if not self.absent:
+                    raise PolicyError(f"the run is full: all {self.num_workers} worker slots are taken (start its "
+                                      "shards with more, psgd run --max-workers)")
+                worker = min(self.absent)
+            elif worker not in self.absent:
                 raise PolicyError(f"worker slot {worker} is in the run already")
             clock = self._on_admit(worker, at)
             self.absent.discard(worker)
+            self.last_seen[worker] = time.monotonic()  # a lease counts from its admission, not the run's start
             self.cond.notify_all()
-            return clock
+            return worker, clock
 
-    def free_slot(self) -> int:
-        """The lowest absent slot; PolicyError when every slot is taken."""
+    def cancel(self, worker: int) -> None:
+        """Undo an admission whose worker has not begun (a join that another shard refused): the slot
+        is absent again and the budget as before. PolicyError when it has begun (then it Leaves)."""
+        self._check_worker(worker)
         with self.cond:
-            if self.done:
-                raise PolicyError("the run has finished (its budget is spent): nothing to join")
-            if not self.absent:
-                raise PolicyError(f"the run is full: all {self.num_workers} worker slots are taken (start its "
-                                  "shards with more, psgd run --max-workers)")
-            return min(self.absent)
+            if worker in self.absent or not self._on_cancel(worker):
+                raise PolicyError(f"worker slot {worker} has no admission to cancel (it is absent, or it has begun: "
+                                  "it must leave instead)")
+            self.absent.add(worker)
+            self.clocks[worker], self.offset[worker], self.last_seen[worker] = 0, 0, None
+            self.at_start.discard(worker)
+            self.cond.notify_all()
 
-    def _on_admit(self, worker: int, at: int) -> int:
-        """A policy's own bookkeeping for an admission (cond held): async and SSP hold the first pull."""
-        self.pending[worker] = at
+    def _on_cancel(self, worker: int) -> bool:
+        """A policy's own undo of `_on_admit` (cond held); False when the worker has begun."""
+        return self.pending.pop(worker, None) is not None
+
+    def _on_admit(self, worker: int, at: int | None) -> int:
+        """A policy's own bookkeeping for an admission (cond held): async and SSP hold the first pull
+        (`at` None: not at all)."""
+        self.pending[worker] = self.version if at is None else at
         self.clocks[worker] = 0
         return 0
 
@@ -600,9 +621,11 @@ class Sync(Policy):
             self._log(w, "joined")
         return True
 
-    def _on_admit(self, worker: int, at: int) -> int:
+    def _on_admit(self, worker: int, at: int | None) -> int:
         if self.backup:
             raise PolicyError("sync with backup workers has a fixed quorum: no worker can join it")
+        # None: two steps on, a boundary no shard has reached (sync shards are at most one step apart).
+        at = self.version + 2 if at is None else at
         if at < self.version:
             raise PolicyError(f"step {at} is applied already (the shard is at step {self.version}): join at a "
                               "later step")
@@ -617,6 +640,14 @@ class Sync(Policy):
         else:
             self._future[worker] = at
         return at
+
+    def _on_cancel(self, worker: int) -> bool:
+        at = self._future.pop(worker, None)
+        if at is None:
+            return False
+        if self.budget is not None:
+            self.budget -= max(0, self._steps - at)
+        return True
 
     def membership_state(self) -> dict:
         # Taken inside an update's apply (checkpoints), before `_maybe_update` moves the quorum on:

@@ -123,6 +123,9 @@ class ShardServicer:
 
     def Join(self, request, context):
         with aborts(context):
+            if request.cancel:
+                self.shard.cancel_join(request.worker_id)
+                return pb.JoinReply(worker_id=request.worker_id, version=self.shard.policy.version)
             worker, clock, version = self.shard.join(
                 None if request.any_slot else request.worker_id, request.clock if request.has_clock else None,
                 request.num_elements)

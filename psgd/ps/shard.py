@@ -47,7 +47,8 @@ Contract (every method thread-safe; a refusal raises `ShardError(code, message)`
   shards are at most one step apart). Async / SSP: its first pull is served at once and it starts
   at the slowest worker's clock. Returns (worker_id, clock, version); refused with
   FAILED_PRECONDITION when the shard is not initialised, the run has finished or is full, and
-  INVALID_ARGUMENT for another model's length (the policy's `admit`).
+  INVALID_ARGUMENT for another model's length (the policy's `admit`). `cancel_join(worker_id)`
+  undoes a join whose worker has not begun (another shard refused it), so no slot is lost.
 - `leave(worker_id, shard)`: a worker has finished and sends nothing more; returns how many
   distinct workers have left. Once all N have, `finished` is set: the shard's run is over and its
   server stops by itself (psgd/cli.py), so a run started by hand ends without a signal.
@@ -496,17 +497,22 @@ class Shard:
             raise ShardError(Code.INVALID_ARGUMENT, f"shard {self.index} of this run has {self.num_elements} "
                              f"elements, the joining worker's model gives it {num_elements}: another model")
         try:
-            worker = self.policy.free_slot() if worker_id is None else worker_id
             if worker_id is not None:
                 self._check_sender(worker_id, self.index)
-            if self.policy.name == "sync":
-                at = self.policy.version + 2 if clock is None else clock
-            else:
-                at = self.policy.version
-            first = self.policy.admit(worker, at)
+            # clock None: the policy picks it under its lock (sync: two steps past this version).
+            worker, first = self.policy.admit(worker_id, clock)
         except PolicyError as e:
             raise ShardError(Code.FAILED_PRECONDITION, str(e)) from None
         return worker, first, self.policy.version
+
+    def cancel_join(self, worker_id: int) -> None:
+        """Undo `join` for a worker that has not begun (another shard refused it): its slot is free
+        again. FAILED_PRECONDITION when it has begun (it must Leave instead)."""
+        self._check_sender(worker_id, self.index)
+        try:
+            self.policy.cancel(worker_id)
+        except PolicyError as e:
+            raise ShardError(Code.FAILED_PRECONDITION, str(e)) from None
 
     def expire(self, lease: float) -> list[tuple[int, int]]:
         """Declare lost the workers silent for `lease` seconds (the policy's `expire`), with their
