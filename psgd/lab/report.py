@@ -157,6 +157,15 @@ def noise_lines(noise) -> list[str]:
             "their own seed-to-seed spread."]
 
 
+def by_part(s) -> str:
+    """When a verdict combines parts that came out differently, each part's own outcome (a refuted
+    part is worth saying even when the whole is inconclusive)."""
+    parts = [e for e in s.effects if getattr(e, "outcome", None)]
+    if len(parts) < 2 or len({e.outcome for e in parts}) < 2:
+        return ""
+    return " By part: " + "; ".join(f"{e.label} {e.outcome}" for e in parts) + "."
+
+
 def write(results: Path, sections: list, command: str, wall_s: float, note: str = "", version: str = "",
           profile: str = "default", run_version: str = "", articles: Sequence[Article] = (),
           made_by: Mapping[str, Collection[str]] | None = None, noise=None) -> Path:
@@ -195,7 +204,7 @@ def write(results: Path, sections: list, command: str, wall_s: float, note: str 
         lines += [f"**Claim.** {s.claim}", ""]
         if s.why:
             lines += [f"**Why this setup.** {s.why}", ""]
-        lines += [f"**Verdict: {s.verdict}.** {s.headline}.", ""]
+        lines += [f"**Verdict: {s.verdict}.** {s.headline}.{by_part(s)}", ""]
         for fig in s.figures:
             rel = os.path.relpath(fig.path, results)
             lines += [f"![{fig.path.stem}]({rel})", "", f"*{fig.caption}*", ""]
