@@ -55,6 +55,12 @@ NOT_RUN = {
     "psgd bench peers": "tests/test_bench_peers.py",
     "psgd bench cluster": "minutes, and root; tests/test_bench.py checks its model's two floors, tests/test_cluster.py "
                           "its probe, calibrate --cluster's refusal and runs across hosts",
+    # The README's cluster walk: each exec'd child on a host imports torch; tests/test_cluster.py runs
+    # the same commands (up, status, exec, down, a sync PS and an all-reduce run across hosts, each
+    # checked against the run on loopback).
+    "psgd cluster": "tests/test_cluster.py::test_up_status_down_leaves_nothing_behind and its exec tests",
+    "psgd run --hosts": "tests/test_cluster.py::test_a_sync_ps_run_across_hosts_equals_the_run_on_loopback and "
+                        "::test_an_allreduce_run_across_hosts_equals_the_run_on_loopback",
     "psgd bench utilisation": "minutes, and root; tests/test_bench_utilisation.py checks its runs, its utilisation "
                               "arithmetic, the model's amortised step and the table",
     # A run costs make test about 3 s of start-up; the same sparse pushes go through in-process shards.
