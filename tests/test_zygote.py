@@ -137,3 +137,31 @@ def test_a_dead_zygote_reports_its_children_killed_instead_of_raising(tmp_path):
     with pytest.raises(zygote.ZygoteError, match="the zygote is gone"):
         spawn(z, tmp_path / "after.log", "summarize", "x")
     z.close()
+
+
+def test_a_torn_report_stream_falls_back_to_asking_the_kernel(monkeypatch):
+    """Ctrl-C inside the launcher's read of an exit report can leave the stream mid-frame: the zygote
+    handle marks it torn and from then on waits for its children by asking the kernel (a hang on
+    Ctrl-C, about one full make test in six, before)."""
+    import subprocess as sp
+
+    from psgd.train import zygote as z
+
+    ours, theirs = __import__("socket").socketpair()
+    handle = z.Zygote(sp.Popen(["true"]), ours)
+    gone = sp.Popen(["true"])
+    gone.wait()  # exited and reaped: the kernel no longer knows its pid
+    child = z.Forked(handle, gone.pid)
+    handle.children[child.pid] = child
+
+    def interrupted(sock):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(z, "_recv", interrupted)
+    theirs.send(b"\0\0")  # half a frame's length: the read is under way when Ctrl-C comes
+    with pytest.raises(KeyboardInterrupt):
+        handle.wait_any()
+    assert handle.torn
+    assert child.wait(timeout=5) == -signal.SIGTERM and child.poll() == -signal.SIGTERM
+    handle.proc.wait()
+    theirs.close()
+    ours.close()

@@ -92,8 +92,20 @@ class Forked:
         self.stdin = self.stdout = None  # the launcher's ends of the pipes, set by the caller
 
     def poll(self) -> int | None:
-        self.zygote.pump(block=False)
+        if self.zygote.torn:
+            self._probe()
+        else:
+            self.zygote.pump(block=False)
         return self.returncode
+
+    def _probe(self) -> None:
+        """With the report stream torn (see `Zygote.torn`), ask the kernel instead: a pid that is gone
+        has exited (and been reaped by the zygote); its status is no longer known, so -SIGTERM."""
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                self.returncode = -signal.SIGTERM
 
     def wait(self, timeout: float | None = None) -> int:
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -101,7 +113,12 @@ class Forked:
             left = None if deadline is None else deadline - time.monotonic()
             if left is not None and left <= 0:
                 raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout)
-            self.zygote.pump(block=True, timeout=left)
+            if self.zygote.torn:
+                self._probe()
+                if self.returncode is None:
+                    time.sleep(0.02)  # polling the kernel: the stream that would tell us is gone
+            else:
+                self.zygote.pump(block=True, timeout=left)
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
@@ -123,6 +140,9 @@ class Zygote:
         self.children: dict[int, Forked] = {}
         self._ready = False
         self._unseen = 0      # exit reports read (by a poll, a wait, a spawn) since the last wait_any
+        # A read interrupted inside a frame (Ctrl-C in the launcher's wait) leaves the stream at an
+        # unknown offset: from then on children are waited for by asking the kernel (`Forked._probe`).
+        self.torn = False
         self.gone = False     # the zygote's socket closed: it died, and its children with it
 
     @classmethod
@@ -175,11 +195,18 @@ class Zygote:
     def _next(self) -> tuple[dict, list[int]]:
         """The next report. Once the zygote is gone, every child it had is gone too (PR_SET_PDEATHSIG
         kills them): each still running is marked killed, so the launcher sees exits, not an error."""
-        if not self.gone:
+        if not self.gone and not self.torn:
             try:
                 return _recv(self.sock)
             except (EOFError, OSError):
                 self.gone = True
+            except BaseException:
+                self.torn = True  # (KeyboardInterrupt) perhaps mid-frame: never read this stream again
+                raise
+        if self.torn:
+            for child in self.children.values():
+                child._probe()
+            return {}, []
         for child in self.children.values():
             if child.returncode is None:
                 child.returncode = -signal.SIGKILL
@@ -194,6 +221,9 @@ class Zygote:
     def pump(self, block: bool, timeout: float | None = None) -> None:
         """Read the exit reports that have arrived (block: wait up to `timeout` for one)."""
         first = True
+        if self.torn:
+            self._next()
+            return
         while not self.gone:
             ready, _ = select_one(self.sock, timeout if (block and first) else 0)
             if not ready:
@@ -206,8 +236,12 @@ class Zygote:
         """Block until some child has exited that the last wait_any did not report (one read
         earlier by a poll counts: no exit is missed), then the launcher polls its children."""
         while self._unseen == 0:
-            if self.gone and all(c.returncode is not None for c in self.children.values()):
+            if (self.gone or self.torn) and all(c.returncode is not None for c in self.children.values()):
                 return  # nothing left to report
+            if self.torn:
+                self._next()  # probes every child
+                time.sleep(0.02)
+                return  # the launcher polls its children, as after a report
             msg, _ = self._next()
             self._note(msg)
         self._unseen = 0
