@@ -16,6 +16,17 @@ torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 
+@pytest.fixture(autouse=True)
+def one_intra_op_thread():
+    """Every test starts with torch's one intra-op thread. A command run in this process (psgd
+    worker or server by psgd_main) sets its own thread budget, and the count changes a matmul's
+    last bits (1 vs 2 threads, measured): a bit-for-bit comparison in a later test of the same
+    xdist worker would then fail by the order the tests ran in."""
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(1)
+
+
 def gpu_skip_reason(wanted: int, available: int) -> str | None:
     """Why a test marked gpu(devices=wanted) cannot run with `available` CUDA devices (None: it can)."""
     if available >= wanted:

@@ -128,7 +128,12 @@ def test_a_restarted_worker_rejoins_at_its_clock(tmp_path):
 
 def test_ctrl_c_stops_everything(tmp_path):
     out = tmp_path / "interrupted"
-    proc = subprocess.Popen([sys.executable, "-m", "psgd", "run", "--mode", "ssp", "--workers", "2", "--steps",
+    # Python leaves SIGINT ignored when its parent ignored it (a `make test &` of a shell without job
+    # control does): then Ctrl-C would reach nothing. The launcher is started with Python's own
+    # handler, as from a terminal, whatever this test's parent did.
+    terminal = "import runpy, signal; signal.signal(signal.SIGINT, signal.default_int_handler); " \
+               "runpy.run_module('psgd', run_name='__main__')"
+    proc = subprocess.Popen([sys.executable, "-c", terminal, "run", "--mode", "ssp", "--workers", "2", "--steps",
                              "100000", "--out", str(out), *COMMON], env=ENV, stderr=subprocess.PIPE, text=True)
     try:
         # Wait for training to be under way: the first step event (bounded by the timeout).
