@@ -259,11 +259,15 @@ def test_the_thread_budget_shares_the_cores_once():
 
     assert thread_budget(RunConfig(mode="async", workers=4, servers=2), cores=2) == 1     # never 0
     assert thread_budget(RunConfig(mode="ssp", workers=2, servers=2), cores=16) == 4
-    # Sync takes turns (workers compute, then shards apply): each side gets the cores while it works.
+    # Sync takes turns (workers compute, then shards apply): the workers get the cores, each shard
+    # one thread (two sides that both held every core spun against each other: 10x slower at N = 1).
     assert thread_budget(RunConfig(mode="sync", workers=2, servers=1), cores=2) == 1
-    assert thread_budget(RunConfig(mode="sync", workers=2, servers=1), cores=2, role="server") == 2
-    assert thread_budget(RunConfig(mode="sync", workers=4, servers=2), cores=16, role="server") == 8
+    assert thread_budget(RunConfig(mode="sync", workers=1, servers=1), cores=2) == 2
+    assert thread_budget(RunConfig(mode="sync", workers=2, servers=1), cores=2, role="server") == 1
+    assert thread_budget(RunConfig(mode="sync", workers=4, servers=2), cores=16) == 4
+    assert thread_budget(RunConfig(mode="sync", workers=4, servers=2), cores=16, role="server") == 1
     assert thread_budget(RunConfig(mode="sync", workers=2, servers=1, overlap=True), cores=2, role="server") == 1
-    assert thread_budget(RunConfig(mode="async", workers=1, servers=1), cores=2, role="server") == 2  # 1 worker: turns
+    assert thread_budget(RunConfig(mode="async", workers=1, servers=1), cores=2) == 2  # 1 worker: turns
+    assert thread_budget(RunConfig(mode="async", workers=1, servers=1), cores=2, role="server") == 1
     assert thread_budget(RunConfig(mode="allreduce", workers=4, servers=2), cores=16) == 4  # no servers
     assert thread_budget(RunConfig(mode="sync", workers=2, servers=2, threads=3), cores=16) == 3

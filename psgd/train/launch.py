@@ -303,15 +303,18 @@ def thread_budget(cfg: RunConfig, cores: int | None = None, role: str = "worker"
 
     Sync without --overlap takes turns: the workers compute while the shards wait for their
     gradients, the shards apply while every worker waits for the update; so does a single worker
-    in any mode (its exchange waits for the shards' answer). Then each side gets the cores to
-    itself while it works: the N workers cores // N each, the K shards cores // K (`role`
-    "server"). Measured for a 4.3M-parameter shard, sync N = 2, 2 cores: the update took a
-    1-thread shard ~3.7 ms after the last gradient arrived, a 2-thread one ~2 ms."""
+    in any mode (its exchange waits for the shards' answer). Then the workers get the cores, the N
+    of them cores // N each, and every shard one thread: an idle OpenMP thread spins before it
+    sleeps, so two sides that both hold every core steal it from each other at each turn. Measured
+    on 2 cores, sync N = 1 (updates/s, worker/shard threads): the MNIST-1D MLP 1,244 at 2/1, 1,216
+    at 1/2, 126 at 2/2 (10x slower); the small transformer 21.2 at 2/1, 12.7 at 1/2, 20.5 at 2/2; at
+    N = 2 a 2-thread shard was slower than a 1-thread one for both (MLP 837 vs 932, gpt 11.6 vs 12.3).
+    The worker's forward and backward outweigh the shard's elementwise update, so it gets them."""
     if cfg.threads:
         return cfg.threads
     cores = cores or os.cpu_count() or 1
     if (cfg.mode == "sync" or cfg.workers == 1) and not cfg.overlap and cfg.mode != "allreduce":
-        return max(1, cores // (cfg.servers if role == "server" else cfg.workers))
+        return 1 if role == "server" else max(1, cores // cfg.workers)
     processes = cfg.workers + (0 if cfg.mode == "allreduce" else cfg.servers)
     return max(1, cores // processes)
 
