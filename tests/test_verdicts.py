@@ -227,6 +227,19 @@ def test_recovered_share_of_a_loss():
     assert math.isnan(stats.recovered_ci([10.0], [10.0], [12.0]).estimate)  # no loss: no share of it
 
 
+def test_avoided_share_is_measured_from_the_remedys_own_footing():
+    # sync 100 -> 20 with the straggler; the backup arm runs 130 without it and 120 with it: against
+    # sync's baseline it "recovers" 125% of the loss, but the straggler cost it 10 of sync's 80.
+    sync, hurt, own, remedy = [100.0, 102.0, 98.0], [20.0, 21.0, 19.0], [130.0, 131.0, 129.0], [120.0, 122.0, 118.0]
+    assert stats.recovered_ci(sync, hurt, remedy).estimate == pytest.approx(100 / 80)
+    ci = stats.avoided_ci(sync, hurt, own, remedy)
+    assert ci.estimate == pytest.approx(1 - 10 / 80) and ci.lo < ci.estimate < ci.hi < 1.0
+    assert stats.avoided_ci(sync, hurt, sync, hurt).estimate == pytest.approx(0.0)  # suffers all of it
+    assert math.isnan(stats.avoided_ci([10.0], [10.0], [12.0], [11.0]).estimate)  # no loss: no share of it
+    unpaired = stats.avoided_ci(sync, hurt, own[:2], remedy)  # unequal seed counts: the bootstrap
+    assert unpaired.estimate == pytest.approx(1 - (130.5 - 120) / 80) and unpaired.lo < unpaired.hi
+
+
 @pytest.mark.parametrize("loss,recovered,cost,outcome", [
     (iv(0.8, 0.7, 0.9), iv(0.9, 0.8, 1.0), iv(0.0, -0.005, 0.005), V.CONFIRMED),
     (iv(0.8, 0.7, 0.9), iv(0.2, 0.1, 0.3), iv(-0.05, -0.07, -0.03), V.REFUTED),

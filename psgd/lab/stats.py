@@ -11,7 +11,7 @@ Contract: every function takes plain sequences of per-seed numbers and returns a
   paired=False): Welch's interval with the Welch-Satterthwaite degrees of freedom.
 - `ratio_ci(a, b)`: for positive quantities (throughputs, times): the t interval of the per-seed
   log ratios (paired) or of log a - log b (Welch), exponentiated: a ratio's interval.
-- `gap_closed_ci`, `recovered_ci`: ratios of differences of three arms, from the paired per-seed
+- `gap_closed_ci`, `recovered_ci`, `avoided_ci`: ratios of differences of three (four) arms, from the paired per-seed
   values when the arms share their seeds (a t interval of the per-seed ratio), else a percentile
   bootstrap (Efron & Tibshirani 1993, ch. 13) from a fixed seed.
 
@@ -149,6 +149,33 @@ def gap_closed_ci(plain: Sequence[float], remedy: Sequence[float], reference: Se
         samples = (mr - mp) / (mref - mp)
         estimate = float((r.mean() - p.mean()) / (ref.mean() - p.mean()))
     return _percentiles(samples, estimate, min(p.size, r.size, ref.size), level)
+
+
+def avoided_ci(base: Sequence[float], hurt: Sequence[float], remedy_base: Sequence[float],
+               remedy_hurt: Sequence[float], level: float = LEVEL) -> Interval:
+    """1 - (mean(remedy_base) - mean(remedy_hurt)) / (mean(base) - mean(hurt)): the share of a loss
+    (base -> hurt, the plain arm without and with the fault) that the remedy does not suffer on its
+    own footing (remedy_base -> remedy_hurt). 1: the fault costs the remedy nothing; 0: as much as
+    the plain arm; unlike `recovered_ci` it is not inflated by a remedy that is faster anyway.
+    Paired per seed where every group has one run per seed and every seed's loss is positive;
+    otherwise the four groups are resampled on their own (a resample without a loss is left out)."""
+    a, h, rb, rh = _clean(base), _clean(hurt), _clean(remedy_base), _clean(remedy_hurt)
+    loss = a.mean() - h.mean()
+    estimate = float(1.0 - (rb.mean() - rh.mean()) / loss) if loss > 0 else float("nan")
+    if a.size == h.size == rb.size == rh.size and loss > 0:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            paired = _paired_share((a - h) - (rb - rh), a - h, estimate, level)
+        if paired is not None:
+            return paired
+    rng = np.random.default_rng(SEED)
+    ma, mh, mrb, mrh = (_resampled_means(x, rng) for x in (a, h, rb, rh))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        samples = 1.0 - (mrb - mrh) / (ma - mh)
+    samples = samples[ma > mh]
+    n = min(a.size, h.size, rb.size, rh.size)
+    if samples.size == 0:
+        return Interval(estimate, float("nan"), float("nan"), n)
+    return _percentiles(samples, estimate, n, level)
 
 
 def recovered_ci(base: Sequence[float], hurt: Sequence[float], remedy: Sequence[float],

@@ -313,19 +313,20 @@ def remedies_close_the_gap(cells: Sequence[RemedyCell], margin: float = 0.02) ->
 
 
 def backup_recovers(loss: Interval, recovered: Interval, accuracy_cost: Interval, share: float = 0.5,
-                    margin: float = 0.01) -> Verdict:
+                    margin: float = 0.01, measure: str = "recovered") -> Verdict:
     """E11: backup workers recover most of the throughput sync loses to a straggler (the share
-    `recovered` of the loss above `share`) at little cost in accuracy (backup minus sync above
-    -`margin`). Inconclusive when the straggler did not measurably slow sync (`loss`, the relative
-    throughput loss, not above 0): there is nothing to recover."""
+    `recovered` of the loss above `share`; `measure` names it: "recovered", against sync's
+    throughput without the straggler, or "avoided", against the backup arm's own) at little cost
+    in accuracy (backup minus sync above -`margin`). Inconclusive when the straggler did not
+    measurably slow sync (`loss`, the relative throughput loss, not above 0): nothing to recover."""
     margin, stated = accuracy_margin(margin)
-    effects = (_part("share of the straggler's loss recovered", recovered, 0.0, "effect", SHARE, null=share),
+    effects = (_part(f"share of the straggler's loss {measure}", recovered, 0.0, "effect", SHARE, null=share),
                _part("accuracy, backup - sync", accuracy_cost, margin, "no_worse"))
     if not loss.lo > 0:
         return Verdict(INCONCLUSIVE, f"the straggler cost sync {loss.fmt(2)} of its throughput: no loss to recover",
                        effects)
     parts = [e.outcome for e in effects]
-    reason = (f"recovered share of sync's straggler loss {recovered.fmt(2)} (claim: > {share:g}), accuracy backup - "
+    reason = (f"{measure} share of sync's straggler loss {recovered.fmt(2)} (claim: > {share:g}), accuracy backup - "
               f"sync {accuracy_cost.fmt(signed=True)} (margin -{stated})")
     outcome = combine(parts)
     if outcome == DEPENDS:
