@@ -40,3 +40,24 @@ def test_adam_staleness_weighs_adams_cost_against_sgds(tmp_path, adam_async, ver
     section = analyses.analyse(exp, summaries, tmp_path / "E16")
     assert section.verdict == verdict, section.headline
     assert "SGD +0.020" in section.headline and (tmp_path / "E16" / "staleness_cost.png").exists()
+
+
+def test_each_stale_arm_is_a_part_and_the_verdict_combines_them(tmp_path):
+    """Async costs AdamW clearly more than SGD, SSP (s=2) clearly not: the claim depends on the arm."""
+    summaries = (runs(tmp_path, "one worker", [0.62, 0.63, 0.62], "sync", 1, "sgd")
+                 + runs(tmp_path, "async", [0.60, 0.61, 0.60], "async", 4, "sgd")
+                 + runs(tmp_path, "ssp", [0.61, 0.62, 0.61], "ssp", 4, "sgd")
+                 + runs(tmp_path, "one worker, AdamW", [0.62, 0.63, 0.62], "sync", 1, "adamw")
+                 + runs(tmp_path, "async, AdamW", [0.50, 0.52, 0.51], "async", 4, "adamw")
+                 + runs(tmp_path, "ssp, AdamW", [0.61, 0.62, 0.61], "ssp", 4, "adamw"))
+    exp = SimpleNamespace(id="E16", path="e16.toml", title="t", claim="c", quote="", quote_en="", quote_source="",
+                          why="w", analysis="adam_staleness", seeds=(0, 1, 2),
+                          params={"sgd": ["one worker", "async", "ssp"],
+                                  "adamw": ["one worker, AdamW", "async, AdamW", "ssp, AdamW"], "margin": 0.02})
+    (tmp_path / "E16").mkdir()
+    section = analyses.analyse(exp, summaries, tmp_path / "E16")
+    assert section.verdict == "depends", section.headline
+    assert "async: SGD +0.020" in section.headline and "ssp s=2: SGD +0.010" in section.headline
+    with pytest.raises(ValueError, match="the same stale arms"):
+        analyses.analyse(SimpleNamespace(**{**vars(exp), "params": {**exp.params, "adamw": exp.params["adamw"][:2]}}),
+                         summaries, tmp_path / "E16")

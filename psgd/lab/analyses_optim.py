@@ -1,11 +1,12 @@
 """The analysis of staleness and the optimizer (E16): is the accuracy that staleness costs larger
 with AdamW than with SGD (Dai et al. 2018)? Same contract as psgd/lab/analyses.py, whose `analyse`
-dispatches here; [params] names the arms: `sgd` and `adamw`, each [control, async].
+dispatches here; [params] names the arms: `sgd` and `adamw`, each [control, stale arm, ...] (async,
+and SSP where it ran), the same stale arms in the same order for both.
 
-Damage = control minus async (final test accuracy, paired by seed: the same initialisation and data
+Damage = control minus a stale arm (final test accuracy, paired by seed: the same initialisation and data
 order in both); the verdict weighs AdamW's damage minus SGD's, per seed, with a t interval, against
-the margin: confirmed when AdamW loses clearly more, refuted when its loss is clearly not larger by
-the margin, else inconclusive.
+the margin, for each stale arm: confirmed when AdamW loses clearly more, refuted when its loss is
+clearly not larger by the margin, else inconclusive; the verdict combines the stale arms.
 """
 
 from __future__ import annotations
@@ -18,38 +19,53 @@ from psgd.lab.results import Figure, table
 
 def adam_staleness(ctx: Context):
     p = ctx.params
-    (sgd_c, sgd_a), (adam_c, adam_a) = ([ctx.group(x) for x in p[k]] for k in ("sgd", "adamw"))
+    (sgd_c, *sgd_stale), (adam_c, *adam_stale) = ([ctx.group(x) for x in p[k]] for k in ("sgd", "adamw"))
+    if len(sgd_stale) != len(adam_stale) or not sgd_stale:
+        raise ValueError(f"{ctx.exp.id}: [params] sgd and adamw must each name the control and the same stale "
+                         f"arms (async, ssp), got {p['sgd']} and {p['adamw']}")
     margin = float(p.get("margin", 0.02))
-    dmg_sgd, dmg_adam = diff(sgd_c, sgd_a), diff(adam_c, adam_a)
-    paired = sgd_c.seeds == sgd_a.seeds == adam_c.seeds == adam_a.seeds
-    per_sgd = [c - a for c, a in zip(sgd_c.finals(), sgd_a.finals(), strict=True)]
-    per_adam = [c - a for c, a in zip(adam_c.finals(), adam_a.finals(), strict=True)]
-    dd = stats.diff_ci(per_adam, per_sgd, paired=paired)
+    order = [sgd_c, *sgd_stale, adam_c, *adam_stale]
+    paired = all(g.seeds == sgd_c.seeds for g in order)
+    damage, dd = {}, {}
+    for s_arm, a_arm in zip(sgd_stale, adam_stale, strict=True):
+        arm = _stale_name(s_arm)
+        damage[arm] = (diff(sgd_c, s_arm), diff(adam_c, a_arm))
+        per_sgd = [c - a for c, a in zip(sgd_c.finals(), s_arm.finals(), strict=True)]
+        per_adam = [c - a for c, a in zip(adam_c.finals(), a_arm.finals(), strict=True)]
+        dd[arm] = stats.diff_ci(per_adam, per_sgd, paired=paired)
     verdict = V.staleness_hurts_adam_more(dd, margin)
-    order = [sgd_c, sgd_a, adam_c, adam_a]
     f1 = ctx.out / "accuracy_vs_samples.png"
     plots.curves(variant_series(order), "samples", "test_accuracy", f1, f"{ctx.exp.id}: SGD and AdamW, with and "
                  "without staleness")
     f2 = ctx.out / "staleness_cost.png"
     plots.dots(["SGD (momentum 0.9)", "AdamW"],
-               {"control minus async": ("variant:0", [dmg_sgd.estimate, dmg_adam.estimate],
-                                        [(dmg_sgd.lo, dmg_sgd.hi), (dmg_adam.lo, dmg_adam.hi)])},
+               {f"control minus {arm}": (f"variant:{i}", [s.estimate, a.estimate], [(s.lo, s.hi), (a.lo, a.hi)])
+                for i, (arm, (s, a)) in enumerate(damage.items())},
                "accuracy lost to staleness", f2, f"{ctx.exp.id}: what staleness costs each optimizer",
                refs=[(0.0, "no cost")])
     rows = [[g.label, g.cfg["optim"]["optimizer"], g.mode, g.cfg["workers"], f"{g.lr:g}", acc_ci(g).fmt(),
              f"{g.mean('staleness.mean'):.2f}", g.converged()] for g in order]
     body = table(["run", "optimizer", "mode", "workers", "lr (tuned)", "test accuracy [95% CI]", "mean staleness",
                   "converged"], rows)
-    headline = (f"accuracy lost to staleness (one-worker control minus async N={sgd_a.cfg['workers']}, paired by "
-                f"seed): SGD {dmg_sgd.fmt(signed=True)}, AdamW {dmg_adam.fmt(signed=True)}; AdamW's minus SGD's "
-                f"{dd.fmt(signed=True)} (margin {margin})")
-    body += (f"\n\nBoth optimizers at their own tuned rates, both controls at the async arm's batch per update and "
+    headline = (f"accuracy lost to staleness (one-worker control minus the stale arm at N={sgd_stale[0].cfg['workers']}"
+                ", paired by seed): " + "; ".join(
+                    f"{arm}: SGD {s.fmt(signed=True)}, AdamW {a.fmt(signed=True)}, AdamW's minus SGD's "
+                    f"{dd[arm].fmt(signed=True)}" for arm, (s, a) in damage.items()) + f" (margin {margin})")
+    body += (f"\n\nBoth optimizers at their own tuned rates, every control at the stale arms' batch per update and "
              f"equal samples; intervals: Student t over {len(sgd_c.runs)} seeds"
              + (", paired by seed." if paired else ", Welch (the arms' seeds differ)."))
     figs = [Figure(f1, ctx.caption("Test accuracy against samples, each arm at its tuned rate.")),
-            Figure(f2, "Accuracy the control keeps over async, per optimizer; error bars: 95% t interval over seeds.")]
-    return verdict, headline, body, figs, {"sgd_damage": dmg_sgd.estimate, "adamw_damage": dmg_adam.estimate,
-                                           "adamw_minus_sgd": dd.estimate}
+            Figure(f2, "Accuracy the control keeps over each stale arm, per optimizer; error bars: 95% t interval "
+                       "over seeds.")]
+    key = {f"{arm}_{k}": v for arm in damage for k, v in
+           (("sgd_damage", damage[arm][0].estimate), ("adamw_damage", damage[arm][1].estimate),
+            ("adamw_minus_sgd", dd[arm].estimate))}
+    return verdict, headline, body, figs, key
+
+
+def _stale_name(g) -> str:
+    """async, or ssp s=S: the stale arm as the verdict names it."""
+    return f"ssp s={g.cfg['staleness']}" if g.mode == "ssp" else g.mode
 
 
 ANALYSES = {"adam_staleness": adam_staleness}
