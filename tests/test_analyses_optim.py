@@ -13,7 +13,8 @@ from psgd.core.config import OptimConfig, RunConfig, to_dict
 from psgd.lab import analyses
 
 
-def runs(root: Path, label: str, acc: list[float], mode: str, workers: int, optimizer: str) -> list:
+def runs(root: Path, label: str, acc: list[float], mode: str, workers: int, optimizer: str,
+         loss: list[float] | None = None) -> list:
     out = []
     for seed, a in enumerate(acc):
         folder = root / f"{label.replace(' ', '_').replace(',', '')}-{seed}"
@@ -21,7 +22,8 @@ def runs(root: Path, label: str, acc: list[float], mode: str, workers: int, opti
         cfg = to_dict(RunConfig(mode=mode, seed=seed, workers=workers, optim=OptimConfig(optimizer=optimizer)))
         (folder / "summary.json").write_text(json.dumps({"mode": mode, "config": cfg, "staleness": {"mean": 3.0}}))
         (folder / "metrics.jsonl").write_text("\n".join(json.dumps(
-            {"event": "eval", "version": v, "test_accuracy": a, "samples": 100 * v}) for v in range(6)))
+            {"event": "eval", "version": v, "test_accuracy": a, "samples": 100 * v,
+             **({"test_loss": loss[seed]} if loss else {})}) for v in range(6)))
         out.append((SimpleNamespace(label=label, cfg=SimpleNamespace(out=str(folder))), {}))
     return out
 
@@ -61,3 +63,21 @@ def test_each_stale_arm_is_a_part_and_the_verdict_combines_them(tmp_path):
     with pytest.raises(ValueError, match="the same stale arms"):
         analyses.analyse(SimpleNamespace(**{**vars(exp), "params": {**exp.params, "adamw": exp.params["adamw"][:2]}}),
                          summaries, tmp_path / "E16")
+
+
+@pytest.mark.parametrize("adam_async, verdict", [([1.9, 1.95, 1.9], "confirmed"), ([1.6, 1.62, 1.61], "refuted")])
+def test_a_language_models_damage_is_the_test_loss_staleness_adds(tmp_path, adam_async, verdict):
+    acc = [0.3, 0.3, 0.3]
+    summaries = (runs(tmp_path, "one worker", acc, "sync", 1, "sgd", [1.5, 1.52, 1.51])
+                 + runs(tmp_path, "async", acc, "async", 4, "sgd", [1.6, 1.62, 1.61])
+                 + runs(tmp_path, "one worker, AdamW", acc, "sync", 1, "adamw", [1.5, 1.52, 1.51])
+                 + runs(tmp_path, "async, AdamW", acc, "async", 4, "adamw", adam_async))
+    exp = SimpleNamespace(id="E17", path="e17.toml", title="t", claim="c", quote="", quote_en="", quote_source="",
+                          why="w", analysis="adam_staleness", seeds=(0, 1, 2),
+                          params={"sgd": ["one worker", "async"], "adamw": ["one worker, AdamW", "async, AdamW"],
+                                  "margin": 0.05, "metric": "test_loss"})
+    (tmp_path / "E17").mkdir()
+    section = analyses.analyse(exp, summaries, tmp_path / "E17")
+    assert section.verdict == verdict, section.headline
+    assert "test loss (nats) added" in section.headline and "SGD +0.100" in section.headline
+    assert (tmp_path / "E17" / "loss_vs_samples.png").exists()

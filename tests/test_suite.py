@@ -33,9 +33,10 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 
 
 @pytest.mark.parametrize("profile", suite.PROFILES)
-def test_default_suite_files_are_valid(profile, tmp_path):
-    experiments = suite.load_suite(ROOT / "experiments" / "default.toml", profile, results=tmp_path)
-    assert len(experiments) >= 10
+@pytest.mark.parametrize("name,least", [("default.toml", 10), ("transformer.toml", 1)])
+def test_the_suite_files_are_valid(profile, tmp_path, name, least):
+    experiments = suite.load_suite(ROOT / "experiments" / name, profile, results=tmp_path)
+    assert len(experiments) >= least
     assert all(e.templates or e.bench for e in experiments)
     learning = [e for e in experiments if e.templates]
     if profile != "quick":   # at least 3 seeds per learning configuration, 5 in --full

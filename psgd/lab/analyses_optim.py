@@ -24,39 +24,53 @@ def adam_staleness(ctx: Context):
         raise ValueError(f"{ctx.exp.id}: [params] sgd and adamw must each name the control and the same stale "
                          f"arms (async, ssp), got {p['sgd']} and {p['adamw']}")
     margin = float(p.get("margin", 0.02))
+    # The figure of merit: test accuracy (damage = control - stale), or for a language model the test
+    # loss in nats per token (damage = stale - control): either way a positive damage is a cost.
+    loss = p.get("metric", "test_accuracy") == "test_loss"
+    key_name, sign = ("test_loss", -1.0) if loss else ("test_accuracy", 1.0)
     order = [sgd_c, *sgd_stale, adam_c, *adam_stale]
     paired = all(g.seeds == sgd_c.seeds for g in order)
     damage, dd = {}, {}
     for s_arm, a_arm in zip(sgd_stale, adam_stale, strict=True):
         arm = _stale_name(s_arm)
-        damage[arm] = (diff(sgd_c, s_arm), diff(adam_c, a_arm))
-        per_sgd = [c - a for c, a in zip(sgd_c.finals(), s_arm.finals(), strict=True)]
-        per_adam = [c - a for c, a in zip(adam_c.finals(), a_arm.finals(), strict=True)]
+        per_sgd = [sign * (c - a) for c, a in zip(sgd_c.finals(key_name), s_arm.finals(key_name), strict=True)]
+        per_adam = [sign * (c - a) for c, a in zip(adam_c.finals(key_name), a_arm.finals(key_name), strict=True)]
+        if paired:
+            damage[arm] = (stats.mean_ci(per_sgd), stats.mean_ci(per_adam))
+        else:  # Welch: control minus stale in accuracy, stale minus control in loss
+            pairs = ((s_arm, sgd_c), (a_arm, adam_c)) if loss else ((sgd_c, s_arm), (adam_c, a_arm))
+            damage[arm] = tuple(diff(x, y, key_name) for x, y in pairs)
         dd[arm] = stats.diff_ci(per_adam, per_sgd, paired=paired)
-    verdict = V.staleness_hurts_adam_more(dd, margin)
-    f1 = ctx.out / "accuracy_vs_samples.png"
-    plots.curves(variant_series(order), "samples", "test_accuracy", f1, f"{ctx.exp.id}: SGD and AdamW, with and "
+    verdict = V.staleness_hurts_adam_more(dd, margin, V.NATS if loss else V.ACCURACY)
+    f1 = ctx.out / ("loss_vs_samples.png" if loss else "accuracy_vs_samples.png")
+    plots.curves(variant_series(order), "samples", key_name, f1, f"{ctx.exp.id}: SGD and AdamW, with and "
                  "without staleness")
     f2 = ctx.out / "staleness_cost.png"
     plots.dots(["SGD (momentum 0.9)", "AdamW"],
                {f"control minus {arm}": (f"variant:{i}", [s.estimate, a.estimate], [(s.lo, s.hi), (a.lo, a.hi)])
                 for i, (arm, (s, a)) in enumerate(damage.items())},
-               "accuracy lost to staleness", f2, f"{ctx.exp.id}: what staleness costs each optimizer",
+               "test loss added by staleness (nats)" if loss else "accuracy lost to staleness", f2,
+               f"{ctx.exp.id}: what staleness costs each optimizer",
                refs=[(0.0, "no cost")])
-    rows = [[g.label, g.cfg["optim"]["optimizer"], g.mode, g.cfg["workers"], f"{g.lr:g}", acc_ci(g).fmt(),
+    rows = [[g.label, g.cfg["optim"]["optimizer"], g.mode, g.cfg["workers"], f"{g.lr:g}",
+             stats.mean_ci(g.finals(key_name)).fmt() if loss else acc_ci(g).fmt(),
              f"{g.mean('staleness.mean'):.2f}", g.converged()] for g in order]
-    body = table(["run", "optimizer", "mode", "workers", "lr (tuned)", "test accuracy [95% CI]", "mean staleness",
-                  "converged"], rows)
-    headline = (f"accuracy lost to staleness (one-worker control minus the stale arm at N={sgd_stale[0].cfg['workers']}"
-                ", paired by seed): " + "; ".join(
+    body = table(["run", "optimizer", "mode", "workers", "lr (tuned)",
+                  "test loss, nats [95% CI]" if loss else "test accuracy [95% CI]", "mean staleness", "converged"],
+                 rows)
+    headline = (("test loss (nats) added by staleness (the stale arm minus the one-worker control"
+                 if loss else "accuracy lost to staleness (one-worker control minus the stale arm")
+                + f" at N={sgd_stale[0].cfg['workers']}, paired by seed): " + "; ".join(
                     f"{arm}: SGD {s.fmt(signed=True)}, AdamW {a.fmt(signed=True)}, AdamW's minus SGD's "
                     f"{dd[arm].fmt(signed=True)}" for arm, (s, a) in damage.items()) + f" (margin {margin})")
     body += (f"\n\nBoth optimizers at their own tuned rates, every control at the stale arms' batch per update and "
              f"equal samples; intervals: Student t over {len(sgd_c.runs)} seeds"
              + (", paired by seed." if paired else ", Welch (the arms' seeds differ)."))
-    figs = [Figure(f1, ctx.caption("Test accuracy against samples, each arm at its tuned rate.")),
-            Figure(f2, "Accuracy the control keeps over each stale arm, per optimizer; error bars: 95% t interval "
-                       "over seeds.")]
+    what = "Test loss (nats per token)" if loss else "Test accuracy"
+    figs = [Figure(f1, ctx.caption(f"{what} against samples, each arm at its tuned rate.")),
+            Figure(f2, ("Test loss each stale arm adds over the control" if loss else
+                        "Accuracy the control keeps over each stale arm") +
+                   ", per optimizer; error bars: 95% t interval over seeds.")]
     key = {f"{arm}_{k}": v for arm in damage for k, v in
            (("sgd_damage", damage[arm][0].estimate), ("adamw_damage", damage[arm][1].estimate),
             ("adamw_minus_sgd", dd[arm].estimate))}

@@ -145,13 +145,16 @@ def sync_beats_async(sync_minus_async: Interval, margin: float = 0.01, label: st
     return Verdict(part.outcome, f"{label} accuracy {sync_minus_async.fmt(signed=True)} (margin {stated})", (part,))
 
 
-def staleness_hurts_adam_more(adam_minus_sgd_damage: Interval | dict[str, Interval], margin: float = 0.02) -> Verdict:
-    """E16: the accuracy staleness costs (control minus the stale arm) is larger with AdamW than
-    with SGD. One interval, or one per stale arm ({"async": ..., "ssp s=2": ...}): each is a part,
-    and the verdict combines them (a claim about staleness should hold wherever there is some)."""
-    margin, stated = accuracy_margin(margin)
+def staleness_hurts_adam_more(adam_minus_sgd_damage: Interval | dict[str, Interval], margin: float = 0.02,
+                              unit: str = ACCURACY) -> Verdict:
+    """E16: the damage staleness does (the control's accuracy minus the stale arm's, or with `unit`
+    NATS the stale arm's test loss minus the control's) is larger with AdamW than with SGD. One
+    interval, or one per stale arm ({"async": ..., "ssp s=2": ...}): each is a part, and the
+    verdict combines them (a claim about staleness should hold wherever there is some). An accuracy
+    margin is raised to the noise floor (measured in accuracy); a loss margin is taken as set."""
+    margin, stated = accuracy_margin(margin) if unit == ACCURACY else (margin, f"{margin:g} nats")
     by = adam_minus_sgd_damage if isinstance(adam_minus_sgd_damage, dict) else {"": adam_minus_sgd_damage}
-    parts = tuple(_part(f"AdamW's staleness cost - SGD's{f' ({arm})' if arm else ''}", ci, margin, "effect")
+    parts = tuple(_part(f"AdamW's staleness cost - SGD's{f' ({arm})' if arm else ''}", ci, margin, "effect", unit)
                   for arm, ci in by.items())
     reason = "; ".join(f"{'' if not arm else arm + ': '}AdamW's staleness cost - SGD's {ci.fmt(signed=True)}"
                        for arm, ci in by.items())
