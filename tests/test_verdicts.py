@@ -2,6 +2,7 @@
 
 import math
 
+import numpy as np
 import pytest
 
 from psgd.lab import stats
@@ -302,3 +303,18 @@ def test_the_noise_floor_raises_every_accuracy_margin_and_the_reason_says_so():
     with V.noise_floor(0.001):                # below the configured margin: the configured one holds
         assert V.sync_beats_async(small).effects[0].margin == 0.01
     assert V.sync_beats_async(small).outcome == V.CONFIRMED and "noise floor" not in V.sync_beats_async(small).reason
+
+
+def test_seeds_to_decide_projects_the_interval_at_the_spread_measured():
+    iv = stats.mean_ci([0.01, 0.05, -0.02])       # estimate +0.013, half-width 0.087 at 3 seeds
+    n = stats.seeds_to_decide(iv, 0.0)
+    sd = float(np.std([0.01, 0.05, -0.02], ddof=1))
+    from scipy import stats as sp
+    assert sp.t.ppf(0.975, n - 1) * sd / math.sqrt(n) < iv.estimate <= sp.t.ppf(0.975, n - 2) * sd / math.sqrt(n - 1)
+    assert stats.seeds_to_decide(iv, iv.estimate) is None                 # on the boundary: never
+    assert stats.seeds_to_decide(stats.mean_ci([0.1]), 0.0) is None       # one seed: no spread to read
+    assert stats.seeds_to_decide(stats.mean_ci([1e-4, -1e-4, 2e-4]), 1.0) == 2
+    part = V._part("x", iv, 0.02, "effect")
+    assert part.outcome == V.INCONCLUSIVE and V.decision_point(part) == 0.02   # below the margin: refuting it
+    assert V.decision_point(V._part("x", stats.mean_ci([0.05, 0.09, -0.01]), 0.02, "effect")) == 0.0
+    assert V.decision_point(V._part("x", iv, 0.01, "no_worse")) == -0.01

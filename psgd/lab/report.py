@@ -31,7 +31,8 @@ from pathlib import Path
 import grpc
 import torch
 
-from psgd.lab import plots
+from psgd.lab import plots, stats
+from psgd.lab import verdicts as V
 from psgd.lab.articles import Article
 
 
@@ -166,6 +167,25 @@ def by_part(s) -> str:
     return " By part: " + "; ".join(f"{e.label} {e.outcome}" for e in parts) + "."
 
 
+def seeds_needed(s) -> str:
+    """For each inconclusive part on a t interval (accuracy, nats), about how many seeds would
+    decide it at the spread measured, were its estimate to hold (stats.seeds_to_decide): what
+    "inconclusive" would cost to settle, or that no affordable number would."""
+    said = []
+    for e in s.effects:
+        if getattr(e, "outcome", None) != V.INCONCLUSIVE or e.unit not in (V.ACCURACY, V.NATS):
+            continue
+        n = stats.seeds_to_decide(e.ci, V.decision_point(e))
+        if n is not None and n <= e.ci.n:
+            continue  # decided by the estimate's side of the margin, not the interval's width
+        said.append(f"{e.label}: about {n} (ran {e.ci.n})" if n is not None else
+                    f"{e.label}: more than 1000 (ran {e.ci.n})")
+    if not said:
+        return ""
+    return (" Seeds that would decide it, at the spread measured and were the estimates to hold: "
+            + "; ".join(said) + ".")
+
+
 def write(results: Path, sections: list, command: str, wall_s: float, note: str = "", version: str = "",
           profile: str = "default", run_version: str = "", articles: Sequence[Article] = (),
           made_by: Mapping[str, Collection[str]] | None = None, noise=None) -> Path:
@@ -204,7 +224,7 @@ def write(results: Path, sections: list, command: str, wall_s: float, note: str 
         lines += [f"**Claim.** {s.claim}", ""]
         if s.why:
             lines += [f"**Why this setup.** {s.why}", ""]
-        lines += [f"**Verdict: {s.verdict}.** {s.headline}.{by_part(s)}", ""]
+        lines += [f"**Verdict: {s.verdict}.** {s.headline}.{by_part(s)}{seeds_needed(s)}", ""]
         for fig in s.figures:
             rel = os.path.relpath(fig.path, results)
             lines += [f"![{fig.path.stem}]({rel})", "", f"*{fig.caption}*", ""]

@@ -90,6 +90,26 @@ def mean_ci(values: Sequence[float], level: float = LEVEL) -> Interval:
     return _t(float(a.mean()), se, a.size - 1, a.size, level)
 
 
+def seeds_to_decide(ci: Interval, boundary: float, level: float = LEVEL, most: int = 1000) -> int | None:
+    """About how many seeds would put a t interval like `ci` clear of `boundary` (a rule's
+    decision point), were the estimate and the seed-to-seed spread to stay as measured: the
+    smallest n with t(n-1) * sd / sqrt(n) below |estimate - boundary|, the sd read back from the
+    interval's half-width. None where it cannot be read (fewer than 2 seeds, no spread, an
+    estimate on the boundary) or exceeds `most`. A projection, not a promise: a new seed moves the
+    estimate too."""
+    if ci.n < 2 or not (math.isfinite(ci.lo) and math.isfinite(ci.hi)) or ci.hi <= ci.lo:
+        return None
+    q = 0.5 + level / 2
+    sd = (ci.hi - ci.lo) / 2 * math.sqrt(ci.n) / float(_scipy.t.ppf(q, ci.n - 1))
+    gap = abs(ci.estimate - boundary)
+    if gap == 0:
+        return None
+    for n in range(2, most + 1):
+        if float(_scipy.t.ppf(q, n - 1)) * sd / math.sqrt(n) < gap:
+            return n
+    return None
+
+
 def welch_ci(a_values: Sequence[float], b_values: Sequence[float], level: float = LEVEL) -> Interval:
     """mean(a) - mean(b) of independent groups: Welch's t interval."""
     a, b = _clean(a_values), _clean(b_values)

@@ -94,6 +94,17 @@ def _part(label: str, ci: Interval, margin: float, test: str, unit: str = ACCURA
     return Effect(label, ci, margin, test, unit, outcome, null)
 
 
+def decision_point(e: Effect) -> float:
+    """The value an inconclusive part's interval would have to clear to decide it, where its
+    estimate lies: for "effect", 0 when the estimate is above the margin (confirmed needs the
+    interval above 0) and the margin otherwise (refuted needs it below); for "no_worse", -margin.
+    On the part's own scale (its `null` added back)."""
+    est = e.ci.estimate - e.null
+    if e.test == "effect":
+        return e.null + (0.0 if est > e.margin else e.margin)
+    return e.null - e.margin
+
+
 def effect(ci: Interval, margin: float) -> str:
     """Claim "the effect is positive and matters": confirmed when the interval excludes 0 and the
     estimate exceeds `margin`; refuted when even the interval's top is below `margin`."""
