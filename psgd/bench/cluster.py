@@ -359,7 +359,11 @@ def provenance(argv: list[str], bench: str = "cluster") -> str:
         r = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True)
         return r.stdout.strip() if r.returncode == 0 else "unknown"
 
-    dirty = " (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no") else ""
+    # The code's own paths only: a suite rewrites results/ while it runs, which is no code change.
+    from psgd.lab.provenance import CODE_PATHS  # noqa: PLC0415 - the lab's, not needed to run a bench
+
+    dirty = " (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no", "--",
+                                                 *CODE_PATHS) else ""
     return (f"psgd bench {bench} {' '.join(argv)}\n# date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"
             f"# machine: {len(os.sched_getaffinity(0))} CPU cores, shared with other jobs (load average at start "
             f"{os.getloadavg()[0]:.1f}); {platform.system()} {platform.release()}; Python {platform.python_version()}"

@@ -551,8 +551,10 @@ def _machine() -> str:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 timeout=10).stdout.strip() or "?"
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True,
-                               text=True, timeout=10).stdout.strip()
+        from psgd.lab.provenance import CODE_PATHS  # noqa: PLC0415 - results/ written meanwhile is no code change
+
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS],
+                               capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit, dirty = "?", ""
     return (f"{os.cpu_count()} CPU cores shared with other work, load average {os.getloadavg()[0]:.2f}; "

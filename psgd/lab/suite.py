@@ -71,8 +71,11 @@ def tuning_of(exp: Experiment) -> tuple[dict[str, float], dict[tuple[str, float]
 
 
 # -- running --------------------------------------------------------------------------------------------
-SECONDS_PER_RUN_START = 5.0   # process start-up + evaluation of one `psgd run` on 2 cores (measured)
-SAMPLES_PER_S = 20000         # small models over --transport tcp, 4 workers (measured; only for the ETA)
+# Only for the ETA, fitted to the reference run of the default profile on 2 cores (17.4 min for 220
+# runs and 2 benchmarks, mostly 96k-sample MLP runs): start-up from the warm parent (0.3-0.7 s) plus
+# the evaluation of the snapshots per run, and the training samples per second of a typical run.
+SECONDS_PER_RUN_START = 1.0
+SAMPLES_PER_S = 30000
 
 
 def estimate_s(experiments: list[Experiment]) -> float:
