@@ -78,7 +78,8 @@ SECONDS_PER_RUN_START = 1.0
 SAMPLES_PER_S = 30000
 
 
-def estimate_s(experiments: list[Experiment]) -> float:
+def estimate_s(experiments: list[Experiment], fresh: bool = False) -> float:
+    """About how long the runs still to make take (all of them with `fresh`: none is reused)."""
     from psgd.train import data
 
     total, seen = 0.0, set()
@@ -87,7 +88,7 @@ def estimate_s(experiments: list[Experiment]) -> float:
             total += 60.0
         specs = e.tune_specs() + e.planned_specs()
         for r in specs:
-            if r.cfg.out in seen or is_cached(r):
+            if r.cfg.out in seen or (not fresh and is_cached(r)):
                 continue
             seen.add(r.cfg.out)
             cfg = C.with_epochs_resolved(r.cfg, data.train_size(r.cfg.data))
@@ -263,7 +264,7 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
     chosen_exps = [e for e in experiments if only is None or e.id in only]   # only = set(): --report
     version = code_version()
     run_version = experiments[0].version if experiments else ""
-    eta = estimate_s(chosen_exps)
+    eta = estimate_s(chosen_exps, fresh)
     n_tune = len({s.cfg.out for e in chosen_exps for s in e.tune_specs()})
     n_final = len({s.cfg.out for e in chosen_exps for s in e.planned_specs()})
     benches = [e for e in chosen_exps if e.bench]
