@@ -32,7 +32,7 @@ experiments: install
 experiments-full: install
 	$(BIN)/psgd suite experiments/default.toml --full
 
-# The transformer claims that do not fit the default suite's 15 minutes (about 10 min on 2 cores).
+# The transformer claims that do not fit the default suite's 15 minutes (about 20 min on 2 cores).
 experiments-transformer: install
 	$(BIN)/psgd suite experiments/transformer.toml --out results/transformer
 
