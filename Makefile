@@ -38,7 +38,7 @@ experiments-transformer: install
 
 # The README's verdict table, from the committed reference run (tests fail when it is stale).
 readme: install
-	$(BIN)/python -m psgd.lab.report readme README.md results/summary.json
+	$(BIN)/python -m psgd.lab.report readme README.md results/summary.json results/transformer/summary.json
 
 proto: install
 	$(BIN)/python tools/gen_proto.py

@@ -268,10 +268,13 @@ def test_tiny_quick_suite_tunes_runs_and_reports(tmp_path):
     assert processes_mentioning(str(results)) == []
 
 
-def test_readme_verdict_table_is_current():
-    """The README's table is `make readme` output from the committed results/summary.json."""
-    summary = json.loads((ROOT / "results" / "summary.json").read_text())
-    assert report_mod.readme_block(summary) in (ROOT / "README.md").read_text(), "README is stale: run `make readme`"
+@pytest.mark.parametrize("folder", ["results", "results/transformer"])
+def test_readme_verdict_table_is_current(folder):
+    """The README's tables are `make readme` output from the committed results/summary.json and
+    results/transformer/summary.json (the transformer suite's)."""
+    summary = json.loads((ROOT / folder / "summary.json").read_text())
+    block = report_mod.readme_block(summary, f"{folder}/REPORT.md")
+    assert block in (ROOT / "README.md").read_text(), "README is stale: run `make readme`"
 
 
 def test_the_run_key_is_the_last_commit_of_the_training_code():
