@@ -49,6 +49,6 @@ def test_the_backup_arms_share_is_measured_from_its_own_footing(tmp_path, backup
     # 1 - (b=1's own loss) / (sync's loss): 1 - (32100 - 29100) / (27100 - 5100) = 0.864 for the first
     expected = 1 - (32100 - sum(backup_hurt) / 3) / (27100 - 5100)
     assert share.ci.estimate == pytest.approx(expected)
-    assert "against sync b=1 without a straggler" in section.headline
+    assert "with the straggler sync b=1 runs at" in section.headline
     # Against sync's own baseline the first case "recovers" 109%: the share the verdict no longer uses.
     assert ("recovers 109" in section.headline) == (verdict == "confirmed")
