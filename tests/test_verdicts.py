@@ -313,6 +313,8 @@ def test_seeds_to_decide_projects_the_interval_at_the_spread_measured():
     assert sp.t.ppf(0.975, n - 1) * sd / math.sqrt(n) < iv.estimate <= sp.t.ppf(0.975, n - 2) * sd / math.sqrt(n - 1)
     assert stats.seeds_to_decide(iv, iv.estimate) is None                 # on the boundary: never
     assert stats.seeds_to_decide(stats.mean_ci([0.1]), 0.0) is None       # one seed: no spread to read
+    assert stats.seeds_to_decide(stats.mean_ci([0.1, float("nan"), 0.2]), 0.0) is None   # a diverged seed
+    assert stats.seeds_to_decide(stats.mean_ci([0.1, -0.1, 0.12]), 0.0, most=30) == 31    # 38 needed: more than 30
     assert stats.seeds_to_decide(stats.mean_ci([1e-4, -1e-4, 2e-4]), 1.0) == 2
     part = V._part("x", iv, 0.02, "effect")
     assert part.outcome == V.INCONCLUSIVE and V.decision_point(part) == 0.02   # below the margin: refuting it

@@ -167,6 +167,9 @@ def by_part(s) -> str:
     return " By part: " + "; ".join(f"{e.label} {e.outcome}" for e in parts) + "."
 
 
+SEEDS_AT_MOST = 1000
+
+
 def seeds_needed(s) -> str:
     """For each inconclusive part on a t interval (accuracy, nats), about how many seeds would
     decide it at the spread measured, were its estimate to hold (stats.seeds_to_decide): what
@@ -175,11 +178,11 @@ def seeds_needed(s) -> str:
     for e in s.effects:
         if getattr(e, "outcome", None) != V.INCONCLUSIVE or e.unit not in (V.ACCURACY, V.NATS):
             continue
-        n = stats.seeds_to_decide(e.ci, V.decision_point(e))
-        if n is not None and n <= e.ci.n:
-            continue  # decided by the estimate's side of the margin, not the interval's width
-        said.append(f"{e.label}: about {n} (ran {e.ci.n})" if n is not None else
-                    f"{e.label}: more than 1000 (ran {e.ci.n})")
+        n = stats.seeds_to_decide(e.ci, V.decision_point(e), most=SEEDS_AT_MOST)
+        if n is None or n <= e.ci.n:
+            continue  # unreadable (a diverged arm's nan), or decided by the estimate's side, not the width
+        said.append(f"{e.label}: about {n} (ran {e.ci.n})" if n <= SEEDS_AT_MOST else
+                    f"{e.label}: more than {SEEDS_AT_MOST} (ran {e.ci.n})")
     if not said:
         return ""
     return (" Seeds that would decide it, at the spread measured and were the estimates to hold: "

@@ -94,10 +94,11 @@ def seeds_to_decide(ci: Interval, boundary: float, level: float = LEVEL, most: i
     """About how many seeds would put a t interval like `ci` clear of `boundary` (a rule's
     decision point), were the estimate and the seed-to-seed spread to stay as measured: the
     smallest n with t(n-1) * sd / sqrt(n) below |estimate - boundary|, the sd read back from the
-    interval's half-width. None where it cannot be read (fewer than 2 seeds, no spread, an
-    estimate on the boundary) or exceeds `most`. A projection, not a promise: a new seed moves the
-    estimate too."""
-    if ci.n < 2 or not (math.isfinite(ci.lo) and math.isfinite(ci.hi)) or ci.hi <= ci.lo:
+    interval's half-width; `most` + 1 where more than `most` would be needed. None where it
+    cannot be read (fewer than 2 seeds, a non-finite or zero-width interval, an estimate on the
+    boundary). A projection, not a promise: a new seed moves the estimate too."""
+    finite = all(math.isfinite(v) for v in (ci.estimate, ci.lo, ci.hi))
+    if ci.n < 2 or not finite or ci.hi <= ci.lo:
         return None
     q = 0.5 + level / 2
     sd = (ci.hi - ci.lo) / 2 * math.sqrt(ci.n) / float(_scipy.t.ppf(q, ci.n - 1))
@@ -107,7 +108,7 @@ def seeds_to_decide(ci: Interval, boundary: float, level: float = LEVEL, most: i
     for n in range(2, most + 1):
         if float(_scipy.t.ppf(q, n - 1)) * sd / math.sqrt(n) < gap:
             return n
-    return None
+    return most + 1
 
 
 def welch_ci(a_values: Sequence[float], b_values: Sequence[float], level: float = LEVEL) -> Interval:
