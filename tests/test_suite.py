@@ -2,6 +2,7 @@
 
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -133,6 +134,32 @@ def test_tuning_plan_choice_and_derived_rates(tmp_path):
     finals = {(s.label, s.seed): s.cfg.optim.lr for s in exp.final_specs(chosen)}
     assert finals == {("sync", 0): 0.3, ("sync", 1): 0.3, ("async", 0): 0.1, ("async", 1): 0.1,
                       ("half", 0): 0.6, ("half", 1): 0.6, ("fixed", 0): 0.05, ("fixed", 1): 0.05}
+
+
+def test_a_language_model_tunes_on_its_validation_loss(tmp_path):
+    """[tune] metric = "val_loss": the lowest mean validation loss wins, where accuracy would rank
+    the two rates the other way; a run whose loss went non-finite scores nan (never chosen)."""
+    from psgd.lab import experiment
+
+    def run(name: str, evals: list[tuple[float, float]]) -> str:
+        folder = tmp_path / name
+        folder.mkdir()
+        (folder / "metrics.jsonl").write_text("\n".join(json.dumps(
+            {"event": "eval", "version": v, "val_loss": loss, "val_accuracy": acc})
+            for v, (loss, acc) in enumerate(evals)))
+        return str(folder)
+
+    slow = run("slow", [(2.9, 0.20), (2.7, 0.22), (2.6, 0.21)])      # lower loss, lower accuracy
+    fast = run("fast", [(3.0, 0.20), (2.9, 0.23), (2.8, 0.22)])
+    assert experiment.score(slow, 2) < experiment.score(fast, 2)      # accuracy prefers "fast"
+    assert experiment.score(slow, 2, "val_loss") == pytest.approx(-2.65)
+    assert experiment.score(slow, 2, "val_loss") > experiment.score(fast, 2, "val_loss")
+    assert math.isnan(experiment.score(run("nan", [(2.9, 0.2), (float("nan"), 0.1)]), 2, "val_loss"))
+    text = TUNED.replace("[tune]\n", '[tune]\nmetric = "val_loss"\n')
+    assert suite.load_experiment(write(tmp_path, "l.toml", text), "default", tmp_path).tune_metric == "val_loss"
+    with pytest.raises(suite.SuiteError, match="'tune.metric' must be one of val_accuracy, val_loss"):
+        suite.load_experiment(write(tmp_path, "b.toml", TUNED.replace("[tune]\n", '[tune]\nmetric = "loss"\n')),
+                              "default", tmp_path)
 
 
 @pytest.mark.parametrize("extra,message", [

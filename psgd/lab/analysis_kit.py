@@ -80,8 +80,11 @@ def body(ctx: Context, text: str, verdict: V.Verdict) -> str:
 
 
 def tuning_table(ctx: Context) -> str:
-    """Validation accuracy of every point of every sweep, and the rate chosen."""
+    """The validation score of every point of every sweep (accuracy, or loss with [tune] metric =
+    "val_loss": the scores hold minus the loss, shown as the loss), and the rate chosen."""
     exp = ctx.exp
+    loss = getattr(exp, "tune_metric", "val_accuracy") == "val_loss"
+    sign = -1.0 if loss else 1.0
     rows = []
     for t in exp.templates:
         if not t.lr_grid:
@@ -89,16 +92,18 @@ def tuning_table(ctx: Context) -> str:
         cells = []
         for lr in t.lr_grid:
             v = [x for x in ctx.scores.get((t.label, lr), []) if x == x]
-            text = f"{np.mean(v):.3f}" if v else "diverged"
+            text = f"{sign * np.mean(v):.3f}" if v else "diverged"
             cells.append(f"**{lr:g}: {text}**" if ctx.chosen.get(t.label) == lr else f"{lr:g}: {text}")
         edge = ctx.chosen[t.label] in (min(t.lr_grid), max(t.lr_grid)) and len(t.lr_grid) > 1
         rows.append([t.label, ", ".join(cells), f"{ctx.chosen[t.label]:g}" + (" (edge of the grid)" if edge else "")])
     derived = [f"{t.label} uses {t.lr_from}'s rate" + (f" x {t.lr_factor:g}" if t.lr_factor != 1 else "")
                for t in exp.templates if t.lr_from]
-    text = (f"**Learning rates**, tuned per run on the validation split (mean validation accuracy of the last "
-            f"{exp.tune_last_k} evaluations, tuning seed{'s' * (len(exp.tune_seeds) > 1)} "
+    what = "validation loss" if loss else "validation accuracy"
+    text = (f"**Learning rates**, tuned per run on the validation split (mean {what} of the last "
+            f"{exp.tune_last_k} evaluations{', the lowest wins' if loss else ''}, tuning "
+            f"seed{'s' * (len(exp.tune_seeds) > 1)} "
             f"{', '.join(map(str, exp.tune_seeds))}; the test set is not used):\n\n"
-            + table(["run", "lr: validation accuracy", "chosen"], rows))
+            + table(["run", f"lr: {what}", "chosen"], rows))
     if derived:
         text += "\n\n" + "; ".join(derived) + "."
     if any("edge of the grid" in r[2] for r in rows):

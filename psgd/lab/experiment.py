@@ -22,7 +22,8 @@ Contract:
   `--eval-every` becomes eval_samples / (samples per update of that run).
 - `[tune] lr = [...]`: every run without an explicit `lr` is swept over the grid (seeds
   `[tune] seeds`, kept apart from the evaluation seeds) and scored on the validation split
-  (`val_fraction`); `choose` picks the best mean of the last `last_k` validation accuracies (ties:
+  (`val_fraction`); `choose` picks the best mean of the last `last_k` validation accuracies
+  (`[tune] metric = "val_loss"`: the lowest mean validation loss, for a language model) (ties:
   the smaller rate). A run may name its own grid (`tune_lr = [...]`), take another label's chosen
   rate (`lr_from = "sync"`, optionally times `lr_factor`), or opt out (`tune = false`).
 - `Experiment.tune_specs()` and `.final_specs(chosen)` give the runs, each in
@@ -35,6 +36,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import re
 import shlex
 import tomllib
@@ -47,7 +49,8 @@ from psgd.train.metrics import read_events, samples_per_update
 EXPERIMENT_KEYS = {"id", "title", "claim", "quote", "quote_en", "quote_source", "analysis", "why", "seeds", "base",
                    "runs", "profiles", "params", "bench", "bench_args", "tune"}
 RUN_KEYS = {"label", "lr_from", "lr_factor", "tune_lr", "tune", "eval_samples"}  # besides RunConfig fields
-TUNE_KEYS = {"lr", "seeds", "last_k"}
+TUNE_KEYS = {"lr", "seeds", "last_k", "metric"}
+TUNE_METRICS = ("val_accuracy", "val_loss")  # what tuning scores (higher accuracy, or lower loss, wins)
 PROFILES = ("default", "quick", "full")
 
 
@@ -93,6 +96,7 @@ class Experiment:
     templates: tuple[RunTemplate, ...] = ()
     tune_seeds: tuple[int, ...] = (100,)
     tune_last_k: int = 3
+    tune_metric: str = "val_accuracy"
     results: Path = Path("results")
     version: str = ""
     bench: str = ""
@@ -325,6 +329,9 @@ def load_experiment(path: Path, profile: str, results: Path, version: str = "",
     last_k = tune.get("last_k", 3)
     if not isinstance(last_k, int) or last_k < 1:
         raise SuiteError(f"{path}: key 'tune.last_k' must be an integer >= 1")
+    metric = tune.get("metric", TUNE_METRICS[0])
+    if metric not in TUNE_METRICS:
+        raise SuiteError(f"{path}: key 'tune.metric' must be one of {', '.join(TUNE_METRICS)}, got {metric!r}")
     for name, table in profiles.items():
         check_table(table, f"{path} [profiles.{name}]", PROFILE_KEYS)
     base = {**(suite_base or {}), **check_table(doc.get("base", {}), f"{path} [base]")}
@@ -361,7 +368,8 @@ def load_experiment(path: Path, profile: str, results: Path, version: str = "",
     for t in templates:
         if t.lr_from and (t.lr_from not in by_label or not by_label[t.lr_from].lr_grid):
             raise SuiteError(f"{path} [[runs]] {t.label!r}: lr_from names {t.lr_from!r}, which is not a tuned run")
-    exp = Experiment(**common, templates=tuple(templates), tune_seeds=tune_seeds, tune_last_k=last_k)
+    exp = Experiment(**common, templates=tuple(templates), tune_seeds=tune_seeds, tune_last_k=last_k,
+                     tune_metric=metric)
     # Build (and so validate) every config now, not halfway through the suite.
     exp.tune_specs()
     exp.planned_specs()
@@ -394,12 +402,18 @@ def load_suite(path: Path, profile: str = "default", only: set[str] | None = Non
 
 
 # -- tuning -------------------------------------------------------------------------------------------
-def score(summary_dir: str, last_k: int) -> float:
-    """Mean validation accuracy of the last k evaluations of a finished run (nan if diverged)."""
-    vals = [e["val_accuracy"] for e in read_events(Path(summary_dir) / "metrics.jsonl")
-            if e.get("event") == "eval" and "version" in e and e.get("val_accuracy") is not None]
+def score(summary_dir: str, last_k: int, metric: str = "val_accuracy") -> float:
+    """A finished run's tuning score, higher is better: the mean validation accuracy of its last k
+    evaluations, or with `metric` "val_loss" minus their mean validation loss (a language model's
+    figure of merit is its loss: next-character accuracy can rank rates that the loss ranks the
+    other way). nan if it diverged."""
+    vals = [e[metric] for e in read_events(Path(summary_dir) / "metrics.jsonl")
+            if e.get("event") == "eval" and "version" in e and e.get(metric) is not None]
     tail = vals[-last_k:]
-    return sum(tail) / len(tail) if tail else float("nan")
+    if not tail or not all(math.isfinite(v) for v in tail):
+        return float("nan")
+    mean = sum(tail) / len(tail)
+    return -mean if metric == "val_loss" else mean
 
 
 def choose(exp: Experiment, scores: dict[tuple[str, float], list[float]]) -> dict[str, float]:

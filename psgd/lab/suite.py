@@ -66,7 +66,8 @@ def tuning_of(exp: Experiment) -> tuple[dict[str, float], dict[tuple[str, float]
     """(chosen rate per label, scores) from the finished tuning runs."""
     scores: dict[tuple[str, float], list[float]] = {}
     for spec in exp.tune_specs():
-        scores.setdefault((spec.label, spec.cfg.optim.lr), []).append(score(spec.cfg.out, exp.tune_last_k))
+        scores.setdefault((spec.label, spec.cfg.optim.lr), []).append(score(spec.cfg.out, exp.tune_last_k,
+                                                                             exp.tune_metric))
     return choose(exp, scores), scores
 
 
