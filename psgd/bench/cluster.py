@@ -351,6 +351,9 @@ def plot(rows: list[dict], a: argparse.Namespace, path: Path) -> None:
     plt.close(fig)
 
 
+BENCH_CODE = ("psgd", "protos", "pyproject.toml")  # what a benchmark's numbers depend on (results/ is not)
+
+
 def provenance(argv: list[str], bench: str = "cluster") -> str:
     """command.txt's text: `psgd bench BENCH ARGV`, the date, the machine and the code commit."""
     root = Path(__file__).resolve().parents[2]
@@ -360,10 +363,8 @@ def provenance(argv: list[str], bench: str = "cluster") -> str:
         return r.stdout.strip() if r.returncode == 0 else "unknown"
 
     # The code's own paths only: a suite rewrites results/ while it runs, which is no code change.
-    from psgd.lab.provenance import CODE_PATHS  # noqa: PLC0415 - the lab's, not needed to run a bench
-
     dirty = " (with uncommitted changes)" if git("status", "--porcelain", "--untracked-files=no", "--",
-                                                 *CODE_PATHS) else ""
+                                                 *BENCH_CODE) else ""
     return (f"psgd bench {bench} {' '.join(argv)}\n# date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n"
             f"# machine: {len(os.sched_getaffinity(0))} CPU cores, shared with other jobs (load average at start "
             f"{os.getloadavg()[0]:.1f}); {platform.system()} {platform.release()}; Python {platform.python_version()}"

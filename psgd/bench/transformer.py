@@ -551,9 +551,9 @@ def _machine() -> str:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 timeout=10).stdout.strip() or "?"
-        from psgd.lab.provenance import CODE_PATHS  # noqa: PLC0415 - results/ written meanwhile is no code change
+        from psgd.bench.cluster import BENCH_CODE  # noqa: PLC0415 - results/ written meanwhile is no code change
 
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *CODE_PATHS],
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *BENCH_CODE],
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         commit, dirty = "?", ""
