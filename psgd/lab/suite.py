@@ -72,11 +72,15 @@ def tuning_of(exp: Experiment) -> tuple[dict[str, float], dict[tuple[str, float]
 
 
 # -- running --------------------------------------------------------------------------------------------
-# Only for the ETA, fitted to the reference run of the default profile on 2 cores (17.4 min for 220
-# runs and 2 benchmarks, mostly 96k-sample MLP runs): start-up from the warm parent (0.3-0.7 s) plus
-# the evaluation of the snapshots per run, and the training samples per second of a typical run.
+# Only for the ETA, fitted to the reference runs on 2 cores (the default profile: 16.6 min for 229
+# runs and 2 benchmarks, mostly 96k-sample MLP runs; the transformer suite: 9.1 min for 50 runs):
+# start-up from the warm parent (0.3-0.7 s) plus the evaluation of an MLP run's snapshots, and the
+# training samples per second of a typical run.
 SECONDS_PER_RUN_START = 1.0
-SAMPLES_PER_S = 30000
+SAMPLES_PER_S = 40000
+# The small transformer (E14, E17, E18 at width 64): about 1,500 training samples (windows) per second,
+# and about 3 s more per run to evaluate its snapshots on the validation and test text.
+SLOWER = {"gpt": (1500, 3.0)}
 
 
 def estimate_s(experiments: list[Experiment], fresh: bool = False) -> float:
@@ -93,7 +97,8 @@ def estimate_s(experiments: list[Experiment], fresh: bool = False) -> float:
                 continue
             seen.add(r.cfg.out)
             cfg = C.with_epochs_resolved(r.cfg, data.train_size(r.cfg.data))
-            total += SECONDS_PER_RUN_START + cfg.steps * cfg.global_batch / SAMPLES_PER_S
+            rate, evaluation = SLOWER.get(cfg.model.model, (SAMPLES_PER_S, 0.0))
+            total += SECONDS_PER_RUN_START + evaluation + cfg.steps * cfg.global_batch / rate
     return total
 
 
