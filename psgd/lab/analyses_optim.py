@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from psgd.lab import plots, stats
 from psgd.lab import verdicts as V
-from psgd.lab.analysis_kit import Context, acc_ci, diff, variant_series
+from psgd.lab.analysis_kit import Context, acc_ci, variant_series
 from psgd.lab.results import Figure, table
 
 
@@ -29,18 +29,16 @@ def adam_staleness(ctx: Context):
     loss = p.get("metric", "test_accuracy") == "test_loss"
     key_name, sign = ("test_loss", -1.0) if loss else ("test_accuracy", 1.0)
     order = [sgd_c, *sgd_stale, adam_c, *adam_stale]
-    paired = all(g.seeds == sgd_c.seeds for g in order)
+    # A difference of two damages is taken seed by seed, so every arm must have run the same seeds.
+    if not all(g.seeds == sgd_c.seeds for g in order):
+        raise ValueError(f"{ctx.exp.id}: every arm must run the same seeds (the damages are paired by seed)")
     damage, dd = {}, {}
     for s_arm, a_arm in zip(sgd_stale, adam_stale, strict=True):
         arm = _stale_name(s_arm)
         per_sgd = [sign * (c - a) for c, a in zip(sgd_c.finals(key_name), s_arm.finals(key_name), strict=True)]
         per_adam = [sign * (c - a) for c, a in zip(adam_c.finals(key_name), a_arm.finals(key_name), strict=True)]
-        if paired:
-            damage[arm] = (stats.mean_ci(per_sgd), stats.mean_ci(per_adam))
-        else:  # Welch: control minus stale in accuracy, stale minus control in loss
-            pairs = ((s_arm, sgd_c), (a_arm, adam_c)) if loss else ((sgd_c, s_arm), (adam_c, a_arm))
-            damage[arm] = tuple(diff(x, y, key_name) for x, y in pairs)
-        dd[arm] = stats.diff_ci(per_adam, per_sgd, paired=paired)
+        damage[arm] = (stats.mean_ci(per_sgd), stats.mean_ci(per_adam))
+        dd[arm] = stats.diff_ci(per_adam, per_sgd)
     verdict = V.staleness_hurts_adam_more(dd, margin, V.NATS if loss else V.ACCURACY)
     f1 = ctx.out / ("loss_vs_samples.png" if loss else "accuracy_vs_samples.png")
     plots.curves(variant_series(order), "samples", key_name, f1, f"{ctx.exp.id}: SGD and AdamW, with and "
@@ -64,8 +62,7 @@ def adam_staleness(ctx: Context):
                     f"{arm}: SGD {s.fmt(signed=True)}, AdamW {a.fmt(signed=True)}, AdamW's minus SGD's "
                     f"{dd[arm].fmt(signed=True)}" for arm, (s, a) in damage.items()) + f" (margin {margin})")
     body += (f"\n\nBoth optimizers at their own tuned rates, every control at the stale arms' batch per update and "
-             f"equal samples; intervals: Student t over {len(sgd_c.runs)} seeds"
-             + (", paired by seed." if paired else ", Welch (the arms' seeds differ)."))
+             f"equal samples; intervals: Student t over {len(sgd_c.runs)} seeds, paired by seed.")
     what = "Test loss (nats per token)" if loss else "Test accuracy"
     figs = [Figure(f1, ctx.caption(f"{what} against samples, each arm at its tuned rate.")),
             Figure(f2, ("Test loss each stale arm adds over the control" if loss else
