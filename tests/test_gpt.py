@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 
 import torch
 
@@ -34,6 +36,18 @@ def test_the_gpt_is_causal_weight_tied_and_made_of_parameters_only():
     assert torch.equal(out[:, :10], later[:, :10]), "a position must not see the future"
     assert not torch.equal(out[:, 10:], later[:, 10:])
     assert losses.cross_entropy(out, x).shape == ()
+
+
+def test_a_shard_sizes_the_transformer_without_drawing_on_the_meta_device():
+    """models.count builds on the meta device; normal_ there would import torch._dynamo (about a second
+    of every transformer shard's start-up). A fresh interpreter, since another test may have loaded it."""
+    code = ("import sys\nfrom psgd.core.config import ModelConfig\nfrom psgd.train import data, models\n"
+            "n = models.count(ModelConfig(model='gpt', width=32), *data.SHAPES['text'])\n"
+            "print(n, 'torch._dynamo' in sys.modules)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    model = models.build(ModelConfig(model="gpt", width=32), *data.SHAPES["text"], seed=0)
+    assert done.stdout.split() == [str(models.num_params(model)), "False"]
 
 
 def test_a_short_adamw_run_beats_the_unigram_baseline_through_the_parameter_server(tmp_path):

@@ -72,9 +72,16 @@ def test_the_zygote_refuses_to_fork_once_grpc_or_cuda_is_loaded():
     assert done.stdout.strip().startswith("grpc is loaded in the zygote")
     preloads = [m for m in zygote.PRELOAD]
     check = ("import importlib, sys\n" + "".join(f"importlib.import_module({m!r})\n" for m in preloads) +
-             "print([m for m in sys.modules if m.startswith(('grpc', 'psgd._proto', 'psgd.ps'))])\n")
+             "print([m for m in sys.modules if m.split('.')[0] == 'grpc' or m.endswith('_pb2_grpc')])\n"
+             "print('psgd._proto.parameter_server_pb2' in sys.modules)\n")
     done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120, env=ENV)
-    assert done.stdout.strip() == "[]", "the preloaded modules pull in gRPC"
+    assert done.stdout.split() == ["[]", "True"], "the preloaded modules pull in gRPC: " + done.stdout
+    # The stubs import grpc: loaded, they are refused like grpc itself.
+    code = ("from psgd.train import zygote\nimport psgd._proto.parameter_server_pb2\n"
+            "assert zygote.unsafe_to_fork() is None\nimport psgd._proto.parameter_server_pb2_grpc\n"
+            "print(zygote.unsafe_to_fork())\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=ENV)
+    assert done.stdout.strip().startswith("grpc is loaded in the zygote"), done.stdout + done.stderr[-2000:]
 
 
 def test_a_refusing_zygote_fails_the_run_in_one_line(tmp_path):

@@ -27,6 +27,7 @@ import threading
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from psgd.core.config import ModelConfig, is_spec
 from psgd.train import userspec
@@ -115,8 +116,21 @@ def num_params(model: nn.Module) -> int:
 
 def count(cfg: ModelConfig, input_dim: int, num_classes: int) -> int:
     """The model's parameter count without allocating it (built on torch's meta device)."""
-    with torch.device("meta"):
+    with torch.device("meta"), _NoNormalDraws():
         return num_params(_build(cfg, input_dim, num_classes))
+
+
+class _NoNormalDraws(TorchFunctionMode):
+    """`normal_` does nothing (a meta tensor has no values to draw). Why: on the meta device
+    torch runs normal_ as a Python decomposition whose first call imports torch._dynamo, about a
+    second of CPU in every shard that sizes a transformer (nn.Embedding and gpt.py draw normals);
+    uniform_, what the other layers draw, has a meta kernel of its own."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in (torch.Tensor.normal_, nn.init.normal_):
+            return args[0] if args else kwargs["tensor"]
+        return func(*args, **kwargs)
 
 
 class FlatParams:

@@ -9,7 +9,8 @@ Contract:
 - `Zygote.start(tag)` (the launcher, `psgd run`) starts `python -m psgd.train.zygote TAG` (TAG,
   the run folder, names the zygote and so every process forked from it in `ps`), connected by a
   Unix socket pair. The zygote dies with its launcher (PR_SET_PDEATHSIG), imports what is safe
-  to import before a fork (`PRELOAD`: torch, numpy and psgd's training modules; never gRPC),
+  to import before a fork (`PRELOAD`: torch, numpy, protobuf's messages and psgd's training and
+  shard modules; never gRPC),
   says ready, then serves requests one at a time.
 - `Zygote.spawn(argv, env, stdin, stdout, stderr)` asks it to fork a child that runs `psgd ARGV`
   (psgd/cli.py `main`) with that environment, those three descriptors as 0, 1 and 2 (sent over the
@@ -46,8 +47,14 @@ from psgd.train import lifeline
 # What every child imports anyway (`python -m psgd` then psgd.cli's commands), by name: warming them
 # here is a cache, not a dependency of this module on the layers above it.
 PRELOAD = ("torch", "numpy", "psgd.cli", "psgd.core.config", "psgd.core.optim", "psgd.train.data",
-           "psgd.train.models", "psgd.train.losses", "psgd.train.worker", "psgd.train.metrics")
-UNSAFE_MODULES = ("grpc", "psgd._proto")  # gRPC's C core must never be loaded in a parent that forks
+           "psgd.train.models", "psgd.train.losses", "psgd.train.worker", "psgd.train.metrics",
+           # protobuf's messages and the shard's pure parts: about 0.1 s of CPU in every shard and
+           # worker (protobuf's text_format alone is 65 ms), and none of them loads gRPC.
+           "psgd._proto.parameter_server_pb2", "psgd.ps.wire", "psgd.ps.shard", "psgd.ps.framing",
+           "psgd.core.sparsify", "psgd.core.consistency", "psgd.core.link")
+# gRPC's C core must never be loaded in a parent that forks (the messages, parameter_server_pb2, are
+# protobuf's alone; the stubs, parameter_server_pb2_grpc, import grpc).
+UNSAFE_MODULES = ("grpc", "psgd._proto.parameter_server_pb2_grpc")
 READY_TIMEOUT_S = 120.0
 
 
