@@ -72,15 +72,15 @@ def tuning_of(exp: Experiment) -> tuple[dict[str, float], dict[tuple[str, float]
 
 
 # -- running --------------------------------------------------------------------------------------------
-# Only for the ETA, fitted to the reference runs on 2 cores (the default profile: 16.6 min for 229
-# runs and 2 benchmarks, mostly 96k-sample MLP runs; the transformer suite: 9.1 min for 50 runs):
-# start-up from the warm parent (0.3-0.7 s) plus the evaluation of an MLP run's snapshots, and the
-# training samples per second of a typical run.
+# Only for the ETA, fitted to the reference runs on 2 cores (the default profile: 12.2 min for 211
+# runs and 2 benchmarks, mostly 96k-sample MLP runs; the transformer suite: 11.0 min for 68 runs):
+# start-up from the warm parent (0.46 s on average) plus the evaluation of an MLP run's snapshots,
+# and the training samples per second of a typical run.
 SECONDS_PER_RUN_START = 1.0
 SAMPLES_PER_S = 40000
-# The small transformer (E14, E17, E18 at width 64): about 1,500 training samples (windows) per second,
-# and about 3 s more per run to evaluate its snapshots on the validation and test text.
-SLOWER = {"gpt": (1500, 3.0)}
+# The small transformer (E14, E17, E18 at width 64): about 1,950 training samples (windows) per second,
+# and about 2.2 s more per run to evaluate its snapshots on the validation and test text.
+SLOWER = {"gpt": (1950, 2.2)}
 
 
 def estimate_s(experiments: list[Experiment], fresh: bool = False) -> float:
