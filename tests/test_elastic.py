@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,7 +13,7 @@ import torch
 from psgd.core import elastic
 from psgd.core.config import DataConfig, RunConfig, validate
 from psgd.core.consistency import SSP, Async, PolicyError, Sync
-from psgd.core.errors import ShardError
+from psgd.core.errors import ExchangeError, ShardError
 from psgd.ps.shard import Shard, ShardOptions
 
 
@@ -146,6 +147,43 @@ def test_async_joiner_scheduled_later_is_held_until_that_update():
         p.push(0, c, p.version, torch.ones(2))
     t.join(30)
     assert got and got[0].value == "v" and got[0].version == 3
+
+
+def test_a_policy_says_which_update_an_admitted_joiner_waits_for_until_it_is_served():
+    p = Async(2, Applied(), budget=100, members=1)
+    assert p.admission(1) is None                # absent, not admitted
+    p.admit(1, 2)
+    assert p.admission(1) == 2 and p.admission(0) is None
+    for c in range(2):
+        p.pull(0, c, lambda: None)
+        p.push(0, c, p.version, torch.ones(2))
+    p.pull(1, 0, lambda: None, timeout=30)       # served: in the run
+    assert p.admission(1) is None
+    q = Sync(3, Applied(), budget=100, members=2)
+    q.admit(2, 1)
+    assert q.admission(2) == 1
+    step(q, [0, 1], 0)                           # update 1 applied: its step begins
+    assert q.admission(2) is None
+
+
+def test_a_shard_holds_a_joiners_first_pull_half_the_deadline_then_says_ask_again():
+    # A scheduled joiner may wait for its admission far longer than any deadline: each hold ends
+    # before the worker's own deadline, with a status it asks again on (PSClient.wait_admitted).
+    s = shard_of(Async(2, Applied(), budget=100, members=1))
+    s.policy.admit(1, 5)
+    with pytest.raises(ShardError, match="admitted from update 5; shard 0 is at version 0: ask again") as e:
+        with s.pull(1, 0, 0, "fp32", timeout=0.2):
+            pass
+    assert e.value.code.name == "DEADLINE_EXCEEDED"
+    assert s.policy.admission(1) == 5            # the state as it was: still waiting for update 5
+    other = shard_of(Sync(2, Applied(), budget=100, members=2))
+    with other.pull(0, 0, 0, "fp32", timeout=0.2):
+        pass
+    other.push(0, 0, 0, torch.ones(4), "fp32")
+    with pytest.raises(ShardError, match="worker 0 at clock 1 held .* by sync") as e:  # waits for worker 1's push:
+        with other.pull(0, 0, 1, "fp32", timeout=0.2):                                 # the usual refusal
+            pass
+    assert "ask again" not in str(e.value)
 
 
 def shard_of(policy, n=4):
@@ -300,3 +338,54 @@ def test_psgd_run_elastic_grows_and_shrinks_and_records_who_trained_what(tmp_pat
         (20, 2, "joined"), (20, 3, "joined"), (40, 3, "left")]
     assert [seg["workers"] for seg in m["segments"]] == [2, 4, 3]
     assert all(j["first_step_s"] is not None and j["first_step_s"] >= 0 for j in m["joiners"])
+
+
+def test_a_scheduled_join_later_than_the_rpc_deadline_waits_for_it(tmp_path):
+    """Worker 2 joins at update 150; worker 0 sleeps 10 ms a step (an emulated slow device), so the
+    join comes at least 1.5 s into the run, past the 0.5 s deadline of every request: the joiner
+    asks again on every hold (before, its first pull failed with DEADLINE_EXCEEDED and so did the run)."""
+    from tests.helpers import psgd, summary
+
+    out = tmp_path / "late"
+    r = psgd("run", "--mode", "sync", "--elastic", "0:2,150:3", "--rpc-timeout", "0.5", "--straggler", "0=10",
+             "--model", "mlp", "--dataset", "synthetic", "--num-samples", "800", "--batch-size", "8",
+             "--steps", "200", "--eval-every", "0", "--out", str(out), "--quiet")
+    assert r.returncode == 0, r.stderr
+    s = summary(out)
+    assert s["per_worker_steps"] == {"0": 200, "1": 200, "2": 50}
+    assert [(c["update"], c["worker"], c["event"]) for c in s["membership"]["changes"]] == [(150, 2, "joined")]
+
+
+class _Refusing:
+    """A transport whose shard refuses the first `refusals` pulls DEADLINE_EXCEEDED (an admission
+    still to come), at the versions given, then serves one."""
+
+    addresses = ["127.0.0.1:1"]
+
+    def __init__(self, versions: list[int], code: str = "DEADLINE_EXCEEDED") -> None:
+        self.versions, self.code, self.asked = list(versions), code, 0
+
+    def pull(self, shards, request, out_of, events):
+        self.asked += 1
+        if self.asked <= len(self.versions):
+            raise ExchangeError(f"pull from shard 0: {self.code}: ask again", self.code)
+        return [(SimpleNamespace(done=False, version=self.versions[-1] + 1, wait_s=0.0, clock_gap=0), 0)]
+
+    def info(self, shards):
+        return [SimpleNamespace(version=self.versions[min(self.asked, len(self.versions)) - 1])]
+
+
+def test_a_joiner_asks_again_while_the_run_moves_and_fails_once_it_stalls():
+    from psgd.ps.client import PSClient
+
+    moving = _Refusing([3, 7, 9])
+    client = PSClient(moving, 0, 4)
+    assert client.wait_admitted(0, torch.zeros(4)).versions == [10] and moving.asked == 4
+    stalled = _Refusing([3, 3, 3])
+    with pytest.raises(ExchangeError, match="no shard's version moved while it waited: the run is stalled"):
+        PSClient(stalled, 0, 4).wait_admitted(0, torch.zeros(4))
+    assert stalled.asked == 2
+    dead = _Refusing([3], code="UNAVAILABLE")   # anything but a hold's end fails at once
+    with pytest.raises(ExchangeError, match="UNAVAILABLE"):
+        PSClient(dead, 0, 4).wait_admitted(0, torch.zeros(4))
+    assert dead.asked == 1

@@ -363,6 +363,16 @@ class Policy:
             self.cond.notify_all()
             return worker, clock
 
+    def admission(self, worker: int) -> int | None:
+        """The update an admitted worker's first pull waits for while it waits (not yet served),
+        else None: the shard holds such a pull for at most part of its deadline (psgd/ps/shard.py)."""
+        with self.cond:
+            return self._awaits(worker)
+
+    def _awaits(self, worker: int) -> int | None:
+        """`admission` for this policy (cond held): async and SSP hold the first pull (`pending`)."""
+        return self.pending.get(worker)
+
     def cancel(self, worker: int) -> None:
         """Undo an admission whose worker has not begun (a join that another shard refused): the slot
         is absent again and the budget as before. PolicyError when it has begun (then it Leaves)."""
@@ -640,6 +650,9 @@ class Sync(Policy):
         else:
             self._future[worker] = at
         return at
+
+    def _awaits(self, worker: int) -> int | None:
+        return self._future.get(worker)  # its step is still to come: its first pull waits for that version
 
     def _on_cancel(self, worker: int) -> bool:
         at = self._future.pop(worker, None)

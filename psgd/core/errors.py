@@ -5,7 +5,8 @@
 - `ShardError(code, message)`: a request a parameter shard refused, nothing changed. `code` is a
   `Code`, named as gRPC's status codes so that the gRPC adapter passes it on by name and the TCP
   data plane writes the same name in its ERROR frame; the shard itself knows no transport.
-- `ExchangeError`: a worker's push / pull / init failed; one line naming the shard and the status.
+- `ExchangeError`: a worker's push / pull / init failed; one line naming the shard and the status,
+  and the status's name as `code` where one came back.
 """
 
 from __future__ import annotations
@@ -50,4 +51,9 @@ class ShardError(Exception):
 
 
 class ExchangeError(RuntimeError):
-    """A push, pull or init failed; the message names the shard and the status."""
+    """A push, pull or init failed; the message names the shard and the status. `code`: the
+    status's name where one came back (a `Code`'s, or gRPC's: "UNAVAILABLE"), else ""."""
+
+    def __init__(self, message: str, code: str = "") -> None:
+        super().__init__(message)
+        self.code = code

@@ -15,6 +15,8 @@ Contract (ps-lite's worker API, in Python):
   a shard's consistency policy holds it; returns a `PullResult` (done once the budget is spent).
   `start_pull(clock, out)` does the same in the background and returns a `PullStreams` to wait
   on: for the headers, for a range of `out`, or for the result (--overlap uses it).
+  `wait_admitted(clock, out)` is a scheduled joiner's first pull: asked again each time a shard
+  answers that the admission is still to come, as long as the run moves (a long poll).
 - `push(clock, grad)` sends each shard its slice in parallel, tagged with the versions the
   last pull returned (with `topk`, only the slice's top entries by magnitude, as indices and
   values; `error_feedback` carries the rest into the next push: psgd/core/sparsify.py);
@@ -145,6 +147,24 @@ class PSClient:
 
     def pull(self, clock: int, out: torch.Tensor) -> PullResult:
         return self.pull_result(self._pull(self.shards, clock, out))
+
+    def wait_admitted(self, clock: int, out: torch.Tensor) -> PullResult:
+        """A scheduled joiner's first pull, however far away its admission: a shard holds it for
+        half the deadline at most and then refuses it DEADLINE_EXCEEDED (psgd/ps/shard.py), and it
+        is asked again for as long as the shards' versions move between asks. A run that stalls
+        (no version moved during a whole hold) still fails, with the last refusal's line."""
+        last = None
+        while True:
+            try:
+                return self.pull(clock, out)
+            except ExchangeError as e:
+                if e.code != "DEADLINE_EXCEEDED":
+                    raise
+                versions = [info.version for info in self.transport.info(self.shards)]
+                if versions == last:
+                    raise ExchangeError(f"{e} (no shard's version moved while it waited: the run is stalled)",
+                                        e.code) from None
+                last = versions
 
     def start_pull(self, clock: int, out: torch.Tensor) -> PullStreams:
         return PullStreams(self, clock, out)

@@ -75,13 +75,16 @@ class PSExchange:
     With `local_steps` H > 1 (local SGD, sync mode, psgd/core/localsgd.py) the worker steps its own
     replica with a local optimizer (`optim`), pulls only at the start of each round of H steps
     and pushes the delta w_pulled - w_local at its end; pull and push carry the round as clock.
+    With `joins` (rank -> update: the scheduled joiners of --elastic) a joiner's `setup` waits for its
+    admission at that update, however long that takes (`PSClient.wait_admitted`).
     """
 
     def __init__(self, addresses: list[str], wire_dtype: str = "fp32", rpc_timeout: float = 60.0,
                  link: str = "", overlap: bool = False, accumulate: int = 1, transport: str = "grpc",
                  local_steps: int = 1, optim_cfg: OptimConfig | None = None, separate_pull: bool = False,
                  token: bytes | None = None, stage: bool | None = None, backup_workers: int = 0,
-                 topk: float | None = None, error_feedback: bool = True, tls_ca: str = "") -> None:
+                 topk: float | None = None, error_feedback: bool = True, tls_ca: str = "",
+                 joins: dict[int, int] | None = None) -> None:
         if local_steps > 1 and overlap:
             raise UsageError("--overlap pushes gradients during backward, --local-steps pushes a model delta every "
                              "H steps: use one or the other")
@@ -100,6 +103,7 @@ class PSExchange:
         self._local = None  # local SGD: optim.build
         self.stage = stage  # host staging (psgd/ps/staging.py): None = when the model is on a GPU
         self.staging: HostStaging | None = None
+        self.joins = joins or {}  # scheduled joiners (--elastic): rank -> the update it is in the run from
 
     def setup(self, flat, rank: int) -> None:
         self.client = make_client(self.transport, self.addresses, rank, flat.params.numel(), self.wire_dtype,
@@ -118,6 +122,11 @@ class PSExchange:
         # wins and the others only check its length, so no one worker's loss before Init can stall
         # the job (a restored shard keeps its checkpoint). One model's worth of bytes per worker, once.
         self.client.init(flat.params)
+        if self.joins.get(rank, 0) > 0:
+            # Wait here, in the start-up, for the admission (any time away: a long poll), so that
+            # the first step's pull is served at once; it pulls the same clock again, as every path
+            # (--overlap's streams too) does its first step.
+            self.client.wait_admitted(self.start_clock, self.staging.host_params())
         if self.local_steps > 1:
             flat.params.grad = flat.grads  # backward writes into grads, the local optimizer reads them there
             self._local = optim.build(flat.params, self.optim)

@@ -28,7 +28,9 @@ Contract (every method thread-safe; a refusal raises `ShardError(code, message)`
   version (read-only: never write into them), and taken back once no `with` block holds them:
   send them inside. fp32 pulls are lent the parameter tensor itself, and an update that finds it
   still lent moves the parameters to a fresh buffer first (copy on write: `_snapshot`); other
-  wire dtypes get one converted copy per version.
+  wire dtypes get one converted copy per version. A pull waiting for its worker's admission (a
+  scheduled joiner's first) is held for half of `timeout` at most, then refused DEADLINE_EXCEEDED
+  ("ask again"), so that a join any time away outlasts the deadline as a long poll.
 - PushPull, the combined exchange: `push` of clock c, then `next_pull(outcome, ...)`, the `pull` of
   clock c + 1 (the parameters the worker computes on next, once the policy allows), or at once a
   done Pulled when the push said the budget is spent. Two calls, so that an adapter gives the
@@ -408,10 +410,18 @@ class Shard:
                 remedy.pulled(self, worker_id, snap)
             return snap.values
 
+        # A scheduled joiner's first pull waits for its admission, which may be any time away: it is
+        # held for half the deadline at most, then answered DEADLINE_EXCEEDED before the worker's
+        # own deadline fires, so that the worker asks again (a long poll: PSClient.wait_admitted).
+        awaits = self.policy.admission(worker_id)
+        hold = timeout / 2 if awaits is not None and timeout is not None else timeout
         try:
             try:
-                out = self.policy.pull(worker_id, clock, read, timeout)
+                out = self.policy.pull(worker_id, clock, read, hold)
             except PullTimeout as e:
+                if awaits is not None:
+                    raise ShardError(Code.DEADLINE_EXCEEDED, f"worker {worker_id} is admitted from update {awaits}; "
+                                     f"shard {self.index} is at version {self.policy.version}: ask again") from None
                 raise ShardError(Code.DEADLINE_EXCEEDED, str(e)) from None
             except PolicyError as e:
                 raise ShardError(Code.INVALID_ARGUMENT, str(e)) from None

@@ -148,8 +148,8 @@ class GrpcTransport:
                 if code == grpc.StatusCode.CANCELLED and self._watch.fired(k):
                     code, details = grpc.StatusCode.DEADLINE_EXCEEDED, f"no answer within {self.timeout:g}s"
                 hint = self.hint if code == grpc.StatusCode.DEADLINE_EXCEEDED else ""
-                raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: {code.name}: {details}{hint}") \
-                    from None
+                raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: {code.name}: {details}{hint}",
+                                    code.name) from None
         if self.pool is None or len(shards) == 1:
             return [one(k) for k in shards]
         return list(self.pool.map(one, shards))
@@ -468,9 +468,10 @@ class TcpTransport:
         except fr.FrameError as e:
             raise ExchangeError(f"{where}: {e}") from None
         except TimeoutError:
-            raise ExchangeError(f"{where}: DEADLINE_EXCEEDED: no answer within {self.timeout:g}s") from None
+            raise ExchangeError(f"{where}: DEADLINE_EXCEEDED: no answer within {self.timeout:g}s",
+                                "DEADLINE_EXCEEDED") from None
         except OSError as e:
-            raise ExchangeError(f"{where}: UNAVAILABLE: {e}") from None
+            raise ExchangeError(f"{where}: UNAVAILABLE: {e}", "UNAVAILABLE") from None
 
     @contextlib.contextmanager
     def _connection(self, k: int, what: str):
@@ -487,7 +488,8 @@ class TcpTransport:
                 if self.tls is not None:  # verifies the shard's certificate and its address
                     sock = self.tls.wrap_socket(sock, server_hostname=self._data[k][0])
             except OSError as e:
-                raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: UNAVAILABLE: {e}") from None
+                raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: UNAVAILABLE: {e}",
+                                    "UNAVAILABLE") from None
             if self.token is not None:  # a new connection says who it is first (psgd/ps/auth.py)
                 self._guarded(k, what, lambda s, _: self._hello(s, k, what), sock)
         with self._lock:
@@ -516,8 +518,9 @@ class TcpTransport:
         if head is None:
             raise ConnectionError("the shard closed the connection")
         op, header, payload_len = head
-        if op == fr.ERROR:
-            raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: {header.decode(errors='replace')}")
+        if op == fr.ERROR:  # "STATUS_NAME: message" (psgd/ps/framing.py)
+            text = header.decode(errors="replace")
+            raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: {text}", text.partition(":")[0])
         if op != expected_op:
             raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: unexpected frame op {op}")
         return header, payload_len

@@ -129,7 +129,14 @@ def ps_exchange(cfg: RunConfig, addresses: list[str]) -> PSExchange:
     return PSExchange(addresses, cfg.wire_dtype, cfg.rpc_timeout, cfg.link, cfg.overlap, cfg.accumulate, cfg.transport,
                       cfg.local_steps, cfg.optim, cfg.separate_pull, auth.load(cfg.token_file),
                       backup_workers=cfg.backup_workers, topk=topk(cfg),
-                      error_feedback=not cfg.no_error_feedback, tls_ca=cfg.tls_ca)
+                      error_feedback=not cfg.no_error_feedback, tls_ca=cfg.tls_ca, joins=joins(cfg))
+
+
+def joins(cfg: RunConfig) -> dict[int, int]:
+    """--elastic: every scheduled joiner's rank -> the update it is in the run from."""
+    if not cfg.elastic:
+        return {}
+    return {slot.rank: slot.join for slot in elastic.plan(elastic.parse(cfg.elastic))[cfg.members:]}
 
 
 def collective_exchange(cfg: RunConfig, rank: int, env=None, init_method: str = "env://"):
