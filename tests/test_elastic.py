@@ -171,7 +171,8 @@ def test_a_shard_holds_a_joiners_first_pull_half_the_deadline_then_says_ask_agai
     # before the worker's own deadline, with a status it asks again on (PSClient.wait_admitted).
     s = shard_of(Async(2, Applied(), budget=100, members=1))
     s.policy.admit(1, 5)
-    with pytest.raises(ShardError, match="admitted from update 5; shard 0 is at version 0: ask again") as e:
+    asked_again = "worker 1 is admitted from update 5 and async is at version 0: ask again"
+    with pytest.raises(ShardError, match=asked_again) as e:
         with s.pull(1, 0, 0, "fp32", timeout=0.2):
             pass
     assert e.value.code.name == "DEADLINE_EXCEEDED"

@@ -60,6 +60,8 @@ at)` takes a slot in from update `at`:
   with the slowest live worker's clock as its own (an offset on the clock it counts from 0), so
   SSP's bound neither stalls the others for it nor lets it run ahead. The budget (gradients in
   all) is unchanged: the newcomer spends part of it.
+- Either way, `admission(worker)` is that update while the first pull waits for it, and `pull`'s
+  `admission_timeout` bounds each hold of it (a long poll: the wait may outlast any deadline).
 Departures and losses work as for any worker; `stats.membership` logs every change (the update,
 the worker, joined / left / lost). `free_slot()` names the lowest absent slot (psgd worker --join).
 
@@ -240,11 +242,13 @@ class Policy:
                                skipped=grad is None, kept=kept, spare=spare)
 
     def pull(self, worker: int, clock: int, read: Callable[[], T],
-             timeout: float | None = None) -> PullOutcome[T]:
+             timeout: float | None = None, admission_timeout: float | None = None) -> PullOutcome[T]:
         """Block until the policy allows `worker` at `clock` to read, then call read() locked.
 
         Returns done (and no value) once the budget is spent. Raises PullTimeout after
-        `timeout` seconds, leaving the state untouched.
+        `timeout` seconds, leaving the state untouched; a pull that waits for its worker's
+        admission (`admission`), after `admission_timeout` seconds when given, saying "ask again":
+        a joiner's wait may be far longer than any deadline, so it is a long poll.
         """
         self._check_worker(worker)
         start = time.perf_counter()
@@ -265,15 +269,20 @@ class Policy:
                 self.at_start.add(worker)
                 self.started = len(self.at_start | self._gone()) == self.num_workers
                 self.cond.notify_all()  # the barrier may be down now (and observers see arrivals)
+            awaits = self._awaits(worker)
+            hold = admission_timeout if awaits is not None and admission_timeout is not None else timeout
             self.held.add(worker)  # a worker we hold is not silent: we are the ones keeping it waiting
             try:
                 ok = self.cond.wait_for(
                     lambda: self.done or ((clock > 0 or self.started) and self.version >= self.pending.get(worker, 0)
-                                          and self._pull_ready(worker, clock)), timeout)
+                                          and self._pull_ready(worker, clock)), hold)
             finally:
                 self.held.discard(worker)
                 self.last_seen[worker] = time.monotonic()
             waited = time.perf_counter() - start
+            if not ok and awaits is not None:
+                raise PullTimeout(f"worker {worker} is admitted from update {awaits} and {self.name} is at version "
+                                  f"{self.version}: ask again")
             if not ok:
                 at_barrier = "" if self.started else \
                     f", at the start barrier: {len(self.at_start)} of {self.num_workers} workers arrived"
@@ -365,7 +374,7 @@ class Policy:
 
     def admission(self, worker: int) -> int | None:
         """The update an admitted worker's first pull waits for while it waits (not yet served),
-        else None: the shard holds such a pull for at most part of its deadline (psgd/ps/shard.py)."""
+        else None: `pull` holds such a pull for `admission_timeout` at most."""
         with self.cond:
             return self._awaits(worker)
 

@@ -123,9 +123,9 @@ class PSExchange:
         # the job (a restored shard keeps its checkpoint). One model's worth of bytes per worker, once.
         self.client.init(flat.params)
         if self.joins.get(rank, 0) > 0:
-            # Wait here, in the start-up, for the admission (any time away: a long poll), so that
-            # the first step's pull is served at once; it pulls the same clock again, as every path
-            # (--overlap's streams too) does its first step.
+            # Wait here, in the start-up, for the admission (any time away: a long poll). The first
+            # step then pulls the same clock again and is served at once, on whichever path it takes
+            # (--overlap's streams too).
             self.client.wait_admitted(self.start_clock, self.staging.host_params())
         if self.local_steps > 1:
             flat.params.grad = flat.grads  # backward writes into grads, the local optimizer reads them there

@@ -413,15 +413,10 @@ class Shard:
         # A scheduled joiner's first pull waits for its admission, which may be any time away: it is
         # held for half the deadline at most, then answered DEADLINE_EXCEEDED before the worker's
         # own deadline fires, so that the worker asks again (a long poll: PSClient.wait_admitted).
-        awaits = self.policy.admission(worker_id)
-        hold = timeout / 2 if awaits is not None and timeout is not None else timeout
         try:
             try:
-                out = self.policy.pull(worker_id, clock, read, hold)
+                out = self.policy.pull(worker_id, clock, read, timeout, None if timeout is None else timeout / 2)
             except PullTimeout as e:
-                if awaits is not None:
-                    raise ShardError(Code.DEADLINE_EXCEEDED, f"worker {worker_id} is admitted from update {awaits}; "
-                                     f"shard {self.index} is at version {self.policy.version}: ask again") from None
                 raise ShardError(Code.DEADLINE_EXCEEDED, str(e)) from None
             except PolicyError as e:
                 raise ShardError(Code.INVALID_ARGUMENT, str(e)) from None
