@@ -358,8 +358,8 @@ def test_a_scheduled_join_later_than_the_rpc_deadline_waits_for_it(tmp_path):
 
 
 class _Refusing:
-    """A transport whose shard refuses the first `refusals` pulls DEADLINE_EXCEEDED (an admission
-    still to come), at the versions given, then serves one."""
+    """A transport whose shard refuses one pull for each of `versions` with `code` (DEADLINE_EXCEEDED:
+    an admission still to come), its Info saying that version meanwhile, then serves one."""
 
     addresses = ["127.0.0.1:1"]
 
