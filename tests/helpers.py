@@ -57,14 +57,14 @@ def events(out: Path) -> list[dict]:
     return [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
 
 
-def open_start_barrier(shard) -> None:
+def open_start_barrier(shard, members: int | None = None) -> None:
     """Every worker of a shard asks for its first pull (clock 0) at once, as the workers of a run
     do, so that the shard's start barrier is down and a test may drive a single worker after it."""
     import threading
 
     policy = shard.policy
     threads = [threading.Thread(target=policy.pull, args=(w, 0, lambda: None), kwargs={"timeout": 60})
-               for w in range(policy.num_workers)]
+               for w in range(policy.num_workers if members is None else members)]
     for t in threads:
         t.start()
     for t in threads:

@@ -1,0 +1,111 @@
+"""Today's parameter hashes, held before the kernel's redesign (a change of form, not of results).
+
+Each case drives the production shard core (psgd/ps/shard.py with its policy and fused SGD) in one
+thread, the workers taken in a fixed order at every clock, so the arrival order, and with it every
+bit of the parameters, is the same on every run and every machine with the same torch build. The
+hashes were recorded at commit 828a0ea, before the rules moved into psgd/core/rules.py: a refactor
+that changes any of them changed a result, not only the form.
+
+- sync, 3 workers; async, 3 workers (stale by construction: worker w computes on the version after
+  worker w-1's update); SSP(1), 3 workers, worker 0 a clock behind (the bound's edge, never past it);
+- sync with one backup worker (the late gradient of every step dropped);
+- elastic sync: 2 of 3 slots at the start, slot 2 admitted at step 3 (the quorum grows at that boundary);
+- and one real `psgd run` (3 workers, 2 gRPC shards, sync), whose summary's params_sha256 covers the
+  whole path: launcher, zygote, transport, client, shard, policy, optimizer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+import torch
+
+from psgd.core.config import OptimConfig, RunConfig
+from psgd.train import assemble
+from tests.helpers import open_start_barrier, psgd, summary
+
+STEPS = 6
+
+
+def digest(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.detach().contiguous().numpy().tobytes()).hexdigest()[:16]
+
+
+def drive(cfg: RunConfig, order) -> tuple[str, int, dict]:
+    """Run `order` (groups of (worker, clock)) against a fresh production shard core; return the
+    hash of its parameters, its version and its staleness histogram."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(15, 4)  # 64 parameters: the fused kernel's vector loop only
+    target = torch.randn(4, 15)
+    xs = torch.randn(cfg.workers, STEPS + 4, 8, 15)
+    shard = assemble.shard(cfg, 0)
+    shard.init(torch.nn.utils.parameters_to_vector(model.parameters()).detach().clone())
+    open_start_barrier(shard, cfg.members)  # a scheduled joiner never pulls at the start barrier
+    for group in order:  # every worker of a group pulls, then each pushes, in the group's order
+        pulled = []
+        for w, clock in group:
+            with shard.pull(w, 0, clock, "fp32", timeout=30) as p:
+                if not p.done:  # done: the budget is spent (backup: the last step's late worker)
+                    pulled.append((w, clock, p.version, p.values.clone()))
+        for w, clock, version, params in pulled:
+            torch.nn.utils.vector_to_parameters(params, model.parameters())
+            model.zero_grad(set_to_none=True)
+            x = xs[w, clock]
+            torch.nn.functional.mse_loss(model(x), x @ target.T).backward()
+            grad = torch.nn.utils.parameters_to_vector([q.grad for q in model.parameters()])
+            out = shard.push(w, clock, version, grad, "fp32")
+            assert not out.refused or shard.policy.done, (w, clock)  # refused only past the budget
+    return digest(shard.param), shard.policy.version, dict(shard.policy.stats.staleness)
+
+
+def cfg(mode: str, **kw) -> RunConfig:
+    return RunConfig(mode=mode, workers=3, servers=1, steps=STEPS, device="cpu",
+                     optim=OptimConfig(lr=0.1, momentum=0.9), **kw)
+
+
+def lockstep(workers=(0, 1, 2)):
+    return [[(w, c) for w in workers] for c in range(STEPS)]
+
+
+# Recorded at 828a0ea (the kernel before psgd/core/rules.py), on torch 2.13.0+cpu.
+EXPECTED = {
+    "sync": ("0bc368ea4d7b4730", 6, {0: 18}),
+    "async": ("275db4f95327b810", 18, {0: 6, 1: 6, 2: 6}),
+    "ssp": ("ed4d0c15c955f8d7", 18, {0: 7, 1: 6, 2: 5}),
+    "backup": ("6c5914bf741d127b", 6, {0: 12}),
+    "elastic": ("8a927e55e498759d", 6, {0: 15}),
+}
+
+
+def ssp_order() -> list[list[tuple[int, int]]]:
+    # Workers 1 and 2 run one clock ahead of worker 0 (SSP(1)'s edge): 1, 2 at c+1 beside 0 at c.
+    return [[(1, 0), (2, 0)]] + [[(0, c)] + ([(1, c + 1), (2, c + 1)] if c + 1 < STEPS else [])
+                                 for c in range(STEPS)]
+
+
+def elastic_order() -> list[list[tuple[int, int]]]:
+    return [[(w, c) for w in ((0, 1) if c < 3 else (0, 1, 2))] for c in range(STEPS)]
+
+
+CASES = {
+    "sync": lambda: drive(cfg("sync"), lockstep()),
+    "async": lambda: drive(cfg("async"), lockstep()),
+    "ssp": lambda: drive(cfg("ssp", staleness=1), ssp_order()),
+    "backup": lambda: drive(cfg("sync", backup_workers=1), lockstep()),
+    "elastic": lambda: drive(cfg("sync", elastic="0:2,3:3"), elastic_order()),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_kernel_gives_todays_parameters_bit_for_bit(case):
+    got = CASES[case]()
+    assert got == EXPECTED[case], f"{case}: {got}"
+
+
+def test_a_sync_run_gives_todays_parameter_hash(tmp_path):
+    out = tmp_path / "sync"
+    r = psgd("run", "--mode", "sync", "--workers", "3", "--servers", "2", "--steps", "40", "--eval-every", "20",
+             "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert summary(out)["params_sha256"][:16] == "e3b168455e7a60b9"
