@@ -21,6 +21,7 @@ import os
 import signal
 import sys
 import threading
+from pathlib import Path
 
 from psgd.core import config as C
 from psgd.core.errors import Parser, UsageError
@@ -137,6 +138,7 @@ def build_parser() -> Parser:
     p.add_argument("--restore-upto", type=int, default=None, metavar="VERSION",
                    help="with --restore: the newest checkpoint of at most this version (psgd run --resume "
                         "picks the newest all shards have)")
+    p.add_argument("--lost-on-stdin", action="store_true", help=argparse.SUPPRESS)  # psgd run's: `_read_losses`
     p.add_argument("--params", type=int, default=0,
                    help="parameters of the whole model (default: counted from --model and --dataset); "
                         "Init and pushes of another size are refused")
@@ -214,6 +216,9 @@ def main(argv: list[str] | None = None) -> int:
         args = argparse.Namespace(command=argv[0], rest=argv[1:])
     else:
         args = parser.parse_args(argv)
+        from psgd.train import proctitle
+
+        proctitle.name_from_args(args)  # `psgd shard K/S OUT`, `psgd worker R/N OUT` in ps (else nothing)
     try:
         if args.command == "run":
             return cmd_run(args)
@@ -258,8 +263,19 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from pathlib import Path
+    """`psgd run`; Ctrl-C in any phase (start-up, training, evaluation, the summary) is one line and
+    exit 130, like any interrupted command: the launcher has stopped every child by then (on its
+    way out of the phase it was in, psgd/train/launch.py), so nothing is left to say."""
+    from psgd.train import launch
 
+    try:
+        return _run(args)
+    except (KeyboardInterrupt, launch.Interrupted):
+        print(f"psgd run: failed: {launch.INTERRUPTED}", file=sys.stderr, flush=True)
+        return 130
+
+
+def _run(args: argparse.Namespace) -> int:
     from psgd.train import hosts, launch, progress  # no torch: the launcher imports it after training
 
     if not isinstance(args.servers, int):
@@ -270,6 +286,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise UsageError("--resume OUT continues the run with its own OUT/config.json: give no other flags")
         cfg = launch.resumable(Path(args.resume))
     check_device(cfg)
+    check_data(cfg)  # --dataset mnist's files, where --data-dir says: before anything starts
     check_workload(cfg)  # your own model / data / loss: one line and exit 2 before anything starts
     if cfg.cpu_quota > 0:
         from psgd.train import cpulimit
@@ -292,7 +309,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             launch.prepare_out(Path(cfg.out))  # before the live line starts reading the folder
         with progress.live(Path(cfg.out), cfg.budget, f"psgd run {cfg.mode}", enabled=not args.quiet):
             summary = launch.run(cfg, resume=bool(args.resume), cold_start=args.cold_start)
-    except UsageError:
+    except (UsageError, launch.Interrupted):
         raise  # e.g. --backend nccl without a GPU per worker: exit 2 like any usage error
     except (launch.RunFailed, FileNotFoundError, ValueError) as e:
         print(f"psgd run: failed: {e}", file=sys.stderr)
@@ -303,6 +320,19 @@ def cmd_run(args: argparse.Namespace) -> int:
         tboard.write(Path(cfg.out), Path(args.tensorboard))
     print_summary(summary, cfg.out, args.quiet)
     return 0
+
+
+def check_data(cfg: C.RunConfig) -> None:
+    """A dataset read from files (--dataset mnist) has them where --data-dir says (default
+    ~/.cache/psgd), or the run is refused with one line saying where to put them, exit 2: not as
+    every shard's and worker's failure once they have started (psgd/train/data.py `missing_files`)."""
+    if C.is_spec(cfg.data.dataset) or cfg.data.dataset != "mnist":
+        return  # the others are generated, cached or shipped (importing data.py costs torch's second)
+    from psgd.train import data
+
+    problem = data.missing_files(cfg.data)
+    if problem:
+        raise UsageError(problem)
 
 
 def check_workload(cfg: C.RunConfig) -> None:
@@ -319,13 +349,26 @@ def check_workload(cfg: C.RunConfig) -> None:
 
 
 def print_summary(summary: dict, out: str, quiet: bool) -> None:
-    """The one-line summary of a run. Samples/s and gradients/s compare the modes on equal terms (a
-    sync update is N gradients, an async one is one); staleness is the price async pays for them."""
-    keys = ("mode", "workers", "servers", "global_updates", "startup_s", "wall_time_s", "samples_per_s",
-            "worker_steps_per_s", "staleness_mean", "final_test_accuracy", "final_test_loss")
-    summary = dict(summary, staleness_mean=(summary.get("staleness") or {}).get("mean"))
-    line = {k: round(v, 4) if isinstance(v, float) else v for k, v in summary.items() if k in keys}
-    print(json.dumps(line) if quiet else f"{out}/summary.json: {json.dumps(line)}")
+    """The one-line summary of a run, in README's words (summary.json has every figure, exactly):
+    `sync, 4 workers: 12,345 samples/s, 1,087 gradients/s, mean staleness 0.00, start-up 0.5 s,
+    training 1.4 s, test accuracy 0.875 -> OUT/summary.json`. Samples/s and gradients/s compare
+    the modes on equal terms (a sync update is N gradients, an async one is one); staleness is the
+    price async pays for them (all-reduce has none: left out). `quiet` prints the same line."""
+    print(summary_line(summary, out))
+
+
+def summary_line(summary: dict, out: str) -> str:
+    parts = [f"{summary.get('samples_per_s') or 0:,.0f} samples/s",
+             f"{summary.get('worker_steps_per_s') or 0:,.0f} gradients/s"]
+    staleness = (summary.get("staleness") or {}).get("mean")
+    if staleness is not None:
+        parts.append(f"mean staleness {staleness:.2f}")
+    parts += [f"start-up {summary.get('startup_s') or 0:.1f} s", f"training {summary.get('wall_time_s') or 0:.1f} s"]
+    if summary.get("final_test_accuracy") is not None:
+        parts.append(f"test accuracy {summary['final_test_accuracy']:.3f}")
+    workers = summary.get("workers")
+    return f"{summary.get('mode')}, {workers} worker{'s' if workers != 1 else ''}: {', '.join(parts)} -> " \
+           f"{Path(out) / 'summary.json'}"
 
 
 def cmd_summarize(args: argparse.Namespace) -> int:
@@ -459,6 +502,8 @@ def _serve(args: argparse.Namespace, on_ready=None) -> int:
             return 1
     print(f"shard {args.shard}/{cfg.servers} ({cfg.mode}) listening on {args.bind}:{srv.port}", file=sys.stderr,
           flush=True)
+    if getattr(args, "lost_on_stdin", False):  # (psgd node's arguments have none: torchrun starts it)
+        threading.Thread(target=_read_losses, args=(srv.shard,), name="psgd-losses", daemon=True).start()
     # Stop on a signal, or when every worker has left (a run started by hand ends by itself): the
     # watcher turns the latter into a SIGTERM for this thread, so one sigwait serves both.
     main = threading.get_ident()
@@ -479,6 +524,23 @@ def _serve(args: argparse.Namespace, on_ready=None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)
+
+
+def _read_losses(shard) -> None:
+    """`psgd server --lost-on-stdin` (started so by `psgd run --worker-lease`): each `lost RANK` line
+    is a worker whose process the launcher saw die, declared lost at once (the shard's `lose`)
+    rather than after a lease of silence. The launcher's end closing (EOF) ends this thread."""
+    for line in sys.stdin:
+        word, _, rank = line.strip().partition(" ")
+        if word != "lost" or not rank.isdigit():
+            continue
+        try:
+            clock = shard.lose(int(rank))
+        except ValueError:  # a rank out of range (PolicyError): not a worker of this run
+            continue
+        if clock is not None:
+            print(f"shard {shard.index}: worker {rank} died (psgd run saw it): lost at clock {clock}; the run "
+                  "goes on without it", file=sys.stderr, flush=True)
 
 
 def cmd_node(args: argparse.Namespace) -> int:

@@ -326,16 +326,31 @@ class Policy:
                      | self.stats.departed.keys())
             gone = [w for w in range(self.num_workers) if w not in quiet and w not in self.absent
                     and now - (self.last_seen[w] or self.first_seen) > lease]
-            for w in gone:
-                self.pending.pop(w, None)
-                self.stats.lost[w] = self.clocks[w]
-                self._log(w, "lost")
-                if self.name == "sync":
-                    self._on_depart(w)
-            if gone:
-                self.started = self.started or len(self.at_start | self._gone()) == self.num_workers
-                self.cond.notify_all()  # SSP's slowest clock and the start barrier may have moved
+            self._declare_lost(gone)
             return [(w, self.stats.lost[w]) for w in gone]
+
+    def lose(self, worker: int) -> int | None:
+        """Declare `worker` lost now, as `expire` would once its lease ran out: its process was seen
+        to die (psgd run's launcher), so there is nothing to wait for. Returns its clock; None when
+        it is gone already (lost, departed, absent) or the run is done."""
+        self._check_worker(worker)
+        with self.cond:
+            if self.done or worker in self.stats.lost.keys() | self.stats.departed.keys() | self.absent:
+                return None
+            self._declare_lost([worker])
+            return self.stats.lost[worker]
+
+    def _declare_lost(self, gone: list[int]) -> None:
+        """Take `gone` out of the run at their clocks (cond held): see `expire`."""
+        for w in gone:
+            self.pending.pop(w, None)
+            self.stats.lost[w] = self.clocks[w]
+            self._log(w, "lost")
+            if self.name == "sync":
+                self._on_depart(w)
+        if gone:
+            self.started = self.started or len(self.at_start | self._gone()) == self.num_workers
+            self.cond.notify_all()  # SSP's slowest clock and the start barrier may have moved
 
     def depart(self, worker: int) -> None:
         """`worker` sends nothing more (see the module docstring). Idempotent; no-op once done."""

@@ -1,7 +1,9 @@
 """The errors every layer shares, below everything that raises or catches them.
 
 - `UsageError`: bad input at the edge (a flag, a config file, an environment variable); the CLI
-  prints its one line and exits 2. `Parser` is argparse with the same one-line errors.
+  prints its one line and exits 2. `Parser` is argparse with the same one-line errors, no
+  abbreviated flags (`--step 50` is refused, not taken as `--steps`), and an unknown flag named
+  with the closest real one.
 - `ShardError(code, message)`: a request a parameter shard refused, nothing changed. `code` is a
   `Code`, named as gRPC's status codes so that the gRPC adapter passes it on by name and the TCP
   data plane writes the same name in its ERROR frame; the shard itself knows no transport.
@@ -12,6 +14,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import enum
 
 
@@ -20,7 +23,15 @@ class UsageError(ValueError):
 
 
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: `psgd run: error: ... (see psgd run -h)`, exit 2."""
+    """argparse with one-line errors: `psgd run: error: ... (see psgd run -h)`, exit 2.
+
+    Abbreviations are off (every subparser is a Parser too): a prefix that means one flag today
+    means another, or none, once a flag is added, and a typo taken silently for a real flag
+    (`--step 50` as `--steps`) runs something else than asked."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} -h)\n")
@@ -31,8 +42,20 @@ class Parser(argparse.ArgumentParser):
         # Every Parser refuses unknown arguments anyway (parse_args), so nothing else changes.
         namespace, extras = super().parse_known_args(args, namespace)
         if extras:
-            self.error(f"unrecognized arguments: {' '.join(extras)}")
+            self.error(self._unrecognized(extras))
         return namespace, extras
+
+    def _unrecognized(self, extras: list[str]) -> str:
+        """The first unknown flag and the closest real one (`--wokers`: did you mean --workers?)."""
+        flags = [a for a in extras if a.startswith("-") and len(a) > 1]
+        if not flags:
+            return f"unrecognized arguments: {' '.join(extras)}"
+        flag = flags[0].split("=", 1)[0]
+        known = [s for s in self._option_string_actions if s.startswith("--")]
+        close = difflib.get_close_matches(flag, known, n=1)
+        if close:  # the suggestion replaces the pointer to -h: it is the one line to read
+            self.exit(2, f"{self.prog}: error: unrecognized argument {flag} (did you mean {close[0]}?)\n")
+        return f"unrecognized argument {flag}"
 
 
 class Code(enum.Enum):

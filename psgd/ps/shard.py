@@ -524,6 +524,17 @@ class Shard:
         clocks; a lost worker never Leaves, so it counts as gone for `finished`, and the DC-ASGD
         snapshot it held goes back."""
         gone = self.policy.expire(lease)
+        self._forget_lost(gone)
+        return gone
+
+    def lose(self, worker: int) -> int | None:
+        """Declare `worker` lost now (the launcher saw its process die; the policy's `lose`), as
+        `expire` would after its lease; returns its clock, None when it was gone already."""
+        clock = self.policy.lose(worker)
+        self._forget_lost([] if clock is None else [(worker, clock)])
+        return clock
+
+    def _forget_lost(self, gone: list[tuple[int, int]]) -> None:
         if gone:
             self._write_pending()  # sync: a lost worker's departure may have completed a step
             with self.lock:
@@ -531,7 +542,6 @@ class Shard:
                     for remedy in self.remedies:
                         remedy.forget(self, w)
                 self._maybe_finished()
-        return gone
 
     def _maybe_finished(self) -> None:
         if len(self.left | self.policy.stats.lost.keys() | self.policy.absent) == self.workers:  # lock held

@@ -5,7 +5,8 @@ Contract:
   test: `synthetic` (a seeded teacher network labels Gaussian inputs; fast, the test default),
   `mnist1d` (the MNIST-1D benchmark, Greydanus 2020, generated offline by the `mnist1d`
   package's make_dataset and cached as .npz; `--num-samples` may exceed its default 5,000),
-  `mnist` (standard IDX files, optionally gzipped, from `--data-dir`), and `text` (character
+  `mnist` (standard IDX files, optionally gzipped, from `--data-dir`, default ~/.cache/psgd as for
+  the mnist1d cache; `missing_files` says which are not there, and where to get them), and `text` (character
   windows of the English text that ships with CPython, psgd/train/text.py; its validation split is
   10% of the text by position, whatever `--val-fraction` says).
 - Validation split (`--val-fraction f`): carved out of the TRAINING set, never the test set, so
@@ -83,7 +84,7 @@ def load(cfg: DataConfig) -> Dataset:
     elif cfg.dataset == "mnist1d":
         ds = _mnist1d(cfg)
     elif cfg.dataset == "mnist":
-        ds = _mnist_idx(Path(cfg.data_dir or "."))
+        ds = _mnist_idx(data_dir(cfg))
     elif cfg.dataset == "text":
         from psgd.train import text  # noqa: PLC0415
 
@@ -226,6 +227,27 @@ def _read_idx(path: Path) -> np.ndarray:
     return np.frombuffer(raw, dtype=np.uint8, offset=4 + 4 * ndim).reshape(shape)
 
 
+MNIST_FILES = ("train-images-idx3-ubyte", "train-labels-idx1-ubyte", "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")
+MNIST_URL = "https://ossci-datasets.s3.amazonaws.com/mnist/"  # torchvision's mirror of Yann LeCun's files
+
+
+def data_dir(cfg: DataConfig) -> Path:
+    """Where datasets read from files are looked for: --data-dir, default ~/.cache/psgd (the folder
+    `psgd run -h` names, where the mnist1d cache goes too)."""
+    return Path(cfg.data_dir).expanduser() if cfg.data_dir else Path.home() / ".cache" / "psgd"
+
+
+def missing_files(cfg: DataConfig) -> str | None:
+    """None when --dataset mnist's four IDX files are in `data_dir` (plain or .gz); else one line
+    naming the folder, the missing files and how to fetch them (psgd run refuses before it starts)."""
+    root = data_dir(cfg)
+    missing = [stem for stem in MNIST_FILES if not any((root / n).is_file() for n in (stem, stem + ".gz"))]
+    if not missing:
+        return None
+    return (f"--dataset mnist: {root} has no {', '.join(f + '[.gz]' for f in missing)}; download them "
+            f"there (curl -O {MNIST_URL}NAME.gz for each), or give --data-dir FOLDER that holds them")
+
+
 def _mnist_idx(root: Path) -> Dataset:
     def find(stem: str) -> Path:
         for name in (stem, stem + ".gz"):
@@ -233,8 +255,7 @@ def _mnist_idx(root: Path) -> Dataset:
                 return root / name
         raise FileNotFoundError(f"MNIST file {stem}[.gz] not found in --data-dir {root}")
 
-    parts = [_read_idx(find(s)) for s in ("train-images-idx3-ubyte", "train-labels-idx1-ubyte",
-                                          "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte")]
+    parts = [_read_idx(find(s)) for s in MNIST_FILES]
     xs = [torch.from_numpy(p.reshape(p.shape[0], -1).astype(np.float32) / 255.0) for p in parts[0::2]]
     ys = [torch.from_numpy(p.astype(np.int64)) for p in parts[1::2]]
     return Dataset(xs[0], ys[0], xs[1], ys[1], 10)

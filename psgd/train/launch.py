@@ -10,8 +10,9 @@ Contract:
   summary.json's "cluster".
 - The launcher waits for any child to exit (os.waitid, no polling). If a worker exits non-zero
   or a server exits early, it stops every other child and fails naming the process. Ctrl-C
-  stops all children too. Children ask for PR_SET_PDEATHSIG first thing (psgd/train/lifeline.py),
-  so even a SIGKILLed launcher leaves no process behind.
+  stops all children too (`Interrupted`; in evaluation and after, only the warm parent is left,
+  closed on the way out), before the interrupt leaves `run`. Children ask for PR_SET_PDEATHSIG
+  first thing (psgd/train/lifeline.py), so even a SIGKILLed launcher leaves no process behind.
 - The run folder (--out) is psgd's alone: a MARKER file says so. A new or empty folder is taken, an
   earlier run's folder has psgd's own files replaced, and anything else (a file, a folder of
   other files) is refused with one line, exit 2: psgd never deletes what it did not write. No
@@ -42,7 +43,7 @@ from typing import TYPE_CHECKING
 
 from psgd.core.config import RunConfig, from_dict, to_argv, to_dict
 from psgd.core.errors import UsageError
-from psgd.train import cpulimit, hosts, lifeline
+from psgd.train import cpulimit, hosts, lifeline, proctitle
 from psgd.train.metrics import Metrics, process_start_time, read_events, samples_per_update, summarize
 from psgd.train.zygote import Forked, Zygote, ZygoteError
 
@@ -62,6 +63,15 @@ STOP_TIMEOUT_S = 30.0
 
 class RunFailed(RuntimeError):
     """A child failed; the message names it."""
+
+
+INTERRUPTED = "interrupted; stopped all servers and workers"
+
+
+class Interrupted(RunFailed):
+    """Ctrl-C (SIGINT) while the children ran: every one of them has been stopped and waited for.
+    A RunFailed, so that a caller that goes on after a failed run (the suite, psgd.fit's users)
+    still catches it; `psgd run` says it in one line and exits 130."""
 
 
 class Child:
@@ -133,9 +143,9 @@ def _read_ready(child: Child, timeout: float) -> str:
         rc = child.proc.wait()
         how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
         message = f"{child.name} failed to start ({how}): {child.last_error()}"
-        if child.name.startswith("server ") and (rc < 0 or rc == 1):
+        if child.name.startswith("shard ") and (rc < 0 or rc == 1):
             # Died while starting (not a usage error, exit 2): --restart-servers restarts the run.
-            raise ShardDied(int(child.name.split()[-1]), how, message)
+            raise ShardDied(_index(child), how, message)
         raise RunFailed(message)
     return line.split()[1]
 
@@ -174,7 +184,7 @@ def _wait_workers(workers: list[Child], servers: list[Child], cfg: RunConfig | N
             if c.proc.poll() not in (None, 0):
                 rc = c.proc.returncode
                 how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
-                raise ShardDied(int(c.name.split()[-1]), how, f"{c.name} died with {how}: {c.last_error()}")
+                raise ShardDied(_index(c), how, f"{c.name} died with {how}: {c.last_error()}")
         for c in list(pending):
             rc = c.proc.poll()
             if rc is None:
@@ -182,7 +192,7 @@ def _wait_workers(workers: list[Child], servers: list[Child], cfg: RunConfig | N
             pending.remove(c)
             if rc != 0:
                 how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
-                rank = int(c.name.split()[-1])
+                rank = _index(c)
                 if restarts_left > 0:
                     restarts_left -= 1
                     print(f"psgd run: {c.name} died with {how}; restarting it (--restart-workers)",
@@ -197,6 +207,26 @@ def _wait_workers(workers: list[Child], servers: list[Child], cfg: RunConfig | N
                 print(f"psgd run: {c.name} died with {how}; the others go on without it (--worker-lease)",
                       file=sys.stderr, flush=True)
                 _event(cfg, event="worker_lost", rank=rank, how=how)
+                _tell_lost(servers, rank)
+
+
+def _tell_lost(servers: list[Child], rank: int) -> None:
+    """Tell every shard at once that worker `rank` is gone (a `lost RANK` line on its stdin, read by
+    `psgd server --lost-on-stdin`): the launcher saw the process die, so waiting out --worker-lease
+    for its silence would only stall the others (sync's quorum, SSP's slowest clock) that long."""
+    for c in servers:
+        if c.proc.stdin is None or c.proc.poll() is not None:
+            continue
+        try:
+            c.proc.stdin.write(f"lost {rank}\n".encode())
+            c.proc.stdin.flush()
+        except (BrokenPipeError, ValueError):
+            pass  # that server is gone (or going): the next pass of _wait_workers names it
+
+
+def _index(child: Child) -> int:
+    """K of `shard K/S`, R of `worker R/N` (the names `ps` shows too: psgd/train/proctitle.py)."""
+    return int(child.name.split()[1].split("/")[0])
 
 
 def _event(cfg: RunConfig, **fields) -> None:
@@ -215,11 +245,14 @@ class ShardDied(RunFailed):
 
 MARKER = ".psgd-run"  # in every folder psgd made for a run: the proof that its files are psgd's
 RUNS = Path("results/runs")
-# Everything a run writes into its folder, and nothing else: what a rerun may replace.
+# Everything psgd writes into a run folder, and nothing else: what a rerun removes, so that no file
+# of the last run (a trace of other steps, a checkpoint of other parameters) sits beside the new
+# one's. The run's own files, the suite's provenance.json, `psgd trace RUN`'s default PNG and CSV,
+# a checkpoint's temporary file left by a killed shard (psgd/ps/checkpoint.py).
 OWN_FILES = ("metrics.jsonl", "metrics.jsonl.tmp", "summary.json", "config.json", "final_params.pt", "rendezvous",
-             "restart.json", "cluster.json")
+             "restart.json", "cluster.json", "provenance.json", "trace.png", "trace.csv")
 OWN_GLOBS = ("shard-*.json", "shard-*.pt", "replica-*.json", "replica-*.pt", "logs/server-*.log",
-             "logs/worker-*.log", "checkpoints/shard-*.ckpt", "metrics-attempt-*.jsonl")
+             "logs/worker-*.log", "checkpoints/shard-*.ckpt", "checkpoints/.shard-*.tmp", "metrics-attempt-*.jsonl")
 
 
 def with_out_resolved(cfg: RunConfig, runs: Path = RUNS) -> RunConfig:
@@ -518,9 +551,13 @@ def _start_and_wait_in(cfg: RunConfig, out: Path, restore: list[str], zygote: Zy
             for k, seat in enumerate(seats.servers):
                 argv = [*seat.prefix, *exe, "server", *flags, *restore, "--shard", str(k), "--port", "0"]
                 argv += ["--bind", seat.bind] if seat.bind else []
+                # With --worker-lease, a worker death the launcher sees reaches the shards on stdin (_tell_lost).
+                tolerant = cfg.worker_lease > 0
+                argv += ["--lost-on-stdin"] if tolerant else []
                 senv = {**env, cpulimit.ENV: str(quotas.group(f"server-{k}"))} if quotas else env
-                servers.append(Child(f"server {k}", argv, out / "logs" / f"server-{k}.log", senv, capture_stdout=True,
-                                     zygote=zygote))
+                name = proctitle.shard_name(k, cfg.servers)  # as `ps` shows it
+                servers.append(Child(name, argv, out / "logs" / f"server-{k}.log", senv, capture_stdout=True,
+                                     stdin_pipe=tolerant, zygote=zygote))
             # The workers start now, side by side with the servers (a process's start-up is mostly
             # importing torch), and read the shards' addresses from stdin once they have loaded.
             worker_argv = ["--servers-on-stdin"]
@@ -530,8 +567,9 @@ def _start_and_wait_in(cfg: RunConfig, out: Path, restore: list[str], zygote: Zy
             wenv = {**env, "RANK": str(r), "LOCAL_RANK": str(r), **dict(seats.workers[r].env)}
             if quotas is not None:
                 wenv[cpulimit.ENV] = str(quotas.group(f"worker-{r}"))
-            workers.append(Child(f"worker {r}", [*seats.workers[r].prefix, *exe, "worker", *flags, "--rank", str(r),
-                                                 *worker_argv], out / "logs" / f"worker-{r}.log", wenv, stdin_pipe=ps,
+            name = proctitle.worker_name(r, cfg.workers)
+            workers.append(Child(name, [*seats.workers[r].prefix, *exe, "worker", *flags, "--rank", str(r),
+                                        *worker_argv], out / "logs" / f"worker-{r}.log", wenv, stdin_pipe=ps,
                                  zygote=zygote))
         restart = None
         if ps:
@@ -547,7 +585,7 @@ def _start_and_wait_in(cfg: RunConfig, out: Path, restore: list[str], zygote: Zy
             again_flags = to_argv(dataclasses.replace(seats.cfg, fail_at=()))
 
             def restart(c: Child) -> Child:
-                r = c.name.split()[-1]
+                r = str(_index(c))
                 log = out / "logs" / f"worker-{r}.restart{len(list((out / 'logs').glob(f'worker-{r}.*.log'))) + 1}.log"
                 seat = seats.workers[int(r)]
                 again_env = {**env, "RANK": r, "LOCAL_RANK": r, **dict(seat.env)}
@@ -562,7 +600,7 @@ def _start_and_wait_in(cfg: RunConfig, out: Path, restore: list[str], zygote: Zy
                 raise RunFailed(f"{c.name} exited with code {c.proc.returncode}: {c.last_error()}")
     except KeyboardInterrupt:
         _stop(workers + servers)
-        raise RunFailed("interrupted; stopped all servers and workers") from None
+        raise Interrupted(INTERRUPTED) from None
     except BaseException:
         _stop(workers + servers, signal.SIGKILL)
         raise
@@ -580,7 +618,7 @@ def finish(cfg: RunConfig, ds: data_mod.Dataset | None = None) -> dict:
 
     from psgd.core import codec  # noqa: PLC0415
     from psgd.train import data as data_mod  # noqa: PLC0415
-    from psgd.train import evaluate, models  # noqa: PLC0415
+    from psgd.train import evaluate, models, progress  # noqa: PLC0415
 
     out = Path(cfg.out)
     events = read_events(out / "metrics.jsonl")
@@ -616,7 +654,7 @@ def finish(cfg: RunConfig, ds: data_mod.Dataset | None = None) -> dict:
     t0 = min(e["train_start"] for e in ends)
     metrics = Metrics(out / "metrics.jsonl")
     evals = []
-    for version, t, params in snaps:
+    for version, t, params in evaluate.each_snapshot(snaps, progress.evaluating):  # the live line: evaluating k/n
         test_loss, test_acc = evaluate.evaluate(model, params, ds.x_test, ds.y_test, cfg.model.loss)
         train_loss, train_acc = evaluate.evaluate(model, params, x_tr, y_tr, cfg.model.loss)
         e = dict(version=version, elapsed_s=max(0.0, t - t0), samples=version * samples_per_update(cfg),
