@@ -40,8 +40,8 @@ def test_bars_and_histograms(tmp_path):
                      "samples/s", tmp_path / "b.png")
     ax = fig.axes[0]
     assert ax.get_ylabel() == "samples/s" and len(ax.patches) == 4
-    # Staleness is discrete: bars side by side at each value, over the whole range (no clipping of
-    # the tail), a repeated mode hatched; seeds pooled by summing their counts.
+    # Staleness is discrete: bars side by side at each value (0.85 wide together), over the whole
+    # range where the tail is not thin, a repeated mode hatched; seeds pooled by summing their counts.
     assert plots.pooled([{"0": 1, "2": 3}, {"2": 1, "30": 1}]) == {"0": 1, "2": 4, "30": 1}
     fig = plots.histograms({"N=2": ("async", {"0": 5, "1": 15}), "N=4": ("async", {"2": 1, "3": 2, "28": 1})},
                            tmp_path / "h.png", logy=True)
@@ -50,6 +50,32 @@ def test_bars_and_histograms(tmp_path):
     assert [round(p.get_height(), 3) for p in ax.patches] == [0.25, 0.75, 0.25, 0.5, 0.25]
     assert ax.patches[0].get_hatch() in (None, "") and ax.patches[2].get_hatch() == "//"
     assert ax.get_xlim()[1] > 28 and ax.get_yscale() == "log" and ax.get_xlabel() == "staleness (updates)"
+    assert [round(p.get_width(), 3) for p in ax.patches] == [0.425] * 5 and not ax.texts
+
+
+def test_a_thin_staleness_tail_does_not_shrink_the_bars(tmp_path):
+    """One gradient at 109 among 400 at 0-3: the axis ends at the 99.5th percentile (3), the note
+    states the maximum and the gradients beyond it, and the bars are solid and 0.85 wide."""
+    hist = {"0": 100, "1": 150, "2": 100, "3": 49, "109": 1}
+    assert plots.clip_at(hist) == 3 and plots.clip_at({"0": 5, "1": 15}) == 1
+    fig = plots.histograms({"async": ("async", hist)}, tmp_path / "h.png", title="staleness")
+    ax = fig.axes[0]
+    assert ax.get_xlim() == (-0.6, 3.6)
+    assert [t.get_text() for t in ax.texts] == ["axis ends at the 99.5th percentile, 3; 1 gradient(s) beyond it, "
+                                                "up to 109"]
+    assert {round(p.get_width(), 3) for p in ax.patches} == {0.85}
+    assert all(p.get_facecolor() == p.get_edgecolor() and p.get_facecolor()[3] == 1.0 for p in ax.patches)
+    assert (tmp_path / "h.csv").read_text().count("\n") == 6  # the CSV keeps the tail
+
+
+def test_a_curves_figure_has_a_title_by_default(tmp_path, monkeypatch):
+    """README's first figure (psgd plot RUN RUN --x samples) is titled by what it plots."""
+    seen = {}
+    monkeypatch.setattr(plots, "load_run", lambda run: type("Run", (), {"mode": Path(run).name})())
+    monkeypatch.setattr(plots, "curves", lambda series, x, y, path, title: seen.update(title=title))
+    argv = ["results/runs/sync", "results/runs/async", "--x", "samples", "--out", str(tmp_path / "f.png")]
+    assert plots.main(argv) == 0
+    assert seen["title"] == "test accuracy against training samples processed: sync, async"
 
 
 def test_psgd_plot_cli(tmp_path):

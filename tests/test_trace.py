@@ -97,6 +97,13 @@ def test_the_figure_names_the_run_and_colours_every_part(tmp_path):
     assert [t.get_text() for t in ax.texts] == ["0", "0"]               # a clock number every 5th step
 
 
+def test_the_title_says_the_mode_once():
+    assert trace.title("async", {"mode": "async", "workers": 4}, "steps 0-29") == "async, 4 workers: steps 0-29"
+    assert (trace.title("straggler", {"mode": "sync", "workers": 3}, "steps 0-29")
+            == "sync, 3 workers: steps 0-29 (straggler)")
+    assert trace.title("old", {}, "steps 0-29") == "old: steps 0-29"
+
+
 def test_a_run_without_worker_end_starts_at_its_first_step(tmp_path):
     run = write_run(tmp_path / "crashed", [step(0, 0, START + 1.0), step(0, 1, START + 1.1)])
     steps, origin, _ = trace.load(run)

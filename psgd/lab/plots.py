@@ -232,14 +232,27 @@ def pooled(hists: list[dict[str, int]]) -> dict[str, int]:
     return out
 
 
+def clip_at(hist: dict[str, int], quantile: float = 0.995) -> int:
+    """The smallest value with at least `quantile` of the counts at or below it."""
+    total, seen = sum(hist.values()), 0
+    for k in sorted(int(k) for k in hist):
+        seen += hist[str(k)]
+        if seen >= quantile * total:
+            return k
+    return max(int(k) for k in hist)
+
+
 def histograms(hists: dict[str, tuple[str, dict[str, int]]], path: Path, title: str = "",
                xlabel: str = "staleness (updates)", logy: bool = False):
-    """Normalised histograms (fraction of gradients) of value -> count maps, as bars side by side
-    at each value (a count is discrete: no line between values), over the whole range (the tail
-    too; `logy` keeps its small fractions visible). Repeated modes are told apart by hatching."""
+    """Normalised histograms (fraction of gradients) of value -> count maps, as solid bars side by
+    side at each value (a count is discrete: no line between values; together 0.85 wide). The x axis
+    ends at the pooled 99.5th percentile (`clip_at`) when a thin tail runs further, and a note on
+    the figure states the maximum and how many gradients lie beyond (the CSV keeps them all), so a
+    single gradient at 109 does not shrink every bar to a sliver; `logy` keeps small fractions
+    visible. Repeated modes are told apart by hatching."""
     fig, ax = plt.subplots(figsize=(7.4, 4.2))
     rows = []
-    width = 0.8 / max(1, len(hists))
+    width = 0.85 / max(1, len(hists))
     modes = [m for m, _ in hists.values()]
     for i, (name, (mode, hist)) in enumerate(hists.items()):
         keys = sorted(int(k) for k in hist)
@@ -247,8 +260,16 @@ def histograms(hists: dict[str, tuple[str, dict[str, int]]], path: Path, title: 
         fractions = [hist[str(k)] / total for k in keys]
         hatch = ["", "//", "..", "xx"][modes[:i].count(mode) % 4]
         ax.bar(np.array(keys, dtype=float) + (i - (len(hists) - 1) / 2) * width, fractions, width, color=color(mode),
-               hatch=hatch, edgecolor="white", label=name)
+               hatch=hatch, edgecolor="white" if hatch else color(mode), linewidth=0.5 if hatch else 0, label=name)
         rows += [[name, mode, k, hist[str(k)], f] for k, f in zip(keys, fractions, strict=True)]
+    everything = pooled([h for _, h in hists.values()])
+    if everything:
+        top, edge = max(int(k) for k in everything), clip_at(everything)
+        if top > edge:
+            beyond = sum(n for k, n in everything.items() if int(k) > edge)
+            ax.set_xlim(min(int(k) for k in everything) - 0.6, edge + 0.6)
+            ax.text(0.99, 0.97, f"axis ends at the 99.5th percentile, {edge}; {beyond} gradient(s) beyond it, "
+                    f"up to {top}", transform=ax.transAxes, ha="right", va="top", fontsize=8, color=REF_COLOR)
     if logy:
         ax.set_yscale("log")
     ax.set_xlabel(xlabel)
@@ -347,8 +368,9 @@ def main(argv: list[str]) -> int:
         except (FileNotFoundError, ValueError) as e:
             raise UsageError(str(e)) from None
     if a.view == "curves":
-        curves([Series(name, data.mode, [data]) for name, data in runs.items()], a.x or "elapsed_s",
-               a.y or "test_accuracy", out, a.title)
+        x, y = a.x or "elapsed_s", a.y or "test_accuracy"
+        curves([Series(name, data.mode, [data]) for name, data in runs.items()], x, y, out,
+               a.title or f"{AXIS_LABELS.get(y, y)} against {AXIS_LABELS.get(x, x)}: {', '.join(runs)}")
     elif a.view == "staleness":
         # Sync and all-reduce apply every gradient fresh: one bar at 0, or none at all (no shards).
         histograms({name: (data.mode, data.summary["staleness"]["hist"]) for name, data in runs.items()}, out,

@@ -129,6 +129,15 @@ def draw(segs: list[Segment], path: Path, title: str):
     return fig
 
 
+def title(name: str, cfg: dict, shown: str) -> str:
+    """`MODE, N workers: steps A-B (FOLDER)`; the folder's name left out where it is the mode's own
+    (`results/runs/async`: "async, 4 workers", not "async: async, 4 workers")."""
+    if "mode" not in cfg or "workers" not in cfg:
+        return f"{name}: {shown}"
+    setup = f"{cfg['mode']}, {cfg['workers']} workers: {shown}"
+    return setup if name == cfg["mode"] else f"{setup} ({name})"
+
+
 def main(argv: list[str]) -> int:
     p = Parser(prog="psgd trace", description="Per-worker timeline of one run: wait / pull / compute / push of "
                "every step, from RUN/metrics.jsonl (PNG + CSV).")
@@ -146,8 +155,7 @@ def main(argv: list[str]) -> int:
         raise UsageError(f"no steps in --steps {a.steps}: {a.run} has clocks {min(clocks)}..{max(clocks)}")
     segs = [s for e in sorted(chosen, key=lambda e: (e["rank"], e["clock"])) for s in segments(e, origin)]
     shown = f"steps {min(e['clock'] for e in chosen)}-{max(e['clock'] for e in chosen)}"
-    setup = f"{cfg['mode']}, {cfg['workers']} workers: " if "mode" in cfg and "workers" in cfg else ""
     out = a.out or a.run / "trace.png"
-    draw(segs, out, f"{a.run.name}: {setup}{shown}")
+    draw(segs, out, title(a.run.name, cfg, shown))
     print(f"wrote {out} and {out.with_suffix('.csv')}")
     return 0
