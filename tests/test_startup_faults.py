@@ -42,7 +42,7 @@ def test_a_shard_killed_while_starting_is_restarted_from_scratch(tmp_path):
     assert [e["event"] for e in events(out)].count("restart") == 1
     none_left = psgd_main("run", "--mode", "sync", "--workers", "2", "--steps", "30", "--fail-shard-at", "0=0",
                           "--out", str(tmp_path / "no-restart"), *TINY)
-    assert none_left.returncode == 1 and "server 0 failed to start (signal SIGKILL)" in none_left.stderr
+    assert none_left.returncode == 1 and "shard 0/1 failed to start (signal SIGKILL)" in none_left.stderr
 
 
 def test_a_sync_worker_lost_mid_run_shrinks_the_quorum_under_a_lease(tmp_path):

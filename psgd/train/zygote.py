@@ -7,7 +7,8 @@ and multiprocessing's forkserver with preloaded modules do the same: fork after 
 
 Contract:
 - `Zygote.start(tag)` (the launcher, `psgd run`) starts `python -m psgd.train.zygote TAG` (TAG,
-  the run folder, names the zygote and so every process forked from it in `ps`), connected by a
+  the run folder), which names itself `psgd zygote TAG` (psgd/train/proctitle.py; each fork then
+  names itself `psgd shard K/S OUT` or `psgd worker R/N OUT` as it parses its arguments), connected by a
   Unix socket pair. The zygote dies with its launcher (PR_SET_PDEATHSIG), imports what is safe
   to import before a fork (`PRELOAD`: torch, numpy, protobuf's messages and psgd's training and
   shard modules; never gRPC),
@@ -42,7 +43,7 @@ import subprocess
 import sys
 import time
 
-from psgd.train import lifeline
+from psgd.train import lifeline, proctitle
 
 # What every child imports anyway (`python -m psgd` then psgd.cli's commands), by name: warming them
 # here is a cache, not a dependency of this module on the layers above it.
@@ -382,6 +383,7 @@ def _reap(sock: socket.socket) -> None:
 
 def main() -> None:
     lifeline.die_with_launcher()  # the launcher's child: die with it; its forks die with this process
+    proctitle.set_title(proctitle.zygote_title(sys.argv[1]))  # `psgd zygote OUT`; each fork names itself
     sock = socket.socket(fileno=int(sys.argv[2]))
     serve(sock)
 
