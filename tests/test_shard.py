@@ -239,7 +239,7 @@ def test_receive_buffers_go_back_to_the_pool_once_whatever_the_push_did():
     while not s._pools[torch.float32].empty():
         pooled.append(s._pools[torch.float32].get_nowait().data_ptr())
     assert len(pooled) == len(set(pooled)) and s._receiving == {}
-    assert not {t.data_ptr() for t in s.policy._spares} & set(pooled), "a buffer both pooled and the policy's"
+    assert not {t.data_ptr() for t in s.policy.step.spares} & set(pooled), "a buffer both pooled and the policy's"
     quorum_of_one = ready_shard(mode="sync", backup_workers=1)
     with quorum_of_one.receive_buffer() as buf:  # the push that completes a step is never kept
         buf.fill_(1.0)

@@ -6,8 +6,9 @@ through an adapter with the textbook's pull/push, either the shard core in proce
 policy, fused SGD, snapshots, copy on write) or a real shard server on 127.0.0.1 reached by psgd's
 worker client over gRPC (psgd/ps/server.py, psgd/ps/client.py). What must agree:
 
-- sync, 3 workers pushing in a fixed order: the same parameters bit for bit (the shard sums in
-  arrival order, and float addition is not associative, so the order is fixed: `lockstep`);
+- sync, 3 workers: the same parameters bit for bit (both sum a step's gradients in worker order,
+  psgd/core/rules.py `step_sum`, whatever order they arrive in), in a fixed order and with the
+  workers pushing in reverse;
 - async with one worker, momentum 0.9: the same parameters bit for bit;
 - SSP(1), 3 threads, one a straggler held back by an event schedule (no sleeps): on both, no pull
   is served more than s clocks ahead of the slowest and no gradient is staler than (N-1)(2s+1).
@@ -233,3 +234,53 @@ def test_textbook_refuses_a_wrong_clock_and_its_demo_runs(capsys):
     textbook.main()
     out = capsys.readouterr().out
     assert "sync: " in out and "async: " in out and "ssp(1): " in out and "max clock gap 0" in out
+
+
+def test_sync_sums_in_worker_order_whatever_order_the_gradients_arrive_in():
+    n, steps = 3, 4
+    torch.manual_seed(4)
+    start = torch.randn(64)
+    grads = [[torch.randn(64) for _ in range(n)] for _ in range(steps)]
+    ends = []
+    for order in ((0, 1, 2), (2, 0, 1), (1, 2, 0)):
+        book = textbook.TextbookShard(start, n, "sync", lr=LR, momentum=MOMENTUM)
+        prod = InProcess(config("sync", n, steps), start)
+        prod.open_barrier()
+        for shard in (book, prod):
+            for clock in range(steps):
+                for w in order:
+                    version, _ = shard.pull(w, clock)
+                    shard.push(w, clock, version, grads[clock][w])
+        assert torch.equal(book.params, prod.params), order
+        ends.append(book.params)
+    assert all(torch.equal(ends[0], e) for e in ends)  # three arrival orders, one result
+    assert not torch.equal(ends[0], start)
+
+
+def test_a_mode_plugs_in_as_one_rule_and_its_registration(monkeypatch):
+    """A toy mode from this file alone: pulls may run one clock ahead of the version (a 'lag-1'
+    rule), gradients applied on arrival. Registered in rules.RULES, the production policy and the
+    textbook shard both run it."""
+    from dataclasses import dataclass
+    from typing import ClassVar
+
+    from psgd.core import rules
+    from psgd.core.consistency import make_policy
+
+    @dataclass(frozen=True)
+    class LagOne:
+        name: ClassVar[str] = "lag1"
+        on_arrival: ClassVar[bool] = True
+
+        def may_read(self, version: int, clock: int, slowest: int) -> bool:
+            return clock <= version + 1
+
+    monkeypatch.setitem(rules.RULES, "lag1", LagOne)
+    applied: list[float] = []
+    policy = make_policy("lag1", 1, lambda g: applied.append(float(g.sum())), budget=3)
+    assert policy.rule == LagOne() and policy.pull(0, 0, lambda: "read").value == "read"
+    policy.push(0, 0, 0, torch.ones(2))
+    assert policy.pull(0, 1, lambda: 1).value == 1 and applied == [2.0]
+    book = textbook.TextbookShard(torch.zeros(2), 2, "lag1", lr=1.0)
+    book.push(0, 0, 0, torch.ones(2))
+    assert book._may_read(1) and not book._may_read(3) and book.params.tolist() == [-1.0, -1.0]

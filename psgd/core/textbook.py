@@ -7,20 +7,25 @@ parameters), compute a gradient on its next batch, `push(worker, clock, base_ver
 base_version is the version it pulled. The mode decides when a pull is served and when a gradient
 is applied:
 
-- sync (BSP): a step's gradients are buffered until all N arrived; their mean is applied once.
-  A pull for clock c waits until version == c: everyone computes step c on the same parameters.
-- async (Dean et al. 2012, "Large Scale Distributed Deep Networks", Downpour SGD): each gradient
-  is applied on arrival and no pull ever waits; a gradient may be computed on old parameters.
-- ssp(s) (Ho et al., NIPS 2013, "More Effective Distributed ML via a Stale Synchronous Parallel
-  Parameter Server"): applied on arrival, but a pull for clock c waits while c - min(clocks) > s.
+- sync (BSP): a step's gradients are buffered until all N arrived; their mean is applied once
+  (summed in worker order, so every run gives the same bits). A pull for clock c waits until
+  version == c: everyone computes step c on the same parameters.
+- async (Dean et al. 2012, Downpour SGD): each gradient is applied on arrival and no pull ever
+  waits; a gradient may be computed on old parameters.
+- ssp(s) (Ho et al., NIPS 2013): applied on arrival, but a pull for clock c waits while
+  c - min(clocks) > s.
+
+The rules themselves are psgd/core/rules.py: the very objects the production policy asks
+(psgd/core/consistency.py), so this file is the production kernel with nothing around it.
 
 Every update is SGD: buf = grad at first, then momentum * buf + grad; params -= lr * buf (torch.optim.SGD's
 arithmetic). The shard counts each gradient's staleness (its version then - base_version) and each pull's
 clock gap (clock - min(clocks)). `train` runs N workers on it.
 
-It is psgd/core/consistency.py + psgd/ps/shard.py without transport, start barrier, budget, backup or
-lost workers, remedies, snapshots and checkpoints; tests/test_textbook.py checks the production path
-against it (sync and one-worker async: the same parameters bit for bit; SSP: the same bounds hold).
+It is psgd/core/consistency.py + psgd/ps/shard.py around the same rules, without transport,
+start barrier, budget, backup or lost workers, remedies, snapshots and checkpoints;
+tests/test_textbook.py checks the production path against it (sync and one-worker async: the same
+parameters bit for bit; SSP: the same bounds hold).
 
     python -m psgd.core.textbook      # 3 workers fit a line in each mode; prints what each saw
 """
@@ -34,14 +39,17 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-MODES = ("sync", "async", "ssp")
+from psgd.core import rules
+
+MODES = rules.RULES  # the registry itself: a plugged-in mode is a mode here too
 
 
 class TextbookShard:
     def __init__(self, params: torch.Tensor, num_workers: int, mode: str = "sync", staleness: int = 0,
                  lr: float = 0.1, momentum: float = 0.0, timeout: float | None = 60.0) -> None:
         if mode not in MODES:
-            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+            raise ValueError(f"mode must be one of {tuple(MODES)}, got {mode!r}")
+        self.rule = rules.make(mode, staleness)  # when a pull may be served, what a gradient does
         self.params = params.detach().to(torch.float32).flatten().clone()  # the shard's own copy
         self.num_workers, self.mode, self.s = num_workers, mode, staleness
         self.lr, self.momentum, self.timeout = lr, momentum, timeout
@@ -49,20 +57,12 @@ class TextbookShard:
         self.version = 0                       # updates applied so far
         self.clocks = [0] * num_workers        # gradients received from each worker
         self.cond = threading.Condition()      # guards every field; a held pull waits on it
-        self.sum: torch.Tensor | None = None   # sync: this step's gradients, summed as they arrive
-        self.arrived = 0
+        self.step: dict[int, torch.Tensor] = {}  # sync: this step's gradients, by worker
         self.staleness: Counter = Counter()    # staleness -> gradients taken
         self.gaps: Counter = Counter()         # clock gap -> pulls served
 
     def _may_read(self, clock: int) -> bool:
-        if self.mode == "sync":
-            # version can never pass `clock`: update `clock` needs this worker's push of `clock`.
-            return self.version == clock
-        if self.mode == "ssp":
-            # The fastest may be at most s clocks ahead of the slowest; that caps how stale a
-            # gradient can get: (N-1)(2s+1) updates (each other worker pushes clocks c-s..c+s).
-            return clock - min(self.clocks) <= self.s
-        return True  # async: never wait, whatever the others do
+        return self.rule.may_read(self.version, clock, min(self.clocks))
 
     def pull(self, worker: int, clock: int) -> tuple[int, torch.Tensor]:
         """Wait until the mode lets `worker` read for `clock`; return (version, parameters)."""
@@ -82,18 +82,15 @@ class TextbookShard:
                                  f"(its clock is {self.clocks[worker]}, the version {self.version})")
             self.staleness[self.version - base_version] += 1
             self.clocks[worker] += 1
-            if self.mode != "sync":
+            if self.rule.on_arrival:
                 self._sgd(grad)  # async and SSP: on arrival (SSP bounds staleness at pull time)
             else:
-                # Sum in arrival order, divide once: the mean N workers x b samples would give one
-                # process with N x b, up to float rounding. (Float addition is not associative: the
-                # production policy sums in worker order instead, so that runs reproduce; the tests
-                # push in worker order, where the two agree.)
-                self.sum = grad.clone() if self.arrived == 0 else self.sum.add_(grad)
-                self.arrived += 1
-                if self.arrived == self.num_workers:
-                    self._sgd(self.sum.div_(self.num_workers))
-                    self.arrived = 0
+                # Sync: hold the step's gradients; once all N are in, apply their mean: what one
+                # process computing N x b samples would, up to float rounding (rules.step_sum).
+                self.step[worker] = grad.clone()
+                if len(self.step) == self.num_workers:
+                    self._sgd(rules.step_sum(self.step).div_(self.num_workers))
+                    self.step = {}
             self.cond.notify_all()  # a pull waiting for this version or this clock may go now
 
     def _sgd(self, grad: torch.Tensor) -> None:

@@ -262,7 +262,7 @@ class Shard:
         with self.lock:
             p = self.policy
             p.version, p.accepted, p.clocks = state["version"], state["accepted"], list(state["clocks"])
-            p.started = True  # the workers of a resumed run start at their clocks, not at 0
+            p.roster.started = True  # the workers of a resumed run start at their clocks, not at 0
         if "membership" in state:  # who was in the run at that version (elastic runs, departures)
             self.policy.restore_membership(state["membership"])
         with self.lock:
@@ -544,7 +544,7 @@ class Shard:
                 self._maybe_finished()
 
     def _maybe_finished(self) -> None:
-        if len(self.left | self.policy.stats.lost.keys() | self.policy.absent) == self.workers:  # lock held
+        if len(self.left | self.policy.stats.lost.keys() | self.policy.roster.absent) == self.workers:  # lock held
             self.finished.set()
 
     @contextlib.contextmanager
