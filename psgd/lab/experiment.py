@@ -140,6 +140,8 @@ class Experiment:
             settings["lr"] = float(lr)
         where = f"{self.path} [[runs]] {t.label!r}"
         cfg = config_from_settings(settings, where)
+        if cfg.eval_every == C.AUTO:  # the suites' runs keep the interval they were made with (their digests too)
+            cfg = dataclasses.replace(cfg, eval_every=C.EVAL_EVERY_MIN)
         if t.eval_samples:
             per = samples_per_update(cfg)
             if t.eval_samples % per:

@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from psgd.core import elastic, localsgd, optim, sharding, sparsify
-from psgd.core.config import RunConfig
+from psgd.core.config import RunConfig, eval_interval
 from psgd.core.consistency import Policy, make_policy
 from psgd.ps import auth
 from psgd.ps import remedies as remedies_mod
@@ -86,7 +86,7 @@ def shard_options(cfg: RunConfig, index: int, num_params: int | None = None) -> 
     if num_params is not None:
         lo, hi = sharding.shard_ranges(num_params, cfg.servers)[index]
         expected = hi - lo
-    return ShardOptions(num_shards=cfg.servers, mode=cfg.mode, expected=expected, eval_every=cfg.eval_every,
+    return ShardOptions(num_shards=cfg.servers, mode=cfg.mode, expected=expected, eval_every=eval_interval(cfg),
                         checkpoint_every=cfg.checkpoint_every, checkpoint_dir=str(Path(cfg.out) / "checkpoints"),
                         skip_nonfinite=cfg.skip_nonfinite, fail_at=dict(cfg.fail_shard_at).get(index),
                         link=cfg.link, rpc_timeout=cfg.rpc_timeout)
@@ -154,7 +154,7 @@ def collective_exchange(cfg: RunConfig, rank: int, env=None, init_method: str = 
     options = collective.CollectiveOptions(
         optim=cfg.optim, outer=outer, steps=cfg.steps, local_steps=cfg.local_steps, device=cfg.device,
         bucket_mb=cfg.bucket_mb, allreduce_impl=cfg.allreduce_impl, rpc_timeout=cfg.rpc_timeout,
-        eval_every=cfg.eval_every, check_every=cfg.check_every, out=cfg.out)
+        eval_every=eval_interval(cfg), check_every=cfg.check_every, out=cfg.out)
     return collective.CollectiveExchange(options, rdv, backend)
 
 

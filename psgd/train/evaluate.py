@@ -6,10 +6,13 @@ default, each batch's mean weighted by its size for another loss), and the accur
 unless the loss is cross-entropy (top-1, over every target: per token for a sequence model).
 `load_shard_snapshots(out, K)` joins the K shards' snapshots taken at the same version into full
 vectors, ordered by version.
+`each_snapshot(snaps, on_progress)` hands them out one at a time, telling `on_progress(k, n)`
+before the k-th of n is evaluated (the live line's "evaluating k/n": psgd/train/progress.py).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -59,3 +62,12 @@ def load_final_params(out: Path, num_shards: int) -> torch.Tensor:
     """The last snapshot of every shard (its parameters at shutdown), joined."""
     parts = [torch.load(out / f"shard-{k}.pt", weights_only=True)["snapshots"][-1][2] for k in range(num_shards)]
     return torch.cat(parts)
+
+
+def each_snapshot(snaps: Sequence, on_progress: Callable[[int, int], None] | None = None) -> Iterator:
+    """The snapshots in order; `on_progress(k, n)` is told before the k-th (1-based) of the n is
+    handed out, so a caller's evaluation of it can be shown as under way."""
+    for k, snap in enumerate(snaps, 1):
+        if on_progress is not None:
+            on_progress(k, len(snaps))
+        yield snap
