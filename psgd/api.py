@@ -129,11 +129,12 @@ class FitResult:
 
 def fit(model: Any = "mlp", data: Any = "synthetic", loss: Any = "cross_entropy", *, mode: str = "sync",
         workers: int = 2, servers: int = 1, steps: int = 100, epochs: float = 0.0, optimizer: Any = None,
-        out: str = "", progress: bool = False, **flags: Any) -> FitResult:
+        out: str = "", progress: bool = False, tensorboard: str | Path = "", **flags: Any) -> FitResult:
     """Train as `psgd run` does, with real processes; blocks until the run has ended.
 
     Raises ValueError (a bad keyword, value or spec: one line, before any process starts) or
-    psgd.launch.RunFailed (a process of the job failed; the message names it). Not thread-safe
+    psgd.train.launch.RunFailed (a process of the job failed; the message names it). `tensorboard=DIR`:
+    the run's curves in DIR/<run folder name> as it trains (psgd/train/tboard.py). Not thread-safe
     with another `fit` writing the same `out`; two fits with their own folders may run at once.
     """
     from psgd.train import data as data_mod  # noqa: PLC0415 - psgd imports nothing heavy on its own
@@ -144,12 +145,20 @@ def fit(model: Any = "mlp", data: Any = "synthetic", loss: Any = "cross_entropy"
                  epochs=epochs, optimizer=optimizer, out=out, **flags)
     _check_device(cfg)
     workload.check(cfg)
+    if tensorboard:
+        from psgd.train import tboard  # noqa: PLC0415
+
+        try:
+            tboard.require()
+        except UsageError as e:
+            raise ValueError(str(e)) from None
     if cfg.epochs > 0:
         cfg = C.with_epochs_resolved(cfg, data_mod.train_size(cfg.data))
     cfg = launch.with_out_resolved(cfg)
     launch.prepare_out(Path(cfg.out))
     with live.live(Path(cfg.out), cfg.budget, f"psgd.fit {cfg.mode}", enabled=progress):
-        summary = launch.run(cfg)
+        tb = tboard.run_dir(Path(tensorboard), Path(cfg.out)) if tensorboard else None
+        summary = launch.run(cfg, tensorboard=tb)
     import torch  # noqa: PLC0415
 
     ds = data_mod.load(cfg.data)

@@ -155,15 +155,15 @@ VERSION_LINE = re.compile(r"every run below was made by training code `([^`]+)`"
 def test_the_committed_report_states_the_one_training_code_version_of_every_run_it_cites():
     """The reference report (results/REPORT.md) names one training-code version, and it is the one
     that made everything it cites: summary.json's, every cited experiment's commands.txt header
-    (written when its runs or benchmark ran), and, where the run folders are here (results/runs is
-    not committed; a checkout that ran the suite has them), each run's own provenance.json."""
+    (written when its runs or benchmark ran), and, where the cited run folders are here (results/runs
+    is not committed; a checkout that ran the suite has them), each run's own provenance.json. It
+    asks nothing of what else a user ran into results/runs (README sends a first run there)."""
     summary = json.loads((RESULTS / "summary.json").read_text())
     stated = VERSION_LINE.search((RESULTS / "REPORT.md").read_text())
     assert stated, "REPORT.md names no single training-code version for its runs"
     version = stated.group(1)
     assert summary["run_code_version"] == version
     assert summary.get("run_code_versions", [version]) == [version]
-    checked = 0
     for claim in summary["claims"]:
         commands = (RESULTS / claim["id"] / "commands.txt").read_text()
         header = re.search(r"^# code version: (\S+)$", commands, re.M)
@@ -173,8 +173,6 @@ def test_the_committed_report_states_the_one_training_code_version_of_every_run_
             made = ROOT / out / "provenance.json"
             if made.exists():
                 assert json.loads(made.read_text())["code_version"] == version, f"{claim['id']}: {out}"
-                checked += 1
-    assert not (RESULTS / "runs").is_dir() or checked > 0   # run folders here: some were checked
 
 
 def test_a_report_from_runs_of_two_training_codes_says_so(tmp_path):
