@@ -9,9 +9,9 @@ why a difference is not zero where it is not, for three setups that each change 
 
 - 1 worker x 64 on 1 shard: bit-equal here; the same sums, the same fused SGD kernel as 01.
 - 4 workers x 16 on 1 shard: the shard averages four gradients, each the mean over 16 samples,
-  summed in the order the pushes arrived, where torch takes one mean over 64. Mathematically the
-  same number; in float32 the same terms added in another order, and float addition is not
-  associative.
+  summed in worker order ((g0 + g1) + g2 ..., whatever order the pushes arrived in, so the
+  result is the same on every run), where torch takes one mean over 64. Mathematically the same
+  number; in float32 the same terms added in another order, and float addition is not associative.
 - 1 worker x 64 on 2 shards: each shard steps its slice of the flat vector as one tensor, cut
   inside a layer; torch's vectorised SGD kernel may round an element's update differently in the
   last bit depending on where its tensor starts and ends.
@@ -62,9 +62,9 @@ def run_threads(cfg: RunConfig) -> tuple[torch.Tensor, list[dict], list[dict]]:
 # (workers, shards) compared with 01 by default: each changes one thing from the bit-equal first.
 ROWS = ((1, 1), (4, 1), (1, 2))
 WHY = {
-    "workers": "the shard averages N per-worker mean gradients, summed in the order the pushes arrived "
-               "(it changes from run to run), where 01 takes one mean over the global batch: the same numbers "
-               "added in another order, and float32 addition is not associative",
+    "workers": "the shard averages N per-worker mean gradients, summed in worker order whatever order the "
+               "pushes arrived in (the same on every run), where 01 takes one mean over the global batch: the "
+               "same numbers added in another order, and float32 addition is not associative",
     "shards": "each shard steps its slice of the flat vector as one tensor, cut inside a layer, where 01 steps "
               "six layer tensors; torch's vectorised SGD kernel may round an element's update differently in "
               "the last bit depending on where its tensor starts and ends",

@@ -7,8 +7,9 @@ workers=2)`) and runs 08's `train()` on its half of every epoch (torch's Distrib
 batch 16: 08's batch of 32), with two lines changed: `w.pull()` for `opt.zero_grad()` (the
 shards' current parameters, into the model; sync holds it until the step's update is applied)
 and `w.push()` for `opt.step()` (the gradient backward wrote, to the shards, zeroed for the next
-batch). The models are built before the threads start, since init draws from torch's global
-generator; worker 0's parameters become the shards' start and every pull overwrites the others'.
+batch). The models are built before the threads start, all alike (copies of the first, as DDP
+broadcasts rank 0's): whichever worker's Init reaches a shard first sets its start, so the start,
+and with it the run, is the same every time; every pull then overwrites the models' parameters.
 The push's reply carries the next parameters, so after the last push each model holds the final
 ones; the script checks that they are the shards' and that the model learned as 08's did.
 
@@ -18,6 +19,7 @@ ones; the script checks that they are the shards' and that the model learned as 
 
 from __future__ import annotations
 
+import copy
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
@@ -73,7 +75,7 @@ if __name__ == "__main__":
     (x, y), (x_test, y_test) = make_data()
     torch.manual_seed(0)  # the model's initial parameters
     model = make_model()
-    models = [model, *(make_model() for _ in range(WORKERS - 1))]  # one per worker, built before the threads
+    models = [model, *(copy.deepcopy(model) for _ in range(WORKERS - 1))]  # one per worker, alike, before the threads
     loss0, acc0 = evaluate(model, x_test, y_test)
 
     def work(rank: int) -> None:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from psgd.lab import docs_outputs
 from tests.helpers import ENV, processes_with_env
 from tests.test_readme import readme_commands
 
@@ -59,6 +60,8 @@ def test_example_runs_and_holds_its_claims(name, args, expect, tmp_path):
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     for line in expect:
         assert line in r.stdout, r.stdout[-2000:]
+    # What README.md and docs/tutorial.md show of this command is what it printed (psgd/lab/docs_outputs.py).
+    assert docs_outputs.differences({" ".join(["python", f"examples/{name}", *args]): r.stdout}) == []
 
 
 def test_staleness_example_reads_a_runs_summary(tmp_path):
@@ -99,7 +102,7 @@ def test_tutorial_commands_name_examples_that_exist():
 PLAIN = "08_your_model.py"
 # The most lines each may add and remove against 08: non-blank lines after the module docstring
 # (what `diff` shows, less the docstring, which says what each step is, and blank lines).
-DIFFS = {"09_your_model_psgd_fit.py": (7, 10), "10_your_loop_psgd.py": (22, 9)}
+DIFFS = {"09_your_model_psgd_fit.py": (7, 10), "10_your_loop_psgd.py": (23, 9)}
 
 
 def code_of(name: str) -> list[str]:
