@@ -98,8 +98,9 @@ def build_parser() -> Parser:
                    help="continue the stopped run in OUT from its shards' checkpoints (--checkpoint-every), "
                         "with its own config.json (give no other flags)")
     p.add_argument("--tensorboard", metavar="DIR", default="",
-                   help="after the run, write its curves (training loss per update, evaluations, step times, "
-                        "staleness, throughput) as TensorBoard event files into DIR (pip install 'psgd[tensorboard]')")
+                   help="while it trains, write its curves (training loss per update, evaluations, step times, "
+                        "staleness, throughput) as TensorBoard event files into DIR/<run folder name> (pip install "
+                        "'psgd[tensorboard]')")
     p.add_argument("--cold-start", action="store_true",
                    help="start every shard and worker as a fresh `python -m psgd` process instead of forking "
                         "them from the run's warm parent, which imports torch once (psgd/train/zygote.py); "
@@ -119,7 +120,8 @@ def build_parser() -> Parser:
     p.add_argument("out", metavar="OUT", help="the run folder (holds config.json and metrics.jsonl)")
     p.add_argument("--quiet", action="store_true", help="print only the summary line")
     p.add_argument("--tensorboard", metavar="DIR", default="",
-                   help="also write the run's curves as TensorBoard event files into DIR (psgd/train/tboard.py)")
+                   help="also write the run's curves as TensorBoard event files into DIR/<run folder name> "
+                        "(psgd/train/tboard.py)")
 
     p = sub.add_parser("server", help="serve one parameter shard (started by `psgd run`, or by hand)",
                        description=SERVER_DESCRIPTION,
@@ -276,7 +278,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from psgd.train import hosts, launch, progress  # no torch: the launcher imports it after training
+    from psgd.train import hosts, launch, progress, tboard  # no torch: the launcher imports it after training
 
     if not isinstance(args.servers, int):
         raise UsageError("psgd run starts its own shards: give --servers a count, not addresses")
@@ -308,16 +310,13 @@ def _run(args: argparse.Namespace) -> int:
             cfg = launch.with_out_resolved(cfg)
             launch.prepare_out(Path(cfg.out))  # before the live line starts reading the folder
         with progress.live(Path(cfg.out), cfg.budget, f"psgd run {cfg.mode}", enabled=not args.quiet):
-            summary = launch.run(cfg, resume=bool(args.resume), cold_start=args.cold_start)
+            tb = tboard.run_dir(Path(args.tensorboard), Path(cfg.out)) if args.tensorboard else None
+            summary = launch.run(cfg, resume=bool(args.resume), cold_start=args.cold_start, tensorboard=tb)
     except (UsageError, launch.Interrupted):
         raise  # e.g. --backend nccl without a GPU per worker: exit 2 like any usage error
     except (launch.RunFailed, FileNotFoundError, ValueError) as e:
         print(f"psgd run: failed: {e}", file=sys.stderr)
         return 1
-    if args.tensorboard:
-        from psgd.train import tboard
-
-        tboard.write(Path(cfg.out), Path(args.tensorboard))
     print_summary(summary, cfg.out, args.quiet)
     return 0
 
@@ -397,7 +396,7 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     if args.tensorboard:
         from psgd.train import tboard
 
-        tboard.write(out, Path(args.tensorboard))
+        tboard.write(out, tboard.run_dir(Path(args.tensorboard), out))
     print_summary(summary, str(out), args.quiet)
     return 0
 

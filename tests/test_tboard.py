@@ -1,10 +1,21 @@
-"""`--tensorboard DIR` (psgd/train/tboard.py): a run's curves, read back with TensorBoard's own reader."""
+"""`--tensorboard DIR` (psgd/train/tboard.py): a run's curves, read back with TensorBoard's own reader and,
+while the run trains, from TensorBoard's own server."""
 
 from __future__ import annotations
 
+import json
+import math
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+
 import pytest
 
-from tests.helpers import psgd_main, summary
+from tests.helpers import ENV, psgd_main, summary
 
 
 def scalars(logdir) -> dict[str, list[tuple[int, float]]]:
@@ -21,7 +32,8 @@ def test_a_run_writes_its_curves_and_summarize_writes_them_again(tmp_path):
                   "synthetic", "--num-samples", "600", "--batch-size", "8", "--out", str(out), "--quiet",
                   "--tensorboard", str(tb))
     assert r.returncode == 0, r.stderr
-    got = scalars(tb)
+    assert [p.name for p in tb.iterdir()] == ["run"], "DIR/<run folder name>"
+    got = scalars(tb / "run")
     assert {"train/loss", "eval/test_loss", "eval/test_accuracy", "step/compute_ms", "run/staleness_mean",
             "run/samples_per_s"} <= set(got)
     assert [step for step, _ in got["train/loss"]] == list(range(30)), "one point per clock"
@@ -30,7 +42,7 @@ def test_a_run_writes_its_curves_and_summarize_writes_them_again(tmp_path):
     assert got["eval/test_loss"][-1][1] == pytest.approx(s["final_test_loss"], rel=1e-6)
     again = tmp_path / "tb2"
     assert psgd_main("summarize", str(out), "--quiet", "--tensorboard", str(again)).returncode == 0
-    assert scalars(again)["train/loss"] == got["train/loss"]
+    assert scalars(again / "run")["train/loss"] == got["train/loss"]
 
 
 def test_without_tensorboard_it_is_one_line_and_exit_2(tmp_path, monkeypatch):
@@ -47,3 +59,92 @@ def test_without_tensorboard_it_is_one_line_and_exit_2(tmp_path, monkeypatch):
     r = psgd_main("run", "--steps", "2", "--out", str(tmp_path / "never"), "--tensorboard", str(tmp_path / "tb"))
     assert r.returncode == 2 and "pip install 'psgd[tensorboard]'" in r.stderr
     assert not (tmp_path / "never").exists()
+
+
+DEADLINE_S = 120.0
+NO_PROXY = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # 127.0.0.1 directly
+
+
+def _poll(what, found, *alive: subprocess.Popen):
+    """`found()` once it is truthy; fail at the deadline, or as soon as a process in `alive` ended."""
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        for p in alive:
+            assert p.poll() is None, f"{p.args[:4]} ended (code {p.returncode}) before {what}"
+        got = found()
+        if got:
+            return got
+        time.sleep(0.1)  # polling a condition, with a deadline
+    raise AssertionError(f"no {what} within {DEADLINE_S:.0f}s")
+
+
+def _get(url: str):
+    try:
+        with NO_PROXY.open(url, timeout=10) as r:
+            return json.loads(r.read())
+    except (OSError, ValueError):
+        return None
+
+
+def _stop(p: subprocess.Popen, sig: int) -> None:
+    if p.poll() is None:
+        p.send_signal(sig)
+    try:
+        p.wait(60)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
+def test_tensorboard_shows_a_run_while_it_trains(tmp_path):
+    """TensorBoard's own server, on 127.0.0.1, serves psgd's points before the run has ended."""
+    out, tb = tmp_path / "live", tmp_path / "tb"
+    run = subprocess.Popen([sys.executable, "-m", "psgd", "run", "--mode", "async", "--workers", "2", "--steps",
+                            "1000000", "--dataset", "synthetic", "--num-samples", "600", "--batch-size", "8", "--out",
+                            str(out), "--quiet", "--tensorboard", str(tb)], env=ENV, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.PIPE, text=True, start_new_session=True)
+    board = None
+    try:
+        _poll("the run's event file", lambda: list((tb / "live").glob("events.out.tfevents.*")), run)
+        # Port 0: TensorBoard binds a free port itself and prints it.
+        board = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(tb), "--host", "127.0.0.1",
+                                  "--port", "0", "--load_fast", "false", "--reload_interval", "1"], env=ENV,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        url = None
+        for line in board.stdout:
+            m = re.search(r"(http://127\.0\.0\.1:\d+)/", line)
+            if m:
+                url = m.group(1)
+                break
+        assert url, "TensorBoard printed no address"
+        threading.Thread(target=board.stdout.read, daemon=True).start()  # its log never fills the pipe
+        tags = _poll("psgd's tags in TensorBoard", lambda: ((_get(f"{url}/data/plugin/scalars/tags") or {})
+                                                            .get("live", {}).get("train/loss") is not None
+                                                            and _get(f"{url}/data/plugin/scalars/tags")), run, board)
+        assert {"train/loss", "step/compute_ms", "step/push_ms", "step/pull_ms", "step/wait_ms",
+                "step/clock_gap"} <= set(tags["live"])
+
+        def points():
+            got = _get(f"{url}/data/plugin/scalars/scalars?run=live&tag=train/loss") or []
+            return got if len(got) >= 20 else None
+
+        got = _poll("20 points of train/loss", points, run, board)
+        assert run.poll() is None, "read while the run trains"
+        steps = [step for _, step, _ in got]  # [wall_time, step, value]
+        assert steps == list(range(len(steps))), "one point per update, in order"
+        assert all(math.isfinite(v) for _, _, v in got)
+    finally:
+        _stop(run, signal.SIGINT)
+        if board is not None:
+            _stop(board, signal.SIGTERM)
+    assert run.returncode != 0, "interrupted, not finished"
+
+
+def test_fit_writes_its_curves_into_a_run_folder_of_their_own(tmp_path):
+    import psgd
+
+    tb = tmp_path / "tb"
+    r = psgd.fit(steps=12, workers=2, out=str(tmp_path / "fitrun"), tensorboard=tb)
+    got = scalars(tb / "fitrun")
+    assert [step for step, _ in got["train/loss"]] == list(range(12))
+    assert got["run/samples_per_s"][0][1] == pytest.approx(r.summary["samples_per_s"], rel=1e-6)

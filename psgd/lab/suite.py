@@ -160,7 +160,8 @@ WARM = _WarmParent()
 
 def execute(spec: RunSpec, fresh: bool, position: str, tensorboard: Path | None = None) -> dict:
     """Run one spec (or reuse its cached result); returns its summary. With `tensorboard`, the
-    run's curves go to TENSORBOARD/<experiment>/<label>-<phase>-lr<lr>-s<seed> (psgd/train/tboard.py)."""
+    run's curves go to TENSORBOARD/<experiment>/<label>-<phase>-lr<lr>-s<seed> as it trains (a cached
+    run's from its files: psgd/train/tboard.py)."""
     from psgd.train import data, launch, progress
 
     if not fresh and is_cached(spec):
@@ -170,23 +171,30 @@ def execute(spec: RunSpec, fresh: bool, position: str, tensorboard: Path | None 
     cfg = C.with_epochs_resolved(spec.cfg, data.train_size(spec.cfg.data))
     tag = f"{position} {spec.experiment} {spec.label}" + (f" lr={spec.cfg.optim.lr:g}" if spec.phase == "tune" else "")
     with progress.live(Path(cfg.out), cfg.budget, f"{tag} s{spec.seed}"):
-        summary = launch.run(cfg, zygote=WARM.get())
+        summary = launch.run(cfg, zygote=WARM.get(), tensorboard=_tensorboard_dir(spec, tensorboard))
     # Record the config as specified (before --epochs was resolved), so the cache check matches.
     out = Path(cfg.out)
     (out / "config.json").write_text(json.dumps(launch.config_record(spec.cfg), indent=1))
     (out / "provenance.json").write_text(json.dumps({"code_version": spec.version, "command": spec.command,
                                                      "made_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
                                                     indent=1))
-    _tensorboard(spec, tensorboard)
     return summary
 
 
+def _tensorboard_dir(spec: RunSpec, tensorboard: Path | None) -> Path | None:
+    """TENSORBOARD/<experiment>/<label>-<phase>-lr<lr>-s<seed>: a run's curves, written as it trains."""
+    if tensorboard is None:
+        return None
+    name = f"{spec.label}-{spec.phase}-lr{spec.cfg.optim.lr:g}-s{spec.seed}".replace(" ", "_").replace("/", "_")
+    return tensorboard / spec.experiment / name
+
+
 def _tensorboard(spec: RunSpec, tensorboard: Path | None) -> None:
+    """A cached run's curves, from its files (psgd/train/tboard.py `write`)."""
     if tensorboard is not None:
         from psgd.train import tboard
 
-        name = f"{spec.label}-{spec.phase}-lr{spec.cfg.optim.lr:g}-s{spec.seed}".replace(" ", "_").replace("/", "_")
-        tboard.write(Path(spec.cfg.out), tensorboard / spec.experiment / name)
+        tboard.write(Path(spec.cfg.out), _tensorboard_dir(spec, tensorboard))
 
 
 def _has_results(exp: Experiment) -> bool:

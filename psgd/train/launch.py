@@ -412,7 +412,8 @@ def resume_version(cfg: RunConfig) -> int:
     return max(common)
 
 
-def run(cfg: RunConfig, resume: bool = False, cold_start: bool = False, zygote: Zygote | None = None) -> dict:
+def run(cfg: RunConfig, resume: bool = False, cold_start: bool = False, zygote: Zygote | None = None,
+        tensorboard: Path | None = None) -> dict:
     """Run one training job end to end; returns the summary. Raises RunFailed, or UsageError for an
     --out that is not psgd's to write (an empty --out gets a folder of its own: with_out_resolved).
     `resume`: continue the stopped run in cfg.out from its checkpoints (`resumable`).
@@ -420,7 +421,8 @@ def run(cfg: RunConfig, resume: bool = False, cold_start: bool = False, zygote: 
     parent (psgd/train/zygote.py); for debugging, and the same results. `zygote`: a warm parent
     that outlives this run (`warm_parent`: the suite forks every run's processes from one, so torch
     is imported once per suite, not once per run); this run neither starts nor closes it (a gone one
-    is replaced by a zygote of the run's own).
+    is replaced by a zygote of the run's own). `tensorboard`: a folder for the run's curves, written
+    while it trains (psgd/train/tboard.py `Follower`).
 
     --restart-servers N: when a shard dies, every process is stopped and the run goes on from the
     newest checkpoint all shards have (the same path as --resume), at most N times; each restart
@@ -430,7 +432,7 @@ def run(cfg: RunConfig, resume: bool = False, cold_start: bool = False, zygote: 
     restarts = 0
     while True:
         try:
-            return _attempt(cfg, resume, cold_start, zygote)
+            return _attempt(cfg, resume, cold_start, zygote, tensorboard)
         except ShardDied as e:
             if restarts >= cfg.restart_servers:
                 raise
@@ -469,7 +471,8 @@ def warm_parent(tag: str = "suite") -> Zygote:
     return Zygote.start(tag, child_env())
 
 
-def _attempt(cfg: RunConfig, resume: bool, cold_start: bool = False, shared: Zygote | None = None) -> dict:
+def _attempt(cfg: RunConfig, resume: bool, cold_start: bool = False, shared: Zygote | None = None,
+             tensorboard: Path | None = None) -> dict:
     restore: list[str] = []
     if resume:
         out = Path(cfg.out)
@@ -501,9 +504,17 @@ def _attempt(cfg: RunConfig, resume: bool, cold_start: bool = False, shared: Zyg
     forks = not (cold_start or cfg.hosts)
     own = forks and (shared is None or shared.gone)
     zygote = Zygote.start(str(out), child_env(cfg)) if own else (shared if forks else None)
+    # `tensorboard`: this run's TensorBoard folder, written as it trains by a thread of ours (psgd/train/tboard.py).
+    follower = None
     try:
+        if tensorboard is not None:
+            from psgd.train import tboard  # noqa: PLC0415 - only runs that ask for it
+
+            follower = tboard.Follower(out, tensorboard, cfg.workers)
         return _start_and_wait(cfg, out, restore, zygote)
     finally:
+        if follower is not None:
+            follower.close()
         if own:
             zygote.close()
 
