@@ -128,9 +128,12 @@ def test_the_start_here_path_works_and_leaves_its_figures(tmp_path, monkeypatch)
     walk = [c for c in runnable() if c.startswith(WALK)]
     assert [c.split()[1] for c in walk] == ["run", "run", "plot", "plot", "trace"], walk
     run_all(walk, monkeypatch, tmp_path)
-    for path in ("results/runs/sync/summary.json", "results/runs/async/summary.json", "results/first.png",
-                 "results/first-time.png", "results/runs/async/trace.png"):
+    for path in ("results/runs/sync/summary.json", "results/runs/async/summary.json", "results/runs/first.png",
+                 "results/runs/first-time.png", "results/runs/async/trace.png"):
         assert (tmp_path / path).is_file(), path
+    # Only under the paths .gitignore ignores: a reader's `git status` stays clean (issue 33).
+    written = [p.relative_to(tmp_path).as_posix() for p in (tmp_path / "results").rglob("*") if p.is_file()]
+    assert written and all(w.startswith(("results/runs/", "results/tmp/")) for w in written), written
     # The trace of a real run: every worker's first steps, each segment in order, none before the start.
     rows = list(csv.DictReader(open(tmp_path / "results/runs/async/trace.csv", newline="")))
     assert {(r["rank"], r["clock"]) for r in rows} >= {(str(k), "0") for k in range(4)}
