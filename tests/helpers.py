@@ -69,7 +69,7 @@ def open_start_barrier(shard, members: int | None = None) -> None:
         t.start()
     for t in threads:
         t.join(60)
-    assert policy.started
+    assert policy.roster.started
 
 
 def workers_in_threads(cfg, addresses: list[str], exchange=None) -> list[dict]:

@@ -101,7 +101,7 @@ def test_a_silent_worker_is_lost_after_its_lease_and_ssp_goes_on_without_it(thre
     # Worker 0 waits at clock 1 (held by the policy: not silent); worker 1 and 2 say nothing.
     held = threads.start(pol.pull, 0, 1, lambda: "ok", name="pull w0 held by the silent worker")
     later = time.monotonic() + 11  # `now` is passed in: no test waits out a real lease
-    while 0 not in pol.held:       # the pull is parked in the policy (no sleep: the threads fixture times out)
+    while 0 not in pol.roster.held:       # the pull is parked in the policy (no sleep: the threads fixture times out)
         with pol.cond:
             pol.cond.wait(0.01)
     assert pol.expire(10, now=time.monotonic()) == []         # nobody silent for 10 s yet
@@ -157,7 +157,7 @@ def test_skipped_gradient_counts_as_arrival_but_not_in_the_mean():
 
 def _wait_arrivals(pol, n: int) -> None:
     with pol.cond:
-        assert pol.cond.wait_for(lambda: len(pol.at_start) == n, timeout=30)
+        assert pol.cond.wait_for(lambda: len(pol.roster.at_start) == n, timeout=30)
 
 
 @pytest.mark.parametrize("mode", ["sync", "async", "ssp"])
@@ -167,10 +167,10 @@ def test_start_barrier_holds_first_pulls_until_every_worker_asked(mode, threads)
         pol.pull(0, 0, lambda: None, timeout=0.05)   # worker 0 alone: held (its arrival counts)
     held = threads.start(pol.pull, 1, 0, lambda: 1, name="pull w1 c0")
     _wait_arrivals(pol, 2)
-    assert held.is_alive() and not pol.started
+    assert held.is_alive() and not pol.roster.started
     assert pol.pull(2, 0, lambda: "last").value == "last"   # the last arrival opens the barrier...
     threads.join()
-    assert held.result.value == 1 and pol.started
+    assert held.result.value == 1 and pol.roster.started
     assert pol.pull(0, 0, lambda: "again").value == "again"  # ...for good
     assert pol.stats.max_clock_gap == 0 and pol.version == 0
 
@@ -263,7 +263,7 @@ def test_a_lost_sync_worker_shrinks_the_quorum_and_cannot_rejoin():
     p.push(2, 1, 1, g(5))
     now = time.monotonic()
     assert p.expire(60.0, now) == []                      # nobody silent that long
-    p.last_seen[1] = now - 100                            # worker 1 went silent after step 0 (it died)
+    p.roster.last_seen[1] = now - 100                            # worker 1 went silent after step 0 (it died)
     assert p.expire(60.0, now) == [(1, 1)]
     assert p.version == 2, "worker 1's loss completes step 1 from workers 0 and 2"
     assert torch.equal(applied[-1], g(4))

@@ -82,7 +82,7 @@ def test_sync_refuses_a_join_at_a_step_already_applied_and_a_full_or_finished_ru
     step(p, [0], 0)
     with pytest.raises(PolicyError, match="applied already"):
         p.admit(1, 0)
-    assert p.absent == {1}, "a refused join changes nothing"
+    assert p.roster.absent == {1}, "a refused join changes nothing"
     assert p.admit(None, 1) == (1, 1)             # the lowest free slot, picked and taken at once
     with pytest.raises(PolicyError, match="full"):
         p.admit(None, None)
@@ -97,24 +97,24 @@ def test_a_cancelled_join_frees_its_slot_and_budget_and_a_begun_one_cannot_be_ca
     assert p.admit(None, None) == (2, 2)          # dynamic: two steps on
     assert p.budget == 20 + 8
     p.cancel(2)
-    assert p.absent == {2} and p.budget == 20 and p._future == {}
+    assert p.roster.absent == {2} and p.budget == 20 and p._future == {}
     assert p.admit(None, 0) == (2, 0)             # the current step: in its quorum at once
     with pytest.raises(PolicyError, match="has begun"):
         p.cancel(2)
     a = Async(2, Applied(), budget=10, members=1)
     a.admit(1, 5)
     a.cancel(1)
-    assert a.absent == {1} and a.pending == {}
+    assert a.roster.absent == {1} and a.roster.pending == {}
 
 
 def test_a_joiner_that_dies_before_its_first_pull_is_lost_not_kept_for_ever():
     p = Async(2, Applied(), budget=10, members=1)
     p.pull(0, 0, lambda: None)                    # the run has started
     p.admit(1, 0)
-    t = p.last_seen[1]
+    t = p.roster.last_seen[1]
     assert p.expire(5.0, now=t + 1.0) == []       # its lease counts from the admission
-    p.last_seen[0] = t + 5.5                      # worker 0 was heard from just now (a test's clock)
-    assert p.expire(5.0, now=t + 6.0) == [(1, 0)] and 1 in p.stats.lost and p.pending == {}
+    p.roster.last_seen[0] = t + 5.5                      # worker 0 was heard from just now (a test's clock)
+    assert p.expire(5.0, now=t + 6.0) == [(1, 0)] and 1 in p.stats.lost and p.roster.pending == {}
 
 
 def test_ssp_joiner_starts_at_the_slowest_clock_and_stalls_nobody():
@@ -125,7 +125,7 @@ def test_ssp_joiner_starts_at_the_slowest_clock_and_stalls_nobody():
             p.push(w, c, p.version, torch.ones(2))
     assert p.admit(2, 0) == (2, 0)
     out = p.pull(2, 0, lambda: "w")              # served at once: its clock counts from the slowest (5)
-    assert out.value == "w" and out.clock_gap == 0 and p.offset[2] == 5
+    assert out.value == "w" and out.clock_gap == 0 and p.roster.offset[2] == 5
     # Workers 0 and 1 at clock 5 are not held back by the newcomer (which is at 5 too).
     assert p.pull(0, 5, lambda: 1).value == 1
     p.push(0, 5, p.version, torch.ones(2))
@@ -215,7 +215,7 @@ def test_shard_join_picks_a_slot_and_a_safe_step_and_refuses_bad_joins():
     other = shard_of(Sync(3, Applied(), budget=4, members=2))
     with pytest.raises(ShardError, match="another model"):
         other.join(None, None, 5)
-    assert other.policy.absent == {2}
+    assert other.policy.roster.absent == {2}
 
 
 def test_membership_survives_a_checkpoint():
@@ -228,7 +228,7 @@ def test_membership_survives_a_checkpoint():
     back = shard_of(Sync(3, Applied(), budget=4 * 2, members=2))
     back.restore(state)
     q = back.policy
-    assert (q.quorum, q._future, sorted(q.absent)) == (2, {2: 2}, [])
+    assert (q.quorum, q._future, sorted(q.roster.absent)) == (2, {2: 2}, [])
     assert q.budget == p.budget == 4 * 2 + 2
 
 

@@ -144,7 +144,7 @@ def test_closing_after_a_failure_cuts_held_calls_instead_of_waiting_for_their_de
     client.init(torch.zeros(4))
     streams = client.start_pull(0, torch.empty(4))
     with server.shard.lock:  # the pull is in: held by the policy
-        assert server.shard.lock.wait_for(lambda: 0 in server.shard.policy.at_start, timeout=60)
+        assert server.shard.lock.wait_for(lambda: 0 in server.shard.policy.roster.at_start, timeout=60)
     threads.start(client.close, True, name="close")
     threads.join()
     with pytest.raises(ExchangeError):

@@ -37,7 +37,7 @@ def test_no_gradient_is_applied_before_the_last_worker_reaches_the_start_barrier
     arrivals_at_apply: list[int] = []
     for s in cores:
         def observed(grad, policy=s.policy, apply=s.policy._apply):
-            arrivals_at_apply.append(len(policy.at_start))  # runs under the policy's lock
+            arrivals_at_apply.append(len(policy.roster.at_start))  # runs under the policy's lock
             apply(grad)
         s.policy._apply = observed
 
@@ -54,8 +54,8 @@ def test_no_gradient_is_applied_before_the_last_worker_reaches_the_start_barrier
         t.start()
     for s in cores:  # both early workers are held in their first pull, on every shard
         with s.policy.cond:
-            assert s.policy.cond.wait_for(lambda p=s.policy: len(p.at_start) == 2, timeout=60)
-            assert s.policy.accepted == 0 and s.policy.version == 0 and not s.policy.started
+            assert s.policy.cond.wait_for(lambda p=s.policy: len(p.roster.at_start) == 2, timeout=60)
+            assert s.policy.accepted == 0 and s.policy.version == 0 and not s.policy.roster.started
     assert not ends and not errors
     late = threading.Thread(target=work, args=(2,))
     late.start()

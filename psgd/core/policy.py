@@ -13,8 +13,8 @@ sum, its quorum and backup workers (psgd/core/sync.py).
 - expire / lose / depart / admit / cancel: membership changes (the roster keeps who is in);
   `membership_state` / `restore_membership` carry it through checkpoints.
 
-The policy does no math and no I/O: `apply(grad)` (the optimizer step) and `read()` are the
-shard's callbacks, called under `self.cond`, which guards every field here and in the roster.
+No math, no I/O: `apply(grad)` (the optimizer step) and `read()` are the shard's callbacks, called
+under `self.cond`, which guards every field here and in the roster.
 """
 
 from __future__ import annotations
@@ -61,18 +61,8 @@ class Policy:
         self.stats = Stats()
         self.roster = Roster(num_workers, members, self.stats, start_barrier)
 
-    # The roster's fields, by their old names (tests and the shard read them).
-    absent = property(lambda self: self.roster.absent)
-    pending = property(lambda self: self.roster.pending)
-    offset = property(lambda self: self.roster.offset)
-    last_seen = property(lambda self: self.roster.last_seen)
-    at_start = property(lambda self: self.roster.at_start)
-    held = property(lambda self: self.roster.held)
-    started = property(lambda self: self.roster.started)
-
     def attach(self, apply: Callable[[torch.Tensor], None], adjust: Adjust | None = None) -> None:
-        """Give the policy its callbacks after construction: a shard builds around a policy it is
-        given (psgd/ps/shard.py), and attaches its optimizer step and its remedies here."""
+        """The shard's optimizer step and remedies, given after construction (psgd/ps/shard.py)."""
         with self.cond:
             self._apply, self._adjust = apply, adjust
 
@@ -96,11 +86,8 @@ class Policy:
     def _late(self, worker: int, base_version: int) -> bool:
         return False  # True: taken but never applied (only Sync with backup workers)
 
-    def _on_lost(self, worker: int) -> None:
-        """A live worker was declared lost (cond held)."""
-
-    def _on_depart(self, worker: int) -> None:
-        """A policy's own bookkeeping for a departure (cond held)."""
+    def _on_lost(self, worker: int) -> None: ...    # a live worker was declared lost
+    def _on_depart(self, worker: int) -> None: ...  # a worker left before the budget was spent
 
     def _on_admit(self, worker: int, at: int | None) -> int:
         """Async / SSP hold the admitted worker's first pull until update `at` (None: not at all)."""
@@ -163,12 +150,9 @@ class Policy:
 
     def pull(self, worker: int, clock: int, read: Callable[[], T],
              timeout: float | None = None, admission_timeout: float | None = None) -> PullOutcome[T]:
-        """Block until the rule allows `worker` at `clock` to read, then call read() locked.
-
-        Returns done (and no value) once the budget is spent. Raises PullTimeout after `timeout`
-        seconds, state untouched; a pull that waits for its worker's admission (`admission`) after
-        `admission_timeout` seconds when given, saying "ask again": a joiner's wait may be far
-        longer than any deadline, so it is a long poll."""
+        """Block until the rule allows `worker` at `clock` to read, then call read() locked; done (no
+        value) once the budget is spent. PullTimeout after `timeout` s, state untouched, or after
+        `admission_timeout` s for a joiner awaiting admission: "ask again" (a long poll)."""
         self._check_worker(worker)
         start = time.perf_counter()
         roster = self.roster
@@ -213,8 +197,8 @@ class Policy:
             return PullOutcome(self.version, done=False, wait_s=waited, clock_gap=gap, value=read())
 
     def _commit(self, grad: torch.Tensor) -> None:
-        """Count one update, then apply it: apply() sees the version its update makes. If apply
-        fails the count is taken back, so the version always names the parameters' state."""
+        """Count one update, then apply it (apply() sees the version its update makes); if apply
+        fails the count is taken back: the version always names the parameters' state."""
         self.version += 1
         try:
             self._apply(grad)
@@ -236,9 +220,8 @@ class Policy:
             return [(w, self.stats.lost[w]) for w in gone]
 
     def lose(self, worker: int) -> int | None:
-        """Declare `worker` lost now, as `expire` would once its lease ran out: its process was seen
-        to die (psgd run's launcher), so there is nothing to wait for. Returns its clock; None when
-        it is gone already (lost, departed, absent) or the run is done."""
+        """Declare `worker` lost now, as `expire` would after its lease: psgd run saw its process die.
+        Returns its clock; None when it is gone already (lost, departed, absent) or the run is done."""
         self._check_worker(worker)
         with self.cond:
             if self.done or worker in self.stats.lost.keys() | self.stats.departed.keys() | self.roster.absent:
@@ -266,10 +249,9 @@ class Policy:
             self.cond.notify_all()
 
     def admit(self, worker: int | None, at: int | None) -> tuple[int, int]:
-        """Take absent slot `worker` (None: the lowest absent one, picked and taken under one lock)
-        into the run from update `at` (None: the next safe one); returns (the slot, the clock its
-        first pull and push carry). PolicyError, state unchanged, when the run is done, full, the
-        slot is taken, or (sync) step `at` is applied already."""
+        """Take absent slot `worker` (None: the lowest absent one) into the run from update `at` (None:
+        the next safe one); returns (the slot, its first clock). PolicyError, state unchanged, when
+        the run is done, full, the slot is taken, or (sync) step `at` is applied already."""
         if worker is not None:
             self._check_worker(worker)
         with self.cond:
@@ -287,8 +269,8 @@ class Policy:
             return self._awaits(worker)
 
     def cancel(self, worker: int) -> None:
-        """Undo an admission whose worker has not begun (a join that another shard refused): the slot
-        is absent again and the budget as before. PolicyError when it has begun (then it Leaves)."""
+        """Undo an admission whose worker has not begun (another shard refused the join); PolicyError
+        when it has begun (then it Leaves)."""
         self._check_worker(worker)
         with self.cond:
             if worker in self.roster.absent or not self._on_cancel(worker):
@@ -308,7 +290,7 @@ class Policy:
             self.budget = state["budget"]
 
     def close(self) -> None:
-        """Stop: wake every blocked pull (they return done) and refuse further pushes."""
+        """Wake every blocked pull (they return done) and refuse further pushes."""
         with self.cond:
             self.closed = True
             self.cond.notify_all()
