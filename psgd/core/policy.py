@@ -208,9 +208,8 @@ class Policy:
 
     # -- membership (the roster keeps who is in; the mode adjusts its quorum) ------------------
     def expire(self, lease: float, now: float | None = None) -> list[tuple[int, int]]:
-        """Declare lost every live worker not heard from for more than `lease` seconds whose pull
-        is not being held; returns the newly lost with their clocks. Never once the run is done,
-        never before any worker was heard from. `now` (time.monotonic) lets a test drive it."""
+        """Declare lost the workers silent for over `lease` s whose pull is not held (`Roster.silent`),
+        never once the run is done; returns them with their clocks. `now`: time.monotonic, for tests."""
         now = time.monotonic() if now is None else now
         with self.cond:
             if self.done:
