@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 STAMP := $(VENV)/.psgd-installed
 
-.PHONY: install test experiments experiments-full experiments-transformer readme proto lint gpu-check clean
+.PHONY: install test test-fast experiments experiments-full experiments-transformer readme proto lint gpu-check clean
 
 install: $(STAMP)
 
@@ -25,6 +25,16 @@ PYTEST_WORKERS ?= 2
 
 test: install
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS)
+
+# The fast tier: the pure cores and the units (policies, rules, sharding, codec, optimizers, the
+# shard core in process, statistics, plots), none of which starts a psgd process but the one sync
+# run of test_kernel_hashes. About 40 s on 2 idle cores; `make test` runs these and all the rest.
+FAST_TESTS := accounting analyses_cluster analyses_elastic analyses_optim analyses_remedies backup \
+	bench_transformer check_quotes codec config_data consistency costmodel devices doctor equivalence \
+	eval_every kernel_hashes layers link optim outputs plots proto reference remedies report server shard \
+	sparsify staging staleness textbook threads tls trace trust verdicts worker
+test-fast: install
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) $(patsubst %,tests/test_%.py,$(FAST_TESTS))
 
 experiments: install
 	$(BIN)/psgd suite experiments/default.toml
