@@ -102,7 +102,7 @@ def test_bench_help_lists_every_benchmark_with_a_line_each():
     assert r.returncode == 0, r.stderr
     lines = {line.split()[0]: line for line in r.stdout.splitlines() if line.startswith("  ")}
     assert set(lines) == set(NAMES) == {"transport", "allreduce", "scaling", "calibrate", "peers", "cluster",
-                                         "startup", "utilisation", "transformer"}
+                                         "startup", "utilisation", "transformer", "scale"} | ({"drill"} & set(NAMES))
     assert all(len(line.split()) > 4 for line in lines.values())   # a name and what it measures
     for name in NAMES:   # ... and each one really is a benchmark with its own help
         assert psgd_main("bench", name, "-h").returncode == 0
@@ -156,3 +156,18 @@ def test_startup_measures_warm_and_cold_beside_the_import(tmp_path):
     assert row["cold_over_warm"] == pytest.approx(row["cold_s"] / row["warm_s"]) and result["import_s"] > 0
     assert "| 1+2 |" in (tmp_path / "STARTUP.md").read_text()
     assert psgd_main("bench", "startup", "--shapes", "2x2").returncode == 2
+
+
+def test_scale_reports_each_process_kind_and_the_model_beside_each_run(tmp_path):
+    r = psgd_main("bench", "scale", "--workers", "2", "--modes", "sync,ssp", "--steps", "4", "--baseline", "0",
+                  "--out", str(tmp_path / "out"), "--runs", str(tmp_path / "runs"))
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(open(tmp_path / "out" / "scale.csv")))
+    assert [(x["mode"], x["workers"], x["processes"]) for x in rows] == [("sync", "2", "4"), ("ssp", "2", "4")]
+    for x in rows:  # both shards and both workers were seen, each with a peak above an empty interpreter's
+        assert float(x["shard_peak_mib"]) > 10 and float(x["worker_peak_mib"]) > 10
+        assert float(x["samples_per_s"]) > 0 and float(x["model_samples_per_s"]) > 0
+        assert float(x["staleness_max"]) == 0 or x["mode"] == "ssp"
+    assert "| sync | 2 | 4 |" in (tmp_path / "out" / "scale.md").read_text()
+    assert (tmp_path / "out" / "scale.png").stat().st_size > 0
+    assert psgd_main("bench", "scale", "--modes", "bsp").returncode == 2

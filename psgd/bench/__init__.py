@@ -20,6 +20,8 @@ BENCHMARKS = {
     "startup": "a run's start-up forked from the warm parent against exec'd children, beside one torch import",
     "utilisation": "compute utilisation of sync PS, all-reduce, local SGD and DiLoCo per link rate (psgd cluster, "
                    "root), beside the cost model",
+    "scale": "8, 16 and 32 worker processes against 2 shards in sync, async, SSP: throughput, waits, staleness, "
+             "clock gaps, peak memory per process, start-up, beside the cost model",
     "transformer": "the GPT with AdamW: psgd PS vs a plain torch loop, psgd all-reduce vs torch DDP; memory",
 }
 NAMES = tuple(BENCHMARKS)
