@@ -190,8 +190,8 @@ DELEGATED = {
     "suite": "run an experiment suite (TOML) and write plots + REPORT.md",
     "plot": "plot runs on one figure: convergence curves, staleness, where the time went",
     "trace": "per-worker timeline of one run: wait / pull / compute / push of every step",
-    "bench": "benchmarks: transport | allreduce | scaling | scale | calibrate | peers | cluster | startup | "
-             "utilisation | transformer",
+    "bench": "benchmarks: transport | allreduce | scaling | scale | roundtrip | calibrate | peers | cluster | "
+             "startup | utilisation | transformer",
     "model": "alpha-beta cost model: predict PS vs ring throughput up to 1024 workers",
     "doctor": "what this host offers (torch, CUDA, GPUs); --gpu checks psgd on its GPUs (make gpu-check)",
     "cluster": "hosts as network namespaces with kernel-shaped links: up | status | exec | down (needs root)",

@@ -102,7 +102,8 @@ def test_bench_help_lists_every_benchmark_with_a_line_each():
     assert r.returncode == 0, r.stderr
     lines = {line.split()[0]: line for line in r.stdout.splitlines() if line.startswith("  ")}
     assert set(lines) == set(NAMES) == {"transport", "allreduce", "scaling", "calibrate", "peers", "cluster",
-                                         "startup", "utilisation", "transformer", "scale"} | ({"drill"} & set(NAMES))
+                                         "startup", "utilisation", "transformer", "scale",
+                                         "roundtrip"} | ({"drill"} & set(NAMES))
     assert all(len(line.split()) > 4 for line in lines.values())   # a name and what it measures
     for name in NAMES:   # ... and each one really is a benchmark with its own help
         assert psgd_main("bench", name, "-h").returncode == 0
@@ -171,3 +172,15 @@ def test_scale_reports_each_process_kind_and_the_model_beside_each_run(tmp_path)
     assert "| sync | 2 | 4 |" in (tmp_path / "out" / "scale.md").read_text()
     assert (tmp_path / "out" / "scale.png").stat().st_size > 0
     assert psgd_main("bench", "scale", "--modes", "bsp").returncode == 2
+
+
+def test_roundtrip_states_each_rounds_ratio_against_its_ceiling(tmp_path):
+    r = psgd_main("bench", "roundtrip", "--workloads", "mlp16", "--rounds", "2", "--steps", "12", "--skip", "2",
+                  "--arms", "plain,ps", "--out", str(tmp_path / "out"), "--runs", str(tmp_path / "runs"))
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(open(tmp_path / "out" / "roundtrip.csv")))
+    assert [(x["round"], x["arm"]) for x in rows] == [("0", "plain"), ("0", "ps"), ("1", "ps"), ("1", "plain")]
+    assert all(float(x["samples_per_s"]) > 0 for x in rows)
+    line = next(x for x in (tmp_path / "out" / "roundtrip.md").read_text().splitlines() if "ps / plain" in x)
+    assert line.count("x,") == 1 and "**" in line  # two rounds' ratios, then their median
+    assert psgd_main("bench", "roundtrip", "--workloads", "vgg").returncode == 2

@@ -22,6 +22,7 @@ BENCHMARKS = {
                    "root), beside the cost model",
     "scale": "8, 16 and 32 worker processes against 2 shards in sync, async, SSP: throughput, waits, staleness, "
              "clock gaps, peak memory per process, start-up, beside the cost model",
+    "roundtrip": "the small-model round trip at its ceiling: async N=1 vs the no-server loop, all-reduce vs DDP",
     "transformer": "the GPT with AdamW: psgd PS vs a plain torch loop, psgd all-reduce vs torch DDP; memory",
 }
 NAMES = tuple(BENCHMARKS)

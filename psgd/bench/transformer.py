@@ -112,7 +112,7 @@ def rate_of(ends_by_rank: list[list[float]], skip: int, batch: int) -> dict:
 
 # -- the torch arms, in their own processes ---------------------------------------------------------
 def torch_loop(cfg: RunConfig, rank: int, ddp_store: str = "") -> dict:
-    """The plain loop (no `ddp_store`) or one DDP rank: psgd's batches and model, torch's AdamW."""
+    """The plain loop (no `ddp_store`) or one DDP rank: psgd's batches and model, torch's AdamW (or SGD)."""
     import torch
     from torch import distributed as dist
 
@@ -130,7 +130,11 @@ def torch_loop(cfg: RunConfig, rank: int, ddp_store: str = "") -> dict:
         dist.init_process_group("gloo", init_method=f"file://{ddp_store}", rank=rank, world_size=cfg.workers)
         net = torch.nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's parameters; 25 MiB buckets
     o = cfg.optim
-    opt = torch.optim.AdamW(net.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
+    if o.optimizer == "sgd":  # psgd bench roundtrip's MLP: torch's own SGD, what a shard's update computes
+        opt = torch.optim.SGD(net.parameters(), lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+    else:
+        opt = torch.optim.AdamW(net.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
+                                weight_decay=o.weight_decay)
     if ddp_store:
         dist.barrier()  # the clock starts when every rank is ready, as psgd's start barrier
     ends, compute_s, loss = [], 0.0, 0.0

@@ -1,0 +1,109 @@
+"""`psgd bench roundtrip`: psgd's small-model round trip against its ceiling, side by side, interleaved.
+
+Contract: for each workload in `--workloads` (`mlp256` and `mlp2048`: the MLP 40 -> W -> W -> 10 on
+MNIST-1D, batch 32, plain SGD lr 0.05, one torch thread per process; `gpt`: the small transformer
+with AdamW, as `psgd bench transformer`) and each of `--rounds` rounds, four arms run one after the
+other, in an order rotated per round (so no arm always runs first on a warm or a loaded machine):
+- `plain`: the ceiling of a parameter server with one worker: one process computes the gradient
+  and steps torch's own optimizer itself, on psgd's batches and model (psgd/bench/transformer.py
+  `torch_loop`);
+- `ps`: `psgd run --mode async --workers 1 --servers 1` (every gradient crosses the wire both ways);
+- `ddp`: torch DDP on gloo, 2 ranks (the ceiling of an all-reduce);
+- `allreduce`: `psgd run --mode allreduce --workers 2`.
+Each arm's samples/s at its median step, steady state (the first `--skip` steps and the last one
+left out; the same clock, step-end times, for every arm: transformer.py `steady_rate`). The table
+gives, per workload, each round's ratios ps / plain and allreduce / ddp and their median. Writes
+OUT/roundtrip.csv (one row per run), OUT/roundtrip.md and OUT/command.txt; the runs under `--runs`.
+
+    psgd bench roundtrip                                  # 3 rounds x 3 workloads x 4 arms
+    psgd bench roundtrip --workloads mlp256 --rounds 1 --steps 40
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from pathlib import Path
+
+from psgd.bench import transformer as tb
+from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig
+
+ARMS = ("plain", "ps", "ddp", "allreduce")
+PAIRS = (("ps", "plain"), ("allreduce", "ddp"))  # psgd's arm, its ceiling
+FIELDS = ("workload", "round", "arm", "samples_per_s", "step_ms", "steps_timed", "compute_ms", "exchange_ms")
+
+
+def workload(name: str, steps: int) -> RunConfig:
+    if name == "gpt":
+        return tb.workload(steps=steps, threads=1)
+    if not name.startswith("mlp") or not name[3:].isdigit():
+        raise ValueError(f"unknown workload {name!r}: mlpW (e.g. mlp256) or gpt")
+    return RunConfig(steps=steps, batch_size=32, threads=1, eval_every=0, device="cpu", rpc_timeout=600.0,
+                     data=DataConfig(dataset="mnist1d"), model=ModelConfig(model="mlp", width=int(name[3:])),
+                     optim=OptimConfig(optimizer="sgd", lr=0.05, momentum=0.0))
+
+
+def ratios(rows: list[dict], name: str) -> dict[str, list[float]]:
+    """Per round of `name`, each pair's ratio (psgd's samples/s over its ceiling's)."""
+    out: dict[str, list[float]] = {}
+    for mine, ceiling in PAIRS:
+        for r in sorted({x["round"] for x in rows if x["workload"] == name}):
+            got = {x["arm"]: x["samples_per_s"] for x in rows if x["workload"] == name and x["round"] == r}
+            if got.get(mine) and got.get(ceiling):
+                out.setdefault(f"{mine} / {ceiling}", []).append(got[mine] / got[ceiling])
+    return out
+
+
+def table(rows: list[dict], names: list[str]) -> str:
+    lines = ["| workload | ratio | per round | median |", "|---|---|---|---|"]
+    for name in names:
+        for pair, values in ratios(rows, name).items():
+            lines.append(f"| {name} | {pair} | {', '.join(f'{v:.2f}x' for v in values)} | "
+                         f"**{statistics.median(values):.2f}x** |")
+    lines.append("\nsamples/s at each arm's median step, steady state; the arms of a round run one after the "
+                 "other, in an order rotated per round.")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    from psgd.core.errors import Parser, UsageError
+
+    p = Parser(prog="psgd bench roundtrip", description=__doc__.split("\n\n")[0])
+    p.add_argument("--workloads", default="mlp256,mlp2048,gpt", help="mlpW (the MLP of width W) or gpt")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (the table shows each and the median)")
+    p.add_argument("--steps", default="300,100,100", help="steps per run, one per workload (or one for all)")
+    p.add_argument("--skip", type=int, default=5, help="warm-up steps left out of the timing")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"of {', '.join(ARMS)}")
+    p.add_argument("--out", default="results/bench/roundtrip", help="folder for the table, CSV and command")
+    p.add_argument("--runs", default="results/runs/roundtrip", help="folder for the runs themselves")
+    a = p.parse_args(argv)
+    names = [w.strip() for w in a.workloads.split(",") if w.strip()]
+    arms = [x.strip() for x in a.arms.split(",") if x.strip()]
+    try:
+        steps = [int(s) for s in a.steps.split(",")]
+        steps = steps * len(names) if len(steps) == 1 else steps
+        bases = {n: workload(n, s) for n, s in zip(names, steps, strict=True)}
+    except ValueError as e:
+        raise UsageError(f"--workloads / --steps: {e}") from None
+    if a.rounds < 1 or not set(arms) <= set(ARMS) or not arms:
+        raise UsageError(f"--rounds must be >= 1 and --arms of {', '.join(ARMS)}")
+    out, runs = Path(a.out), Path(a.runs).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    for r in range(a.rounds):
+        for name in names:
+            order = arms[r % len(arms):] + arms[:r % len(arms)]
+            for arm in order:
+                cfg = tb.arm_config(bases[name], arm, runs / f"{name}-{arm}-{r}")
+                got = tb.run_arm(arm, cfg, a.skip)
+                rows.append({"workload": name, "round": r, "arm": arm, **{k: got.get(k) for k in FIELDS[3:]}})
+                print(f"round {r} {name} {arm}: {got['samples_per_s']:,.0f} samples/s", flush=True)
+    with open(out / "roundtrip.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS)
+        w.writeheader()
+        w.writerows(rows)
+    text = table(rows, names)
+    (out / "roundtrip.md").write_text(text)
+    (out / "command.txt").write_text("psgd bench roundtrip " + " ".join(argv) + "\n")
+    print(text)
+    return 0
