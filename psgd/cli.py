@@ -18,13 +18,16 @@ import argparse
 import dataclasses
 import json
 import os
-import signal
 import sys
-import threading
 from pathlib import Path
 
 from psgd.core import config as C
 from psgd.core.errors import Parser, UsageError
+from psgd.train.roles import by_hand, config_from_args, worker_device_of  # noqa: F401 - re-exported
+from psgd.train.roles import token as _token  # noqa: F401 - re-exported
+from psgd.train.serve import STOP_SIGNALS, cmd_server  # noqa: F401 - each process's main lives in its room
+from psgd.train.work import cmd_worker
+from psgd.train.work import join as _join  # noqa: F401 - re-exported
 
 MODES_HELP = """modes:
   sync       Bulk synchronous (BSP): each shard waits for one gradient from every worker,
@@ -37,13 +40,6 @@ MODES_HELP = """modes:
              or the hand-written ring) and every replica takes the same optimizer step.
 """
 
-
-def config_from_args(a: argparse.Namespace) -> C.RunConfig:
-    """The flags of `C.add_flags` -> a validated RunConfig; a bad value is a UsageError (exit 2)."""
-    try:
-        return C.validate(C.from_namespace(a))
-    except ValueError as e:
-        raise UsageError(str(e)) from None
 
 # Broken by hand: the raw formatter that keeps MODES_HELP's columns does not wrap descriptions.
 SERVER_DESCRIPTION = """\
@@ -401,147 +397,6 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     return 0
 
 
-def _token(cfg: C.RunConfig) -> bytes | None:
-    """The run's shared secret (--token-file or PSGD_TOKEN; psgd/ps/auth.py); a bad file is a usage error."""
-    from psgd.ps import auth
-
-    try:
-        return auth.load(cfg.token_file)
-    except auth.TokenError as e:
-        raise UsageError(str(e)) from None
-
-
-def by_hand(cfg: C.RunConfig) -> C.RunConfig:
-    """`psgd server` / `psgd worker` started by hand: every process of the run writes to one folder,
-    so an empty --out cannot be a fresh one per process (as `psgd run` makes it)."""
-    return cfg if cfg.out else dataclasses.replace(cfg, out="results/runs/by-hand")
-
-
-STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
-
-
-def cmd_server(args: argparse.Namespace, on_ready=None) -> int:
-    """Serve until every worker left or a stop signal came; on the way out write the shard's files.
-
-    First of all, before torch is even imported, block the stop signals in this thread: every
-    thread started later inherits the mask (gRPC's, and torch's intra-op pool, which importing
-    torch may start: one thread not blocking SIGTERM would take the launcher's and kill the
-    process unsaved). `_serve` takes them synchronously. Called in a process that goes on (a test),
-    a refusal gives the mask back."""
-    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
-    try:
-        return _serve(args, on_ready)
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)  # reached only when _serve did not os._exit
-
-
-def _serve(args: argparse.Namespace, on_ready=None) -> int:
-    """`on_ready(port)` (psgd node's Publisher) runs once the shard listens; its NodeError stops it."""
-    from pathlib import Path
-
-    from psgd.ps import auth, tls
-    from psgd.train import assemble, data, launch, models
-    from psgd.train.metrics import Metrics, process_start_time
-
-    if not isinstance(args.servers, int):
-        raise UsageError("psgd server takes --num-shards K (a count)")
-    cfg = by_hand(config_from_args(args))
-    if not 0 <= args.shard < cfg.servers:
-        raise UsageError(f"--shard must be in 0..{cfg.servers - 1}, got {args.shard}")
-    if not 0 <= args.port < 65536:
-        raise UsageError(f"--port must be in 0..65535, got {args.port}")
-    if cfg.mode == "allreduce":
-        raise UsageError("--mode allreduce has no parameter servers")
-    cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
-    token = _token(cfg)
-    if token is None and not args.insecure and not auth.is_loopback(args.bind):
-        raise UsageError(f"refusing to serve on {args.bind} without a token: anyone who reaches it could push "
-                         "gradients and read the parameters; give --token-file FILE (or PSGD_TOKEN), or --insecure")
-    if args.params < 0:
-        raise UsageError(f"--params must be >= 0, got {args.params}")
-    # The model's size, to check every Init against; the user's own model (or data) is sized by the
-    # first Init instead, so a shard never imports the user's code.
-    own = C.is_spec(cfg.model.model) or C.is_spec(cfg.data.dataset)
-    num_params = args.params or (None if own else models.count(cfg.model, *data.SHAPES[cfg.data.dataset]))
-    restored = None
-    if args.restore:
-        from psgd.ps import checkpoint
-
-        found = checkpoint.newest(Path(args.restore), args.shard, upto=args.restore_upto,
-                                  warn=lambda w: print(f"psgd server: warning: {w}", file=sys.stderr, flush=True))
-        if found is None:
-            raise UsageError(f"--restore {args.restore}: no intact checkpoint of shard {args.shard}"
-                             + (f" at version <= {args.restore_upto}" if args.restore_upto is not None else ""))
-        restored, path = found
-        print(f"shard {args.shard}: restored version {restored['version']} from {path}", file=sys.stderr, flush=True)
-    elif args.shard == 0:
-        launch.prepare_by_hand(cfg)  # by hand, shard 0 is the run's first process (workers need it up)
-    launch.set_threads(cfg, role="server")
-    if dict(cfg.fail_shard_at).get(args.shard) == 0:
-        os.kill(os.getpid(), signal.SIGKILL)  # fault injection (--fail-shard-at K=0): die while starting
-    try:
-        srv = assemble.shard_server(cfg, args.shard, args.bind, args.port, token=token, num_params=num_params,
-                                    restore=restored)
-    except tls.TlsError as e:
-        raise UsageError(str(e)) from None
-    except ValueError as e:  # a checkpoint of another run
-        raise UsageError(f"--restore {args.restore}: {e}") from None
-    except OSError as e:
-        print(f"psgd server: error: {e}", file=sys.stderr)
-        return 1
-    print(f"READY {args.bind}:{srv.port}", flush=True)
-    if on_ready is not None:
-        from psgd.train.node import NodeError
-
-        try:
-            on_ready(srv.port)
-        except NodeError as e:
-            srv.stop(grace=0)
-            print(f"psgd node: shard {args.shard}: error: {e}", file=sys.stderr, flush=True)
-            return 1
-    print(f"shard {args.shard}/{cfg.servers} ({cfg.mode}) listening on {args.bind}:{srv.port}", file=sys.stderr,
-          flush=True)
-    if getattr(args, "lost_on_stdin", False):  # (psgd node's arguments have none: torchrun starts it)
-        threading.Thread(target=_read_losses, args=(srv.shard,), name="psgd-losses", daemon=True).start()
-    # Stop on a signal, or when every worker has left (a run started by hand ends by itself): the
-    # watcher turns the latter into a SIGTERM for this thread, so one sigwait serves both.
-    main = threading.get_ident()
-    threading.Thread(target=lambda: (srv.shard.finished.wait(), signal.pthread_kill(main, signal.SIGTERM)),
-                     name="psgd-finished", daemon=True).start()
-    signal.sigwait(STOP_SIGNALS)
-    srv.stop()
-    out = Path(cfg.out)
-    srv.shard.save(out)
-    m = Metrics(out / "metrics.jsonl")
-    m.write(event="shard_end", process_start=process_start_time(), **srv.shard.stats())
-    m.close()
-    if srv.shard.finished.is_set() and args.shard == 0 and not os.environ.get(launch.LAUNCHED):
-        print(f"all {cfg.workers} workers finished; `psgd summarize {out}` writes its summary.json", file=sys.stderr,
-              flush=True)
-    # Everything is written and closed: leave without the interpreter's teardown of torch and
-    # gRPC (about half a second on 2 cores, on every run's critical path).
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
-
-
-def _read_losses(shard) -> None:
-    """`psgd server --lost-on-stdin` (started so by `psgd run --worker-lease`): each `lost RANK` line
-    is a worker whose process the launcher saw die, declared lost at once (the shard's `lose`)
-    rather than after a lease of silence. The launcher's end closing (EOF) ends this thread."""
-    for line in sys.stdin:
-        word, _, rank = line.strip().partition(" ")
-        if word != "lost" or not rank.isdigit():
-            continue
-        try:
-            clock = shard.lose(int(rank))
-        except ValueError:  # a rank out of range (PolicyError): not a worker of this run
-            continue
-        if clock is not None:
-            print(f"shard {shard.index}: worker {rank} died (psgd run saw it): lost at clock {clock}; the run "
-                  "goes on without it", file=sys.stderr, flush=True)
-
-
 def cmd_node(args: argparse.Namespace) -> int:
     """Under torchrun: serve shard RANK (RANK < K) or train as worker RANK - K (psgd/train/node.py).
     The role comes from the environment alone, before torch loads: a shard must block its stop
@@ -578,122 +433,3 @@ def cmd_node(args: argparse.Namespace) -> int:
     return cmd_worker(args)
 
 
-def worker_device_of(cfg: C.RunConfig, rank: int):
-    """This worker's torch.device: --device on this host, spread by $LOCAL_RANK (torchrun, psgd run's
-    all-reduce) or else the rank; a device the host lacks is a UsageError (exit 2)."""
-    from psgd.core.devices import DeviceError
-    from psgd.train.worker import worker_device
-
-    local = os.environ.get("LOCAL_RANK", "")
-    try:
-        return worker_device(cfg.device, rank, int(local) if local.isdigit() else None)
-    except DeviceError as e:
-        raise UsageError(str(e)) from None
-
-
-def _join(cfg: C.RunConfig, where: str) -> tuple[C.RunConfig, list[str], int]:
-    """`psgd worker --join`: take a slot in the running job at `where` (psgd/ps/client.py `join_job`);
-    returns the config as that job's (its slot count, shards and mode), the shards, and the slot."""
-    from psgd.core.errors import ExchangeError
-    from psgd.ps import auth
-    from psgd.ps.client import join_job
-    from psgd.ps.transport import make_transport
-    from psgd.train import assemble, data, models
-
-    if cfg.mode == "allreduce":
-        raise UsageError("--join adds a worker to a parameter-server job: an all-reduce group is fixed")
-    try:
-        addresses = C.parse_servers(where)
-    except ValueError as e:
-        raise UsageError(f"--join: {e}") from None
-    if isinstance(addresses, int):
-        raise UsageError(f"--join wants the running shards' HOST:PORT,..., got {where!r}")
-    # A join holds nothing and waits for nothing: a job that is not there (finished, its shards gone)
-    # is said in seconds, not after the run's long RPC deadline.
-    transport = make_transport("grpc", addresses, min(cfg.rpc_timeout, 10.0), None, auth.load(cfg.token_file),
-                               cfg.tls_ca)
-    try:
-        infos = transport.info(list(range(len(addresses))))
-        first = infos[0]
-        if first.num_shards != len(addresses):
-            raise UsageError(f"--join: {addresses[0]} is shard {first.shard} of {first.num_shards}: give all "
-                             f"{first.num_shards} shards, in order")
-        if first.mode != cfg.mode:
-            raise UsageError(f"--join: the running job is --mode {first.mode}, this worker says --mode {cfg.mode}")
-        cfg = dataclasses.replace(cfg, servers=len(addresses), workers=first.num_workers, max_workers=0, elastic="")
-        cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
-        model = assemble.worker_parts(cfg, 0, "cpu").model  # the seeded model: its size, and an Init if none came
-        rank, clock = join_job(transport, models.FlatParams(model).params)
-    except ExchangeError as e:
-        raise UsageError(f"--join: {e}") from None
-    finally:
-        transport.close()
-    print(f"psgd worker: joined as worker {rank} of {cfg.workers} slots, first clock {clock}", file=sys.stderr,
-          flush=True)
-    return cfg, addresses, rank
-
-
-def cmd_worker(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
-    from psgd.core.errors import ExchangeError
-    from psgd.train import assemble, data, launch
-    from psgd.train.metrics import Metrics
-    from psgd.train.userspec import SpecError
-
-    cfg = by_hand(config_from_args(args))
-    _token(cfg)  # a bad token file is a usage error here, before anything starts
-    if getattr(args, "join", ""):  # (psgd node's arguments have no --join: a torchrun job is fixed)
-        cfg, args.servers, args.rank = _join(cfg, args.join)
-    rank = args.rank if args.rank is not None else int(os.environ.get("RANK", "-1"))
-    if not 0 <= rank < cfg.workers:
-        raise UsageError(f"--rank must be in 0..{cfg.workers - 1} (or set $RANK), got {rank}")
-    device = worker_device_of(cfg, rank)
-    # `psgd run` resolved --epochs already; by hand or under torchrun the worker is the first to know.
-    cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
-    launch.set_threads(cfg)
-    if cfg.mode == "allreduce":
-        from psgd.allreduce.collective import CollectiveError
-
-        if rank == 0:
-            launch.prepare_by_hand(cfg)  # under torchrun rank 0 prepares; the others write after the barrier
-
-        exchange = assemble.collective_exchange(cfg, rank, init_method=args.rendezvous)
-        errors = (CollectiveError,)
-    else:
-        addresses = args.servers
-        if args.servers_on_stdin:
-            # torch and the rest are imported by now; the shards may still be starting.
-            try:
-                addresses = C.parse_servers(sys.stdin.readline().strip() or "0")
-            except ValueError as e:
-                raise UsageError(f"--servers-on-stdin: {e}") from None
-            if isinstance(addresses, int) or len(addresses) != cfg.servers:
-                raise UsageError(f"--servers-on-stdin: expected {cfg.servers} HOST:PORT on stdin, got {addresses!r}")
-        if isinstance(addresses, int):
-            raise UsageError("psgd worker needs --servers HOST:PORT,... (the running shards, in shard order)")
-        exchange, errors = assemble.ps_exchange(cfg, addresses), (ExchangeError,)
-    metrics = Metrics(Path(cfg.out) / "metrics.jsonl")
-    code = 0
-    try:
-        assemble.train_worker(cfg, rank, exchange, metrics, device)
-    except errors as e:
-        print(f"psgd worker {rank}: error: {e}", file=sys.stderr)
-        code = 1
-    except SpecError as e:  # the user's model / data / loss, built before the worker connects
-        print(f"psgd worker: error: {e}", file=sys.stderr)
-        code = 2
-    except KeyboardInterrupt:
-        code = 130
-    finally:
-        metrics.close()
-    if code == 0 and rank == 0 and cfg.mode == "allreduce" and not os.environ.get(launch.LAUNCHED):
-        print(f"done; `psgd summarize {cfg.out}` writes its summary.json", file=sys.stderr, flush=True)
-    # Leave without the interpreter's teardown: the metrics (and the all-reduce replica files) are
-    # written and closed. After a gloo group has run, C++ destructors at exit sometimes meet one of
-    # its threads still joinable and abort the process ("terminate called without an active
-    # exception": 2 in 10 hand-written ring runs on a loaded machine); and for every mode the
-    # teardown of torch and gRPC costs about half a second on 2 cores, on every run's critical path.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)

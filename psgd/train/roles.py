@@ -1,0 +1,57 @@
+"""What every process of a run does with its flags first: `psgd server`, `psgd worker`, `psgd node`.
+
+- `config_from_args(args)`: the flags of `psgd.core.config.add_flags` -> a validated RunConfig; a
+  bad value is a UsageError (one line, exit 2).
+- `by_hand(cfg)`: a process started by hand writes into one shared folder (results/runs/by-hand)
+  when --out is empty, since a fresh folder per process (what `psgd run` makes) would split the run.
+- `token(cfg)`: the run's shared secret (--token-file or PSGD_TOKEN; psgd/ps/auth.py).
+- `worker_device_of(cfg, rank)`: a worker's torch.device on this host.
+
+Imports nothing heavy at module level: psgd/cli.py imports it on every command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+
+from psgd.core import config as C
+from psgd.core.errors import UsageError
+
+
+def config_from_args(a: argparse.Namespace) -> C.RunConfig:
+    """The flags of `C.add_flags` -> a validated RunConfig; a bad value is a UsageError (exit 2)."""
+    try:
+        return C.validate(C.from_namespace(a))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+
+
+def token(cfg: C.RunConfig) -> bytes | None:
+    """The run's shared secret (--token-file or PSGD_TOKEN; psgd/ps/auth.py); a bad file is a usage error."""
+    from psgd.ps import auth
+
+    try:
+        return auth.load(cfg.token_file)
+    except auth.TokenError as e:
+        raise UsageError(str(e)) from None
+
+
+def by_hand(cfg: C.RunConfig) -> C.RunConfig:
+    """`psgd server` / `psgd worker` started by hand: every process of the run writes to one folder,
+    so an empty --out cannot be a fresh one per process (as `psgd run` makes it)."""
+    return cfg if cfg.out else dataclasses.replace(cfg, out="results/runs/by-hand")
+
+
+def worker_device_of(cfg: C.RunConfig, rank: int):
+    """This worker's torch.device: --device on this host, spread by $LOCAL_RANK (torchrun, psgd run's
+    all-reduce) or else the rank; a device the host lacks is a UsageError (exit 2)."""
+    from psgd.core.devices import DeviceError
+    from psgd.train.worker import worker_device
+
+    local = os.environ.get("LOCAL_RANK", "")
+    try:
+        return worker_device(cfg.device, rank, int(local) if local.isdigit() else None)
+    except DeviceError as e:
+        raise UsageError(str(e)) from None

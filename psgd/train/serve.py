@@ -1,0 +1,146 @@
+"""`psgd server`: the main of one shard process (started by `psgd run`, `psgd node`, or by hand).
+
+`cmd_server(args)` validates the flags (one line, exit 2), sizes and starts the shard
+(psgd/train/assemble.py `shard_server`, a psgd/ps/server.py server), prints READY host:port, and
+serves until every worker left or a stop signal came; then it writes the shard's files
+(snapshots, stats, `shard_end` in metrics.jsonl) and leaves without the interpreter's teardown.
+With --lost-on-stdin (psgd run with --worker-lease) each `lost RANK` line is a worker the launcher
+saw die, declared lost at once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+
+from psgd.core import config as C
+from psgd.core.errors import UsageError
+from psgd.train.roles import by_hand, config_from_args
+from psgd.train.roles import token as token_
+
+STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+
+
+def cmd_server(args: argparse.Namespace, on_ready=None) -> int:
+    """Serve until every worker left or a stop signal came; on the way out write the shard's files.
+
+    First of all, before torch is even imported, block the stop signals in this thread: every
+    thread started later inherits the mask (gRPC's, and torch's intra-op pool, which importing
+    torch may start: one thread not blocking SIGTERM would take the launcher's and kill the
+    process unsaved). `_serve` takes them synchronously. Called in a process that goes on (a test),
+    a refusal gives the mask back."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+    try:
+        return _serve(args, on_ready)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)  # reached only when _serve did not os._exit
+
+
+def _serve(args: argparse.Namespace, on_ready=None) -> int:
+    """`on_ready(port)` (psgd node's Publisher) runs once the shard listens; its NodeError stops it."""
+    from pathlib import Path
+
+    from psgd.ps import auth, tls
+    from psgd.train import assemble, data, launch, models
+    from psgd.train.metrics import Metrics, process_start_time
+
+    if not isinstance(args.servers, int):
+        raise UsageError("psgd server takes --num-shards K (a count)")
+    cfg = by_hand(config_from_args(args))
+    if not 0 <= args.shard < cfg.servers:
+        raise UsageError(f"--shard must be in 0..{cfg.servers - 1}, got {args.shard}")
+    if not 0 <= args.port < 65536:
+        raise UsageError(f"--port must be in 0..65535, got {args.port}")
+    if cfg.mode == "allreduce":
+        raise UsageError("--mode allreduce has no parameter servers")
+    cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
+    token = token_(cfg)
+    if token is None and not args.insecure and not auth.is_loopback(args.bind):
+        raise UsageError(f"refusing to serve on {args.bind} without a token: anyone who reaches it could push "
+                         "gradients and read the parameters; give --token-file FILE (or PSGD_TOKEN), or --insecure")
+    if args.params < 0:
+        raise UsageError(f"--params must be >= 0, got {args.params}")
+    # The model's size, to check every Init against; the user's own model (or data) is sized by the
+    # first Init instead, so a shard never imports the user's code.
+    own = C.is_spec(cfg.model.model) or C.is_spec(cfg.data.dataset)
+    num_params = args.params or (None if own else models.count(cfg.model, *data.SHAPES[cfg.data.dataset]))
+    restored = None
+    if args.restore:
+        from psgd.ps import checkpoint
+
+        found = checkpoint.newest(Path(args.restore), args.shard, upto=args.restore_upto,
+                                  warn=lambda w: print(f"psgd server: warning: {w}", file=sys.stderr, flush=True))
+        if found is None:
+            raise UsageError(f"--restore {args.restore}: no intact checkpoint of shard {args.shard}"
+                             + (f" at version <= {args.restore_upto}" if args.restore_upto is not None else ""))
+        restored, path = found
+        print(f"shard {args.shard}: restored version {restored['version']} from {path}", file=sys.stderr, flush=True)
+    elif args.shard == 0:
+        launch.prepare_by_hand(cfg)  # by hand, shard 0 is the run's first process (workers need it up)
+    launch.set_threads(cfg, role="server")
+    if dict(cfg.fail_shard_at).get(args.shard) == 0:
+        os.kill(os.getpid(), signal.SIGKILL)  # fault injection (--fail-shard-at K=0): die while starting
+    try:
+        srv = assemble.shard_server(cfg, args.shard, args.bind, args.port, token=token, num_params=num_params,
+                                    restore=restored)
+    except tls.TlsError as e:
+        raise UsageError(str(e)) from None
+    except ValueError as e:  # a checkpoint of another run
+        raise UsageError(f"--restore {args.restore}: {e}") from None
+    except OSError as e:
+        print(f"psgd server: error: {e}", file=sys.stderr)
+        return 1
+    print(f"READY {args.bind}:{srv.port}", flush=True)
+    if on_ready is not None:
+        from psgd.train.node import NodeError
+
+        try:
+            on_ready(srv.port)
+        except NodeError as e:
+            srv.stop(grace=0)
+            print(f"psgd node: shard {args.shard}: error: {e}", file=sys.stderr, flush=True)
+            return 1
+    print(f"shard {args.shard}/{cfg.servers} ({cfg.mode}) listening on {args.bind}:{srv.port}", file=sys.stderr,
+          flush=True)
+    if getattr(args, "lost_on_stdin", False):  # (psgd node's arguments have none: torchrun starts it)
+        threading.Thread(target=_read_losses, args=(srv.shard,), name="psgd-losses", daemon=True).start()
+    # Stop on a signal, or when every worker has left (a run started by hand ends by itself): the
+    # watcher turns the latter into a SIGTERM for this thread, so one sigwait serves both.
+    main = threading.get_ident()
+    threading.Thread(target=lambda: (srv.shard.finished.wait(), signal.pthread_kill(main, signal.SIGTERM)),
+                     name="psgd-finished", daemon=True).start()
+    signal.sigwait(STOP_SIGNALS)
+    srv.stop()
+    out = Path(cfg.out)
+    srv.shard.save(out)
+    m = Metrics(out / "metrics.jsonl")
+    m.write(event="shard_end", process_start=process_start_time(), **srv.shard.stats())
+    m.close()
+    if srv.shard.finished.is_set() and args.shard == 0 and not os.environ.get(launch.LAUNCHED):
+        print(f"all {cfg.workers} workers finished; `psgd summarize {out}` writes its summary.json", file=sys.stderr,
+              flush=True)
+    # Everything is written and closed: leave without the interpreter's teardown of torch and
+    # gRPC (about half a second on 2 cores, on every run's critical path).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
+def _read_losses(shard) -> None:
+    """`psgd server --lost-on-stdin` (started so by `psgd run --worker-lease`): each `lost RANK` line
+    is a worker whose process the launcher saw die, declared lost at once (the shard's `lose`)
+    rather than after a lease of silence. The launcher's end closing (EOF) ends this thread."""
+    for line in sys.stdin:
+        word, _, rank = line.strip().partition(" ")
+        if word != "lost" or not rank.isdigit():
+            continue
+        try:
+            clock = shard.lose(int(rank))
+        except ValueError:  # a rank out of range (PolicyError): not a worker of this run
+            continue
+        if clock is not None:
+            print(f"shard {shard.index}: worker {rank} died (psgd run saw it): lost at clock {clock}; the run "
+                  "goes on without it", file=sys.stderr, flush=True)

@@ -1,0 +1,127 @@
+"""`psgd worker`: the main of one worker process (started by `psgd run`, `psgd node`, or by hand).
+
+`cmd_worker(args)` validates the flags (one line, exit 2), joins a running job when asked
+(`--join`: `join`, a slot from the shards), builds the exchange (the PS client, or the all-reduce
+group) and trains (psgd/train/assemble.py `train_worker`, the loop of psgd/train/worker.py), then
+leaves without the interpreter's teardown. Exit 0, 1 (the exchange failed), 2 (the user's
+model, data or loss is wrong) or 130 (interrupted).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import sys
+
+from psgd.core import config as C
+from psgd.core.errors import UsageError
+from psgd.train.roles import by_hand, config_from_args, token, worker_device_of
+
+
+def join(cfg: C.RunConfig, where: str) -> tuple[C.RunConfig, list[str], int]:
+    """`psgd worker --join`: take a slot in the running job at `where` (psgd/ps/client.py `join_job`);
+    returns the config as that job's (its slot count, shards and mode), the shards, and the slot."""
+    from psgd.core.errors import ExchangeError
+    from psgd.ps import auth
+    from psgd.ps.client import join_job
+    from psgd.ps.transport import make_transport
+    from psgd.train import assemble, data, models
+
+    if cfg.mode == "allreduce":
+        raise UsageError("--join adds a worker to a parameter-server job: an all-reduce group is fixed")
+    try:
+        addresses = C.parse_servers(where)
+    except ValueError as e:
+        raise UsageError(f"--join: {e}") from None
+    if isinstance(addresses, int):
+        raise UsageError(f"--join wants the running shards' HOST:PORT,..., got {where!r}")
+    # A join holds nothing and waits for nothing: a job that is not there (finished, its shards gone)
+    # is said in seconds, not after the run's long RPC deadline.
+    transport = make_transport("grpc", addresses, min(cfg.rpc_timeout, 10.0), None, auth.load(cfg.token_file),
+                               cfg.tls_ca)
+    try:
+        infos = transport.info(list(range(len(addresses))))
+        first = infos[0]
+        if first.num_shards != len(addresses):
+            raise UsageError(f"--join: {addresses[0]} is shard {first.shard} of {first.num_shards}: give all "
+                             f"{first.num_shards} shards, in order")
+        if first.mode != cfg.mode:
+            raise UsageError(f"--join: the running job is --mode {first.mode}, this worker says --mode {cfg.mode}")
+        cfg = dataclasses.replace(cfg, servers=len(addresses), workers=first.num_workers, max_workers=0, elastic="")
+        cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
+        model = assemble.worker_parts(cfg, 0, "cpu").model  # the seeded model: its size, and an Init if none came
+        rank, clock = join_job(transport, models.FlatParams(model).params)
+    except ExchangeError as e:
+        raise UsageError(f"--join: {e}") from None
+    finally:
+        transport.close()
+    print(f"psgd worker: joined as worker {rank} of {cfg.workers} slots, first clock {clock}", file=sys.stderr,
+          flush=True)
+    return cfg, addresses, rank
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from psgd.core.errors import ExchangeError
+    from psgd.train import assemble, data, launch
+    from psgd.train.metrics import Metrics
+    from psgd.train.userspec import SpecError
+
+    cfg = by_hand(config_from_args(args))
+    token(cfg)  # a bad token file is a usage error here, before anything starts
+    if getattr(args, "join", ""):  # (psgd node's arguments have no --join: a torchrun job is fixed)
+        cfg, args.servers, args.rank = join(cfg, args.join)
+    rank = args.rank if args.rank is not None else int(os.environ.get("RANK", "-1"))
+    if not 0 <= rank < cfg.workers:
+        raise UsageError(f"--rank must be in 0..{cfg.workers - 1} (or set $RANK), got {rank}")
+    device = worker_device_of(cfg, rank)
+    # `psgd run` resolved --epochs already; by hand or under torchrun the worker is the first to know.
+    cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
+    launch.set_threads(cfg)
+    if cfg.mode == "allreduce":
+        from psgd.allreduce.collective import CollectiveError
+
+        if rank == 0:
+            launch.prepare_by_hand(cfg)  # under torchrun rank 0 prepares; the others write after the barrier
+
+        exchange = assemble.collective_exchange(cfg, rank, init_method=args.rendezvous)
+        errors = (CollectiveError,)
+    else:
+        addresses = args.servers
+        if args.servers_on_stdin:
+            # torch and the rest are imported by now; the shards may still be starting.
+            try:
+                addresses = C.parse_servers(sys.stdin.readline().strip() or "0")
+            except ValueError as e:
+                raise UsageError(f"--servers-on-stdin: {e}") from None
+            if isinstance(addresses, int) or len(addresses) != cfg.servers:
+                raise UsageError(f"--servers-on-stdin: expected {cfg.servers} HOST:PORT on stdin, got {addresses!r}")
+        if isinstance(addresses, int):
+            raise UsageError("psgd worker needs --servers HOST:PORT,... (the running shards, in shard order)")
+        exchange, errors = assemble.ps_exchange(cfg, addresses), (ExchangeError,)
+    metrics = Metrics(Path(cfg.out) / "metrics.jsonl")
+    code = 0
+    try:
+        assemble.train_worker(cfg, rank, exchange, metrics, device)
+    except errors as e:
+        print(f"psgd worker {rank}: error: {e}", file=sys.stderr)
+        code = 1
+    except SpecError as e:  # the user's model / data / loss, built before the worker connects
+        print(f"psgd worker: error: {e}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        code = 130
+    finally:
+        metrics.close()
+    if code == 0 and rank == 0 and cfg.mode == "allreduce" and not os.environ.get(launch.LAUNCHED):
+        print(f"done; `psgd summarize {cfg.out}` writes its summary.json", file=sys.stderr, flush=True)
+    # Leave without the interpreter's teardown: the metrics (and the all-reduce replica files) are
+    # written and closed. After a gloo group has run, C++ destructors at exit sometimes meet one of
+    # its threads still joinable and abort the process ("terminate called without an active
+    # exception": 2 in 10 hand-written ring runs on a loaded machine); and for every mode the
+    # teardown of torch and gRPC costs about half a second on 2 cores, on every run's critical path.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
