@@ -148,6 +148,12 @@ class Policy:
             return PushOutcome(self.version, applied=applied, done=self.done, staleness=staleness,
                                skipped=grad is None, kept=kept, spare=spare)
 
+    def turn(self, worker: int, clock: int, timeout: float | None = None,
+             idle: Callable[[], bool] = lambda: True) -> bool:
+        """May `worker`'s push of `clock` be received now? Asked before its data is read; True at
+        once here (Sync waits for its turn in the step's worker order: psgd/core/sync.py)."""
+        return True
+
     def pull(self, worker: int, clock: int, read: Callable[[], T],
              timeout: float | None = None, admission_timeout: float | None = None) -> PullOutcome[T]:
         """Block until the rule allows `worker` at `clock` to read, then call read() locked; done (no

@@ -6,6 +6,15 @@ in worker order) is applied once, and a pull of clock c waits for c updates: the
 tests/test_textbook.py checks it bit for bit. The rest of this file is what a real run needs
 around that rule: who makes the quorum when workers join (`--elastic`), leave or are lost, and
 Chen et al.'s backup workers (see `Sync`).
+
+Memory: the step is folded in worker order as it comes (stepsum.py), and the shard asks `turn`
+before reading a push's data, so a push waits in its worker until every lower-ranked worker of the
+step has pushed or is gone: a shard holds the running sum and the one gradient being received,
+whatever N and the arrival order. The order only waits on lower ranks, the same on every shard,
+so worker 0 never waits and no cycle can form. Backup workers keep the old path (their step is
+the first N-b to arrive, so every gradient is held until the step is complete, then summed in
+worker order); a joiner admitted into the running step below a worker already folded is added
+where it comes (reproducible as far as its admission is).
 """
 
 from __future__ import annotations
@@ -64,7 +73,7 @@ class Sync(Policy):
         self.backup = backup
         self.quorum = self.members - backup         # gradients that make a step's update
         self.last_step = [-1] * num_workers         # step (base_version) of each worker's last push
-        self.step = StepSum()  # this step's gradients, summed in worker order once the quorum is in
+        self.step = StepSum()  # this step's gradients, folded in worker order (`turn`)
         self._steps = budget // self.members if budget is not None and not backup else 0  # each worker's share
         self._shrink = 0  # departed workers whose last gradient is in the current step (`_on_depart`)
         self._future: dict[int, int] = {}  # admitted workers whose first step is still to come -> that step
@@ -89,8 +98,38 @@ class Sync(Policy):
         if not self.backup and clock != self.version:
             raise PolicyError(f"sync: worker {worker} pushed for step {clock} while the shard is at step "
                               f"{self.version}")
-        kept, spare = self.step.add(worker, grad, self.step.arrived + 1 >= self.quorum, keep)
+        # Backup workers' step is the first N-b to arrive, unknown until they have: summed at the end.
+        upto = 0 if self.backup else self._lowest_due(worker)
+        kept, spare = self.step.add(worker, grad, self.step.arrived + 1 >= self.quorum, keep, upto)
         return self._maybe_update(), kept, spare
+
+    def _lowest_due(self, but: int) -> int:
+        """The lowest worker other than `but` whose gradient of the current step is still to come
+        (not pushed, not gone, not a joiner of a later step); N when none (cond held)."""
+        gone = self.roster.gone()
+        return next((w for w in range(self.num_workers)
+                     if w != but and self.clocks[w] == self.version and w not in gone), self.num_workers)
+
+    def turn(self, worker: int, clock: int, timeout: float | None = None,
+             idle: Callable[[], bool] = lambda: True) -> bool:
+        """Wait until `worker`'s push of step `clock` is the next the step folds: every lower-ranked
+        worker of the step has pushed or is gone. The shard asks before reading the push's data, so
+        early pushes wait in their workers (their bytes in the transport's flow-control window), and
+        it holds the running sum and one gradient being received, whatever N and the arrival order.
+        `idle()` (asked under the lock): the previous push's buffer is back, so that this one reuses
+        it (the shard's). False after `timeout`. At once for backup workers (their step is the first N-b to arrive), a
+        push of another step (refused by `push`), a worker that is gone, and a done run."""
+        if self.backup:
+            return True
+        self._check_worker(worker)
+        with self.cond:
+            self.roster.held.add(worker)  # we keep it waiting: not silent (--worker-lease)
+            try:
+                return self.cond.wait_for(lambda: self.done or clock != self.version or worker in self.roster.gone()
+                                          or (self._lowest_due(worker) > worker and idle()), timeout)
+            finally:
+                self.roster.held.discard(worker)
+                self.roster.last_seen[worker] = time.monotonic()
 
     def _maybe_update(self) -> bool:
         """Apply the step's mean once its quorum has arrived (cond held); True if it did."""

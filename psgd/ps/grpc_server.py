@@ -8,7 +8,9 @@ core (psgd/ps/shard.py), which holds every check and state change, and writes th
 - `Push`: header + chunks of one gradient, received chunk by chunk into one of the shard's
   reused fp32 buffers straight from gRPC's bytes (`codec.data_view`: no protobuf copy); a sparse
   push (--topk: the header's `sparse_count`) sends SparseChunks instead, checked and scattered
-  into that buffer (psgd/core/sparsify.py `Scatter`).
+  into that buffer (psgd/core/sparsify.py `Scatter`). Between the header and the data the push
+  waits for its turn (`Shard.turn`: sync folds a step in worker order), its bytes left to gRPC's
+  flow control, under the same deadline as a pull.
 - `Pull`: held by the policy, then header + ~1 MiB frames of the snapshot in the wire dtype,
   built one at a time outside the lock (`codec.frames`) and sent as they are.
 - `PushPull`: a Push, answered by the Pull of the next clock (one round trip per step): the
@@ -63,15 +65,23 @@ class ShardServicer:
 
     def Push(self, request_iterator, context):
         with aborts(context):
-            _, o = self._received_push(_header(request_iterator), request_iterator, alone=True)
+            _, o = self._received_push(_header(request_iterator), request_iterator, self._timeout(context), alone=True)
             return wire.push_reply(o)
 
-    def _received_push(self, h: pb.TensorHeader, request_iterator, alone: bool = False):
-        """Read a push's data (its header `h` checked before any) and hand it to the shard's policy;
-        the receive buffer goes back to the pool before anything may wait. (header, PushOutcome).
-        `alone`: the stream's only message (Push): nothing may follow its data."""
+    def _timeout(self, context) -> float:
+        """How long a push or pull of this call may be held: the shard's --rpc-timeout, or the call's
+        deadline when sooner (a run-long PushPull has none: time_remaining None or "infinite")."""
+        remaining = context.time_remaining()
+        return min(math.inf if remaining is None else remaining, self.shard.options.rpc_timeout)
+
+    def _received_push(self, h: pb.TensorHeader, request_iterator, timeout: float, alone: bool = False):
+        """Read a push's data (its header `h` checked, and its turn waited for, before any) and hand
+        it to the shard's policy; the receive buffer goes back to the pool before anything may wait.
+        (header, PushOutcome). `alone`: the stream's only message (Push): nothing may follow its data.
+        While a push waits for its turn, gRPC's flow control keeps its bytes in the worker."""
         dtype = wire.dtype_name(h.dtype)
         self.shard.check_push(h.worker_id, h.shard, h.num_elements, h.sparse_count)
+        self.shard.turn(h.worker_id, h.clock, timeout)
         with self.shard.receive_buffer() as buf:
             chunks = link.paced(request_iterator, self.shard.link_in, _chunk_len)
             if h.sparse_count:
@@ -109,12 +119,9 @@ class ShardServicer:
                     h = _header(request_iterator, end_ok=True)
                     if h is None:
                         return  # the worker closed its side: its run is over
-                    h, o = self._received_push(h, request_iterator)
-                    # A run-long call has no deadline (time_remaining: None, or gRPC's "infinite").
-                    remaining = context.time_remaining()
-                    timeout = min(math.inf if remaining is None else remaining, self.shard.options.rpc_timeout)
+                    h, o = self._received_push(h, request_iterator, self._timeout(context))
                     p = stack.enter_context(self.shard.next_pull(o, h.worker_id, h.shard, h.clock,
-                                                                 wire.dtype_name(h.dtype), timeout))
+                                                                 wire.dtype_name(h.dtype), self._timeout(context)))
                 yield from self._pulled(p, h.dtype, pushed=wire.push_reply(o))
 
     def Leave(self, request, context):

@@ -12,8 +12,11 @@ Contract (every method thread-safe; a refusal raises `ShardError(code, message)`
 - `check_init(worker_id, shard, num_elements)`: an Init header, checked against the shard's
   length from the server's config (`num_params`) when given, before any memory is sized by it.
 - `check_push(worker_id, shard, num_elements, sparse_count)`: validates a push's header before any
-  byte of its data is read. `receive_buffer()`: a reused fp32 buffer of the shard's length to read
-  it into.
+  byte of its data is read. `turn(worker_id, clock, timeout)`: then waits, still before any byte is
+  read, until the policy takes that worker's gradient next (sync folds a step in worker order, so
+  an early push waits in its worker, not in the shard's memory: psgd/core/sync.py `turn`);
+  DEADLINE_EXCEEDED after `timeout`. `receive_buffer()`: a reused fp32 buffer of the shard's
+  length to read it into.
 - A sparse push (--topk) arrives as indices and values; its adapter scatters them into the pooled
   buffer (psgd/core/sparsify.py `Scatter`), so `push` always sees a dense gradient and every
   policy and the optimizer work unchanged; `check_push` refuses a count above the shard's length.
@@ -83,6 +86,7 @@ import contextlib
 import json
 import os
 import queue
+import resource
 import signal
 import sys
 import threading
@@ -192,6 +196,8 @@ class Shard:
             dt: queue.SimpleQueue() for dt in codec.WIRE_DTYPES.values()}
         self._current: dict[torch.dtype, _Snapshot] = {}  # the newest snapshot per wire dtype
         self._receiving: dict[int, _Slot] = {}  # receive buffers lent out and not yet pushed, by id
+        self.allocated: dict[torch.dtype, int] = {}  # pool buffers ever made, per dtype (stats)
+        self._lent = 0  # receive buffers out of the pool now
         self.copies_on_write = 0  # updates that found the parameters lent to a pull (see `_snapshot`)
         self._corrected: torch.Tensor | None = None  # a remedy's corrected gradient (`scratch`)
         self.remedy = {"gradients": 0, "step_scale_sum": 0.0, "dc_relative_sum": 0.0, "dc_then_peak_bytes": 0}
@@ -343,11 +349,22 @@ class Shard:
         if worker_id >= self.workers:
             raise ShardError(Code.INVALID_ARGUMENT, f"worker id {worker_id} out of range 0..{self.workers - 1}")
 
+    def turn(self, worker_id: int, clock: int, timeout: float | None) -> None:
+        """Before a checked push's data is read: wait for its turn (see the module docstring)."""
+        try:
+            if not self.policy.turn(worker_id, clock, timeout, lambda: self._lent == 0):
+                raise ShardError(Code.DEADLINE_EXCEEDED, f"worker {worker_id}'s push of clock {clock} waited "
+                                 f"{timeout}s for the lower-ranked workers' gradients of its step")
+        except PolicyError as e:
+            raise ShardError(Code.INVALID_ARGUMENT, str(e)) from None
+
     @contextlib.contextmanager
     def receive_buffer(self) -> Iterator[torch.Tensor]:
         """An fp32 buffer of the shard's length to receive one push into, back to the pool after
         (or, when the policy kept it as sync's sum, the buffer the policy gave back in its place)."""
         buf = self._borrow(torch.float32)
+        with self.lock:
+            self._lent += 1
         slot = _Slot(buf)
         self._receiving[id(buf)] = slot  # `push` takes the entry out when it hands `buf` on
         try:
@@ -357,6 +374,9 @@ class Shard:
                 del self._receiving[id(buf)]
             if slot.back is not None:  # the policy has applied, summed or kept it by now
                 self._pools[torch.float32].put(slot.back)
+            with self.lock:  # back in the pool: a push waiting for its turn may take it (`turn`)
+                self._lent -= 1
+                self.lock.notify_all()
 
     def push(self, worker_id: int, clock: int, base_version: int, grad: torch.Tensor, dtype: str,
              wire_bytes: int | None = None) -> PushOutcome:
@@ -562,6 +582,7 @@ class Shard:
         try:
             return self._pools[dtype].get_nowait()
         except queue.Empty:
+            self.allocated[dtype] = self.allocated.get(dtype, 0) + 1
             return torch.empty(self.num_elements, dtype=dtype)
 
     def close(self) -> None:
@@ -588,6 +609,10 @@ class Shard:
                 "dropped_per_worker": {str(w): n for w, n in sorted(s.dropped.items())},
                 "bytes_out": self.bytes_out, "apply_s": self.apply_s, "num_elements": self.num_elements,
                 "remedy": dict(self.remedy), "copies_on_write": self.copies_on_write,
+                # fp32 shard-sized buffers ever made for gradients (receive pool + a sync step's sum)
+                "gradient_buffers": self.allocated.get(torch.float32, 0) + getattr(
+                    getattr(self.policy, "step", None), "allocated", 0),
+                "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             }
 
     def save(self, out: Path) -> None:

@@ -180,6 +180,9 @@ class _Connection(socketserver.BaseRequestHandler):
             expected, what = h.num_elements * codec.itemsize(dtype), f"{h.num_elements} {dtype} elements"
         if payload_len != expected:
             raise ShardError(Code.INVALID_ARGUMENT, f"payload of {payload_len} bytes; {what} are {expected}")
+        # Before any payload byte is read: an early sync push waits for its turn with its bytes in
+        # the socket's buffers and the worker (TCP's flow control), not in the shard's memory.
+        shard.turn(h.worker_id, h.clock, shard.options.rpc_timeout)
         with shard.receive_buffer() as buf:
             pace = _pacer(shard.link_in)
             try:
