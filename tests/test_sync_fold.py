@@ -148,7 +148,7 @@ def test_a_departure_a_loss_a_close_and_the_deadline_release_a_waiting_push():
 
 @pytest.mark.parametrize("transport", ["grpc", "tcp"])
 def test_a_sync_run_folds_in_turn_over_both_transports_with_the_same_parameters(tmp_path, transport):
-    # The hash was recorded at f24e7e1, before the fold: waiting for turns changes no bit.
+    # The hash was recorded at c9e66b5, before the fold: waiting for turns changes no bit.
     out = tmp_path / transport
     r = psgd("run", "--mode", "sync", "--workers", "4", "--servers", "2", "--steps", "30", "--eval-every", "0",
              "--transport", transport, "--quiet", "--out", str(out))
