@@ -1,0 +1,242 @@
+"""`TcpTransport`: a worker's pushes and pulls on the shards' raw-TCP data planes.
+
+The `Transport` protocol of psgd/ps/transport.py on the frames of psgd/ps/framing.py; gRPC
+(a `GrpcTransport`, `control`) still does Info, Init, Leave and Join. Unpaced shards of at most
+ROUND_MAX_BYTES go in one round from the calling thread (send every request, then read every
+reply: no thread hand-offs), larger or paced ones a thread each. A sparse push (--topk) sends its
+indices then its values in the frame. A pool of idle connections per shard; a connection that
+failed mid-frame is closed, never reused. Every failure is an `ExchangeError` with one line that
+names the shard and the status.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import threading
+
+import torch
+
+from psgd._proto import parameter_server_pb2 as pb
+from psgd.core import codec, sparsify
+from psgd.core.errors import ExchangeError
+from psgd.ps import framing as fr
+from psgd.ps import tls, wire
+from psgd.ps.grpc_transport import GrpcTransport
+from psgd.ps.transfer import NO_EVENTS, Events, check_pull_header
+
+ROUND_MAX_BYTES = 1 << 20  # TCP: shards up to this size go in one round from the caller's thread
+
+
+def _flat(payload: memoryview | sparsify.Sparse) -> memoryview:
+    """A push's payload as the TCP frame carries it (a sparse one: every index, then every value)."""
+    return memoryview(payload.payload()) if isinstance(payload, sparsify.Sparse) else payload
+
+
+class TcpTransport:
+    """Pushes and pulls on the shards' raw-TCP data planes; Info, Init and Leave on gRPC (`control`).
+
+    A pool of idle connections per shard: a request takes one (or opens one) and gives it back
+    when its reply was read in full; a connection that failed mid-frame is closed, never reused.
+    """
+
+    def __init__(self, addresses: list[str], timeout: float, token: bytes | None = None, tls_ca: str = "") -> None:
+        self.addresses, self.timeout, self.token = addresses, timeout, token
+        self.control = GrpcTransport(addresses, timeout, token, tls_ca)
+        self.tls = tls.client_context(tls_ca) if tls_ca else None
+        self._data: list[tuple[str, int] | None] = [None] * len(addresses)
+        self._idle: list[list[socket.socket]] = [[] for _ in addresses]
+        self._busy: set[socket.socket] = set()  # connections a call is using now
+        self._lock = threading.Lock()  # guards _idle, _busy and _data
+
+    def info(self, shards):
+        infos = self.control.info(shards)
+        for k, info in zip(shards, infos, strict=True):
+            if not info.data_port:
+                raise ExchangeError(f"shard {k} at {self.addresses[k]} has no TCP data plane "
+                                    "(an older psgd server?): use --transport grpc")
+            with self._lock:
+                self._data[k] = (self.addresses[k].rsplit(":", 1)[0].strip("[]"), info.data_port)
+        return infos
+
+    def init(self, shards, header_of, payload_of):
+        return self.control.init(shards, header_of, payload_of)
+
+    def leave(self, shards, worker_id):
+        return self.control.leave(shards, worker_id)
+
+    def join(self, shard, request):
+        return self.control.join(shard, request)
+
+    def push(self, shards, header_of, payload_of, events=NO_EVENTS):
+        payloads = {k: _flat(payload_of(k)) for k in shards}  # each slice encoded once (a view for fp32)
+
+        def send(sock, k):
+            if events.sending:
+                events.sending(k)
+            sent = events.sent
+            fr.send_frame(sock, fr.PUSH, header_of(k).SerializeToString(), payloads[k],
+                          sent and (lambda n: sent(k, n)))
+
+        def receive(sock, k):
+            body, _ = self._reply(sock, k, "push to", fr.PUSHED)
+            reply = pb.PushReply.FromString(body)
+            if events.replied:
+                events.replied(k, reply)
+            return reply
+        largest = max(len(b) for b in payloads.values())
+        return self._exchange("push to", shards, send, receive, largest, events)
+
+    def pull(self, shards, request_of, out_of, events=NO_EVENTS):
+        outs = {k: out_of(k) for k in shards}  # each slice taken once (tensor slicing costs ~5 us)
+        requests = {k: request_of(k) for k in shards}
+
+        def send(sock, k):
+            if events.sending:
+                events.sending(k)
+            fr.send_frame(sock, fr.PULL, requests[k].SerializeToString())
+
+        def receive(sock, k):
+            return self._receive_pulled(sock, k, "pull from", requests[k].dtype, outs[k], events)
+        width = codec.itemsize(wire.DTYPE_NAMES[requests[shards[0]].dtype])
+        return self._exchange("pull from", shards, send, receive, max(o.numel() for o in outs.values()) * width,
+                              events)
+
+    def push_pull(self, shards, header_of, payload_of, out_of, events=NO_EVENTS):
+        payloads = {k: _flat(payload_of(k)) for k in shards}
+        headers = {k: header_of(k) for k in shards}
+        outs = {k: out_of(k) for k in shards}
+
+        def send(sock, k):
+            if events.sending:
+                events.sending(k)
+            sent = events.sent
+            fr.send_frame(sock, fr.PUSHPULL, headers[k].SerializeToString(), payloads[k],
+                          sent and (lambda n: sent(k, n)))
+            if events.delivered:
+                events.delivered(k)
+
+        def receive(sock, k):
+            return self._receive_pulled(sock, k, "push-pull with", headers[k].dtype, outs[k], events)
+        largest = max(len(b) for b in payloads.values())
+        return self._exchange("push-pull with", shards, send, receive, largest, events)
+
+    def _receive_pulled(self, sock: socket.socket, k: int, what: str, dtype_enum: int, out: torch.Tensor,
+                        events: Events) -> tuple:
+        """A PULLED frame (a Pull's or a PushPull's reply): its header, then the values into `out`."""
+        dtype = wire.DTYPE_NAMES[dtype_enum]
+        body, payload_len = self._reply(sock, k, what, fr.PULLED)
+        header = pb.PullHeader.FromString(body)
+        if events.replied:
+            events.replied(k, header)
+        # On an error below the payload is left unread: the connection is closed, not reused.
+        if not check_pull_header(k, header, out):
+            return header, 0
+        if header.dtype != dtype_enum or payload_len != out.numel() * codec.itemsize(dtype):
+            raise ExchangeError(f"shard {k} sent {payload_len} bytes of wire dtype {header.dtype} for "
+                                f"{out.numel()} {dtype} elements")
+        got = events.received
+        return header, fr.recv_tensor(sock, out, dtype, got and (lambda n, e: got(k, n, e)))
+
+    def _exchange(self, what: str, shards, send, receive, largest: int, events: Events) -> list:
+        """send(sock, k) then receive(sock, k) for every shard. Small unpaced ones in one round from
+        this thread (send every request, then read every reply), where a thread hand-off would cost
+        more than the copy it spreads; large ones, and paced ones (their latencies must elapse side
+        by side, as on K real links), on the control transport's pool, one thread each."""
+        def one(k):
+            with self._connection(k, what) as sock:
+                self._guarded(k, what, send, sock)
+                return self._guarded(k, what, receive, sock)
+        paced = events.sending is not None or events.replied is not None
+        if len(shards) > 1 and self.control.pool is not None and (largest > ROUND_MAX_BYTES or paced):
+            return list(self.control.pool.map(one, shards))
+        if len(shards) == 1:
+            return [one(shards[0])]
+        with contextlib.ExitStack() as stack:
+            socks = [stack.enter_context(self._connection(k, what)) for k in shards]
+            for k, sock in zip(shards, socks, strict=True):
+                self._guarded(k, what, send, sock)
+            return [self._guarded(k, what, receive, sock) for k, sock in zip(shards, socks, strict=True)]
+
+    def _guarded(self, k: int, what: str, fn, sock: socket.socket):
+        """fn(sock, k); a socket or framing failure becomes one line that names shard k."""
+        where = f"{what} shard {k} at {self.addresses[k]}"
+        try:
+            return fn(sock, k)
+        except fr.FrameError as e:
+            raise ExchangeError(f"{where}: {e}") from None
+        except TimeoutError:
+            raise ExchangeError(f"{where}: DEADLINE_EXCEEDED: no answer within {self.timeout:g}s",
+                                "DEADLINE_EXCEEDED") from None
+        except OSError as e:
+            raise ExchangeError(f"{where}: UNAVAILABLE: {e}", "UNAVAILABLE") from None
+
+    @contextlib.contextmanager
+    def _connection(self, k: int, what: str):
+        """A connection to shard k's data plane, from the pool or new. It goes back to the pool
+        only when the request and its reply completed; on any failure it is closed."""
+        if self._data[k] is None:
+            self.info([k])
+        with self._lock:
+            sock = self._idle[k].pop() if self._idle[k] else None
+        if sock is None:
+            try:
+                sock = socket.create_connection(self._data[k], timeout=self.timeout)
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if self.tls is not None:  # verifies the shard's certificate and its address
+                    sock = self.tls.wrap_socket(sock, server_hostname=self._data[k][0])
+            except OSError as e:
+                raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: UNAVAILABLE: {e}",
+                                    "UNAVAILABLE") from None
+            if self.token is not None:  # a new connection says who it is first (psgd/ps/auth.py)
+                self._guarded(k, what, lambda s, _: self._hello(s, k, what), sock)
+        with self._lock:
+            self._busy.add(sock)
+        try:
+            yield sock
+        except BaseException:
+            with self._lock:
+                self._busy.discard(sock)
+            _close(sock)
+            raise
+        with self._lock:
+            self._busy.discard(sock)
+            self._idle[k].append(sock)
+
+    def _hello(self, sock: socket.socket, k: int, what: str) -> None:
+        try:
+            fr.send_frame(sock, fr.HELLO, self.token)
+            self._reply(sock, k, what, fr.WELCOME)
+        except BaseException:
+            _close(sock)
+            raise
+
+    def _reply(self, sock: socket.socket, k: int, what: str, expected_op: int) -> tuple[bytes, int]:
+        head = fr.recv_head(sock)
+        if head is None:
+            raise ConnectionError("the shard closed the connection")
+        op, header, payload_len = head
+        if op == fr.ERROR:  # "STATUS_NAME: message" (psgd/ps/framing.py)
+            text = header.decode(errors="replace")
+            raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: {text}", text.partition(":")[0])
+        if op != expected_op:
+            raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: unexpected frame op {op}")
+        return header, payload_len
+
+    def close(self) -> None:
+        """Close idle connections, cut those in use (their calls end now), close the control channels."""
+        with self._lock:
+            for idle in self._idle:
+                for sock in idle:
+                    _close(sock)
+                idle.clear()
+            for sock in self._busy:
+                with contextlib.suppress(OSError):
+                    sock.shutdown(socket.SHUT_RDWR)
+        self.control.close()
+
+
+def _close(sock: socket.socket | None) -> None:
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.close()
