@@ -7,14 +7,15 @@ Contract (ps-lite's worker API, in Python):
   `make_client(name, addresses, ...)` builds one from the run's flags.
 - `wait_ready()` blocks (up to the deadline) until every shard answers, and checks that the
   addresses are the shards 0..K-1 in order.
-- `join_job(transport, flat)` (psgd worker --join, psgd.connect(join=True)): takes a slot in a running job, the
-  first shard's pick, on every shard; returns (worker id, first clock). A shard that refuses
-  leaves the others' admission undone (the worker Leaves them), so no shard waits for it.
+- `join_job(transport, flat)` (psgd worker --join, psgd.connect(join=True); psgd/ps/join.py, re-exported
+  here): takes a slot in a running job, the first shard's pick, on every shard; returns (worker
+  id, first clock). A shard that refuses leaves the others' admission undone, so no shard waits for it.
 - `init(flat)` offers initial values to every shard (the first worker to call wins).
 - `pull(clock, out)` fills `out` with the parameters from all shards in parallel; blocks while
   a shard's consistency policy holds it; returns a `PullResult` (done once the budget is spent).
   `start_pull(clock, out)` does the same in the background and returns a `PullStreams` to wait
-  on: for the headers, for a range of `out`, or for the result (--overlap uses it).
+  on: for the headers, for a range of `out`, or for the result (--overlap uses it;
+  psgd/ps/pull_streams.py, with `PullResult`, both re-exported here).
   `wait_admitted(clock, out)` is a scheduled joiner's first pull: asked again each time a shard
   answers that the admission is still to come, as long as the run moves (a long poll).
 - `push(clock, grad)` sends each shard its slice in parallel, tagged with the versions the
@@ -42,7 +43,6 @@ once, straight into `out` (the model's flat buffer).
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -57,16 +57,9 @@ from psgd.core import link as link_mod
 from psgd.core.errors import ExchangeError
 from psgd.core.sharding import shard_ranges
 from psgd.ps import wire
+from psgd.ps.join import join_job as join_job
+from psgd.ps.pull_streams import PullResult, PullStreams
 from psgd.ps.transport import NO_EVENTS, Events, Transport, make_transport
-
-
-@dataclass
-class PullResult:
-    done: bool
-    versions: list[int]
-    wait_s: float        # longest time a policy held this pull (max over shards)
-    clock_gap: int
-    bytes: int
 
 
 @dataclass
@@ -225,132 +218,6 @@ class PSClient:
                 self.transport.leave(self.shards, self.worker_id)
         finally:
             self.transport.close()
-
-
-class PullStreams:
-    """A pull in flight (`PSClient.start_pull`): K streams fill `out` in the background.
-
-    Thread-safe: `cond` guards `headers`, `filled` (elements of each shard written so far) and
-    `error`; the stream threads notify it on every chunk.
-    """
-
-    def __init__(self, client: PSClient, clock: int, out: torch.Tensor) -> None:
-        self.client = client
-        self.cond = threading.Condition()
-        k = len(client.ranges)
-        self.headers: list = [None] * k
-        self.filled = [0] * k
-        self.error: BaseException | None = None
-        events = Events(replied=self._on_header, received=self._on_progress)
-        self.futures = [client.background.submit(self._run, i, clock, out, events) for i in range(k)]
-
-    def _run(self, k: int, clock: int, out: torch.Tensor, events: Events):
-        try:
-            return self.client._pull([k], clock, out, events)[0]
-        except BaseException as e:
-            with self.cond:
-                self.error = e
-                self.cond.notify_all()
-            raise
-
-    def _on_header(self, k: int, header) -> None:
-        with self.cond:
-            self.headers[k] = header
-            self.cond.notify_all()
-
-    def _on_progress(self, k: int, nbytes: int, elements: int) -> None:
-        with self.cond:
-            self.filled[k] = elements
-            self.cond.notify_all()
-
-    def _wait(self, ready) -> None:
-        with self.cond:
-            self.cond.wait_for(lambda: self.error is not None or ready(), self.client.timeout)
-            if self.error is not None:
-                raise self.error
-            if not ready():
-                raise ExchangeError(f"pull still incomplete after the {self.client.timeout:.0f}s deadline")
-
-    def wait_headers(self) -> list:
-        """Block until every shard's header arrived (the policy released the pull)."""
-        self._wait(lambda: all(h is not None for h in self.headers))
-        return list(self.headers)
-
-    def wait_range(self, start: int, stop: int) -> None:
-        """Block until out[start:stop] holds the pulled values (or a shard said done)."""
-        need = []
-        for k, (a, b) in enumerate(self.client.ranges):
-            if a < stop and start < b:
-                need.append((k, min(stop, b) - a))
-        self._wait(lambda: all(self.filled[k] >= n or (self.headers[k] is not None and self.headers[k].done)
-                               for k, n in need))
-
-    def result(self) -> PullResult:
-        return self.client.pull_result([f.result() for f in self.futures])
-
-
-def join_job(transport: Transport, flat: torch.Tensor, attempts: int = 3) -> tuple[int, int]:
-    """Take a slot in the running job on every shard (see the module docstring): (worker id, clock).
-    First offers `flat` (the joiner's seeded parameters) as every worker does, so a join that comes
-    before any worker's Init is not refused: the first Init wins, the others only check the length.
-
-    Sync: the first step is two past the newest shard version (Info), named to every shard; the
-    first shard picks the slot, the others take it in parallel. If one refuses (its step went past
-    meanwhile), the admissions made are cancelled and the join tried again from fresh versions."""
-    ranges = shard_ranges(flat.numel(), len(transport.addresses))
-    shards = list(range(len(ranges)))
-    values = flat.detach().to("cpu")
-    transport.init(shards, lambda k: pb.TensorHeader(worker_id=0, dtype=wire.DTYPE_ENUMS["fp32"], shard=k,
-                                                     num_elements=ranges[k][1] - ranges[k][0]),
-                   lambda k: codec.encode(values[ranges[k][0]:ranges[k][1]], "fp32"))
-    for attempt in range(attempts):
-        infos = transport.info(shards)
-        sync = infos[0].mode == "sync"
-        at = max(i.version for i in infos) + 2 if sync else 0
-
-        def request(k: int, worker: int | None = None, sync: bool = sync, at: int = at) -> pb.JoinRequest:
-            return pb.JoinRequest(shard=k, any_slot=worker is None, worker_id=worker or 0, has_clock=sync,
-                                  clock=at, num_elements=ranges[k][1] - ranges[k][0])
-        first = transport.join(0, request(0))
-        admitted, failure = [0], None
-        rest = shards[1:]
-        outcomes = _each(lambda k, w=first.worker_id, req=request: transport.join(k, req(k, w)), rest)
-        for k, outcome in zip(rest, outcomes, strict=True):
-            if isinstance(outcome, ExchangeError):
-                failure = failure or outcome
-            else:
-                admitted.append(k)
-        if failure is None:
-            return first.worker_id, first.clock
-        # Undo: a sync shard would otherwise wait for this worker from its first step, and the slot
-        # would be lost. A shard whose answer was lost may have admitted it too: cancel there as well.
-        for k in shards:
-            try:
-                transport.join(k, pb.JoinRequest(shard=k, worker_id=first.worker_id, cancel=True))
-            except ExchangeError:
-                if k in admitted:
-                    with contextlib.suppress(ExchangeError):
-                        transport.leave([k], first.worker_id)
-        if attempt == attempts - 1 or "applied already" not in str(failure):
-            raise failure
-    raise AssertionError("unreachable")
-
-
-def _each(fn, items: list) -> list:
-    """fn(item) for each item in parallel threads; each result, or the ExchangeError it raised."""
-    out: list = [None] * len(items)
-
-    def run(i: int) -> None:
-        try:
-            out[i] = fn(items[i])
-        except ExchangeError as e:
-            out[i] = e
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(items))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return out
 
 
 def make_client(transport: str, addresses: list[str], worker_id: int, num_elements: int, wire_dtype: str = "fp32",
