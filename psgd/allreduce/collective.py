@@ -19,11 +19,11 @@ Contract: `CollectiveExchange` is the `psgd.core.step.Exchange` of `--mode allre
   SHA-256 of their parameters; if any differs every rank raises CollectiveError (exit 1).
 - close: rank 0 writes OUT/replica-0.pt (its snapshots, every `--eval-every` updates, at 0 and
   at the end; `psgd run` evaluates them) and every rank writes OUT/replica-R.json (traffic,
-  times, checks, final hash), which `summary_extra` folds into summary.json.
-- Rendezvous uses the standard variables RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-  MASTER_ADDR, MASTER_PORT (env://), which torchrun sets; `launch_args` sets them for `psgd run`.
-- Backend: nccl when each rank on a host has its own CUDA device, gloo otherwise; `--backend`
-  overrides, and nccl without one GPU per rank is a UsageError (exit 2) before any rendezvous.
+  times, checks, final hash), which `summary_extra` (psgd/allreduce/summary.py) folds into summary.json.
+- Rendezvous and backend (psgd/allreduce/group.py, re-exported here): the standard variables
+  RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (env://), which
+  torchrun sets and `launch_args` sets for `psgd run`; nccl when each rank on a host has its own
+  CUDA device, gloo otherwise (`--backend` overrides; nccl without one GPU per rank is a UsageError).
 - Every collective carries `--rpc-timeout` as its deadline: a dead or stuck peer is a
   one-line CollectiveError, never a hang.
 - Timing: the all-reduce counts as `push_s`. A collective cannot tell waiting for the slowest
@@ -45,9 +45,8 @@ from __future__ import annotations
 import datetime
 import json
 import re
-import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar
@@ -55,11 +54,16 @@ from typing import TypeVar
 import torch
 import torch.distributed as dist
 
+from psgd.allreduce.group import Rendezvous
+from psgd.allreduce.group import choose_backend as choose_backend
+from psgd.allreduce.group import free_port as free_port
+from psgd.allreduce.group import launch_args as launch_args
+from psgd.allreduce.group import usable_cuda_devices as usable_cuda_devices
 from psgd.allreduce.ring import Traffic, ring_all_reduce, ring_bytes
+from psgd.allreduce.summary import summary_extra as summary_extra
 from psgd.core import codec, localsgd, optim
 from psgd.core.config import OptimConfig
-from psgd.core.devices import parse_device, pick_device
-from psgd.core.errors import UsageError
+from psgd.core.devices import pick_device
 from psgd.core.step import Flat, StepReport
 
 MIB = 1 << 20
@@ -68,99 +72,6 @@ T = TypeVar("T")
 
 class CollectiveError(RuntimeError):
     """A collective failed (dead peer, timeout, diverged replicas); the message is one line."""
-
-
-@dataclass(frozen=True)
-class Rendezvous:
-    """Where this process sits in the group, and how the group finds itself."""
-    rank: int                    # global rank 0..world_size-1 ($RANK or --rank)
-    world_size: int              # ranks in the group ($WORLD_SIZE), always equal to --workers
-    local_rank: int              # rank on this host ($LOCAL_RANK): nccl uses cuda:LOCAL_RANK
-    local_world_size: int        # ranks on this host ($LOCAL_WORLD_SIZE): GPUs nccl needs here
-    init_method: str = "env://"  # env:// reads MASTER_ADDR / MASTER_PORT (and torchrun's agent store)
-
-    @classmethod
-    def from_env(cls, rank: int, workers: int, env: Mapping[str, str], init_method: str = "env://") -> Rendezvous:
-        """Read the standard variables (what torchrun sets); UsageError if they do not fit.
-
-        `init_method` file://PATH (what `psgd run` uses) needs no MASTER_ADDR / MASTER_PORT: a
-        shared file is the whole rendezvous, and no TCP store makes reverse-DNS queries."""
-        def number(name: str, default: int) -> int:
-            text = env.get(name)
-            if text is None or text == "":
-                return default
-            if not text.isdigit():
-                raise UsageError(f"${name} must be a number, got {text!r}")
-            return int(text)
-
-        world = number("WORLD_SIZE", workers)
-        if world != workers:
-            raise UsageError(f"WORLD_SIZE={world} but --workers {workers}: they must agree "
-                             "(torchrun: --nnodes x --nproc-per-node = --workers)")
-        missing = [v for v in ("MASTER_ADDR", "MASTER_PORT") if not env.get(v)]
-        if not init_method.startswith(("env://", "tcp://", "file://")):
-            raise UsageError(f"--rendezvous must be env://, tcp://HOST:PORT or file://PATH, got {init_method!r}")
-        if missing and init_method == "env://":
-            raise UsageError(f"the all-reduce rendezvous needs ${' and $'.join(missing)} "
-                             "(torchrun and psgd run set them; by hand: MASTER_ADDR=host0 MASTER_PORT=29500)")
-        local_world = number("LOCAL_WORLD_SIZE", workers)
-        local_rank = number("LOCAL_RANK", rank)
-        if not 0 <= local_rank < local_world:
-            raise UsageError(f"LOCAL_RANK={local_rank} must be in 0..{local_world - 1} (LOCAL_WORLD_SIZE)")
-        return cls(rank, world, local_rank, local_world, init_method)
-
-
-def usable_cuda_devices() -> int:
-    """CUDA devices NCCL could use on this host (0 on a CPU-only build of torch)."""
-    return torch.cuda.device_count() if torch.cuda.is_available() and dist.is_nccl_available() else 0
-
-
-def choose_backend(requested: str, device: str, local_world_size: int, cuda_devices: int) -> str:
-    """nccl when every rank on this host gets its own CUDA device, gloo otherwise (pure).
-
-    NCCL needs one device per rank: two ranks on one GPU is unsupported and may hang, so asking
-    for it without enough devices (or with `--device cuda:N`, one GPU for every rank of the host)
-    is a usage error here, naming the fix, before any process waits for another.
-    """
-    kind, index = parse_device(device)
-    shared = index is not None and local_world_size > 1  # cuda:N: every rank of the host on GPU N
-    one_gpu_each = kind != "cpu" and cuda_devices >= local_world_size and not shared
-    if requested == "nccl" and not one_gpu_each:
-        if kind == "cpu":
-            why, fix = "--device cpu was asked for", "use --device cuda (or auto)"
-        elif shared:
-            why, fix = (f"--device {device} puts all {local_world_size} ranks of this host on one GPU",
-                        "use --device cuda (rank r takes cuda:LOCAL_RANK)")
-        else:
-            why = f"this host runs {local_world_size} ranks and torch sees {cuda_devices} CUDA device(s) for NCCL"
-            fix = (f"run at most one rank per GPU (--workers {cuda_devices}, or torchrun --nproc-per-node "
-                   f"{cuda_devices})" if cuda_devices else "run on a host with a GPU per rank")
-        raise UsageError(f"--backend nccl needs one CUDA device per rank, but {why}: {fix}, or use --backend gloo "
-                         "or auto (GPUs shared, gradients reduced through CPU buffers)")
-    if requested == "auto":
-        return "nccl" if one_gpu_each else "gloo"
-    return requested
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now (the rendezvous store binds it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def launch_args(backend: str, device: str, workers: int, out: str, env: dict) -> tuple[list[str], dict]:
-    """For `psgd run`: the extra worker flags and the environment of a local group of `workers`
-    ranks, as torchrun would set it (the launcher adds RANK and LOCAL_RANK per worker), with the
-    rendezvous in the run folder `out`. Fails fast on a bad backend."""
-    choose_backend(backend, device, workers, usable_cuda_devices())
-    env = dict(env, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE=str(workers),
-               LOCAL_WORLD_SIZE=str(workers))
-    # A file rendezvous in the run folder: local runs then make no TCP-store connection (whose
-    # address lookups leave loopback as reverse-DNS queries). The file must not survive a run.
-    store = Path(out).resolve() / "rendezvous"
-    store.unlink(missing_ok=True)
-    return ["--rendezvous", f"file://{store}"], env
 
 
 @dataclass(frozen=True)
@@ -372,24 +283,3 @@ def _one_line(e: BaseException) -> str:
     first = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), type(e).__name__)
     first = re.sub(r"^\[[^\]]*\]\s*", "", first)  # "[.../gloo/transport/tcp/pair.cc:553] "
     return first.split(" This is typically")[0][:300]
-
-
-def summary_extra(out: Path, final_sha256: str) -> dict:
-    """summary.json fields of an all-reduce run, from the replica-R.json files in `out`.
-
-    `replicas_consistent`: every rank's last check agreed, and on that hash, which is the one
-    of the parameters rank 0 saved. `bytes_sent`: per worker (estimated for the library).
-    """
-    reports = sorted((json.loads(p.read_text()) for p in out.glob("replica-*.json")), key=lambda r: r["rank"])
-    if not reports:
-        raise FileNotFoundError(f"no replica-R.json in {out}: did the all-reduce workers finish?")
-    first = reports[0]
-    return {
-        "allreduce_impl": first["allreduce_impl"], "backend": first["backend"], "bucket_mb": first["bucket_mb"],
-        "replicas_consistent": all(r["replicas_consistent"] and r["final_sha256"] == final_sha256 for r in reports),
-        "consistency_checks": first["checks"],
-        "bytes_sent": {str(r["rank"]): r["bytes_sent"] for r in reports},
-        "bytes_sent_estimated": first["bytes_estimated"],
-        "allreduce_s": sum(r["allreduce_s"] for r in reports) / len(reports),
-        "optimizer_s": sum(r["optimizer_s"] for r in reports) / len(reports),
-    }
