@@ -305,18 +305,27 @@ def test_the_noise_floor_raises_every_accuracy_margin_and_the_reason_says_so():
     assert V.sync_beats_async(small).outcome == V.CONFIRMED and "noise floor" not in V.sync_beats_async(small).reason
 
 
-def test_seeds_to_decide_projects_the_interval_at_the_spread_measured():
-    iv = stats.mean_ci([0.01, 0.05, -0.02])       # estimate +0.013, half-width 0.087 at 3 seeds
-    n = stats.seeds_to_decide(iv, 0.0)
-    sd = float(np.std([0.01, 0.05, -0.02], ddof=1))
+def test_the_power_rule_sizes_seeds_so_the_half_width_is_at_most_half_the_margin():
+    values = [0.01, 0.05, -0.02]
+    iv = stats.mean_ci(values)
+    sd = float(np.std(values, ddof=1))
+    assert stats.spread_of(iv) == pytest.approx(sd)
     from scipy import stats as sp
-    assert sp.t.ppf(0.975, n - 1) * sd / math.sqrt(n) < iv.estimate <= sp.t.ppf(0.975, n - 2) * sd / math.sqrt(n - 1)
-    assert stats.seeds_to_decide(iv, iv.estimate) is None                 # on the boundary: never
-    assert stats.seeds_to_decide(stats.mean_ci([0.1]), 0.0) is None       # one seed: no spread to read
-    assert stats.seeds_to_decide(stats.mean_ci([0.1, float("nan"), 0.2]), 0.0) is None   # a diverged seed
-    assert stats.seeds_to_decide(stats.mean_ci([0.1, -0.1, 0.12]), 0.0, most=30) == 31    # 38 needed: more than 30
-    assert stats.seeds_to_decide(stats.mean_ci([1e-4, -1e-4, 2e-4]), 1.0) == 2
+    margin = 0.02
+    n = stats.seeds_for_margin(iv, margin, least=2)
+    assert sp.t.ppf(0.975, n - 1) * sd / math.sqrt(n) <= margin / 2 < sp.t.ppf(0.975, n - 2) * sd / math.sqrt(n - 1)
+    assert stats.seeds_for_margin(iv, margin) == max(n, stats.POWER_FLOOR)      # at least 8 where seeds replicate
+    # The rule does not read the estimate: the same spread anywhere asks for the same seeds.
+    shifted = stats.mean_ci([v + 0.5 for v in values])
+    assert stats.seeds_for_margin(shifted, margin, least=2) == n
+    tight = stats.mean_ci([0.100, 0.101, 0.099])                               # sd 0.001: 2 would do, the floor asks 8
+    assert stats.seeds_for_margin(tight, margin, least=2) == 2 and stats.seeds_for_margin(tight, margin) == 8
+    assert stats.seeds_for_margin(stats.mean_ci([0.1]), margin) is None       # one seed: no spread to read
+    assert stats.seeds_for_margin(stats.mean_ci([0.1, float("nan"), 0.2]), margin) is None   # a diverged seed
+    assert stats.seeds_for_margin(iv, 0.0) is None                            # no margin: nothing to size
+    assert stats.seeds_for_margin(stats.mean_ci([0.1, -0.1, 0.12]), 0.001, most=30) == 31   # more than 30
     part = V._part("x", iv, 0.02, "effect")
+
     assert part.outcome == V.INCONCLUSIVE and V.decision_point(part) == 0.02   # below the margin: refuting it
     assert V.decision_point(V._part("x", stats.mean_ci([0.05, 0.09, -0.01]), 0.02, "effect")) == 0.0
     assert V.decision_point(V._part("x", iv, 0.01, "no_worse")) == -0.01

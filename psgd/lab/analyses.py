@@ -7,19 +7,35 @@ whose verdict comes from a rule in psgd/lab/verdicts.py applied to the measured 
 t intervals over seeds, paired by seed (psgd/lab/stats.py) — never written by hand. Final figures are the
 mean of the last LAST_K evaluations of each seed (psgd/lab/results.py), taken on the suite's common
 grid of training samples; "chosen" holds the learning rates picked on the validation split.
+
+Split-half stability (`split_half`): every claim with seeds is judged again on each half of them
+(the first n // 2 and the last n // 2 in seed order; an odd count leaves the middle seed out of
+both), by the same analysis and rule; a claim whose halves come out confirmed and refuted is
+"unstable", and the report and summary.json say so with both readings. Power (psgd/lab/power.py):
+the seeds the power rule asks for, from the parts' margins and the spread measured.
 """
 
 from __future__ import annotations
 
 import math
+import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from psgd.lab import analyses_data, analyses_elastic, analyses_optim, analyses_remedies, analyses_systems, plots, stats
+from psgd.lab import (
+    analyses_data,
+    analyses_elastic,
+    analyses_optim,
+    analyses_remedies,
+    analyses_systems,
+    plots,
+    power,
+    stats,
+)
 from psgd.lab import verdicts as V
 from psgd.lab.analysis_kit import Context, acc_ci, body, diff, series_of, variant_series
-from psgd.lab.results import Figure, Group, Section, diverged, roughness, table, time_to
+from psgd.lab.results import Figure, Group, Section, diverged, load_run, roughness, table, time_to
 
 CHANCE_LOSS = math.log(10)  # cross-entropy of a uniform guess over 10 classes
 
@@ -296,6 +312,44 @@ ANALYSES = {"baseline": baseline, "modes": modes, "stragglers": stragglers, "sta
 
 
 
+def _seed_of(spec) -> int:
+    seed = getattr(spec, "seed", None)
+    return int(seed) if seed is not None else int(load_run(spec.cfg.out).cfg.get("seed", 0))
+
+
+def halves_of(seeds: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """(first half, second half, left out) of the seeds in seed order: the first n // 2 and the last
+    n // 2, so both halves have as many seeds; with an odd count the middle seed is in neither."""
+    seeds = sorted(set(seeds))
+    h = len(seeds) // 2
+    return seeds[:h], seeds[len(seeds) - h:], seeds[h:len(seeds) - h]
+
+
+def split_half(fn, exp, summaries: list, chosen: dict, scores: dict) -> dict | None:
+    """The claim's verdict on each half of its seeds (halves_of), by the same analysis and rule, with
+    the same noise floor (measured on all seeds) and the same tuned rates; "unstable" when one half
+    confirms what the other refutes. None for a claim without seeds to split (a benchmark, one seed).
+    A half the analysis cannot read (too few seeds for one of its figures) is reported with its reason."""
+    if not summaries:
+        return None
+    seed_of = [(_seed_of(spec), (spec, summ)) for spec, summ in summaries]
+    first, second, left = halves_of([s for s, _ in seed_of])
+    if not first:
+        return None
+    readings = {}
+    for name, half in (("first", first), ("second", second)):
+        subset = [pair for s, pair in seed_of if s in half]
+        with tempfile.TemporaryDirectory() as tmp:   # a half's figures are drawn and dropped
+            try:
+                outcome = fn(Context(exp, subset, Path(tmp), chosen, scores))[0].outcome
+                reason = ""
+            except (ValueError, KeyError, IndexError, ZeroDivisionError, FloatingPointError) as e:
+                outcome, reason = "", f"{type(e).__name__}: {e}"
+        readings[name] = {"seeds": half, "verdict": outcome, **({"error": reason} if reason else {})}
+    pair = {readings["first"]["verdict"], readings["second"]["verdict"]}
+    return {**readings, "left_out": left, "unstable": pair == {V.CONFIRMED, V.REFUTED}}
+
+
 def analyse(exp, summaries: list, out: Path, chosen: dict | None = None, scores: dict | None = None) -> Section:
     table_ = {**ANALYSES, **analyses_data.ANALYSES, **analyses_systems.ANALYSES, **analyses_remedies.ANALYSES,
               **analyses_elastic.ANALYSES, **analyses_optim.ANALYSES}
@@ -304,6 +358,10 @@ def analyse(exp, summaries: list, out: Path, chosen: dict | None = None, scores:
         raise ValueError(f"{exp.path}: unknown analysis {exp.analysis!r}; known: {', '.join(sorted(table_))}")
     ctx = Context(exp, summaries, out, chosen or {}, scores or {})
     verdict, headline, text, figures, key = fn(ctx)
+    bench = bool(getattr(exp, "bench", ""))
+    halves = split_half(fn, exp, summaries, chosen or {}, scores or {}) if not bench else None
+    pw = power.claim_power(verdict.effects, bench, getattr(exp, "margin_why", ""))
     return Section(exp.id, exp.title, exp.claim, exp.quote, verdict.outcome, headline,
                    body(ctx, text, verdict), figures, key, exp.why, quote_en=exp.quote_en,
-                   quote_source=exp.quote_source, effects=verdict.effects)
+                   quote_source=exp.quote_source, effects=verdict.effects, halves=halves, power=pw,
+                   scoring="" if bench else getattr(exp, "scoring", "end"))

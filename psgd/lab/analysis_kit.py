@@ -17,7 +17,13 @@ import numpy as np
 
 from psgd.lab import plots, stats
 from psgd.lab import verdicts as V
-from psgd.lab.results import LAST_K, PLATEAU, Group, converged, final, groups_of, setup, table
+from psgd.lab.results import LAST_K, PLATEAU, Group, at_best_val, converged, final, groups_of, setup, table
+
+
+def scoring_of(exp) -> tuple[str, str]:
+    """(how an experiment scores its runs, the validation metric best_val picks by): experiment.py's
+    `scoring` and `[tune] metric`; an object without them (a test's stand-in) scores at the end."""
+    return getattr(exp, "scoring", "end"), getattr(exp, "tune_metric", "val_accuracy")
 
 
 class Context:
@@ -25,7 +31,7 @@ class Context:
 
     def __init__(self, exp, summaries: list, out: Path, chosen: dict, scores: dict) -> None:
         self.exp, self.summaries, self.out, self.chosen, self.scores = exp, summaries, out, chosen, scores
-        self.groups: dict[str, Group] = groups_of(summaries) if summaries else {}
+        self.groups: dict[str, Group] = groups_of(summaries, *scoring_of(exp)) if summaries else {}
         self.params = exp.params
 
     def group(self, label: str) -> Group:
@@ -49,13 +55,20 @@ def write_finals(ctx: Context) -> Path | None:
         return None
     path = ctx.out / "finals.csv"
     keys = ("test_accuracy", "test_loss", "train_loss", "val_accuracy")
+    best = ("test_accuracy", "test_loss")   # also at the best validation point, where the runs have one
+    val_key = scoring_of(ctx.exp)[1]
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["run", "seed", "lr", *(f"final_{k}" for k in keys), "samples_per_s", "converged"])
+        w.writerow(["run", "seed", "lr", *(f"final_{k}" for k in keys), *(f"best_val_{k}" for k in best),
+                    "samples_per_s", "converged"])
         for g in ctx.groups.values():
             for r in g.runs:
+                try:
+                    at_best = [f"{at_best_val(r, k, val_key):.6g}" for k in best]
+                except ValueError:   # no validation metric per evaluation: no best-validation point
+                    at_best = [""] * len(best)
                 w.writerow([g.label, r.cfg.get("seed", 0), r.cfg["optim"]["lr"],
-                            *(f"{final(r, k):.6g}" for k in keys),
+                            *(f"{final(r, k):.6g}" for k in keys), *at_best,
                             f"{float(r.summary.get('samples_per_s') or 0.0):.6g}", converged(r)])
     return path
 
@@ -65,8 +78,13 @@ def body(ctx: Context, text: str, verdict: V.Verdict) -> str:
     finals = write_finals(ctx)
     if ctx.groups:
         first = next(iter(ctx.groups.values()))
+        scoring, val_key = scoring_of(ctx.exp)
+        finals_are = (f"mean of the last {LAST_K} evaluations per seed (scored at the end of the budget)"
+                      if scoring == "end" else
+                      f"per seed, the test figure at the evaluation of best {val_key.replace('_', ' ')} (scored at "
+                      "the best validation point, as early stopping reads a run)")
         parts.append(f"**Setup** (from the run configs): {setup(first.cfg, ctx.params.get('vary', ()))}. "
-                     f"Final figures: mean of the last {LAST_K} evaluations per seed, on one grid of training samples "
+                     f"Final figures: {finals_are}, on one grid of training samples "
                      f"for every run; intervals: Student t 95% over seeds, differences paired by seed. Converged: "
                      f"the last {LAST_K} evaluations "
                      f"moved less than {PLATEAU} from the {LAST_K} before.")
@@ -145,7 +163,7 @@ def noise_floor_of(exp, summaries: list) -> NoiseFloor | None:
         return None
     if len(pair) != 2:
         raise ValueError(f"{exp.path}: params.noise_floor names two labels (two identical algorithms), got {pair!r}")
-    groups = groups_of(summaries)
+    groups = groups_of(summaries, *scoring_of(exp))
     if not all(label in groups for label in pair):
         return None
     return NoiseFloor(exp.id, (pair[0], pair[1]), diff(groups[pair[0]], groups[pair[1]]))

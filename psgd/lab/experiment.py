@@ -10,10 +10,16 @@ Contract:
   `analysis` (which analysis in psgd/analyses*.py reads its runs), `why` (why these models, data
   and budgets make the effect visible), `seeds`, a `[base]` table of run settings, `[[runs]]`
   (each a `label` plus settings that override base), optional `[params]` for the analysis,
-  `[tune]`, and `[profiles.quick]` / `[profiles.full]` overrides of base (and of `seeds`, `tune`,
-  `params`; `runs` in a profile are added). A suite file's `[base]` and profile tables sit under
-  the experiment's own. A benchmark experiment has `bench = "NAME"` and `[bench_args]` (flags;
-  true = a bare flag, "{out}" = the experiment's results folder) instead of runs.
+  `[tune]`, and `[profiles.quick]` / `[profiles.full]` / `[profiles.reference]` overrides of base
+  (and of `seeds`, `tune`, `params`; `runs` in a profile are added; the reference profile sets only
+  `seeds`, sized by the power rule: psgd/lab/power.py). Optional per-claim metadata, which changes
+  no run: `margin_why` (why the verdict's margin is the smallest effect of interest, printed beside
+  the seeds the power rule asks for) and `scoring` ("end", the default: each run's final figure is
+  the mean of its last evaluations; "best_val": the test figure at the evaluation of its best
+  validation metric, `[tune] metric`, as early stopping reads it; needs a validation split). A
+  suite file's `[base]` and profile tables sit under the experiment's own. A benchmark experiment
+  has `bench = "NAME"` and `[bench_args]` (flags; true = a bare flag, "{out}" = the experiment's
+  results folder) instead of runs.
   Settings are RunConfig field names (`workers`, `lr`, `straggler = ["0=40"]`, ...); a bad key
   or value is a one-line SuiteError naming the file and the key. A list where a single value is
   expected makes a grid: `workers = [1, 4]` and `lr = [0.1, 1.0]` give four runs, and the label
@@ -47,11 +53,14 @@ from psgd.core import config as C
 from psgd.train.metrics import read_events, samples_per_update
 
 EXPERIMENT_KEYS = {"id", "title", "claim", "quote", "quote_en", "quote_source", "analysis", "why", "seeds", "base",
-                   "runs", "profiles", "params", "bench", "bench_args", "tune"}
+                   "runs", "profiles", "params", "bench", "bench_args", "tune", "margin_why", "scoring"}
 RUN_KEYS = {"label", "lr_from", "lr_factor", "tune_lr", "tune", "eval_samples"}  # besides RunConfig fields
 TUNE_KEYS = {"lr", "seeds", "last_k", "metric"}
 TUNE_METRICS = ("val_accuracy", "val_loss")  # what tuning scores (higher accuracy, or lower loss, wins)
-PROFILES = ("default", "quick", "full")
+PROFILES = ("default", "quick", "full", "reference")
+# How a run's final figure is read (results.py): "end", the mean of its last evaluations (the budget's
+# end); "best_val", the test figure at its evaluation of best validation metric (early stopping).
+SCORINGS = ("end", "best_val")
 
 
 class SuiteError(ValueError):
@@ -104,6 +113,8 @@ class Experiment:
     params: dict = field(default_factory=dict)
     quote_en: str = ""                # the quote in English ("" when the quote is English already)
     quote_source: str = ""            # a seed article's number ("000") or another source's citation
+    margin_why: str = ""              # why the claim's margin is its smallest effect of interest
+    scoring: str = "end"              # SCORINGS: at the budget's end, or at the best validation point
 
     @property
     def tuned(self) -> bool:
@@ -283,9 +294,12 @@ def load_experiment(path: Path, profile: str, results: Path, version: str = "",
     for key in ("id", "title", "claim", "analysis"):
         if not isinstance(doc.get(key), str) or not doc[key]:
             raise SuiteError(f"{path}: key {key!r} is required (a string)")
-    for key in ("quote", "quote_en", "quote_source"):
+    for key in ("quote", "quote_en", "quote_source", "margin_why"):
         if not isinstance(doc.get(key, ""), str):
             raise SuiteError(f"{path}: key {key!r} must be a string")
+    scoring = doc.get("scoring", SCORINGS[0])
+    if scoring not in SCORINGS:
+        raise SuiteError(f"{path}: key 'scoring' must be one of {', '.join(SCORINGS)}, got {scoring!r}")
     if doc.get("quote_en") and not doc.get("quote"):
         raise SuiteError(f"{path}: key 'quote_en' translates 'quote', which is missing")
     if doc.get("quote_source") and not doc.get("quote"):
@@ -308,6 +322,7 @@ def load_experiment(path: Path, profile: str, results: Path, version: str = "",
                   quote_en=" ".join(str(doc.get("quote_en", "")).split()),
                   quote_source=" ".join(str(doc.get("quote_source", "")).split()),
                   why=" ".join(str(doc.get("why", "")).split()), analysis=doc["analysis"], path=path,
+                  margin_why=" ".join(str(doc.get("margin_why", "")).split()), scoring=scoring,
                   params=params, results=results, version=version, seeds=tuple(seeds))
     if "bench" in doc:
         args = {**doc.get("bench_args", {}), **bench_override}
@@ -319,6 +334,8 @@ def load_experiment(path: Path, profile: str, results: Path, version: str = "",
             elif v is not False:
                 text = ",".join(map(str, v)) if isinstance(v, list) else str(v)
                 argv += [flag, text.replace("{out}", str(results / exp_id))]  # "{out}": the experiment's folder
+        if scoring != "end":
+            raise SuiteError(f"{path}: key 'scoring' is for learning runs; a benchmark has no validation split")
         return Experiment(**common, bench=str(doc["bench"]), bench_args=tuple(argv))
     runs_doc = list(doc.get("runs") or []) + list(extra_runs)
     if not runs_doc:
@@ -366,6 +383,11 @@ def load_experiment(path: Path, profile: str, results: Path, version: str = "",
             if not isinstance(eval_samples, int) or isinstance(eval_samples, bool) or eval_samples < 0:
                 raise SuiteError(f"{where}: key 'eval_samples' must be an integer >= 0")
             templates.append(RunTemplate(label, settings, lr_grid, str(lr_from), float(factor), eval_samples))
+    if scoring == "best_val":
+        lacking = [t.label for t in templates if not t.settings.get("val_fraction")]
+        if lacking:
+            raise SuiteError(f"{path}: scoring = \"best_val\" reads each run's validation metric per evaluation, "
+                             f"but run {lacking[0]!r} has no validation split: set val_fraction (e.g. 0.2)")
     by_label = {t.label: t for t in templates}
     for t in templates:
         if t.lr_from and (t.lr_from not in by_label or not by_label[t.lr_from].lr_grid):

@@ -5,7 +5,11 @@ Contract: `write(results, sections, command, wall_s, version=..., articles=...)`
 seed articles" (each article's title, original and English, and an English summary of its claims,
 each naming the experiments that test it: psgd/lab/articles.py reads them from the suite's data
 file), then for each claim: the seed's words with their English translation under them, the
-claim, why this setup, the verdict with its key number, the figures with a one-line caption each,
+claim, why this setup, the verdict with its key number (marked "unstable" where the verdicts on the
+two halves of its seeds contradict each other), how its runs are scored, the seeds it ran against
+those the power rule asks for (psgd/lab/power.py) and its split halves, the figures with a one-line
+caption each,
+
 the setup sentence (from the run configs), the tuning, the table of measured numbers, the rule
 behind the verdict, and where the exact run commands are. It also writes `results/summary.json`
 (verdicts, key numbers, code version, wall time), from which `make readme` regenerates the
@@ -31,8 +35,7 @@ from pathlib import Path
 import grpc
 import torch
 
-from psgd.lab import plots, stats
-from psgd.lab import verdicts as V
+from psgd.lab import plots, power, stats
 from psgd.lab.articles import Article
 
 
@@ -50,11 +53,78 @@ def machine() -> str:
             f"grpcio {grpc.__version__}, {platform.system()} {platform.release()}")
 
 
+def stability_note(halves: Mapping | None) -> str:
+    """", unstable (seeds 0: confirmed; seeds 2: refuted)" for a claim whose split halves contradict
+    each other (analyses.split_half), else ""."""
+    if not halves or not halves.get("unstable"):
+        return ""
+
+    def seeds(h: Mapping) -> str:
+        return f"seed{'s' * (len(h['seeds']) > 1)} {', '.join(map(str, h['seeds']))}"
+    return (f", unstable ({seeds(halves['first'])}: {halves['first']['verdict']}; "
+            f"{seeds(halves['second'])}: {halves['second']['verdict']})")
+
+
 def verdict_table(sections: list, link_prefix: str = "") -> str:
     rows = ["| claim | verdict | key number |", "|---|---|---|"]
     for s in sections:
-        rows.append(f"| [{s.id}]({link_prefix}#{s.id.lower()}) {s.title} | **{s.verdict}** | {s.headline} |")
+        rows.append(f"| [{s.id}]({link_prefix}#{s.id.lower()}) {s.title} | **{s.verdict}**"
+                    f"{stability_note(getattr(s, 'halves', None))} | {s.headline} |")
     return "\n".join(rows)
+
+
+def halves_sentence(halves: Mapping | None) -> str:
+    """The report's line on a claim's split halves: both readings, and whether they agree."""
+    if not halves:
+        return ""
+
+    def reading(h: Mapping) -> str:
+        said = h["verdict"] or f"not read ({h.get('error', 'no verdict')})"
+        return f"seed{'s' * (len(h['seeds']) > 1)} {', '.join(map(str, h['seeds']))}: {said}"
+    left = (f"; seed {', '.join(map(str, halves['left_out']))} left out of both, so the halves are the same size"
+            if halves.get("left_out") else "")
+    verdict = ("**unstable**: one half confirms what the other refutes" if halves["unstable"] else
+               "no contradiction (a half confirmed and the other refuted would be)")
+    return (f"**Split halves** (the same rule on each half of the seeds, in seed order{left}): "
+            f"{reading(halves['first'])}; {reading(halves['second'])}; {verdict}.")
+
+
+SCORING_WORDS = {"end": "at the end of each run's budget (the mean of its last evaluations)",
+                 "best_val": "at each run's best validation point (the test figure at the evaluation of best "
+                             "validation metric, as early stopping reads it)"}
+
+
+def seeds_table(sections: list) -> list[str]:
+    """"Seeds: run and asked": per claim, the seeds it ran, what the power rule asks for, whether 3
+    seeds can decide it, whether its split halves agree, and where its runs are scored."""
+    rows = []
+    for s in sections:
+        pw, halves = getattr(s, "power", None), getattr(s, "halves", None)
+        if not pw and not halves:
+            continue
+        asked = "" if not pw or pw["seeds_asked"] is None else str(pw["seeds_asked"])
+        three = "" if not pw or pw["three_decide"] is None else ("yes" if pw["three_decide"] else "no")
+        split = ""
+        if halves:
+            read = all(halves[h]["verdict"] for h in ("first", "second"))
+            split = ("**unstable**" if halves["unstable"] else "agree" if halves["first"]["verdict"] ==
+                     halves["second"]["verdict"] else "differ, no contradiction") if read else "not read"
+        unit = "" if not pw or pw["replicates"] == "seeds" else " (rounds)"
+        scored = {"end": "end of budget", "best_val": "best validation"}.get(getattr(s, "scoring", ""), "")
+        rows.append(f"| [{s.id}](#{s.id.lower()}) | {pw['seeds_run'] if pw else ''}{unit} | {asked} | {three} | "
+                    f"{split} | {scored} |")
+    if not rows:
+        return []
+    return ["", "## Seeds: run and asked", "",
+            "Per claim: the seeds it ran; the seeds the power rule asks for (the smallest n whose 95% t interval "
+            "has a half-width at most half the claim's margin, at the paired seed-to-seed spread measured here, "
+            f"and at least {stats.POWER_FLOOR} where seeds are the replicates: psgd/lab/power.py); whether 3 seeds "
+            "can decide it by that rule; whether the verdicts on the two halves of the seeds agree (unstable: one "
+            "half confirmed, the other refuted); and where each run is scored. Each claim's section gives its "
+            "margins and why each is the smallest effect of interest. `make experiments-reference` runs the seeds "
+            "asked for (capped so a suite stays within 60 minutes on 2 cores).", "",
+            "| claim | seeds run | power rule asks | 3 seeds decide | split halves | scored |",
+            "|---|---|---|---|---|---|", *rows]
 
 
 def anchor(exp_id: str, ids: Collection[str]) -> str:
@@ -170,23 +240,27 @@ def by_part(s) -> str:
 SEEDS_AT_MOST = 1000
 
 
-def seeds_needed(s) -> str:
-    """For each inconclusive part on a t interval (accuracy, nats), about how many seeds would
-    decide it at the spread measured, were its estimate to hold (stats.seeds_to_decide): what
-    "inconclusive" would cost to settle, or that no affordable number would."""
-    said = []
-    for e in s.effects:
-        if getattr(e, "outcome", None) != V.INCONCLUSIVE or e.unit not in (V.ACCURACY, V.NATS):
-            continue
-        n = stats.seeds_to_decide(e.ci, V.decision_point(e), most=SEEDS_AT_MOST)
-        if n is None or n <= e.ci.n:
-            continue  # unreadable (a diverged arm's nan), or decided by the estimate's side, not the width
-        said.append(f"{e.label}: about {n} (ran {e.ci.n})" if n <= SEEDS_AT_MOST else
-                    f"{e.label}: more than {SEEDS_AT_MOST} (ran {e.ci.n})")
-    if not said:
-        return ""
-    return (" Seeds that would decide it, at the spread measured and were the estimates to hold: "
-            + "; ".join(said) + ".")
+def claim_lines(s) -> list[str]:
+    """A claim's lines after its verdict: how its runs are scored, its seeds against the power
+    rule's (power.sentence), and its split halves."""
+    scoring = getattr(s, "scoring", "")
+    said = [f"**Scored** {SCORING_WORDS[scoring]}." if scoring in SCORING_WORDS else "",
+            power.sentence(getattr(s, "power", None), SEEDS_AT_MOST), halves_sentence(getattr(s, "halves", None))]
+    return [x for line in said if line for x in (line, "")]
+
+
+def claim_record(s) -> dict:
+    """summary.json's newer fields of a claim, present where computed (an older summary lacks them
+    and still renders): "scoring", "split_half" and "stability", and "power"."""
+    out = {}
+    if getattr(s, "scoring", ""):
+        out["scoring"] = s.scoring
+    if getattr(s, "halves", None):
+        out["split_half"] = s.halves
+        out["stability"] = "unstable" if s.halves["unstable"] else "stable"
+    if getattr(s, "power", None):
+        out["power"] = s.power
+    return out
 
 
 def write(results: Path, sections: list, command: str, wall_s: float, note: str = "", version: str = "",
@@ -218,6 +292,7 @@ def write(results: Path, sections: list, command: str, wall_s: float, note: str 
         "",
         *forest_lines(results, sections),
         verdict_table(sections),
+        *seeds_table(sections),
         *noise_lines(noise),
         *articles_section(articles, {s.id for s in sections}),
     ]
@@ -227,7 +302,9 @@ def write(results: Path, sections: list, command: str, wall_s: float, note: str 
         lines += [f"**Claim.** {s.claim}", ""]
         if s.why:
             lines += [f"**Why this setup.** {s.why}", ""]
-        lines += [f"**Verdict: {s.verdict}.** {s.headline}.{by_part(s)}{seeds_needed(s)}", ""]
+        lines += [f"**Verdict: {s.verdict}{stability_note(getattr(s, 'halves', None))}.** {s.headline}."
+                  f"{by_part(s)}", ""]
+        lines += claim_lines(s)
         for fig in s.figures:
             rel = os.path.relpath(fig.path, results)
             lines += [f"![{fig.path.stem}]({rel})", "", f"*{fig.caption}*", ""]
@@ -244,7 +321,7 @@ def write(results: Path, sections: list, command: str, wall_s: float, note: str 
                                                                          noise.diff.hi],
                                                           "seeds": noise.diff.n, "value": noise.value},
                "claims": [{"id": s.id, "title": s.title, "verdict": s.verdict, "headline": s.headline,
-                           "key": s.key} for s in sections]}
+                           "key": s.key, **claim_record(s)} for s in sections]}
     (results / "summary.json").write_text(json.dumps(summary, indent=1, default=float))
     return path
 
@@ -273,8 +350,8 @@ def readme_block(summary: dict, report_path: str = "results/REPORT.md") -> str:
             f"{summary['machine'].split(';')[0]}):")
     rows = ["| claim | verdict | key number |", "|---|---|---|"]
     for c in summary["claims"]:
-        rows.append(f"| [{c['id']}]({report_path}#{c['id'].lower()}) {c['title']} | **{c['verdict']}** | "
-                    f"{c['headline']} |")
+        rows.append(f"| [{c['id']}]({report_path}#{c['id'].lower()}) {c['title']} | **{c['verdict']}**"
+                    f"{stability_note(c.get('split_half'))} | {c['headline']} |")
     return "\n".join([begin, head, "", *rows, end])
 
 

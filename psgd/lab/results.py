@@ -6,6 +6,9 @@ Contract:
   per seed, the mean of the last `LAST_K` evaluations of `key` (test_accuracy, test_loss, ...):
   one evaluation is noisy, the mean of a plateau is not. `Group.ci(key)` is its Student t
   interval over seeds (psgd/lab/stats.py); `Group.summary_ci(field)` the same for a summary field.
+- `Group(scoring="best_val")` reads each seed's figure instead at its evaluation of best validation
+  metric (`at_best_val`: the test metric where early stopping would stop; an experiment's `scoring`
+  chooses, experiment.py); a run without validation metrics per evaluation is a clear error.
 - `converged(run)` states the plateau criterion: the mean accuracy of the last LAST_K evaluations
   differs from the LAST_K before by less than PLATEAU (validation accuracy when the run has a
   validation split, else test). The report counts converged seeds per run.
@@ -73,6 +76,26 @@ def final(run: RunData, key: str = "test_accuracy", k: int = LAST_K) -> float:
     return float(np.mean(tail)) if all(math.isfinite(v) for v in tail) else float("nan")
 
 
+def best_val_index(run: RunData, val_key: str = "val_accuracy") -> int:
+    """The evaluation with the best validation metric (the highest accuracy, or the lowest loss for a
+    `val_loss`; ties: the earliest), where early stopping would keep the model. A clear error for a
+    run whose evaluations record no validation metric (made without --val-fraction)."""
+    vals = [(i, e.get(val_key)) for i, e in enumerate(run.evals)]
+    vals = [(i, float(v)) for i, v in vals if v is not None and math.isfinite(float(v))]
+    if not vals:
+        where = run.summary.get("config", {}).get("out") or "a run"
+        raise ValueError(f"{where}: its evaluations record no finite {val_key}: best-validation scoring needs "
+                         f"runs made with a validation split (--val-fraction > 0)")
+    lower = val_key.endswith("loss")
+    return min(vals, key=lambda iv: (iv[1] if lower else -iv[1], iv[0]))[0]
+
+
+def at_best_val(run: RunData, key: str = "test_accuracy", val_key: str = "val_accuracy") -> float:
+    """`key` (a test metric) at the evaluation of best validation metric (nan when not finite there)."""
+    v = run.evals[best_val_index(run, val_key)].get(key)
+    return float(v) if v is not None and math.isfinite(float(v)) else float("nan")
+
+
 def converged(run: RunData, k: int = LAST_K, tol: float = PLATEAU) -> bool:
     key = "val_accuracy" if run.evals and run.evals[-1].get("val_accuracy") is not None else "test_accuracy"
     acc = [e[key] for e in run.evals]
@@ -116,6 +139,8 @@ class Group:
     """All seeds of one labelled run, in seed order (so that two arms' per-seed lists pair up)."""
     label: str
     runs: list[RunData]
+    scoring: str = "end"          # "end": mean of the last LAST_K evaluations; "best_val": at the best validation point
+    val_key: str = "val_accuracy"  # the validation metric "best_val" picks by
 
     def __post_init__(self) -> None:
         self.runs = sorted(self.runs, key=lambda r: r.cfg.get("seed", 0))
@@ -150,6 +175,9 @@ class Group:
         return float(np.mean(self.values(key)))
 
     def finals(self, key: str = "test_accuracy") -> list[float]:
+        """Each seed's final figure of `key`, as the claim scores it (`scoring`)."""
+        if self.scoring == "best_val":
+            return [at_best_val(r, key, self.val_key) for r in self.runs]
         return [final(r, key) for r in self.runs]
 
     def ci(self, key: str = "test_accuracy") -> stats.Interval:
@@ -162,11 +190,11 @@ class Group:
         return f"{sum(converged(r) for r in self.runs)}/{len(self.runs)}"
 
 
-def groups_of(summaries: list) -> dict[str, Group]:
+def groups_of(summaries: list, scoring: str = "end", val_key: str = "val_accuracy") -> dict[str, Group]:
     grouped: dict[str, list] = defaultdict(list)
     for spec, _ in summaries:
         grouped[spec.label].append(load_run(spec.cfg.out))
-    return {label: Group(label, runs) for label, runs in grouped.items()}
+    return {label: Group(label, runs, scoring, val_key) for label, runs in grouped.items()}
 
 
 def table(header: list[str], rows: list[list]) -> str:
@@ -239,3 +267,6 @@ class Section:
     quote_en: str = ""           # the quote's English translation ("" when the quote is English)
     quote_source: str = ""       # where the quote is from: a seed article's number ("000") or a citation
     effects: tuple = ()          # the verdict's psgd.lab.verdicts.Effect parts (the forest plot's rows)
+    halves: dict | None = None   # the split-half verdicts (analyses.split_half); None: not computed
+    power: dict | None = None    # the seeds the power rule asks for (power.claim_power); None: none weighed
+    scoring: str = ""            # how its runs were scored: "end" or "best_val" ("" for a benchmark)

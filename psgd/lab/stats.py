@@ -90,23 +90,37 @@ def mean_ci(values: Sequence[float], level: float = LEVEL) -> Interval:
     return _t(float(a.mean()), se, a.size - 1, a.size, level)
 
 
-def seeds_to_decide(ci: Interval, boundary: float, level: float = LEVEL, most: int = 1000) -> int | None:
-    """About how many seeds would put a t interval like `ci` clear of `boundary` (a rule's
-    decision point), were the estimate and the seed-to-seed spread to stay as measured: the
-    smallest n with t(n-1) * sd / sqrt(n) below |estimate - boundary|, the sd read back from the
-    interval's half-width; `most` + 1 where more than `most` would be needed. None where it
-    cannot be read (fewer than 2 seeds, a non-finite or zero-width interval, an estimate on the
-    boundary). A projection, not a promise: a new seed moves the estimate too."""
+POWER_FLOOR = 8   # the fewest seeds the power rule asks for where seeds are the replicates
+
+
+def spread_of(ci: Interval, level: float = LEVEL) -> float | None:
+    """The seed-to-seed standard deviation behind a t interval, read back from its half-width
+    (sd = half-width x sqrt(n) / t(n-1)); for an asymmetric interval (a ratio's) the mean of its two
+    half-widths. None where it cannot be read: fewer than 2 seeds, a non-finite or zero-width interval."""
     finite = all(math.isfinite(v) for v in (ci.estimate, ci.lo, ci.hi))
     if ci.n < 2 or not finite or ci.hi <= ci.lo:
         return None
-    q = 0.5 + level / 2
-    sd = (ci.hi - ci.lo) / 2 * math.sqrt(ci.n) / float(_scipy.t.ppf(q, ci.n - 1))
-    gap = abs(ci.estimate - boundary)
-    if gap == 0:
+    return (ci.hi - ci.lo) / 2 * math.sqrt(ci.n) / float(_scipy.t.ppf(0.5 + level / 2, ci.n - 1))
+
+
+def half_width(sd: float, n: int, level: float = LEVEL) -> float:
+    """The half-width of a t interval of a mean of n values with standard deviation sd."""
+    return float(_scipy.t.ppf(0.5 + level / 2, n - 1)) * sd / math.sqrt(n)
+
+
+def seeds_for_margin(ci: Interval, margin: float, level: float = LEVEL, least: int = POWER_FLOOR,
+                     most: int = 1000) -> int | None:
+    """The power rule: the smallest n with t(0.975, n-1) x sd / sqrt(n) <= margin / 2, sd the
+    seed-to-seed spread measured (`spread_of`), and at least `least` (POWER_FLOOR where seeds are
+    the replicates; 2 gives the rule's own n). An interval that narrow decides the claim whichever
+    side of the margin the estimate lands on, so n is fixed before the seeds are run, not chosen
+    after. `most` + 1 where more than `most` would be needed; None where the spread cannot be read
+    or the margin is not positive (no smallest effect of interest: nothing to size)."""
+    sd = spread_of(ci, level)
+    if sd is None or not margin > 0:
         return None
-    for n in range(2, most + 1):
-        if float(_scipy.t.ppf(q, n - 1)) * sd / math.sqrt(n) < gap:
+    for n in range(max(2, least), most + 1):
+        if half_width(sd, n, level) <= margin / 2:
             return n
     return most + 1
 

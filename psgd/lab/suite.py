@@ -24,6 +24,8 @@ Contract:
     psgd suite experiments/default.toml              # what `make experiments` runs
     psgd suite experiments/default.toml --only E2,E3   # rerun two; the report still covers all
     psgd suite experiments/default.toml --full       # 5 seeds, wider sweeps: results/full/
+    psgd suite experiments/default.toml --reference  # power-sized seeds per claim: results/reference/
+
     psgd suite experiments/default.toml --report     # re-analyse finished runs, run nothing
 """
 
@@ -361,6 +363,9 @@ def main(argv: list[str]) -> int:
     group = p.add_mutually_exclusive_group()
     group.add_argument("--quick", action="store_true", help="smoke profile: tiny budgets, one seed")
     group.add_argument("--full", action="store_true", help="5 seeds, wider sweeps, more configurations (~2 h)")
+    group.add_argument("--reference", action="store_true",
+                       help="the default runs at the seeds the power rule asks for per claim (each experiment's "
+                            "[profiles.reference]; at most about 60 min on 2 cores): results/reference/")
     p.add_argument("--out", "--results", dest="results", type=Path, default=None,
                    help="output folder (default results/, or results/full with --full); --results is its old name")
     p.add_argument("--fresh", action="store_true", help="rerun runs even when a matching result exists")
@@ -374,8 +379,9 @@ def main(argv: list[str]) -> int:
         from psgd.train import tboard
 
         tboard.require()
-    profile = "quick" if a.quick else "full" if a.full else "default"
-    results = a.results or (Path("results/full") if a.full else Path("results"))
+    profile = "quick" if a.quick else "full" if a.full else "reference" if a.reference else "default"
+    results = a.results or (Path("results/full") if a.full else Path("results/reference") if a.reference
+                            else Path("results"))
     only = {s.strip() for s in a.only.split(",") if s.strip()} or None
     if a.report:
         if only or a.fresh:
