@@ -16,7 +16,7 @@ Contract:
   so the default profile's seeds come first and are reused), all capped at the largest common
   count for which the suite's own ETA (suite.estimate_s, every run made afresh) stays within
   `cap_s`; says where the cap binds.
-- `python -m psgd.lab.power plan SUITE.toml FOREST.csv [--cap-min 60]` prints that plan from a
+- `python -m psgd.lab.reference plan SUITE.toml FOREST.csv [--cap-min 60]` prints that plan from a
   committed report's forest.csv (the numbers that decided each verdict), for pasting into each
   experiment file's `[profiles.reference]` (`make experiments-reference` runs that profile).
 Pure arithmetic but for reading the CSV and the suite files.
@@ -24,11 +24,8 @@ Pure arithmetic but for reading the CSV and the suite files.
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import sys
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 
 from psgd.lab import stats
 
@@ -85,17 +82,12 @@ def sentence(power: dict | None, most: int = 1000) -> str:
     return text
 
 
-def reference_plan(experiments: list, asked: Mapping[str, int], cap_s: float = 3600.0,
-                   estimate=None) -> tuple[dict[str, int], int | None, float]:
+def reference_plan(experiments: list, asked: Mapping[str, int], cap_s: float,
+                   estimate) -> tuple[dict[str, int], int | None, float]:
     """(seeds per claim id, the common cap or None where none binds, the ETA in seconds) for the
     reference profile: each learning claim in `asked` gets range(n) seeds, n its asked count,
-    lowered to a common cap until the suite's ETA (`estimate`, default suite.estimate_s with every
-    run made afresh) is within `cap_s`; never below the seeds it has now."""
-    if estimate is None:
-        from psgd.lab.suite import estimate_s
-
-        def estimate(exps):
-            return estimate_s(exps, fresh=True)
+    lowered to a common cap until the suite's ETA (`estimate(experiments)`: psgd/lab/reference.py
+    passes the suite's own, every run made afresh) is within `cap_s`; never below the seeds it has now."""
 
     def plan(cap: int | None) -> dict[str, int]:
         out = {}
@@ -118,41 +110,3 @@ def reference_plan(experiments: list, asked: Mapping[str, int], cap_s: float = 3
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if eta(plan(mid)) <= cap_s else (lo, mid - 1)
     return plan(lo), lo, eta(plan(lo))
-
-
-def asked_from_forest(path: Path, bench_ids: Iterable[str] = ()) -> dict[str, int]:
-    """Per claim of a report's forest.csv, the seeds the power rule asks for (its largest part's)."""
-    bench_ids = set(bench_ids)
-    by: dict[str, list] = {}
-    with open(path, newline="") as f:
-        for row in csv.DictReader(f):
-            if not row.get("lo"):
-                continue
-            ci = stats.Interval(float(row["estimate"]), float(row["lo"]), float(row["hi"]), int(row["seeds"]))
-            by.setdefault(row["claim"], []).append(part_power(row["effect"], ci, float(row["margin"]),
-                                                              row["claim"] in bench_ids))
-    return {claim: max(p["seeds_asked"] for p in parts if p["seeds_asked"] is not None)
-            for claim, parts in by.items() if any(p["seeds_asked"] is not None for p in parts)}
-
-
-def main(argv: list[str]) -> int:
-    """`python -m psgd.lab.power plan SUITE.toml FOREST.csv [--cap-min 60]`: the reference profile."""
-    if len(argv) < 3 or argv[0] != "plan":
-        print("usage: python -m psgd.lab.power plan SUITE.toml FOREST.csv [--cap-min 60]", file=sys.stderr)
-        return 2
-    cap_min = float(argv[argv.index("--cap-min") + 1]) if "--cap-min" in argv else 60.0
-    from psgd.lab.experiment import load_suite
-
-    experiments = load_suite(Path(argv[1]), "default", results=Path("/nonexistent-results"))
-    asked = asked_from_forest(Path(argv[2]), [e.id for e in experiments if e.bench])
-    seeds, cap, eta = reference_plan(experiments, asked, cap_min * 60)
-    for e in experiments:
-        if e.id in seeds:
-            bound = " (capped)" if cap is not None and asked[e.id] > seeds[e.id] else ""
-            print(f"{e.id}: rule asks {asked[e.id]}, reference {seeds[e.id]}{bound}  [{e.path.name}]")
-    print(f"ETA {eta / 60:.1f} min on 2 cores" + (f"; cap {cap} seeds binds" if cap is not None else "; no cap binds"))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
