@@ -1,20 +1,14 @@
 """A consistency policy: a mode's rule (psgd/core/rules.py) with production's bookkeeping around it.
 
-The state machine every mode shares: the version counter, each worker's clock, a budget of
-gradients, the start barrier and membership (its collaborator, psgd/core/roster.py). The rule
-decides when a pull is served and whether a gradient is applied on arrival; this class only asks
-it. Async and SSP are this class with their rule (psgd/core/consistency.py); Sync adds the step's
-sum, its quorum and backup workers (psgd/core/sync.py).
-
-- push(worker, clock, base_version, grad): checks the clock and the version, measures staleness,
-  lets the remedies `adjust` the gradient, then the mode takes it (`_on_gradient`). Never blocks.
-- pull(worker, clock, read): waits until the rule allows the read (and the start barrier is down,
-  and a joiner's admission update is reached), then calls read() under the lock.
-- expire / lose / depart / admit / cancel: membership changes (the roster keeps who is in);
-  `membership_state` / `restore_membership` carry it through checkpoints.
-
-No math, no I/O: `apply(grad)` (the optimizer step) and `read()` are the shard's callbacks, called
-under `self.cond`, which guards every field here and in the roster.
+The state machine every mode shares: versions, clocks, a budget, the start barrier, membership (its
+collaborator, psgd/core/roster.py). Async and SSP are this class with their rule; Sync adds the
+step's sum, its quorum and backup workers (psgd/core/sync.py).
+- push: checks clock and version, measures staleness, lets the remedies `adjust` the gradient, then
+  the mode takes it (`_on_gradient`); never blocks. `turn`: may a push's data be read now (Sync).
+- pull: waits until the rule allows the read (start barrier down, a joiner admitted), then read().
+- expire / lose / depart / admit / cancel: membership; `membership_state` carries it in checkpoints.
+No math, no I/O: `apply(grad)` and `read()` are the shard's callbacks, called under `self.cond`,
+which guards every field here and in the roster.
 """
 
 from __future__ import annotations
