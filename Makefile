@@ -56,7 +56,7 @@ experiments-reference: install
 
 # The README's verdict table, from the committed reference run (tests fail when it is stale).
 readme: install
-	$(BIN)/python -m psgd.lab.report readme README.md results/summary.json results/transformer/summary.json
+	$(BIN)/python -m psgd.lab.report readme docs/results.md results/summary.json results/transformer/summary.json
 
 proto: install
 	$(BIN)/python tools/gen_proto.py
@@ -66,6 +66,12 @@ proto: install
 # within 5 minutes; writes results/gpu/ and fails on any failure. CPU-only: says so, checks nothing, exit 0.
 gpu-check: install
 	$(BIN)/psgd doctor --gpu --out results/gpu
+
+# A two-node Slurm 22.05 cluster on this machine (tools/slurm/cluster.py; apt-get installs slurm-wlm and
+# munge where missing, as root), deploy/slurm/psgd_ps.sbatch under sbatch against psgd run, and scancel.
+# Skips, saying why, where Slurm cannot be had. About 25 s (plus ~20 s the first time apt-get installs).
+slurm-check: install
+	$(BIN)/python -m pytest -q -rs tests/test_slurm.py
 
 lint: install
 	$(BIN)/ruff check psgd tests tools examples

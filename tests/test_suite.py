@@ -301,7 +301,7 @@ def test_readme_verdict_table_is_current(folder):
     results/transformer/summary.json (the transformer suite's)."""
     summary = json.loads((ROOT / folder / "summary.json").read_text())
     block = report_mod.readme_block(summary, f"{folder}/REPORT.md")
-    assert block in (ROOT / "README.md").read_text(), "README is stale: run `make readme`"
+    assert block in (ROOT / "docs/results.md").read_text(), "docs/results.md is stale: run `make readme`"
 
 
 def test_the_run_key_is_the_last_commit_of_the_training_code():
