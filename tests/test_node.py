@@ -127,3 +127,35 @@ def test_torchrun_starts_a_1_server_2_worker_sync_job_that_equals_psgd(tmp_path,
     assert (s["mode"], s["workers"], s["servers"], s["global_updates"]) == ("sync", 2, 1, 4)
     # Bit for bit: the same code on the same batches, and two gradients sum the same in either order.
     assert torch.equal(torch.load(out / "final_params.pt"), expected)
+
+
+SLURM = {"SLURM_PROCID": "2", "SLURM_NTASKS": "3", "SLURM_LOCALID": "0", "SLURM_JOB_ID": "4711",
+         "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_STEP_ID": "0"}
+
+
+def test_srun_without_torchrun_takes_the_role_from_slurms_variables():
+    """As PyTorch Lightning's SLURMEnvironment and submitit read them; tests/test_slurm.py runs it."""
+    assert node.from_environ(SLURM) == node.TorchrunEnv(2, 3, "n1", 15000 + 4711, 0, launcher="srun", local_rank=0)
+    given = node.from_environ(dict(SLURM, MASTER_ADDR="127.0.0.1", MASTER_PORT="29400", SLURM_RESTART_COUNT="1"))
+    assert (given.master_addr, given.master_port, given.attempt) == ("127.0.0.1", 29400, 1)
+    # torchrun under srun: torchrun's variables win
+    torchrun = {"RANK": "1", "WORLD_SIZE": "4", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+    assert node.from_environ({**SLURM, **torchrun}) == node.TorchrunEnv(1, 4, "127.0.0.1", 29500, 0)
+    with pytest.raises(UsageError, match="not in a job step"):  # the batch script itself
+        node.from_environ({k: v for k, v in SLURM.items() if k != "SLURM_STEP_ID"})
+    with pytest.raises(UsageError, match="SLURM_JOB_NODELIST not set"):
+        node.from_environ(dict(SLURM, SLURM_JOB_NODELIST=""))
+    with pytest.raises(UsageError, match="SLURM_PROCID 3 is not in 0..SLURM_NTASKS-1 = 0..2"):
+        node.from_environ(dict(SLURM, SLURM_PROCID="3"))
+    with pytest.raises(UsageError, match="not a number"):
+        node.from_environ(dict(SLURM, SLURM_NTASKS="three"))
+    assert node.default_port("123456") == 18456 and node.default_port("77_3") == 15773
+
+
+def test_slurm_node_lists_expand_as_scontrol_show_hostnames():
+    assert node.expand_nodelist("n[1-2]") == ["n1", "n2"]
+    assert node.expand_nodelist("gpu[001-003,010],cpu-a") == ["gpu001", "gpu002", "gpu003", "gpu010", "cpu-a"]
+    assert node.expand_nodelist("r[1-2]n[7-8]") == ["r1n7", "r1n8", "r2n7", "r2n8"]
+    with pytest.raises(UsageError, match="bad range"):
+        node.expand_nodelist("n[a-b]")
+

@@ -1,5 +1,6 @@
 """`psgd node`: one process of a parameter-server run that torchrun started (and, through torchrun,
-Slurm or Kubernetes), deciding from torchrun's variables whether it serves a shard or trains.
+Slurm or Kubernetes), or that Slurm's `srun` started by itself, deciding from the launcher's
+variables whether it serves a shard or trains.
 
     torchrun --nnodes 1 --nproc-per-node 3 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:0 \\
         --local-addr 127.0.0.1 -m psgd node --servers 1 --mode sync --out results/runs/node
@@ -9,6 +10,16 @@ Contract:
 - It runs where torchrun's variables are set (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT;
   TORCHELASTIC_RESTART_COUNT when there); `from_environ` reads them at the edge and refuses,
   as a UsageError, a process started without them.
+- Under `srun` without torchrun (RANK and WORLD_SIZE unset, SLURM_STEP_ID set: a job step, not
+  the batch script), Slurm's variables say the same, as PyTorch Lightning's SLURMEnvironment and
+  submitit read them: RANK = SLURM_PROCID, WORLD_SIZE = SLURM_NTASKS (the step's), LOCAL_RANK =
+  SLURM_LOCALID, the attempt = SLURM_RESTART_COUNT (a requeued job). MASTER_ADDR, where the job
+  script does not export it, is the first node of SLURM_JOB_NODELIST (`expand_nodelist`, pure;
+  a host name, so a lookup: deploy/slurm/psgd_ps.sbatch exports the node's NodeAddr instead), and
+  MASTER_PORT, where not exported, 15000 + the last 4 digits of SLURM_JOB_ID (Lightning's rule).
+  There is no torchrun agent: rank 0 (shard 0) hosts the store, listening on MASTER_ADDR only
+  (a socket psgd binds and hands to torch's TCPStore), the others connect to it. torchrun under
+  srun sets RANK and WORLD_SIZE, and then torchrun's variables win.
 - `role` is pure: ranks 0..K-1 serve shard k = RANK, ranks K..K+N-1 train as worker RANK - K.
   WORLD_SIZE must be K + N (N defaults to WORLD_SIZE - K). torchrun numbers ranks node by node,
   so the shards sit on the node that the rendezvous made node 0, beside its first workers.
@@ -42,6 +53,9 @@ Contract:
 
 from __future__ import annotations
 
+import os
+import re
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -49,6 +63,7 @@ from datetime import timedelta
 from psgd.core.errors import UsageError
 
 NEEDED = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+SLURM_NEEDED = ("SLURM_PROCID", "SLURM_NTASKS", "SLURM_JOB_ID", "SLURM_JOB_NODELIST")
 
 
 @dataclass(frozen=True)
@@ -59,6 +74,8 @@ class TorchrunEnv:
     master_addr: str   # MASTER_ADDR: the store's host (torchrun --local-addr on node 0; else its FQDN)
     master_port: int   # MASTER_PORT
     attempt: int       # TORCHELASTIC_RESTART_COUNT: 0, then 1.. after a restart (--max-restarts)
+    launcher: str = "torchrun"   # "srun": Slurm's variables, no agent, rank 0 hosts the store
+    local_rank: int | None = None  # SLURM_LOCALID under srun (torchrun sets LOCAL_RANK itself)
 
 
 @dataclass(frozen=True)
@@ -69,12 +86,14 @@ class Role:
 
 
 def from_environ(environ: Mapping[str, str]) -> TorchrunEnv:
-    """torchrun's variables, checked; a UsageError (exit 2) without them."""
+    """torchrun's variables, or under srun Slurm's, checked; a UsageError (exit 2) without them."""
+    if not environ.get("RANK") and not environ.get("WORLD_SIZE") and environ.get("SLURM_PROCID"):
+        return from_slurm(environ)
     missing = [k for k in NEEDED if not environ.get(k)]
     if len(missing) == len(NEEDED):
-        raise UsageError("not under torchrun (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are not set): start it "
-                         "as torchrun --nproc-per-node K+N ... -m psgd node --servers K ...; on one host without "
-                         "torchrun, use psgd run")
+        raise UsageError("not under torchrun or srun (RANK, WORLD_SIZE, MASTER_ADDR and MASTER_PORT are not set, nor "
+                         "SLURM_PROCID): start it as torchrun --nproc-per-node K+N ... -m psgd node --servers K ..., "
+                         "or srun -n K+N psgd node --servers K ...; on one host without either, use psgd run")
     if missing:
         raise UsageError(f"torchrun's {', '.join(missing)} not set (RANK, WORLD_SIZE, MASTER_ADDR "
                          "and MASTER_PORT are all needed)")
@@ -86,6 +105,77 @@ def from_environ(environ: Mapping[str, str]) -> TorchrunEnv:
     if not 0 <= env.rank < env.world_size:
         raise UsageError(f"RANK {env.rank} is not in 0..WORLD_SIZE-1 = 0..{env.world_size - 1}")
     return env
+
+
+def from_slurm(environ: Mapping[str, str]) -> TorchrunEnv:
+    """A task `srun` started: Slurm's variables as torchrun's (module docstring). A UsageError in
+    the batch script itself (no SLURM_STEP_ID), or where a variable is missing or not a number."""
+    if not (environ.get("SLURM_STEP_ID") or environ.get("SLURM_STEPID")):
+        raise UsageError("in a Slurm job but not in a job step (SLURM_STEP_ID is not set): start every process "
+                         "with srun -n K+N psgd node ... (or srun torchrun ...), not in the batch script itself")
+    missing = [k for k in SLURM_NEEDED if not environ.get(k)]
+    if missing:
+        raise UsageError(f"Slurm's {', '.join(missing)} not set (srun sets {', '.join(SLURM_NEEDED)})")
+    try:
+        rank = int(environ["SLURM_PROCID"])
+        world = int(environ["SLURM_NTASKS"])
+        local = int(environ["SLURM_LOCALID"]) if environ.get("SLURM_LOCALID") else None
+        attempt = int(environ.get("SLURM_RESTART_COUNT") or 0)
+        port = int(environ.get("MASTER_PORT") or default_port(environ["SLURM_JOB_ID"]))
+    except ValueError as e:
+        raise UsageError(f"a Slurm variable (or MASTER_PORT) is not a number ({e})") from None
+    addr = environ.get("MASTER_ADDR") or expand_nodelist(environ["SLURM_JOB_NODELIST"])[0]
+    if not 0 <= rank < world:
+        raise UsageError(f"SLURM_PROCID {rank} is not in 0..SLURM_NTASKS-1 = 0..{world - 1}")
+    return TorchrunEnv(rank, world, addr, port, attempt, launcher="srun", local_rank=local)
+
+
+def default_port(job_id: str) -> int:
+    """MASTER_PORT where the job script gives none: 15000 + the job id's last 4 digits, as
+    PyTorch Lightning's SLURMEnvironment picks it (an array job's id is "123_4": its digits)."""
+    digits = "".join(ch for ch in job_id if ch.isdigit())
+    if not digits:
+        raise ValueError(f"SLURM_JOB_ID {job_id!r}")
+    return 15000 + int(digits[-4:])
+
+
+def expand_nodelist(nodelist: str) -> list[str]:
+    """Slurm's compressed host list, expanded as `scontrol show hostnames` does, without Slurm:
+    "n[1-3,7],gpu-[01-02]-a" -> n1, n2, n3, n7, gpu-01-a, gpu-02-a (zero padding kept; several
+    bracket groups in one name multiply)."""
+    names: list[str] = []
+    for item in _split_top(nodelist):
+        parts = re.split(r"(\[[^\]]*\])", item)
+        expanded = [""]
+        for part in parts:
+            if part.startswith("["):
+                choices = []
+                for r in part[1:-1].split(","):
+                    lo, _, hi = r.partition("-")
+                    if not lo.isdigit() or (hi and not hi.isdigit()):
+                        raise UsageError(f"SLURM_JOB_NODELIST {nodelist!r}: bad range {r!r}")
+                    choices += [str(i).zfill(len(lo)) for i in range(int(lo), int(hi or lo) + 1)]
+                expanded = [e + c for e in expanded for c in choices]
+            else:
+                expanded = [e + part for e in expanded]
+        names += [e for e in expanded if e]
+    if not names:
+        raise UsageError(f"SLURM_JOB_NODELIST {nodelist!r} names no node")
+    return names
+
+
+def _split_top(nodelist: str) -> list[str]:
+    """Splits at the commas outside brackets."""
+    items, depth, cur = [], 0, ""
+    for ch in nodelist:
+        depth += ch == "["
+        depth -= ch == "]"
+        if ch == "," and depth == 0:
+            items.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return [*items, cur]
 
 
 def workers_of(world_size: int, servers: int, workers: int | None) -> int:
@@ -126,12 +216,47 @@ def connect(env: TorchrunEnv, timeout_s: float):
     it cannot be reached within `timeout_s`."""
     import torch.distributed as dist  # noqa: PLC0415 - torch loads after a shard has blocked its stop signals
 
+    if env.launcher == "srun":
+        return dist.PrefixStore(f"psgd/attempt-{env.attempt}/", _slurm_store(env, timeout_s))
     try:
         store, _, _ = next(dist.rendezvous("env://", timeout=timedelta(seconds=timeout_s)))
     except (RuntimeError, ValueError) as e:  # DistStoreError and friends are RuntimeErrors
         raise NodeError(f"cannot reach torchrun's store at {address(env.master_addr, env.master_port)}: "
                         f"{_first_line(e)}") from None
     return dist.PrefixStore(f"psgd/attempt-{env.attempt}/", store)
+
+
+def _slurm_store(env: TorchrunEnv, timeout_s: float):
+    """Under srun: the TCPStore rank 0 hosts on MASTER_ADDR:MASTER_PORT (on that address only: the
+    socket is psgd's, bound there, then given to torch), which the others reach. Also sets
+    torchrun's names in this process's environment where unset (RANK, WORLD_SIZE, LOCAL_RANK,
+    MASTER_ADDR, MASTER_PORT), for what reads them later (a worker's --device spread by LOCAL_RANK)."""
+    import torch.distributed as dist  # noqa: PLC0415
+
+    for k, v in (("RANK", env.rank), ("WORLD_SIZE", env.world_size), ("LOCAL_RANK", env.local_rank),
+                 ("MASTER_ADDR", env.master_addr), ("MASTER_PORT", env.master_port)):
+        if v is not None:
+            os.environ.setdefault(k, str(v))
+    timeout = timedelta(seconds=timeout_s)
+    where = address(env.master_addr, env.master_port)
+    try:
+        if env.rank == 0:
+            family = socket.AF_INET6 if ":" in env.master_addr else socket.AF_INET
+            sock = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                sock.bind((env.master_addr, env.master_port))
+                sock.listen(128)
+            except OSError:
+                sock.close()
+                raise
+            return dist.TCPStore(env.master_addr, env.master_port, env.world_size, True, timeout,
+                                 wait_for_workers=False, master_listen_fd=sock.detach())
+        return dist.TCPStore(env.master_addr, env.master_port, env.world_size, False, timeout)
+    except OSError as e:
+        raise NodeError(f"cannot host the store on {where} (MASTER_ADDR:MASTER_PORT): {e}") from None
+    except (RuntimeError, ValueError) as e:
+        raise NodeError(f"cannot reach the store at {where} (rank 0's, under srun): {_first_line(e)}") from None
 
 
 def publish(store, shard: int, where: str) -> None:
