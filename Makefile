@@ -67,6 +67,12 @@ proto: install
 gpu-check: install
 	$(BIN)/psgd doctor --gpu --out results/gpu
 
+# A two-node Slurm 22.05 cluster on this machine (tools/slurm/cluster.py; apt-get installs slurm-wlm and
+# munge where missing, as root), deploy/slurm/psgd_ps.sbatch under sbatch against psgd run, and scancel.
+# Skips, saying why, where Slurm cannot be had. About 25 s (plus ~20 s the first time apt-get installs).
+slurm-check: install
+	$(BIN)/python -m pytest -q -rs tests/test_slurm.py
+
 lint: install
 	$(BIN)/ruff check psgd tests tools examples
 
