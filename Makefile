@@ -54,7 +54,7 @@ experiments-reference: install
 	$(BIN)/psgd suite experiments/default.toml --reference
 	$(BIN)/psgd suite experiments/transformer.toml --reference --out results/transformer-reference
 
-# The README's verdict table, from the committed reference run (tests fail when it is stale).
+# The verdict tables of docs/results.md, from the committed reference runs (tests fail when stale).
 readme: install
 	$(BIN)/python -m psgd.lab.report readme docs/results.md results/summary.json results/transformer/summary.json
 

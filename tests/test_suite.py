@@ -300,7 +300,7 @@ def test_readme_verdict_table_is_current(folder):
     """The README's tables are `make readme` output from the committed results/summary.json and
     results/transformer/summary.json (the transformer suite's)."""
     summary = json.loads((ROOT / folder / "summary.json").read_text())
-    block = report_mod.readme_block(summary, f"{folder}/REPORT.md")
+    block = report_mod.readme_block(summary, f"{folder}/REPORT.md", f"../{folder}/REPORT.md")
     assert block in (ROOT / "docs/results.md").read_text(), "docs/results.md is stale: run `make readme`"
 
 

@@ -340,8 +340,11 @@ def markers(summary_path: str = "results/summary.json") -> tuple[str, str]:
             f"<!-- end of verdicts from {summary_path} -->")
 
 
-def readme_block(summary: dict, report_path: str = "results/REPORT.md") -> str:
+def readme_block(summary: dict, report_path: str = "results/REPORT.md", link: str = "") -> str:
+    """The verdict table of one suite; `link`: REPORT.md as the file holding the table reaches it
+    (docs/results.md: ../results/REPORT.md), default `report_path` (relative to the repository)."""
     folder = report_path.rsplit("/", 1)[0]
+    link = link or report_path
     begin, end = markers(f"{folder}/summary.json")
     took = (f"{summary['wall_s'] / 60:.1f} min" if not summary.get("note", "").startswith("--report")
             else f"re-analysed from finished runs; their wall time is in {folder}/command.txt")
@@ -350,7 +353,7 @@ def readme_block(summary: dict, report_path: str = "results/REPORT.md") -> str:
             f"{summary['machine'].split(';')[0]}):")
     rows = ["| claim | verdict | key number |", "|---|---|---|"]
     for c in summary["claims"]:
-        rows.append(f"| [{c['id']}]({report_path}#{c['id'].lower()}) {c['title']} | **{c['verdict']}**"
+        rows.append(f"| [{c['id']}]({link}#{c['id'].lower()}) {c['title']} | **{c['verdict']}**"
                     f"{stability_note(c.get('split_half'))} | {c['headline']} |")
     return "\n".join([begin, head, "", *rows, end])
 
@@ -366,7 +369,9 @@ def update_readme(readme: Path, summary_path: Path) -> bool:
     if begin not in text or end not in text:
         raise ValueError(f"{readme}: no verdict block (add the two marker lines: {begin} ... {end})")
     report_path = name.rsplit("/", 1)[0] + "/REPORT.md"
-    block = readme_block(json.loads(summary_path.read_text()), report_path)
+    # The links are relative to the file that holds the table (a repository path when both are).
+    link = report_path if readme.is_absolute() else os.path.relpath(report_path, readme.parent)
+    block = readme_block(json.loads(summary_path.read_text()), report_path, link)
     start, stop = text.index(begin), text.index(end) + len(end)
     new = text[:start] + block + text[stop:]
     if new != text:
