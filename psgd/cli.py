@@ -191,10 +191,11 @@ DELEGATED = {
     "model": "alpha-beta cost model: predict PS vs ring throughput up to 1024 workers",
     "doctor": "what this host offers (torch, CUDA, GPUs); --gpu checks psgd on its GPUs (make gpu-check)",
     "cluster": "hosts as network namespaces with kernel-shaped links: up | status | exec | down (needs root)",
+    "drill": "a run under a seeded storm of SIGKILLs (--chaos SEED:COUNT): shards, workers, the zygote",
 }
 MODULES = {"suite": "psgd.lab.suite", "plot": "psgd.lab.plots", "bench": "psgd.bench",
            "model": "psgd.bench.costmodel_cli", "trace": "psgd.lab.trace",
-           "doctor": "psgd.lab.doctor", "cluster": "psgd.cluster.command"}
+           "doctor": "psgd.lab.doctor", "cluster": "psgd.cluster.command", "drill": "psgd.train.drill"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -12,6 +12,12 @@ Contract:
   psgd checkpoint) is reported with its reason through `warn`, and never loaded.
 - `versions(folder, shard)`: the versions of a shard's intact checkpoints, newest first.
 
+- Drills (psgd/train/drill.py): with `$PSGD_CHECKPOINT_HOLD` naming a folder that holds a file
+  `arm`, the next write of any shard takes it (renamed to `held-PID`, so one writer only), writes
+  the preamble and half the payload to its temporary file, flushed, and waits there (until that
+  file is removed, at most HOLD_S) for the drill to SIGKILL it mid-write. Without the variable,
+  or the `arm` file, a write never waits.
+
 Only files named like a checkpoint are read or deleted: the folder may hold anything else.
 The payload is read with `torch.load(weights_only=True)`: a checkpoint cannot run code.
 """
@@ -23,6 +29,7 @@ import io
 import os
 import re
 import struct
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -31,6 +38,8 @@ import torch
 MAGIC = b"PSGDCKP1"
 PREAMBLE = struct.Struct("<8sQ32s")  # magic, payload length, sha256 of the payload
 NAME = re.compile(r"shard-(\d+)-v(\d+)\.ckpt")
+HOLD = "PSGD_CHECKPOINT_HOLD"  # a drill's folder (see the module docstring)
+HOLD_S = 60.0
 
 
 def path_of(folder: Path, shard: int, version: int) -> Path:
@@ -46,7 +55,14 @@ def write(folder: Path, shard: int, version: int, state: dict, keep: int = 3) ->
     tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
         f.write(PREAMBLE.pack(MAGIC, len(payload), hashlib.sha256(payload).digest()))
-        f.write(payload)
+        half = len(payload) // 2
+        if os.environ.get(HOLD):
+            f.write(payload[:half])
+            f.flush()
+            _hold(Path(os.environ[HOLD]))
+            f.write(payload[half:])
+        else:
+            f.write(payload)
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, final)
@@ -97,6 +113,18 @@ def _listed(folder: Path, shard: int) -> list[tuple[int, Path]]:
         if m and int(m.group(1)) == shard:
             found.append((int(m.group(2)), p))
     return sorted(found, reverse=True)
+
+
+def _hold(folder: Path) -> None:
+    """A drill's pause in the middle of a write (see the module docstring); returns at once unarmed."""
+    held = folder / f"held-{os.getpid()}"
+    try:
+        os.rename(folder / "arm", held)
+    except FileNotFoundError:
+        return  # not armed, or another shard's write took it
+    deadline = time.monotonic() + HOLD_S
+    while held.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)  # a drill's hook, never in a run without $PSGD_CHECKPOINT_HOLD: it SIGKILLs us here
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -110,12 +110,17 @@ class PSExchange:
                                   self.rpc_timeout, self.link, self.token, self.all_done, self.topk,
                                   self.error_feedback, self.tls_ca)
         infos = self.client.wait_ready()
-        # A run resumed from checkpoints (psgd run --resume) starts each worker at the clock its
-        # shards were saved at; every shard must agree, or the step numbers would disagree too.
+        # A run resumed from checkpoints (psgd run --resume) or a restarted worker starts at the
+        # clock its shards hold it at; every shard must agree, or the step numbers would disagree too.
+        # They disagree when this worker's last process died between its pushes to two shards (the
+        # launcher then rolls a sync run back to a checkpoint: psgd/train/launch.py `_split`), or when
+        # they were restored from checkpoints of different steps. Its words "at different clocks"
+        # are what the launcher looks for.
         starts = {tuple(i.clocks)[rank] if i.clocks else 0 for i in infos}
         if len(starts) > 1:
-            raise ExchangeError(f"the shards hold worker {rank} at different clocks {sorted(starts)}: they were "
-                                "restored from checkpoints of different steps")
+            raise ExchangeError(f"the shards hold worker {rank} at different clocks {sorted(starts)}: its last "
+                                "process died between its pushes to them, or they were restored from checkpoints "
+                                "of different steps")
         self.start_clock = starts.pop()
         self.staging = HostStaging(flat.params, flat.grads, self.stage)
         # Every worker offers its seeded initial parameters (all build the same model): the first Init

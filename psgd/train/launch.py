@@ -193,6 +193,8 @@ def _wait_workers(workers: list[Child], servers: list[Child], cfg: RunConfig | N
             if rc != 0:
                 how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
                 rank = _index(c)
+                if cfg is not None and SPLIT in c.last_error():
+                    _split(cfg, c)  # raises: a restart at one clock cannot fit shards at two
                 if restarts_left > 0:
                     restarts_left -= 1
                     print(f"psgd run: {c.name} died with {how}; restarting it (--restart-workers)",
@@ -208,6 +210,25 @@ def _wait_workers(workers: list[Child], servers: list[Child], cfg: RunConfig | N
                       file=sys.stderr, flush=True)
                 _event(cfg, event="worker_lost", rank=rank, how=how)
                 _tell_lost(servers, rank)
+
+
+# What a (restarted) worker's setup says when its shards hold it at different clocks (psgd/ps/exchange.py).
+SPLIT = "at different clocks"
+
+
+def _split(cfg: RunConfig, c: Child) -> None:
+    """Worker `c` found its shards holding it at different clocks: its last process died between
+    its pushes to them (or they were restored from checkpoints of different steps). In sync the
+    lagging shard needs that worker's gradient of a step whose parameters the ahead shard has already
+    replaced, so no worker can make it up: the run goes back to the newest checkpoint all shards
+    hold (`ClocksSplit`, a ShardDied: `run` restarts it as for a dead shard, within
+    --restart-servers, and the lost steps are redone exactly). Async and SSP runs with K > 1 shards
+    cannot resume at one clock per worker (see `resumable`): the run fails, naming the worker."""
+    why = c.last_error().split("error: ", 1)[-1]
+    if cfg.mode == "sync":
+        raise ClocksSplit(c.name, f"{c.name} (pid {c.proc.pid}) cannot rejoin: {why}")
+    raise RunFailed(f"{c.name} (pid {c.proc.pid}) cannot rejoin: {why}; an {cfg.mode} run with "
+                    f"{cfg.servers} shards keeps one clock per worker per shard and cannot bring them together")
 
 
 def _tell_lost(servers: list[Child], rank: int) -> None:
@@ -241,6 +262,20 @@ class ShardDied(RunFailed):
     def __init__(self, shard: int, how: str, message: str) -> None:
         super().__init__(message)
         self.shard, self.how = shard, how
+
+
+class ClocksSplit(ShardDied):
+    """A sync worker's shards hold it at different clocks (`_split`): `run` rolls every shard back to
+    the newest checkpoint they all hold, as for a dead shard; `shard` is None (no shard died)."""
+
+    def __init__(self, worker: str, message: str) -> None:
+        super().__init__(None, f"{worker} split between shards", message)
+        self.worker = worker
+
+    def final(self) -> RunFailed:
+        """The one line when no restart is left: only a roll-back to a checkpoint recovers it."""
+        return RunFailed(f"{self}; in sync only a roll-back to a checkpoint all shards hold recovers that "
+                         "(--checkpoint-every K --restart-servers N), and no restart is left")
 
 
 MARKER = ".psgd-run"  # in every folder psgd made for a run: the proof that its files are psgd's
@@ -435,6 +470,8 @@ def run(cfg: RunConfig, resume: bool = False, cold_start: bool = False, zygote: 
             return _attempt(cfg, resume, cold_start, zygote, tensorboard)
         except ShardDied as e:
             if restarts >= cfg.restart_servers:
+                if isinstance(e, ClocksSplit):
+                    raise e.final() from None
                 raise
             restarts += 1
             # A shard that died before any checkpoint (while starting, say) restarts the run from
@@ -503,7 +540,8 @@ def _attempt(cfg: RunConfig, resume: bool, cold_start: bool = False, shared: Zyg
     # its namespace by exec (`ip netns exec`), so there, and with --cold-start, every child execs.
     forks = not (cold_start or cfg.hosts)
     own = forks and (shared is None or shared.gone)
-    zygote = Zygote.start(str(out), child_env(cfg)) if own else (shared if forks else None)
+    zygote = Zygote.start(str(out), child_env(cfg), reloads=cfg.restart_servers + cfg.restart_workers,
+                          on_reload=lambda how: _zygote_reloaded(cfg, how)) if own else (shared if forks else None)
     # `tensorboard`: this run's TensorBoard folder, written as it trains by a thread of ours (psgd/train/tboard.py).
     follower = None
     try:
@@ -517,6 +555,13 @@ def _attempt(cfg: RunConfig, resume: bool, cold_start: bool = False, shared: Zyg
             follower.close()
         if own:
             zygote.close()
+
+
+def _zygote_reloaded(cfg: RunConfig, how: str) -> None:
+    """The run's zygote died while it loaded (nothing forked yet): a new one is on its way."""
+    print(f"psgd run: the zygote {how} while loading; starting a new one (--restart-servers / --restart-workers)",
+          file=sys.stderr, flush=True)
+    _event(cfg, event="zygote_restarted", how=how)
 
 
 def _start_and_wait(cfg: RunConfig, out: Path, restore: list[str], zygote: Zygote | None) -> dict:

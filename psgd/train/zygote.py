@@ -18,6 +18,10 @@ Contract:
   socket, SCM_RIGHTS), in a session of its own, dying with the zygote; returns a `Forked`, which
   answers what the launcher asks of a `subprocess.Popen`: `pid`, `poll`, `wait`, `returncode`
   (negative: the signal), `send_signal`, `kill`.
+- `Zygote.start(tag, env, reloads=R, on_reload=f)`: a zygote that dies while it loads (before it
+  said ready: nothing was forked yet, so nothing else is lost) is started again, at most R times
+  in all, `on_reload(how)` told each time (`psgd run` passes its restart budget, psgd/train/launch.py);
+  past them, or with R = 0, the first spawn fails with one line naming the zygote and its exit.
 - The zygote reaps its children and reports each exit to the launcher; `Zygote.wait_any()` blocks
   until the next report (the launcher's wait for "any child exited", as os.waitid is for its own).
 - Fork safety: before every fork the zygote checks that nothing fork-unsafe exists in it: gRPC not
@@ -143,8 +147,12 @@ class Forked:
 class Zygote:
     """The launcher's handle on its warm parent (see the module docstring); one thread uses it."""
 
-    def __init__(self, proc: subprocess.Popen, sock: socket.socket) -> None:
+    def __init__(self, proc: subprocess.Popen, sock: socket.socket, tag: str = "", env: dict | None = None,
+                 reloads: int = 0, on_reload=None) -> None:
         self.proc, self.sock = proc, sock
+        self.tag, self.env = tag, env
+        self.reloads_left, self.on_reload = reloads, on_reload  # see `start`
+        self.reloaded: list[str] = []  # how each zygote that died while loading ended
         self.children: dict[int, Forked] = {}
         self._ready = False
         self._unseen = 0      # exit reports read (by a poll, a wait, a spawn) since the last wait_any
@@ -154,28 +162,32 @@ class Zygote:
         self.gone = False     # the zygote's socket closed: it died, and its children with it
 
     @classmethod
-    def start(cls, tag: str, env: dict | None = None) -> Zygote:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            proc = subprocess.Popen([sys.executable, "-m", "psgd.train.zygote", tag, str(theirs.fileno())],
-                                    pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env,
-                                    start_new_session=True)
-        finally:
-            theirs.close()
-        return cls(proc, ours)
+    def start(cls, tag: str, env: dict | None = None, reloads: int = 0, on_reload=None) -> Zygote:
+        return cls(*_launch(tag, env), tag, env, reloads, on_reload)
 
     def _await_ready(self) -> None:
         if self._ready:
             return
-        ready, _ = select_one(self.sock, READY_TIMEOUT_S)
-        if not ready:
-            self.close()
-            raise ZygoteError(f"the zygote did not load within {READY_TIMEOUT_S:.0f}s")
-        try:
-            msg, _ = _recv(self.sock)
-        except (EOFError, OSError):
-            self.proc.wait()
-            raise ZygoteError(f"the zygote exited with code {self.proc.returncode} while loading") from None
+        while True:
+            ready, _ = select_one(self.sock, READY_TIMEOUT_S)
+            if not ready:
+                self.close()
+                raise ZygoteError(f"the zygote did not load within {READY_TIMEOUT_S:.0f}s")
+            try:
+                msg, _ = _recv(self.sock)
+                break
+            except (EOFError, OSError):
+                self.proc.wait()
+                how = _how(self.proc.returncode)
+                if self.reloads_left <= 0:
+                    raise ZygoteError(f"the zygote (pid {self.proc.pid}) {how} while loading") from None
+                # Killed while it loaded: nothing was forked from it yet, so a new one loses nothing.
+                self.reloads_left -= 1
+                self.reloaded.append(how)
+                self.sock.close()
+                if self.on_reload is not None:
+                    self.on_reload(how)
+                self.proc, self.sock = _launch(self.tag, self.env)
         if "error" in msg:
             raise ZygoteError(msg["error"])
         assert msg.get("ready"), msg
@@ -262,6 +274,21 @@ class Zygote:
             if self.proc.poll() is None:
                 self.proc.kill()
             self.proc.wait()
+
+
+def _launch(tag: str, env: dict | None) -> tuple[subprocess.Popen, socket.socket]:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "psgd.train.zygote", tag, str(theirs.fileno())],
+                                pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL, env=env,
+                                start_new_session=True)
+    finally:
+        theirs.close()
+    return proc, ours
+
+
+def _how(rc: int) -> str:
+    return f"died with signal {signal.Signals(-rc).name}" if rc < 0 else f"exited with code {rc}"
 
 
 def select_one(sock: socket.socket, timeout: float | None) -> tuple[bool, None]:

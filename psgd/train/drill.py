@@ -1,0 +1,407 @@
+"""`psgd drill --chaos SEED:COUNT [psgd run's flags]`: a run under a seeded storm of SIGKILLs.
+
+    psgd drill --chaos 7:12 --mode sync --workers 3 --servers 2 --steps 300 --checkpoint-every 25 \
+        --dataset mnist1d --model mlp --calm
+
+Contract:
+- `plan(seed, count, cfg)` draws the storm from SEED alone: COUNT faults in episodes, each a target
+  kind (shard, worker, zygote) and a moment:
+  - `startup`: the first episode only: the target killed as soon as its process exists, before
+    any step (the zygote while it loads torch: psgd/train/zygote.py starts a new one);
+  - `step`: after a seeded number of steps since the last recovery, mid-training;
+  - `checkpoint`: a shard killed in the middle of a checkpoint write: psgd/ps/checkpoint.py's drill
+    hold (`$PSGD_CHECKPOINT_HOLD`) stops the next write after half its payload, and the drill
+    kills that shard there: a torn temporary file is left, never read;
+  - `join`: a worker killed mid-step, then its replacement killed while it rejoins (before its
+    first step): two faults;
+  - `restart`: a shard (or the zygote, which takes every process with it) killed mid-step, then
+    a process of the restarted run (a new shard, or the new zygote while it loads) killed during
+    that restart: two faults.
+  Only kinds the run can survive are drawn: shards and the zygote mid-run need --restart-servers
+  (sync, or one shard, with --checkpoint-every), workers --restart-workers; `drill` fills in both
+  budgets (2 x COUNT + 2) where they are 0 and the run's flags allow them.
+- `Storm` (a thread of the launcher's process) carries the plan out while `launch.run` runs: it finds
+  each target by its title (`psgd shard K/S OUT`, psgd/train/proctitle.py) among this process's
+  descendants, SIGKILLs it and notes when, and after each episode waits until a step is written
+  again (the run recovered) before the next one. It never kills anything else.
+- `drill(cfg, seed, count)` returns the run's summary with a "faults" section, also written into
+  OUT/summary.json: each fault (kind, target, pid, moment, at_s from the start, recovery_s: until
+  the next step of that worker, or of any worker for a shard or the zygote), counts by kind and by
+  moment, the updates lost (the run restarts' `updates_lost`), and the processes restarted (run
+  restarts, worker restarts, zygote reloads, over every attempt). A fault the run cannot survive
+  fails it with launch's one line (RunFailed); a process left behind after the run is a RunFailed too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import random
+import signal
+import threading
+import time
+from pathlib import Path
+
+from psgd.core.config import RunConfig, validate
+from psgd.train import launch, proctitle
+from psgd.train.metrics import read_events
+
+MOMENTS = ("startup", "step", "checkpoint", "join", "restart")
+KINDS = ("shard", "worker", "zygote")
+POLL_S = 0.02  # how often the drill looks at the run (its own loop; the run never waits on it)
+WAIT_S = 300.0  # the longest the drill waits for a moment before it gives up on that fault
+
+
+@dataclasses.dataclass
+class Fault:
+    kind: str
+    index: int
+    moment: str
+    target: str = ""
+    pid: int = 0
+    at: float = 0.0  # time.time() of the kill
+    recovery_s: float | None = None
+    note: str = ""
+
+
+def parse_chaos(text: str) -> tuple[int, int]:
+    seed, _, count = text.partition(":")
+    if not (seed.isdigit() and count.isdigit() and int(count) >= 1):
+        raise ValueError(f"--chaos takes SEED:COUNT (COUNT >= 1), got {text!r}")
+    return int(seed), int(count)
+
+
+def can_kill(cfg: RunConfig) -> dict[str, bool]:
+    shards = cfg.restart_servers > 0 and cfg.checkpoint_every > 0
+    return {"shard": shards, "worker": cfg.restart_workers > 0, "zygote": shards and not (cfg.hosts or False)}
+
+
+def with_budgets(cfg: RunConfig, count: int) -> RunConfig:
+    """--restart-servers / --restart-workers of 2 x COUNT + 2 where 0 and the flags allow them."""
+    budget = 2 * count + 2
+    if cfg.restart_workers == 0:
+        try:
+            cfg = validate(dataclasses.replace(cfg, restart_workers=budget))
+        except ValueError:
+            pass
+    if cfg.restart_servers == 0:
+        try:
+            cfg = validate(dataclasses.replace(cfg, restart_servers=budget))
+        except ValueError:
+            pass
+    return cfg
+
+
+def plan(seed: int, count: int, cfg: RunConfig) -> list[list[Fault]]:
+    """The storm: episodes of faults (see the module docstring), drawn from `seed` alone."""
+    rng = random.Random(seed)
+    ok = can_kill(cfg)
+    kinds = [k for k in KINDS if ok[k]]
+    if not kinds:
+        raise ValueError("nothing to kill that this run survives: give --restart-workers N, or "
+                         "--checkpoint-every K with --restart-servers N")
+    counts = {"shard": cfg.servers, "worker": cfg.workers, "zygote": 1}
+
+    def pick(kind: str) -> int:
+        return rng.randrange(counts[kind])
+
+    episodes: list[list[Fault]] = []
+    n = 0
+    if rng.random() < 0.5:
+        kind = rng.choice(kinds)
+        episodes.append([Fault(kind, pick(kind), "startup")])
+        n += 1
+    while n < count:
+        options = ["step", "step"]
+        if ok["shard"]:
+            options += ["checkpoint", "restart"]
+        if ok["worker"]:
+            options.append("join")
+        moment = rng.choice(options) if count - n >= 2 else rng.choice([o for o in options if o in ("step",
+                                                                                                     "checkpoint")])
+        if moment == "step":
+            kind = rng.choice(kinds)
+            episodes.append([Fault(kind, pick(kind), "step")])
+        elif moment == "checkpoint":
+            episodes.append([Fault("shard", -1, "checkpoint")])  # whichever shard writes next
+        elif moment == "join":
+            r = pick("worker")
+            episodes.append([Fault("worker", r, "step"), Fault("worker", r, "join")])
+        else:
+            first = rng.choice([k for k in ("shard", "zygote") if ok[k]])
+            then = rng.choice([k for k in ("shard", "zygote") if ok[k]])
+            episodes.append([Fault(first, pick(first), "step"), Fault(then, pick(then), "restart")])
+        n += len(episodes[-1])
+    return episodes
+
+
+def gap_of(cfg: RunConfig, count: int) -> int:
+    """At most this many steps (of all workers) between one recovery and the next step-moment fault."""
+    return max(2, cfg.steps * cfg.workers // (3 * count))
+
+
+# -- finding the run's processes -------------------------------------------------------------------------
+def descendants(root: int) -> list[int]:
+    found, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        try:
+            tasks = os.listdir(f"/proc/{pid}/task")
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                kids = Path(f"/proc/{pid}/task/{t}/children").read_text().split()
+            except OSError:
+                continue
+            for k in kids:
+                found.append(int(k))
+                todo.append(int(k))
+    return found
+
+
+def titles(out: str) -> dict[int, str]:
+    """pid -> name ('shard 0/2', 'worker 1/3', 'zygote') of this run's processes, by their titles."""
+    named = {}
+    for pid in descendants(os.getpid()):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
+        except (OSError, IndexError):
+            continue
+        if state == "Z":
+            continue
+        if cmd == proctitle.zygote_title(out):
+            named[pid] = "zygote"
+        elif cmd.startswith(f"{proctitle.PREFIX} ") and cmd.endswith(f" {out}"):
+            name = cmd[len(proctitle.PREFIX) + 1:-len(out) - 1]
+            if name.split(" ")[0] in ("shard", "worker"):
+                named[pid] = name
+    return named
+
+
+def name_of(fault: Fault, cfg: RunConfig) -> str:
+    if fault.kind == "zygote":
+        return "zygote"
+    if fault.kind == "shard":
+        return proctitle.shard_name(fault.index, cfg.servers)
+    return proctitle.worker_name(fault.index, cfg.workers)
+
+
+NOTED = ("worker_restarted", "zygote_restarted", "restart")
+_seen: dict[str, dict] = {}  # the NOTED events seen by any look: a restart from scratch clears the folder
+
+
+def steps_written(out: Path) -> list[dict]:
+    """Every step line written so far, in any attempt's file, or seen by an earlier look."""
+    for p in sorted(out.glob("metrics-attempt-*.jsonl")) + [out / "metrics.jsonl"]:
+        try:
+            found = read_events(p)
+        except (OSError, ValueError):
+            continue  # a line being written: the next look reads it whole
+        for e in found:
+            if e.get("event") in NOTED or e.get("event") == "step":
+                _seen[json.dumps(e, sort_keys=True)] = e
+    return [e for e in _seen.values() if e.get("event") == "step"]
+
+
+class Storm(threading.Thread):
+    """Carries `episodes` out against the run in `cfg.out` (see the module docstring)."""
+
+    def __init__(self, cfg: RunConfig, episodes: list[list[Fault]], gaps: list[int], hold: Path) -> None:
+        super().__init__(name="psgd-drill", daemon=True)
+        self.cfg, self.out, self.episodes, self.gaps, self.hold = cfg, Path(cfg.out), episodes, gaps, hold
+        self.stop = threading.Event()
+        self.done: list[Fault] = []
+        self.started = time.time()
+        self.error: str = ""
+
+    def run(self) -> None:
+        try:
+            for episode, gap in zip(self.episodes, self.gaps, strict=True):
+                before: dict[int, str] = {}
+                for fault in episode:
+                    if not self._deliver(fault, gap, before):
+                        return
+                    before = titles(self.cfg.out)
+                    before[fault.pid] = fault.target
+                if not self._wait(lambda f=episode[-1]: any(e["time"] > f.at for e in steps_written(self.out))):
+                    return
+        except Exception as e:  # noqa: BLE001 - the drill's own failure is reported, the run goes on
+            self.error = f"{type(e).__name__}: {e}"
+
+    def _wait(self, ready) -> bool:
+        deadline = time.monotonic() + WAIT_S
+        while not self.stop.is_set() and time.monotonic() < deadline:
+            if ready():
+                return True
+            self.stop.wait(POLL_S)
+        return False
+
+    def _kill(self, fault: Fault, pid: int, name: str) -> bool:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return False  # gone already: look again
+        fault.pid, fault.target, fault.at = pid, name, time.time()
+        self.done.append(fault)
+        return True
+
+    def _deliver(self, fault: Fault, gap: int, before: dict[int, str]) -> bool:
+        mark = len(steps_written(self.out))
+        if fault.moment == "checkpoint":
+            (self.hold / "arm").write_text("")
+            held: list[Path] = []
+
+            def writing() -> bool:
+                held[:] = list(self.hold.glob("held-*"))
+                return bool(held)
+
+            if not self._wait(writing):
+                return False
+            pid = int(held[0].name.split("-")[1])
+            name = titles(self.cfg.out).get(pid, "shard ?")
+            fault.index = int(name.split(" ")[1].split("/")[0]) if name != "shard ?" else -1
+            torn = list((self.out / "checkpoints").glob(f".shard-{max(fault.index, 0)}-v*.{pid}.tmp"))
+            fault.note = f"torn {torn[0].name} ({torn[0].stat().st_size} bytes)" if torn else ""
+            ok = self._kill(fault, pid, name)
+            held[0].unlink(missing_ok=True)
+            return ok
+        want = name_of(fault, self.cfg)
+        found: list[int] = []
+
+        def present() -> bool:
+            found[:] = [p for p, n in titles(self.cfg.out).items()
+                        if n == want and (fault.moment not in ("join", "restart") or p not in before)]
+            return bool(found)
+
+        while not self.stop.is_set():
+            if fault.moment == "step" and not self._wait(lambda: len(steps_written(self.out)) >= mark + gap):
+                return False
+
+            if not self._wait(present):
+                return False
+            if fault.moment == "join" and any(e["time"] > self.done[-1].at and e["rank"] == fault.index
+                                              for e in steps_written(self.out)):
+                fault.note = "its replacement had stepped already"
+            if self._kill(fault, found[0], want):
+                return True
+        return False
+
+
+def drill(cfg: RunConfig, seed: int, count: int, quiet: bool = True) -> dict:
+    """Run `cfg` under the storm of `plan(seed, count)`; the summary with its "faults" (module docstring)."""
+    cfg = with_budgets(launch.with_out_resolved(cfg), count)
+    cfg = dataclasses.replace(cfg, out=str(Path(cfg.out).resolve()))
+    episodes = plan(seed, count, cfg)
+    rng = random.Random(seed + 1)
+    gaps = [rng.randint(1, gap_of(cfg, count)) for _ in episodes]
+    out = Path(cfg.out)
+    launch.prepare_out(out)
+    hold = out / "drill"
+    hold.mkdir(exist_ok=True)
+    for p in hold.iterdir():
+        p.unlink()
+    from psgd.ps import checkpoint  # noqa: PLC0415 - its hook's name (torch loads here, after it anyway)
+
+    saved = os.environ.get(checkpoint.HOLD)
+    os.environ[checkpoint.HOLD] = str(hold)
+    _seen.clear()
+    storm = Storm(cfg, episodes, gaps, hold)
+    storm.start()
+    try:
+        summary = launch.run(cfg)
+    finally:
+        storm.stop.set()
+        storm.join()
+        for p in hold.iterdir():
+            p.unlink()  # a held write (none should be left) goes on
+        if saved is None:
+            os.environ.pop(checkpoint.HOLD, None)
+        else:
+            os.environ[checkpoint.HOLD] = saved
+    left = titles(cfg.out)
+    if left:
+        raise launch.RunFailed(f"the drill left {', '.join(f'{n} (pid {p})' for p, n in left.items())} behind")
+    summary["faults"] = account(cfg, seed, count, storm)
+    (out / "summary.json").write_text(json.dumps(summary, indent=1))
+    return summary
+
+
+def account(cfg: RunConfig, seed: int, count: int, storm: Storm) -> dict:
+    out = Path(cfg.out)
+    steps = steps_written(out)
+    events = [e for e in _seen.values() if e.get("event") in NOTED]
+    faults = []
+    for f in storm.done:
+        since = f.at
+        if f.kind != "worker":  # the run restarts: a step still in flight at the kill is not a recovery
+            since = min((e["time"] for e in events if e.get("event") == "restart" and e["time"] > f.at), default=f.at)
+        after = [e["time"] for e in steps if e["time"] > since and (f.kind != "worker" or e["rank"] == f.index)]
+        f.recovery_s = round(min(after) - f.at, 3) if after else None
+        faults.append(dict(kind=f.kind, target=f.target, pid=f.pid, moment=f.moment,
+                           at_s=round(f.at - storm.started, 3), recovery_s=f.recovery_s,
+                           **({"note": f.note} if f.note else {})))
+    restarts = [e for e in events if e.get("event") == "restart"]  # each once (carried forward with its time)
+    by = lambda key: {k: sum(1 for f in faults if f[key] == k) for k in sorted({f[key] for f in faults})}  # noqa: E731
+    return dict(
+        seed=seed, planned=count, delivered=len(faults), drill_error=storm.error or None,
+        by_kind=by("kind"), by_moment=by("moment"), list=faults,
+        updates_lost=sum(e.get("updates_lost", 0) for e in restarts),
+        run_restarts=len(restarts),
+        worker_restarts=sum(1 for e in events if e.get("event") == "worker_restarted"),
+        zygote_restarts=sum(1 for e in events if e.get("event") == "zygote_restarted"),
+        recovery_s=[f["recovery_s"] for f in faults])
+
+
+def main(argv: list[str]) -> int:
+    """`psgd drill --chaos SEED:COUNT [--calm] [psgd run's flags]` (see the module docstring)."""
+    import sys  # noqa: PLC0415
+
+    from psgd.cli import build_parser, check_data  # noqa: PLC0415 - the run's own flags, parsed as psgd run does
+    from psgd.core.errors import UsageError  # noqa: PLC0415
+    from psgd.train.roles import config_from_args  # noqa: PLC0415
+
+    if "-h" in argv or "--help" in argv:
+        print(__doc__)
+        return 0
+    rest, chaos, calm = list(argv), None, False
+    if "--calm" in rest:
+        rest.remove("--calm")
+        calm = True
+    if "--chaos" in rest:
+        i = rest.index("--chaos")
+        chaos = rest[i + 1] if i + 1 < len(rest) else ""
+        del rest[i:i + 2]
+    if chaos is None:
+        raise UsageError("psgd drill needs --chaos SEED:COUNT")
+    try:
+        seed, count = parse_chaos(chaos)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    args = build_parser().parse_args(["run", *rest])
+    if args.resume:
+        raise UsageError("psgd drill starts a run of its own: --resume is not for it")
+    cfg = config_from_args(args)
+    check_data(cfg)
+    try:
+        plan(seed, count, with_budgets(cfg, count))
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    calm_sha = None
+    try:
+        if calm:
+            calm_out = (cfg.out or "results/runs/drill") + "-calm"
+            calm_sha = launch.run(dataclasses.replace(cfg, out=calm_out))["params_sha256"]
+        s = drill(cfg, seed, count)
+    except launch.RunFailed as e:
+        print(f"psgd drill: failed: {e}", file=sys.stderr)
+        return 1
+    f = s["faults"]
+    print(f"psgd drill: {f['delivered']} of {f['planned']} faults ({f['by_kind']}, {f['by_moment']}), "
+          f"{f['updates_lost']} updates lost, {f['run_restarts']} run restarts, {f['worker_restarts']} worker "
+          f"restarts, {f['zygote_restarts']} zygote restarts; params {s['params_sha256'][:12]}"
+          + ("" if calm_sha is None else f" ({'equal to' if calm_sha == s['params_sha256'] else 'NOT'} the calm "
+                                         f"run's {calm_sha[:12]})") + f" -> {Path(s.get('out', cfg.out))}")
+    return 0 if calm_sha in (None, s["params_sha256"]) else 1
