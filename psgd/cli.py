@@ -187,7 +187,7 @@ DELEGATED = {
     "plot": "plot runs on one figure: convergence curves, staleness, where the time went",
     "trace": "per-worker timeline of one run: wait / pull / compute / push of every step",
     "bench": "benchmarks: transport | allreduce | scaling | scale | roundtrip | calibrate | peers | cluster | "
-             "startup | utilisation | transformer",
+             "startup | utilisation | transformer | drill",
     "model": "alpha-beta cost model: predict PS vs ring throughput up to 1024 workers",
     "doctor": "what this host offers (torch, CUDA, GPUs); --gpu checks psgd on its GPUs (make gpu-check)",
     "cluster": "hosts as network namespaces with kernel-shaped links: up | status | exec | down (needs root)",

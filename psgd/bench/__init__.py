@@ -24,6 +24,8 @@ BENCHMARKS = {
              "clock gaps, peak memory per process, start-up, beside the cost model",
     "roundtrip": "the small-model round trip at its ceiling: async N=1 vs the no-server loop, all-reduce vs DDP",
     "transformer": "the GPT with AdamW: psgd PS vs a plain torch loop, psgd all-reduce vs torch DDP; memory",
+    "drill": "seeded SIGKILL storms (psgd drill) on sync, async, SSP runs: faults by kind and moment, updates "
+             "lost, recovery times, sync's hash against the calm run's",
 }
 NAMES = tuple(BENCHMARKS)
 

@@ -498,6 +498,13 @@ def _note_restart(out: Path, died: ShardDied, resumed_from: int) -> None:
     and the update in flight when it died is not counted), so `updates_lost` is a lower bound."""
     events = read_events(out / "metrics.jsonl")
     reached = max((e["clock"] + 1 for e in events if e.get("event") == "step"), default=0)
+    mode = json.loads((out / "config.json").read_text()).get("mode") if (out / "config.json").exists() else "sync"
+    if mode != "sync":  # an async / SSP version counts every worker's gradients: theirs summed
+        ends: dict[int, int] = {}
+        for e in events:
+            if e.get("event") == "step":
+                ends[e["rank"]] = max(ends.get(e["rank"], 0), e["clock"] + 1)
+        reached = sum(ends.values())
     (out / "restart.json").write_text(json.dumps(dict(
         shard=died.shard, how=died.how, reached=reached, resumed_from=resumed_from,
         updates_lost=max(0, reached - resumed_from))))
