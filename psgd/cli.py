@@ -23,7 +23,7 @@ from pathlib import Path
 
 from psgd.core import config as C
 from psgd.core.errors import Parser, UsageError
-from psgd.train.roles import by_hand, config_from_args, worker_device_of  # noqa: F401 - re-exported
+from psgd.train.roles import by_hand, check_data, config_from_args, worker_device_of  # noqa: F401 - re-exported
 from psgd.train.roles import token as _token  # noqa: F401 - re-exported
 from psgd.train.serve import STOP_SIGNALS, cmd_server  # noqa: F401 - each process's main lives in its room
 from psgd.train.work import cmd_worker
@@ -316,19 +316,6 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     print_summary(summary, cfg.out, args.quiet)
     return 0
-
-
-def check_data(cfg: C.RunConfig) -> None:
-    """A dataset read from files (--dataset mnist) has them where --data-dir says (default
-    ~/.cache/psgd), or the run is refused with one line saying where to put them, exit 2: not as
-    every shard's and worker's failure once they have started (psgd/train/data.py `missing_files`)."""
-    if C.is_spec(cfg.data.dataset) or cfg.data.dataset != "mnist":
-        return  # the others are generated, cached or shipped (importing data.py costs torch's second)
-    from psgd.train import data
-
-    problem = data.missing_files(cfg.data)
-    if problem:
-        raise UsageError(problem)
 
 
 def check_workload(cfg: C.RunConfig) -> None:

@@ -31,10 +31,13 @@ def runs(steps: int) -> dict[str, list[str]]:
 
 
 def config(flags: list[str], out: Path):
-    from psgd.cli import build_parser  # noqa: PLC0415
+    from psgd.core import config as C  # noqa: PLC0415
+    from psgd.core.errors import Parser  # noqa: PLC0415
     from psgd.train.roles import config_from_args  # noqa: PLC0415
 
-    return config_from_args(build_parser().parse_args(["run", *flags, "--out", str(out)]))
+    parser = Parser(prog="psgd bench drill")
+    C.add_flags(parser)
+    return config_from_args(parser.parse_args([*flags, "--out", str(out)]))
 
 
 def table(rows: list[dict]) -> str:

@@ -359,9 +359,9 @@ def main(argv: list[str]) -> int:
     """`psgd drill --chaos SEED:COUNT [--calm] [psgd run's flags]` (see the module docstring)."""
     import sys  # noqa: PLC0415
 
-    from psgd.cli import build_parser, check_data  # noqa: PLC0415 - the run's own flags, parsed as psgd run does
-    from psgd.core.errors import UsageError  # noqa: PLC0415
-    from psgd.train.roles import config_from_args  # noqa: PLC0415
+    from psgd.core import config as C  # noqa: PLC0415
+    from psgd.core.errors import Parser, UsageError  # noqa: PLC0415
+    from psgd.train.roles import check_data, config_from_args  # noqa: PLC0415
 
     if "-h" in argv or "--help" in argv:
         print(__doc__)
@@ -380,9 +380,9 @@ def main(argv: list[str]) -> int:
         seed, count = parse_chaos(chaos)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    args = build_parser().parse_args(["run", *rest])
-    if args.resume:
-        raise UsageError("psgd drill starts a run of its own: --resume is not for it")
+    parser = Parser(prog="psgd drill", description="psgd run's flags (its own: --chaos, --calm)")
+    C.add_flags(parser)  # a run's settings, as psgd run takes them (not its --resume: a drill starts its own)
+    args = parser.parse_args(rest)
     cfg = config_from_args(args)
     check_data(cfg)
     try:

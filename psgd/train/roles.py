@@ -6,6 +6,7 @@
   when --out is empty, since a fresh folder per process (what `psgd run` makes) would split the run.
 - `token(cfg)`: the run's shared secret (--token-file or PSGD_TOKEN; psgd/ps/auth.py).
 - `worker_device_of(cfg, rank)`: a worker's torch.device on this host.
+- `check_data(cfg)`: a dataset read from files has them where --data-dir says (psgd run, psgd drill).
 
 Imports nothing heavy at module level: psgd/cli.py imports it on every command.
 """
@@ -55,3 +56,16 @@ def worker_device_of(cfg: C.RunConfig, rank: int):
         return worker_device(cfg.device, rank, int(local) if local.isdigit() else None)
     except DeviceError as e:
         raise UsageError(str(e)) from None
+
+
+def check_data(cfg: C.RunConfig) -> None:
+    """A dataset read from files (--dataset mnist) has them where --data-dir says (default
+    ~/.cache/psgd), or the run is refused with one line saying where to put them, exit 2: not as
+    every shard's and worker's failure once they have started (psgd/train/data.py `missing_files`)."""
+    if C.is_spec(cfg.data.dataset) or cfg.data.dataset != "mnist":
+        return  # the others are generated, cached or shipped (importing data.py costs torch's second)
+    from psgd.train import data
+
+    problem = data.missing_files(cfg.data)
+    if problem:
+        raise UsageError(problem)
