@@ -10,7 +10,6 @@ happen), send SIGINT once, and check the one line, exit 130, and that no process
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -43,25 +42,10 @@ def test_an_unknown_or_abbreviated_flag_is_one_line_naming_the_closest_real_one(
 
 # -- Ctrl-C ------------------------------------------------------------------------------------------
 def _descendants(pid: int) -> set[int]:
-    """Every live descendant of `pid` (children of each of its threads, recursively), from /proc."""
-    found: set[int] = set()
-    todo = [pid]
-    while todo:
-        p = todo.pop()
-        try:
-            tids = os.listdir(f"/proc/{p}/task")
-        except OSError:
-            continue
-        for tid in tids:
-            try:
-                kids = Path(f"/proc/{p}/task/{tid}/children").read_text().split()
-            except OSError:
-                continue
-            for k in map(int, kids):
-                if k not in found:
-                    found.add(k)
-                    todo.append(k)
-    return found
+    """Every live descendant of `pid`, from /proc (the drill's own walk, psgd/train/drill.py)."""
+    from psgd.train.drill import descendants
+
+    return set(descendants(pid))
 
 
 def _alive(pid: int) -> bool:
