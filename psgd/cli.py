@@ -23,7 +23,8 @@ from pathlib import Path
 
 from psgd.core import config as C
 from psgd.core.errors import Parser, UsageError
-from psgd.train.roles import by_hand, check_data, config_from_args, worker_device_of  # noqa: F401 - re-exported
+from psgd.core.shorthelp import add_short_help
+from psgd.train.roles import by_hand, check_data, config_from_args, not_read, worker_device_of  # noqa: F401 - re-exported
 from psgd.train.roles import token as _token  # noqa: F401 - re-exported
 from psgd.train.serve import STOP_SIGNALS, cmd_server  # noqa: F401 - each process's main lives in its room
 from psgd.train.work import cmd_worker
@@ -45,8 +46,9 @@ MODES_HELP = """modes:
 SERVER_DESCRIPTION = """\
 Serve one parameter shard: hold its slice of the parameters and its optimizer, apply the
 workers' gradients under --mode's policy, answer their pulls. `psgd run` starts K of these
-for you; start them by hand, with the same flags, to put shards on other hosts (each one
-prints READY host:port when it listens)."""
+for you; start them by hand to put shards on other hosts (each one prints READY host:port
+when it listens). It takes a shard's settings: a worker's (--seed, --transport, ...) are
+refused, and go to `psgd worker`."""
 
 SUMMARIZE_DESCRIPTION = """\
 Evaluate the parameter snapshots of a finished run and write OUT/summary.json (throughput,
@@ -64,8 +66,9 @@ afterwards `psgd summarize OUT`. See psgd/train/node.py."""
 WORKER_DESCRIPTION = """\
 Train as worker --rank against running shards (--servers HOST:PORT,...), or as one member
 of an all-reduce group (--mode allreduce, e.g. under torchrun). `psgd run` starts N of
-these for you; start them by hand, with the same flags as the shards, to put workers on
-other hosts."""
+these for you; start them by hand to put workers on other hosts. It takes a worker's
+settings: a shard's (--staleness, --checkpoint-every, ...) are refused, and go to
+`psgd server`; the settings both read must agree."""
 
 
 def check_device(cfg: C.RunConfig) -> None:
@@ -120,9 +123,11 @@ def build_parser() -> Parser:
                         "(psgd/train/tboard.py)")
 
     p = sub.add_parser("server", help="serve one parameter shard (started by `psgd run`, or by hand)",
-                       description=SERVER_DESCRIPTION,
+                       description=SERVER_DESCRIPTION, add_help=False,
+                       usage="psgd server --shard K [a shard's settings] (-h: one line a flag, --help: in full)",
                        epilog=MODES_HELP, formatter_class=fmt)
-    C.add_flags(p)
+    add_short_help(p)
+    C.add_flags(p, elsewhere=not_read("shard"))
     p.add_argument("--shard", type=int, required=True, help="which shard this process serves (0..K-1)")
     p.add_argument("--port", type=int, default=0,
                    help="TCP port (default: 0, any free port, printed as READY host:port)")
@@ -142,9 +147,11 @@ def build_parser() -> Parser:
                         "Init and pushes of another size are refused")
 
     p = sub.add_parser("worker", help="train as one worker against running shards (or in an all-reduce group)",
-                       description=WORKER_DESCRIPTION,
+                       description=WORKER_DESCRIPTION, add_help=False,
+                       usage="psgd worker --rank R --servers HOST:PORT,... [a worker's settings] (-h, --help)",
                        epilog=MODES_HELP, formatter_class=fmt)
-    C.add_flags(p)
+    add_short_help(p)
+    C.add_flags(p, elsewhere=not_read("worker"))
     p.add_argument("--rank", type=int, default=None, help="worker id 0..N-1 (default: $RANK, for torchrun)")
     p.add_argument("--join", default="", metavar="HOST:PORT,...",
                    help="join a running job's shards (in shard order) as a new worker: the shards give it a free "

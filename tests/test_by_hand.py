@@ -58,11 +58,15 @@ def test_by_hand_ps_run_ends_by_itself_and_summarize_writes_the_summary(tmp_path
             line = s.stdout.readline()  # blocks until the server listens (or exits)
             assert line.startswith("READY "), s.stderr.read()
             addresses.append(line.split()[1])
-        procs += [start("worker", *flags, "--rank", str(r), "--servers", ",".join(addresses)) for r in range(2)]
+        # --data-seed is a worker's setting (psgd server refuses it): worker 0 adds it to shard 0's config.json.
+        procs += [start("worker", *flags, "--data-seed", "7", "--rank", str(r), "--servers", ",".join(addresses))
+                  for r in range(2)]
     finally:
         # No signal and no timeout-driven stop: the servers end because both workers left.
         codes, errs = wait_all(procs)
     assert codes == [0, 0, 0, 0], errs
+    recorded = json.loads((out / "config.json").read_text())
+    assert recorded["data"]["data_seed"] == 7 and recorded["workers"] == 2
     assert "psgd summarize" in errs[0]  # shard 0 tells what to run next
     assert not processes_mentioning(str(out))
     assert {"shard-0.json", "shard-1.pt", "config.json", ".psgd-run"} <= {p.name for p in out.iterdir()}

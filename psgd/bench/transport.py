@@ -40,8 +40,8 @@ from pathlib import Path
 
 import torch
 
-from psgd.core.config import RunConfig, to_argv
-from psgd.train import hosts, launch
+from psgd.core.config import RunConfig
+from psgd.train import hosts, launch, roles
 
 MIB = 1 << 20
 LOOPBACK = hosts.Seat()  # a server on 127.0.0.1, as always
@@ -106,7 +106,7 @@ def shard_servers(num_shards: int, out: Path, workers: int = 1, mode: str = "asy
     After the block the shards have written `out/shard-K.json` (their stats) on SIGTERM.
     """
     cfg = RunConfig(mode=mode, workers=workers, servers=num_shards, steps=10**9, eval_every=0, out=str(out))
-    exe = [*seat.prefix, sys.executable, "-m", "psgd", "server", *to_argv(cfg), *(extra or [])]
+    exe = [*seat.prefix, sys.executable, "-m", "psgd", "server", *roles.flags_for(cfg, "shard"), *(extra or [])]
     exe += ["--bind", seat.bind] if seat.bind else []
     (out / "logs").mkdir(parents=True, exist_ok=True)
     children: list[launch.Child] = []

@@ -12,7 +12,8 @@ Contract:
   section (sections.py `check_data`, `check_model`, `check_optim`).
 
 `to_argv(cfg)` is how `psgd run` hands the exact same configuration to the server and worker
-processes it starts (and how you would start them by hand on other hosts).
+processes it starts, each only its room's settings (psgd/train/roles.py `flags_for`), as you would
+start them by hand on other hosts.
 
 This module re-exports every name of the schema's files, so `from psgd.core.config import X` and
 `config.X` stay the one way in. Stdlib only, and nothing above psgd/core: every layer imports it.
@@ -92,9 +93,11 @@ def leaves(schema: type = RunConfig) -> tuple[Leaf, ...]:
     return flags.leaves(schema)
 
 
-def add_flags(parser: argparse.ArgumentParser, schema: type = RunConfig) -> None:
-    """Add one flag per leaf of the schema, in its section's help group."""
-    flags.add_flags(parser, schema)
+def add_flags(parser: argparse.ArgumentParser, schema: type = RunConfig,
+              elsewhere: dict[str, str] | None = None) -> None:
+    """Add one flag per leaf of the schema, in its section's help group; `elsewhere`: the leaves
+    another room reads, hidden and refused (psgd/core/flags.py)."""
+    flags.add_flags(parser, schema, elsewhere)
 
 
 def from_namespace(ns: argparse.Namespace, schema: type = RunConfig) -> Any:

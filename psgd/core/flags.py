@@ -91,7 +91,7 @@ class Leaf:
     type: Any             # the resolved annotation: bool, int, float, str or Pairs
     default: Any
     flag: Flag
-    group: str            # help group title: the section class's GROUP
+    group: str            # help group title: the section class's GROUP, or its GROUPS title for the field
 
 
 @functools.cache
@@ -102,7 +102,8 @@ def leaves(schema: type) -> tuple[Leaf, ...]:
         if dataclasses.is_dataclass(typ):
             out += [Leaf(f.name, f2.name, t2, _default(f2), _flag(typ, f2), typ.GROUP) for f2, t2 in _fields(typ)]
         else:
-            out.append(Leaf("", f.name, typ, _default(f), _flag(schema, f), schema.GROUP))
+            group = next((g for g, names in getattr(schema, "GROUPS", {}).items() if f.name in names), schema.GROUP)
+            out.append(Leaf("", f.name, typ, _default(f), _flag(schema, f), group))
     names = [leaf.name for leaf in out]
     assert len(set(names)) == len(names), f"{schema.__name__}: field names repeat across sections: {names}"
     for leaf in out:
@@ -126,10 +127,18 @@ def _flag(klass: type, f: dataclasses.Field) -> Flag:
     return flag
 
 
-def add_flags(parser: argparse.ArgumentParser, schema: type) -> None:
-    """Add one flag per leaf of the schema, in its section's help group."""
+def add_flags(parser: argparse.ArgumentParser, schema: type, elsewhere: dict[str, str] | None = None) -> None:
+    """Add one flag per leaf of the schema, in its section's help group.
+
+    `elsewhere` maps the leaves this parser's process does not read to whose they are ("a worker's
+    setting, not a shard's"): they stay out of -h, and one given anyway is a one-line usage error
+    (exit 2) rather than a setting silently ignored."""
     groups: dict[str, Any] = {}
     for leaf in leaves(schema):
+        if elsewhere and leaf.name in elsewhere:
+            parser.add_argument("--" + leaf.name.replace("_", "-"), *leaf.flag.aliases, action=_Elsewhere,
+                                owner=elsewhere[leaf.name], nargs=0 if leaf.type is bool else None)
+            continue
         if leaf.group not in groups:
             groups[leaf.group] = parser.add_argument_group(leaf.group)
         flag = leaf.flag
@@ -148,6 +157,18 @@ def add_flags(parser: argparse.ArgumentParser, schema: type) -> None:
             if parse or leaf.type is not str:
                 kw["type"] = parse or leaf.type
         groups[leaf.group].add_argument("--" + leaf.name.replace("_", "-"), *flag.aliases, **kw)
+
+
+class _Elsewhere(argparse.Action):
+    """A flag of another process's room: refused where it is met, with whose it is."""
+
+    def __init__(self, option_strings, dest, owner: str, nargs=None, **kw) -> None:
+        super().__init__(option_strings, argparse.SUPPRESS, nargs=nargs, default=argparse.SUPPRESS,
+                         help=argparse.SUPPRESS, **kw)
+        self.owner = owner
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        parser.error(f"{option_string} is {self.owner}")
 
 
 def _default_note(leaf: Leaf) -> str:
@@ -173,9 +194,12 @@ def _for_argparse(parse: Callable[[str], Any]) -> Callable[[str], Any]:
 
 
 def from_namespace(ns: argparse.Namespace, schema: type) -> Any:
-    """Parsed flags -> config (not validated: see `validate`)."""
+    """Parsed flags -> config (not validated: see `validate`); a leaf the parser did not take (another
+    room's, see `add_flags`) keeps its default."""
     flat = {}
     for leaf in leaves(schema):
+        if not hasattr(ns, leaf.name):
+            continue
         value = getattr(ns, leaf.name)
         flat[leaf.name] = leaf.flag.from_arg(value) if leaf.flag.from_arg else value
     return from_flat(flat, schema)
@@ -219,10 +243,13 @@ def from_dict(d: dict, schema: type) -> Any:
         raise ValueError(f"bad config: {e}") from None
 
 
-def to_argv(cfg: Any) -> list[str]:
-    """The flags that rebuild cfg through `add_flags` (and so through `psgd run | server | worker`)."""
+def to_argv(cfg: Any, skip: frozenset[str] | set[str] = frozenset()) -> list[str]:
+    """The flags that rebuild cfg through `add_flags` (and so through `psgd run | server | worker`),
+    less the leaves in `skip` (another room's: psgd/train/roles.py `flags_for`)."""
     argv: list[str] = []
     for leaf in leaves(type(cfg)):
+        if leaf.name in skip:
+            continue
         value = getattr(getattr(cfg, leaf.section) if leaf.section else cfg, leaf.name)
         flag = "--" + leaf.name.replace("_", "-")
         if leaf.type is bool:

@@ -35,6 +35,18 @@ EVALS = 15           # auto: about this many intervals in a longer run (each eva
 @dataclass(frozen=True)
 class RunConfig:
     GROUP: ClassVar[str] = "run"
+    # The run's own fields in -h, by concern (the rest sit under GROUP): a title, then its fields.
+    GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {
+        "communication": ("wire_dtype", "topk", "no_error_feedback", "topk_momentum_correction", "topk_warmup_epochs",
+                          "rpc_timeout", "separate_pull", "overlap", "transport", "link"),
+        "stale and bad gradients (applied by the shards)": ("staleness_lr", "dc_lambda", "dc_adaptive", "dc_ms_decay",
+                                                            "skip_nonfinite"),
+        "faults and recovery": ("checkpoint_every", "worker_lease", "fail_at", "fail_shard_at", "restart_workers",
+                                "restart_servers"),
+        "security": ("tls_cert", "tls_key", "tls_ca", "token_file"),
+        "all-reduce": ("allreduce_impl", "bucket_mb", "backend", "check_every"),
+        "delays and placement": ("straggler", "jitter", "cpu_quota", "hosts", "cluster"),
+    }
     mode: str = opt("sync", "consistency mode (see 'modes' below)", choices=MODES)
     workers: int = opt(2, "number of workers N")
     servers: int = opt(1, "parameter shards K to start (run), or HOST:PORT,... of running shards (worker)",

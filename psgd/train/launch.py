@@ -41,9 +41,9 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from psgd.core.config import RunConfig, from_dict, to_argv, to_dict
+from psgd.core.config import RunConfig, from_dict, leaves, to_dict
 from psgd.core.errors import UsageError
-from psgd.train import cpulimit, hosts, lifeline, proctitle
+from psgd.train import cpulimit, hosts, lifeline, proctitle, roles
 from psgd.train.metrics import Metrics, process_start_time, read_events, samples_per_update, summarize
 from psgd.train.zygote import Forked, Zygote, ZygoteError
 
@@ -354,6 +354,26 @@ def prepare_by_hand(cfg: RunConfig) -> None:
     _write_launch(out, "hand")
 
 
+def record_worker_settings(cfg: RunConfig, own: frozenset[str]) -> None:
+    """A PS run by hand: shard 0 wrote config.json with a shard's settings (`psgd server` takes no
+    others, psgd/train/roles.py); worker 0 writes its own settings, `own`, into it, so that `psgd
+    summarize` reads the run's whole config. Shards on another host: no config.json here, nothing
+    to add to (summarize runs where shard 0's folder is)."""
+    path = Path(cfg.out) / "config.json"
+    if os.environ.get(LAUNCHED) or not path.is_file():
+        return
+    record, mine = json.loads(path.read_text()), config_record(cfg)
+    for leaf in leaves(RunConfig):
+        if leaf.name in own:
+            (record[leaf.section] if leaf.section else record)[leaf.name] = \
+                (mine[leaf.section] if leaf.section else mine)[leaf.name]
+    if "sources" in mine:
+        record["sources"] = {**record.get("sources", {}), **mine["sources"]}
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=1))
+    os.replace(tmp, path)  # summarize never reads half of it
+
+
 def config_record(cfg: RunConfig) -> dict:
     """config.json: the config, and with the user's own model / data / loss the spec and sha256 of
     each file they resolve to ("sources", psgd/train/workload.py; `from_dict` reads past it)."""
@@ -599,7 +619,7 @@ def _start_and_wait_in(cfg: RunConfig, out: Path, restore: list[str], zygote: Zy
         (out / "cluster.json").write_text(json.dumps(seats.record, indent=1))
     if seats.note:
         print(seats.note, file=sys.stderr, flush=True)
-    flags = to_argv(seats.cfg)
+    shard_flags, flags = roles.flags_for(seats.cfg, "shard"), roles.flags_for(seats.cfg, "worker")
     exe = [sys.executable, "-m", "psgd"]
     env = seats.environment(child_env(cfg))
     servers: list[Child] = []
@@ -612,7 +632,7 @@ def _start_and_wait_in(cfg: RunConfig, out: Path, restore: list[str], zygote: Zy
         ps = cfg.mode != "allreduce"
         if ps:
             for k, seat in enumerate(seats.servers):
-                argv = [*seat.prefix, *exe, "server", *flags, *restore, "--shard", str(k), "--port", "0"]
+                argv = [*seat.prefix, *exe, "server", *shard_flags, *restore, "--shard", str(k), "--port", "0"]
                 argv += ["--bind", seat.bind] if seat.bind else []
                 # With --worker-lease, a worker death the launcher sees reaches the shards on stdin (_tell_lost).
                 tolerant = cfg.worker_lease > 0
@@ -645,7 +665,7 @@ def _start_and_wait_in(cfg: RunConfig, out: Path, restore: list[str], zygote: Zy
                     pass  # that worker is gone already: _wait_workers names it
             # A restarted worker gets the shards' addresses at once, and no injected fault: the
             # fault is what it is being restarted from.
-            again_flags = to_argv(dataclasses.replace(seats.cfg, fail_at=()))
+            again_flags = roles.flags_for(dataclasses.replace(seats.cfg, fail_at=()), "worker")
 
             def restart(c: Child) -> Child:
                 r = str(_index(c))

@@ -7,6 +7,10 @@
 - `token(cfg)`: the run's shared secret (--token-file or PSGD_TOKEN; psgd/ps/auth.py).
 - `worker_device_of(cfg, rank)`: a worker's torch.device on this host.
 - `check_data(cfg)`: a dataset read from files has them where --data-dir says (psgd run, psgd drill).
+- Settings per room: a shard reads its settings (`serve.OWN` and the shared ones), a worker its
+  own (`work.OWN` and the shared ones), and `psgd run` alone reads `RUN_OWN`. `not_read(room)` is
+  what `psgd server` / `psgd worker` hide and refuse; `flags_for(cfg, room)` the flags `psgd run`
+  hands that room's processes. `psgd node`, which may be either, takes them all.
 
 Imports nothing heavy at module level: psgd/cli.py imports it on every command.
 """
@@ -19,6 +23,25 @@ import os
 
 from psgd.core import config as C
 from psgd.core.errors import UsageError
+
+# What only `psgd run` (the launcher) reads: its processes' CPU quotas and hosts, its restarts.
+RUN_OWN = frozenset({"cpu_quota", "hosts", "cluster", "restart_workers", "restart_servers"})
+
+
+def not_read(room: str) -> dict[str, str]:
+    """Setting -> whose it is, for the settings a `room` ("shard" or "worker") process never reads."""
+    from psgd.train import serve, work  # noqa: PLC0415 - both import this module
+
+    theirs = {"shard": (work.OWN, "a worker's setting, not a shard's: give it to psgd worker"),
+              "worker": (serve.OWN, "a shard's setting, not a worker's: give it to psgd server")}[room]
+    out = dict.fromkeys(theirs[0], theirs[1])
+    out.update(dict.fromkeys(RUN_OWN, "psgd run's setting: a process started by hand does not read it"))
+    return out
+
+
+def flags_for(cfg: C.RunConfig, room: str) -> list[str]:
+    """The flags that give a `room` process its settings of cfg (`psgd run` starting its children)."""
+    return C.to_argv(cfg, skip=frozenset(not_read(room)))
 
 
 def config_from_args(a: argparse.Namespace) -> C.RunConfig:

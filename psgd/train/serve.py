@@ -23,6 +23,18 @@ from psgd.train.roles import token as token_
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
+# The settings only a shard reads: the policy's (SSP's bound), the remedies it applies to arriving
+# gradients, its checkpoints, its side of TLS and leases, its own fault injection. `psgd worker`
+# refuses them and `psgd run` hands them to its shards alone (psgd/train/roles.py); a worker never
+# reads them (tests/test_rooms.py traces both rooms' reads in a run).
+OWN = frozenset({
+    "staleness",                                                 # ssp: may_read's bound
+    "staleness_lr", "dc_lambda", "dc_adaptive", "dc_ms_decay",   # remedies: a gradient's step on arrival
+    "skip_nonfinite", "quorum_lr",
+    "checkpoint_every", "fail_shard_at",
+    "tls_cert", "tls_key", "worker_lease",
+})
+
 
 def cmd_server(args: argparse.Namespace, on_ready=None) -> int:
     """Serve until every worker left or a stop signal came; on the way out write the shard's files.

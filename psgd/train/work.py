@@ -18,6 +18,17 @@ from psgd.core import config as C
 from psgd.core.errors import UsageError
 from psgd.train.roles import by_hand, config_from_args, token, worker_device_of
 
+# The settings only a worker reads: its data and batches, its device, what and how it sends (wire
+# dtype, top-k, transport, overlap), its delays and faults, the all-reduce group's. `psgd server`
+# refuses them and `psgd run` hands them to its workers alone (psgd/train/roles.py); a shard never
+# reads them (tests/test_rooms.py traces both rooms' reads in a run).
+OWN = frozenset({
+    "seed", "data_dir", "data_seed", "shard_data", "dirichlet_alpha", "loss", "device",
+    "wire_dtype", "topk_warmup_epochs", "no_error_feedback", "transport", "separate_pull",
+    "straggler", "jitter", "fail_at",
+    "allreduce_impl", "bucket_mb", "backend", "check_every", "tls_ca",
+})
+
 
 def join(cfg: C.RunConfig, where: str) -> tuple[C.RunConfig, list[str], int]:
     """`psgd worker --join`: take a slot in the running job at `where` (psgd/ps/client.py `join_job`);
@@ -101,6 +112,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
         if isinstance(addresses, int):
             raise UsageError("psgd worker needs --servers HOST:PORT,... (the running shards, in shard order)")
         exchange, errors = assemble.ps_exchange(cfg, addresses), (ExchangeError,)
+        if rank == 0:
+            launch.record_worker_settings(cfg, OWN)  # by hand: shard 0's config.json lacks a worker's settings
     metrics = Metrics(Path(cfg.out) / "metrics.jsonl")
     code = 0
     try:
