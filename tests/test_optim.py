@@ -63,3 +63,86 @@ def test_build_picks_sgd_by_default_and_its_state_round_trips():
         optim.check_state(cfg, optim.build(torch.zeros(2), OptimConfig()).state_dict())
     with pytest.raises(ValueError, match="not psgd's current format"):
         optim.check_state(OptimConfig(), state)
+
+
+def test_the_registry_names_what_the_flag_offers_and_refuses_an_unknown_name():
+    from psgd.core.config import OPTIMIZERS  # the --optimizer choices (stdlib-only: a static tuple)
+
+    assert set(optim.OPTIMIZERS) == set(OPTIMIZERS)
+    with pytest.raises(ValueError, match="unknown optimizer 'nope'; choose sgd or adamw"):
+        optim.build(torch.zeros(2), OptimConfig(optimizer="nope"))
+    with pytest.raises(ValueError, match="unknown optimizer 'nope'"):
+        optim.check_state(OptimConfig(optimizer="nope"), {})
+
+
+def test_importing_optim_does_not_import_adamw():
+    import subprocess
+    import sys
+
+    code = "import sys, psgd.core.optim; print('psgd.core.adamw' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_an_optimizer_plugs_in_as_one_class_and_its_registration(monkeypatch):
+    """A toy optimizer from this file alone, sign-SGD (p <- p - lr * sign(g)), registered in
+    optim.OPTIMIZERS: the production shard (psgd/train/assemble.py, its policy, its pull and push)
+    builds it and steps it with the mean of each sync step's gradients."""
+    from psgd.core.config import RunConfig
+    from psgd.train import assemble
+    from tests.helpers import open_start_barrier
+
+    class SignSGD:
+        def __init__(self, param: torch.Tensor, cfg: OptimConfig, fused: bool = False) -> None:
+            self.param, self.cfg, self.updates = param, cfg, 0
+            self.seen: list[torch.Tensor] = []
+
+        @property
+        def lr(self) -> float:
+            return self.cfg.lr
+
+        def step(self) -> None:
+            self.seen.append(self.param.grad.clone())
+            with torch.no_grad():  # self.param each time: the shard may have moved its parameters
+                self.param.sub_(self.lr * torch.sign(self.param.grad))
+            self.updates += 1
+
+        def state_dict(self) -> dict:
+            return {"sign_updates": self.updates}
+
+        @staticmethod
+        def check_state(state: dict) -> None:
+            if set(state) != {"sign_updates"}:
+                raise ValueError("not a sign-SGD state")
+
+        def load_state_dict(self, state: dict) -> None:
+            self.check_state(state)
+            self.updates = state["sign_updates"]
+
+    monkeypatch.setitem(optim.OPTIMIZERS, "toy", lambda: SignSGD)
+    cfg = RunConfig(mode="sync", workers=2, servers=1, steps=3, device="cpu",
+                    optim=OptimConfig(optimizer="toy", lr=0.125))  # not validated: the flag's tuple lacks "toy"
+    shard = assemble.shard(cfg, 0)
+    start = torch.linspace(-1, 1, 37)
+    shard.init(start.clone())
+    assert isinstance(shard.opt, SignSGD)
+    open_start_barrier(shard, cfg.members)
+    g = torch.Generator().manual_seed(0)
+    expected = start.clone()
+    for clock in range(cfg.steps):
+        grads = [torch.randn(37, generator=g) for _ in range(cfg.workers)]
+        for w in range(cfg.workers):
+            with shard.pull(w, 0, clock, "fp32", timeout=30) as p:
+                assert torch.equal(p.values, expected) and p.version == clock
+                version = p.version
+        for w in range(cfg.workers):
+            shard.push(w, clock, version, grads[w].clone(), "fp32")
+        mean = (grads[0] + grads[1]) / 2
+        assert torch.allclose(shard.opt.seen[-1], mean)  # the step's mean gradient, up to its sum's order
+        expected -= 0.125 * torch.sign(mean)  # the toy's rule, from this test's own mean
+        assert torch.equal(shard.param, expected), clock
+    assert shard.opt.updates == shard.policy.version == cfg.steps and shard.policy.done
+    state = shard.opt.state_dict()
+    optim.check_state(cfg.optim, state)  # the registry's class answers for its own checkpoints
+    with pytest.raises(ValueError, match="not a sign-SGD state"):
+        optim.check_state(cfg.optim, optim.build(torch.zeros(2), OptimConfig()).state_dict())

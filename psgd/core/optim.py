@@ -1,8 +1,23 @@
 """The optimizers every update in psgd takes: torch's SGD update (here) or AdamW's (adamw.py), with a linear warmup.
 
-`build(param, cfg)` picks the one `--optimizer` names; each has the same small interface (`step`,
-`lr`, `updates`, `state_dict` / `check_state` / `load_state_dict`). A new optimizer is one file
-beside adamw.py plus its name in `build` (and its settings in core/config.py's OptimConfig).
+`build(param, cfg, fused)` makes the one `--optimizer` names, looked up in `OPTIMIZERS` (name -> a
+loader returning the class, so that AdamW's module is imported only by a run that takes it);
+`check_state(cfg, state)` asks the same class. A ValueError names the choices for an unknown name.
+
+The interface, all a shard, a replica or a local worker calls: `Class(param, cfg, fused)` over one
+tensor; `step()` with the gradient in `param.grad`; `lr` (the next step's rate) and `updates` (steps
+taken); `state_dict()`, a static `check_state(state)` (ValueError unless this class wrote it) and
+`load_state_dict(state)` for checkpoints; and a `param` attribute the shard may reassign (it moves
+its parameters to a fresh buffer while a pull still holds the old one: psgd/ps/snapshots.py), so
+`step` reads `self.param` each time.
+
+A new optimizer is one file: its class, registered with `OPTIMIZERS[name] = lambda: Class`; a run
+built from a `RunConfig` naming it (psgd.fit, psgd/train/assemble.py) then steps it everywhere
+(tests/test_optim.py plugs in a sign-SGD from the test file alone). For `--optimizer` and
+`config.validate` its name must also be in psgd/core/sections.py's `OPTIMIZERS` tuple (the flag's
+static choices: that module stays stdlib-only, so it cannot read this registry), and a built-in one
+gets its loader line here; its settings, if new, go in OptimConfig. tests/test_optim.py checks that
+the tuple and this registry name the same optimizers.
 
 A shard server (psgd/ps/shard.py) steps it on its slice of the parameters, an all-reduce
 replica (psgd/allreduce/collective.py) and a local-SGD worker (psgd/ps/exchange.py) on their
@@ -24,33 +39,45 @@ Warmup: psgd/core/schedule.py (Goyal et al. 2017's linear ramp), shared with Ada
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch.optim.sgd import sgd
 
 from psgd.core.config import OptimConfig
 from psgd.core.schedule import FUSED_DEVICES, warmup_factor
 
-__all__ = ["FUSED_DEVICES", "SGD", "build", "check_state", "warmup_factor"]
+__all__ = ["FUSED_DEVICES", "OPTIMIZERS", "SGD", "build", "check_state", "optimizer_class", "warmup_factor"]
+
+
+def _adamw() -> type:
+    from psgd.core.adamw import AdamW  # noqa: PLC0415 - only an AdamW run needs it (its import costs)
+
+    return AdamW
+
+
+# name -> a loader of the class: a loader, not the class, so that a registered optimizer's module
+# is imported by the run that takes it and by no other.
+OPTIMIZERS: dict[str, Callable[[], type]] = {"sgd": lambda: SGD, "adamw": _adamw}
+
+
+def optimizer_class(name: str) -> type:
+    """The class registered as `name`; ValueError, with the choices, for a name not registered."""
+    try:
+        load = OPTIMIZERS[name]
+    except KeyError:
+        raise ValueError(f"unknown optimizer {name!r}; choose {' or '.join(OPTIMIZERS)}") from None
+    return load()
 
 
 def build(param: torch.Tensor, cfg: OptimConfig, fused: bool = False):
-    """The optimizer `cfg.optimizer` names over `param` (its .grad): SGD or AdamW."""
-    if cfg.optimizer == "adamw":
-        from psgd.core.adamw import AdamW  # noqa: PLC0415 - only an AdamW run needs it
-
-        return AdamW(param, cfg, fused)
-    assert cfg.optimizer == "sgd", f"unknown optimizer {cfg.optimizer!r} (config.validate lists them)"
-    return SGD(param, cfg, fused)
+    """The optimizer `cfg.optimizer` names over `param` (its .grad): SGD, AdamW or a registered one."""
+    return optimizer_class(cfg.optimizer)(param, cfg, fused)
 
 
 def check_state(cfg: OptimConfig, state: dict) -> None:
     """ValueError unless `state` is what `build(..., cfg).state_dict()` writes."""
-    if cfg.optimizer == "adamw":
-        from psgd.core.adamw import AdamW  # noqa: PLC0415
-
-        AdamW.check_state(state)
-    else:
-        SGD.check_state(state)
+    optimizer_class(cfg.optimizer).check_state(state)
 
 
 class SGD:

@@ -33,12 +33,25 @@ psgd/ps/transfer.py; this module re-exports them, and the two wires, so callers 
 - `PacedTransport(inner, link)` (here): `--link`, a wrapper that paces any transport's traffic to an
   emulated wire (psgd/core/link.py): one pacer for sends and one for receives, shared by the K
   streams as one NIC is; each message pays the latency once, each chunk its bytes / bandwidth.
-- `make_transport(name, addresses, timeout, link, token, tls_ca)` (here): `--transport grpc | tcp`.
+- `make_transport(name, addresses, timeout, link, token, tls_ca)` (here): `--transport grpc | tcp`,
+  the class `TRANSPORTS[name]`, called `(addresses, timeout, token, tls_ca)`; a ValueError names the
+  choices for a name not registered.
+
+A new transport on the shards' existing listeners (gRPC and the TCP data plane) is one file: a
+client class with the methods above (it may wrap or subclass a wire here, as TcpTransport takes
+GrpcTransport for its control calls), registered with `TRANSPORTS[name] = Class`; a run built
+from a `RunConfig` naming it then carries every worker's pushes and pulls on it, paced by --link
+as any other (tests/test_plugin_transport.py plugs one in from the test file alone). For
+`--transport` and `config.validate` its name must also be in psgd/core/schema.py's `TRANSPORTS`
+tuple (static choices: that module stays stdlib-only), and a built-in one has its line in
+`TRANSPORTS` here. A new wire protocol is three files at most: that client, its server side (a
+service in psgd/ps/grpc_server.py, or a listener of its own as psgd/ps/tcp_server.py is) and, for
+a listener of its own, the lines in psgd/ps/server.py `start` that open and stop it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from psgd._proto import parameter_server_pb2 as pb
@@ -107,12 +120,17 @@ class PacedTransport:
         self.inner.close()
 
 
+# name -> the client class (or any factory of that signature) `make_transport` builds.
+TRANSPORTS: dict[str, Callable[[list[str], float, bytes | None, str], Transport]] = {
+    "grpc": GrpcTransport, "tcp": TcpTransport}
+
+
 def make_transport(name: str, addresses: list[str], timeout: float, link: link_mod.Link | None = None,
                    token: bytes | None = None, tls_ca: str = "") -> Transport:
-    """`--transport grpc | tcp`, paced when `link` is given, every request carrying `token` if given,
-    over TLS that trusts the CA in `tls_ca` if given."""
-    if name not in ("grpc", "tcp"):
-        raise ValueError(f"unknown transport {name!r}; choose grpc or tcp")
-    kind = TcpTransport if name == "tcp" else GrpcTransport
+    """`--transport grpc | tcp` (or a registered one), paced when `link` is given, every request
+    carrying `token` if given, over TLS that trusts the CA in `tls_ca` if given."""
+    kind = TRANSPORTS.get(name)
+    if kind is None:
+        raise ValueError(f"unknown transport {name!r}; choose {' or '.join(TRANSPORTS)}")
     inner = kind(addresses, timeout, token, tls_ca)
     return PacedTransport(inner, link) if link else inner
