@@ -121,6 +121,7 @@ def build_parser() -> Parser:
     p.add_argument("--tensorboard", metavar="DIR", default="",
                    help="also write the run's curves as TensorBoard event files into DIR/<run folder name> "
                         "(psgd/train/tboard.py)")
+    p.add_argument("--of-run", metavar="CONFIG_JSON", default="", help=argparse.SUPPRESS)  # launch._finish's child
 
     p = sub.add_parser("server", help="serve one parameter shard (started by `psgd run`, or by hand)",
                        description=SERVER_DESCRIPTION, add_help=False,
@@ -372,6 +373,8 @@ def cmd_summarize(args: argparse.Namespace) -> int:
     from psgd.train import data, launch
 
     out = Path(args.out)
+    if args.of_run:  # psgd run's evaluation, forked by its warm parent (launch._finish): its config, no output
+        return _finish_of_run(out, C.from_dict(json.loads(args.of_run)))
     if not (out / launch.MARKER).exists() or not (out / "config.json").is_file():
         raise UsageError(f"{out} is not a psgd run folder (no {launch.MARKER} and config.json in it)")
     try:
@@ -389,6 +392,21 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
         tboard.write(out, tboard.run_dir(Path(args.tensorboard), out))
     print_summary(summary, str(out), args.quiet)
+    return 0
+
+
+def _finish_of_run(out, cfg: C.RunConfig) -> int:
+    """`launch.finish` for psgd run: `evaluating K N` lines on stdout, its failure as one line."""
+    from psgd.train import launch
+
+    def said(k: int, n: int) -> None:
+        print(f"{launch.EVAL_LINE} {k} {n}", flush=True)
+
+    try:
+        launch.finish(cfg, on_eval=said)
+    except (launch.RunFailed, FileNotFoundError) as e:
+        print(f"psgd summarize: failed: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

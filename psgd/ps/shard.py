@@ -102,7 +102,7 @@ class ShardOptions:
     rpc_timeout: float = 60.0         # the longest a pull may be held (the adapters' deadline)
 
 
-Optimizer = Any  # psgd/core/optim.py: step(), param, state_dict() / load_state_dict(); SGD or AdamW
+Optimizer = Any  # psgd/core/optim.py: step(), param, state_dict() / load_state_dict(); optim.OPTIMIZERS
 Remedy = Any     # psgd/ps/remedies.py: adjust / pulled / forget
 
 

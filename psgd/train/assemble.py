@@ -25,7 +25,7 @@ forwards it to the processes it starts as flags) and returns objects that know n
 
 A new consistency mode is a policy class in psgd/core/consistency.py and its line in
 `make_policy` (the choice in core/config.py lists it); a new optimizer is a file in psgd/core
-and its name in `optim.build`; nothing here changes for either.
+and its line in `optim.OPTIMIZERS`; nothing here changes for either.
 """
 
 from __future__ import annotations

@@ -687,15 +687,47 @@ def _start_and_wait_in(cfg: RunConfig, out: Path, restore: list[str], zygote: Zy
     except BaseException:
         _stop(workers + servers, signal.SIGKILL)
         raise
-    return finish(cfg)
+    return _finish(cfg, zygote)
 
 
-def finish(cfg: RunConfig, ds: data_mod.Dataset | None = None) -> dict:
+EVAL_LINE = "evaluating"  # `psgd summarize --of-run`'s stdout: `evaluating K N` before snapshot K of N
+
+
+def _finish(cfg: RunConfig, zygote: Zygote | None) -> dict:
+    """`finish`, in a child of the run's warm parent when there is one: it has torch loaded, so the
+    launcher never imports it (about 3.5 s of CPU here, a third of a short run's; the suite's
+    process, which has it, forks too and keeps its memory). The child reports each snapshot on
+    stdout for the live line; its failure is the run's, in the same words. Without a zygote
+    (--cold-start, cluster hosts) the launcher evaluates itself."""
+    if zygote is None or zygote.gone:
+        return finish(cfg)
+    out = Path(cfg.out)
+    argv = [sys.executable, "-m", "psgd", "summarize", str(out), "--of-run", json.dumps(to_dict(cfg))]
+    child = Child("the evaluation", argv, out / "logs" / "finish.log", dict(os.environ), capture_stdout=True,
+                  zygote=zygote)
+    try:
+        from psgd.train import progress  # noqa: PLC0415 - tqdm, for the live line only
+
+        for line in child.proc.stdout:
+            word, k, n = (line.decode().split() + ["", "", ""])[:3]
+            if word == EVAL_LINE:
+                progress.evaluating(int(k), int(n))
+        code = child.proc.wait()
+    except BaseException:
+        _stop([child], signal.SIGKILL)
+        raise
+    if code != 0:
+        raise RunFailed(child.last_error().removeprefix("psgd summarize: failed: "))
+    return json.loads((out / "summary.json").read_text())
+
+
+def finish(cfg: RunConfig, ds: data_mod.Dataset | None = None, on_eval=None) -> dict:
     """Evaluate the snapshots, write final_params.pt and summary.json (`psgd summarize` too).
 
     Raises RunFailed naming what is missing when the run has not ended. Run again on the same
     folder it gives the same files: the eval lines of an earlier call are replaced, not doubled.
-    `ds`: the run's dataset, loaded here when not given.
+    `ds`: the run's dataset, loaded here when not given. `on_eval(k, n)`: told before snapshot k
+    of n is evaluated (default: the live line's `evaluating k/n`).
     """
     import torch  # noqa: PLC0415 - see the imports
 
@@ -737,7 +769,7 @@ def finish(cfg: RunConfig, ds: data_mod.Dataset | None = None) -> dict:
     t0 = min(e["train_start"] for e in ends)
     metrics = Metrics(out / "metrics.jsonl")
     evals = []
-    for version, t, params in evaluate.each_snapshot(snaps, progress.evaluating):  # the live line: evaluating k/n
+    for version, t, params in evaluate.each_snapshot(snaps, on_eval or progress.evaluating):  # evaluating k/n
         test_loss, test_acc = evaluate.evaluate(model, params, ds.x_test, ds.y_test, cfg.model.loss)
         train_loss, train_acc = evaluate.evaluate(model, params, x_tr, y_tr, cfg.model.loss)
         e = dict(version=version, elapsed_s=max(0.0, t - t0), samples=version * samples_per_update(cfg),
