@@ -22,7 +22,7 @@ The three classic modes:
 psgd/core/textbook.py asks these rules in 150 lines with nothing else around them;
 psgd/core/consistency.py asks the same objects with production's membership, budget and start
 barrier around them (tests/test_textbook.py compares the two). A new mode is a class here with
-these two answers and its name in `RULES` (tests/test_plugins.py plugs one in from a test file).
+these two answers and its name in `RULES` (tests/test_textbook.py plugs one in from a test file).
 """
 
 from __future__ import annotations

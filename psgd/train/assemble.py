@@ -23,9 +23,9 @@ forwards it to the processes it starts as flags) and returns objects that know n
   `train`): the model (seeded), the batches, the loss and the loop's options; `train_worker`
   runs that loop with a given exchange.
 
-A new consistency mode is a policy class in psgd/core/consistency.py and its line in
-`make_policy` (the choice in core/config.py lists it); a new optimizer is a file in psgd/core
-and its line in `optim.OPTIMIZERS`; nothing here changes for either.
+A new consistency mode is a rule object and its line in psgd/core/rules.py `RULES` (and its name
+in core/schema.py's MODES for the command line); a new optimizer is a file in psgd/core and its
+line in `optim.OPTIMIZERS`; nothing here changes for either.
 """
 
 from __future__ import annotations

@@ -7,10 +7,11 @@
 - `token(cfg)`: the run's shared secret (--token-file or PSGD_TOKEN; psgd/ps/auth.py).
 - `worker_device_of(cfg, rank)`: a worker's torch.device on this host.
 - `check_data(cfg)`: a dataset read from files has them where --data-dir says (psgd run, psgd drill).
-- Settings per room: a shard reads its settings (`serve.OWN` and the shared ones), a worker its
-  own (`work.OWN` and the shared ones), and `psgd run` alone reads `RUN_OWN`. `not_read(room)` is
-  what `psgd server` / `psgd worker` hide and refuse; `flags_for(cfg, room)` the flags `psgd run`
-  hands that room's processes. `psgd node`, which may be either, takes them all.
+- Settings per room, declared here since every process imports this module first: a shard reads
+  `SHARD_OWN` (also `serve.OWN`) and the shared settings, a worker `WORKER_OWN` (`work.OWN`) and
+  the shared ones, and `psgd run` alone reads `RUN_OWN`. `not_read(room)` is what `psgd server` /
+  `psgd worker` hide and refuse; `flags_for(cfg, room)` the flags `psgd run` hands that room's
+  processes. `psgd node`, which may be either, takes them all.
 
 Imports nothing heavy at module level: psgd/cli.py imports it on every command.
 """
@@ -24,16 +25,37 @@ import os
 from psgd.core import config as C
 from psgd.core.errors import UsageError
 
+# The settings only a shard reads: the policy's (SSP's bound), the remedies it applies to arriving
+# gradients, its checkpoints, its side of TLS and leases, its own fault injection. `psgd worker`
+# refuses them and `psgd run` hands them to its shards alone; a worker never
+# reads them (tests/test_rooms.py traces both rooms' reads in a run).
+SHARD_OWN = frozenset({
+    "staleness",                                                 # ssp: may_read's bound
+    "staleness_lr", "dc_lambda", "dc_adaptive", "dc_ms_decay",   # remedies: a gradient's step on arrival
+    "skip_nonfinite", "quorum_lr",
+    "checkpoint_every", "fail_shard_at",
+    "tls_cert", "tls_key", "worker_lease",
+})
+
+# The settings only a worker reads: its data and batches, its device, what and how it sends (wire
+# dtype, top-k, transport, overlap), its delays and faults, the all-reduce group's. `psgd server`
+# refuses them and `psgd run` hands them to its workers alone; a shard never
+# reads them (tests/test_rooms.py traces both rooms' reads in a run).
+WORKER_OWN = frozenset({
+    "seed", "data_dir", "data_seed", "shard_data", "dirichlet_alpha", "loss", "device",
+    "wire_dtype", "topk_warmup_epochs", "no_error_feedback", "transport", "separate_pull",
+    "straggler", "jitter", "fail_at",
+    "allreduce_impl", "bucket_mb", "backend", "check_every", "tls_ca",
+})
+
 # What only `psgd run` (the launcher) reads: its processes' CPU quotas and hosts, its restarts.
 RUN_OWN = frozenset({"cpu_quota", "hosts", "cluster", "restart_workers", "restart_servers"})
 
 
 def not_read(room: str) -> dict[str, str]:
     """Setting -> whose it is, for the settings a `room` ("shard" or "worker") process never reads."""
-    from psgd.train import serve, work  # noqa: PLC0415 - both import this module
-
-    theirs = {"shard": (work.OWN, "a worker's setting, not a shard's: give it to psgd worker"),
-              "worker": (serve.OWN, "a shard's setting, not a worker's: give it to psgd server")}[room]
+    theirs = {"shard": (WORKER_OWN, "a worker's setting, not a shard's: give it to psgd worker"),
+              "worker": (SHARD_OWN, "a shard's setting, not a worker's: give it to psgd server")}[room]
     out = dict.fromkeys(theirs[0], theirs[1])
     out.update(dict.fromkeys(RUN_OWN, "psgd run's setting: a process started by hand does not read it"))
     return out

@@ -18,22 +18,15 @@ import threading
 
 from psgd.core import config as C
 from psgd.core.errors import UsageError
+from psgd.train import roles
 from psgd.train.roles import by_hand, config_from_args
 from psgd.train.roles import token as token_
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
-# The settings only a shard reads: the policy's (SSP's bound), the remedies it applies to arriving
-# gradients, its checkpoints, its side of TLS and leases, its own fault injection. `psgd worker`
-# refuses them and `psgd run` hands them to its shards alone (psgd/train/roles.py); a worker never
-# reads them (tests/test_rooms.py traces both rooms' reads in a run).
-OWN = frozenset({
-    "staleness",                                                 # ssp: may_read's bound
-    "staleness_lr", "dc_lambda", "dc_adaptive", "dc_ms_decay",   # remedies: a gradient's step on arrival
-    "skip_nonfinite", "quorum_lr",
-    "checkpoint_every", "fail_shard_at",
-    "tls_cert", "tls_key", "worker_lease",
-})
+# The settings only a shard reads (declared with the other rooms' in psgd/train/roles.py, which
+# every process imports first): `psgd worker` refuses them, `psgd run` hands them to shards alone.
+OWN = roles.SHARD_OWN
 
 
 def cmd_server(args: argparse.Namespace, on_ready=None) -> int:

@@ -16,18 +16,12 @@ import sys
 
 from psgd.core import config as C
 from psgd.core.errors import UsageError
+from psgd.train import roles
 from psgd.train.roles import by_hand, config_from_args, token, worker_device_of
 
-# The settings only a worker reads: its data and batches, its device, what and how it sends (wire
-# dtype, top-k, transport, overlap), its delays and faults, the all-reduce group's. `psgd server`
-# refuses them and `psgd run` hands them to its workers alone (psgd/train/roles.py); a shard never
-# reads them (tests/test_rooms.py traces both rooms' reads in a run).
-OWN = frozenset({
-    "seed", "data_dir", "data_seed", "shard_data", "dirichlet_alpha", "loss", "device",
-    "wire_dtype", "topk_warmup_epochs", "no_error_feedback", "transport", "separate_pull",
-    "straggler", "jitter", "fail_at",
-    "allreduce_impl", "bucket_mb", "backend", "check_every", "tls_ca",
-})
+# The settings only a worker reads (declared with the other rooms' in psgd/train/roles.py):
+# `psgd server` refuses them, `psgd run` hands them to workers alone.
+OWN = roles.WORKER_OWN
 
 
 def join(cfg: C.RunConfig, where: str) -> tuple[C.RunConfig, list[str], int]:
