@@ -5,6 +5,7 @@ network namespace with only lo, all in one temporary directory, all stopped and 
 - deploy/slurm/psgd_ps.sbatch, submitted with sbatch, runs a 1-shard 2-worker sync job across
   both nodes (srun places the tasks; `psgd node` takes its role from SLURM_PROCID) and ends 0,
   with the parameters (params_sha256) of the same job under `psgd run`;
+- a worker killed on one node is survived under --worker-lease, and the job completes;
 - scancel of the running job stops every psgd process on both nodes, and Slurm reports CANCELLED.
 
 Where Slurm cannot be had (not root, no apt-get, apt-get fails, no network namespace), the tests
@@ -66,6 +67,29 @@ def test_a_sync_job_under_sbatch_ends_0_with_psgd_runs_parameters(slurm, tmp_pat
     s, ref = summary(tmp_path / "slurm"), summary(tmp_path / "run")
     assert (s["mode"], s["workers"], s["servers"], s["global_updates"]) == ("sync", 2, 1, 4)
     assert s["params_sha256"] == ref["params_sha256"]
+    assert not processes_with_env(MARK, marker)
+
+
+# Known defect, found by this test: the run survives (the shard declares worker 1 lost and worker 0
+# trains to the end), but `psgd summarize` then refuses ("1 of 2 workers finished"): launch.finish
+# counts the workers lost from the launcher's worker_lost events only, which a run without psgd
+# run's launcher has none of; the shards' stats (shard-K.json) hold the ranks they declared lost.
+# The fix is training code (psgd/train/launch.py), left for after this stop's suite runs; strict, so
+# this test fails once the fix lands and the marker must go.
+@pytest.mark.xfail(strict=True, reason="psgd summarize ignores the workers the shards declared lost (launch.finish)")
+def test_a_worker_killed_on_one_node_is_survived_under_a_lease(slurm, tmp_path):
+    """Worker 1 (task 2, on n2) kills itself (SIGKILL) at step 5; with --worker-lease the shard on
+    n1 declares it lost when its lease runs out, worker 0 trains to the end, and the job completes."""
+    marker = uuid.uuid4().hex
+    flags = ["--servers", "1", "--mode", "sync", "--steps", "20", "--worker-lease", "3", "--fail-at", "1=5", *TINY]
+    job = submit(slurm, tmp_path / "slurm", *flags, marker=marker)
+    state = slurm.wait(job, timeout_s=150)
+    log = (tmp_path / "slurm.log").read_text()
+    assert state == "COMPLETED", log
+    assert "task 2 on n2" in log and "the run went on under --worker-lease" in log, log
+    s = summary(tmp_path / "slurm")
+    assert [w["worker"] for w in s["lost_workers"]] == [1], s["lost_workers"]
+    assert s["global_updates"] == 20 and s["per_worker_steps"]["0"] == 20, s["per_worker_steps"]
     assert not processes_with_env(MARK, marker)
 
 
