@@ -23,7 +23,10 @@ import subprocess
 from pathlib import Path
 
 CODE_PATHS = ("psgd", "experiments", "protos", "pyproject.toml")
-LAB_FILES = ("psgd/lab", "psgd/bench", "psgd/core/costmodel.py", "psgd/core/palette.py")
+# Code no run's results depend on: the lab, the benches, the cost model, the palette, and the
+# TensorBoard view (psgd/train/tboard.py reads metrics.jsonl and writes only its own folder; its
+# thread never fails a run). A change there does not make the committed runs stale.
+LAB_FILES = ("psgd/lab", "psgd/bench", "psgd/core/costmodel.py", "psgd/core/palette.py", "psgd/train/tboard.py")
 RUN_PATHS = ("psgd", "protos", "pyproject.toml", *(f":(exclude){p}" for p in LAB_FILES))
 
 

@@ -153,10 +153,14 @@ class Scalars:
             self.points += len(values)
 
     def _emit_ready(self) -> None:
-        running = max(1, self.workers - len(self.gone))
+        # A clock is ready when every worker still running has reported it: a worker that ended
+        # after its own row of this clock was counted (its worker_end may come before another
+        # worker's last step line: counting gone workers off N instead emitted that clock twice).
         while self.rows:
             first = min(self.rows)
-            if len(self.rows[first]) < running and len(self.rows) <= MAX_PENDING:
+            reported = {r.get("rank") for r in self.rows[first]}
+            waiting = set(range(self.workers)) - self.gone - reported
+            if waiting and len(self.rows) <= MAX_PENDING:
                 return
             self._emit(first)
 
