@@ -144,6 +144,12 @@ def test_summarize_refuses_what_is_not_a_finished_run(tmp_path):
     r = psgd_main("summarize", str(out))
     assert r.returncode == 1 and "0 of 1 workers finished" in r.stderr
 
+    # A worker the shard declared lost (its lease ran out) has ended too, with no launcher's
+    # worker_lost event (a run by hand, under torchrun or Slurm): summarize goes on to the shards.
+    (out / "shard-0.json").write_text(json.dumps({"lost_workers": {"0": 5}}))
+    r = psgd_main("summarize", str(out))
+    assert r.returncode == 1 and "has no shard-0.pt" in r.stderr, r.stderr
+
     (out / "config.json").write_text(json.dumps({"no_such_key": 1}))
     r = psgd_main("summarize", str(out))
     assert r.returncode == 2 and "unknown key" in r.stderr

@@ -70,13 +70,6 @@ def test_a_sync_job_under_sbatch_ends_0_with_psgd_runs_parameters(slurm, tmp_pat
     assert not processes_with_env(MARK, marker)
 
 
-# Known defect, found by this test: the run survives (the shard declares worker 1 lost and worker 0
-# trains to the end), but `psgd summarize` then refuses ("1 of 2 workers finished"): launch.finish
-# counts the workers lost from the launcher's worker_lost events only, which a run without psgd
-# run's launcher has none of; the shards' stats (shard-K.json) hold the ranks they declared lost.
-# The fix is training code (psgd/train/launch.py), left for after this stop's suite runs; strict, so
-# this test fails once the fix lands and the marker must go.
-@pytest.mark.xfail(strict=True, reason="psgd summarize ignores the workers the shards declared lost (launch.finish)")
 def test_a_worker_killed_on_one_node_is_survived_under_a_lease(slurm, tmp_path):
     """Worker 1 (task 2, on n2) kills itself (SIGKILL) at step 5; with --worker-lease the shard on
     n1 declares it lost when its lease runs out, worker 0 trains to the end, and the job completes."""

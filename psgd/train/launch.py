@@ -738,7 +738,7 @@ def finish(cfg: RunConfig, ds: data_mod.Dataset | None = None, on_eval=None) -> 
     out = Path(cfg.out)
     events = read_events(out / "metrics.jsonl")
     ends = [e for e in events if e.get("event") == "worker_end"]
-    lost = {e["rank"] for e in events if e.get("event") == "worker_lost"}
+    lost = {e["rank"] for e in events if e.get("event") == "worker_lost"} | _declared_lost(out, cfg)
     if len(ends) + len(lost - {e["rank"] for e in ends}) < cfg.workers:
         raise RunFailed(f"{out}: {len(ends)} of {cfg.workers} workers finished (worker_end in metrics.jsonl): "
                         "has the run ended?")
@@ -798,6 +798,19 @@ def finish(cfg: RunConfig, ds: data_mod.Dataset | None = None, on_eval=None) -> 
     if (out / "cluster.json").exists():  # the hosts and the link a --hosts run used (psgd/train/hosts.py)
         extra = dict(extra or {}, cluster=json.loads((out / "cluster.json").read_text()))
     return summarize(out, cfg, evals + [final_eval], models.num_params(model), sha, shard_stats, extra)
+
+
+def _declared_lost(out: Path, cfg: RunConfig) -> set[int]:
+    """The ranks a shard declared lost (its lease ran out): a run without psgd run's launcher (by
+    hand, torchrun, Slurm) has no worker_lost events, only the shards' word in shard-K.json."""
+    if cfg.mode == "allreduce":
+        return set()
+    lost: set[int] = set()
+    for k in range(cfg.servers):
+        path = out / f"shard-{k}.json"
+        if path.exists():
+            lost |= {int(w) for w in json.loads(path.read_text()).get("lost_workers", {})}
+    return lost
 
 
 def _validation(cfg: RunConfig, model, params: torch.Tensor, ds: data_mod.Dataset) -> dict:

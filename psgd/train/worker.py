@@ -145,11 +145,8 @@ def train(exchange: Exchange, model: torch.nn.Module, batches: Batches, loss: lo
 def _loop(exchange: Exchange, model, flat, batches: Batches, loss_fn: losses.Loss, rank: int, options: LoopOptions,
           metrics: Metrics | None) -> tuple[dict, float]:
     """Warm up, set the exchange up, and run steps until it says done; returns (totals, train_start)."""
-    device = flat.params.device
     jitter = random.Random(options.jitter_seed)
-    accumulate = options.accumulate
-
-    warm_up(model, flat, *batches.micro(0, accumulate)[0], loss_fn)
+    warm_up(model, flat, *batches.micro(0, options.accumulate)[0], loss_fn)
     if options.fail_step == -1:
         os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die while starting, before joining the shards
     exchange.setup(flat, rank)
@@ -175,23 +172,7 @@ def _loop(exchange: Exchange, model, flat, batches: Batches, loss_fn: losses.Los
         _add(totals, before)
         if before.done or (options.leave_at is not None and before.version >= options.leave_at):
             break  # (a scheduled departure: the exchange's close tells the shards, which shrink the quorum)
-        t0 = time.perf_counter()
-        # The emulated slow device delays the whole step's compute, before forward, so that a
-        # gradient pushed during backward (--overlap) is not ready sooner than on such a device.
-        extra_ms = options.delay_ms + (jitter.expovariate(1.0 / options.jitter_ms) if options.jitter_ms > 0 else 0.0)
-        if extra_ms:
-            time.sleep(extra_ms / 1000.0)  # emulated slow device, not synchronisation
-        flat.zero_grad_once()
-        loss_sum = 0.0
-        for xb, yb in batches.micro(clock, accumulate):
-            # Mean loss per micro-batch / k: the k micro-batches together give the mean over
-            # the worker's whole slice, so accumulation equals one bigger batch.
-            loss = loss_fn(model(xb), yb) / accumulate
-            loss.backward()
-            flat.zeroed = False
-            loss_sum += float(loss.detach())
-        sync_device(device)  # compute ends when backward has run, not when it was queued
-        compute_s = time.perf_counter() - t0
+        loss_sum, compute_s = _compute(model, flat, batches, clock, loss_fn, options, jitter)
         after = exchange.after_compute(clock, flat)
         compute_s = max(0.0, compute_s - after.overlapped_s) + after.compute_s
         totals["compute_s"] += compute_s
@@ -205,6 +186,28 @@ def _loop(exchange: Exchange, model, flat, batches: Batches, loss_fn: losses.Los
         if after.done:
             break
     return totals, train_start
+
+
+def _compute(model, flat, batches: Batches, clock: int, loss_fn: losses.Loss, options: LoopOptions,
+             jitter: random.Random) -> tuple[float, float]:
+    """Step `clock`'s forward and backward over its micro-batches; returns (loss, compute seconds)."""
+    t0 = time.perf_counter()
+    # The emulated slow device delays the whole step's compute, before forward, so that a
+    # gradient pushed during backward (--overlap) is not ready sooner than on such a device.
+    extra_ms = options.delay_ms + (jitter.expovariate(1.0 / options.jitter_ms) if options.jitter_ms > 0 else 0.0)
+    if extra_ms:
+        time.sleep(extra_ms / 1000.0)  # emulated slow device, not synchronisation
+    flat.zero_grad_once()
+    loss_sum = 0.0
+    for xb, yb in batches.micro(clock, options.accumulate):
+        # Mean loss per micro-batch / k: the k micro-batches together give the mean over
+        # the worker's whole slice, so accumulation equals one bigger batch.
+        loss = loss_fn(model(xb), yb) / options.accumulate
+        loss.backward()
+        flat.zeroed = False
+        loss_sum += float(loss.detach())
+    sync_device(flat.params.device)  # compute ends when backward has run, not when it was queued
+    return loss_sum, time.perf_counter() - t0
 
 
 def warm_up(model: torch.nn.Module, flat: models.FlatParams, x: torch.Tensor, y: torch.Tensor,
