@@ -97,3 +97,21 @@ def test_a_failing_loop_closes_the_exchange_quickly_and_reports_its_own_error():
         assemble.train_worker(cfg, 0, ex, None)
     assert ex.closed == [True]  # once, told it failed (no waiting for peers)
     assert any("and so is the socket" in note for note in err.value.__notes__)
+
+
+def test_jitter_draws_have_the_mean_asked_and_pareto_has_the_heavy_tail():
+    import random
+
+    from psgd.train.worker import jitter_draw
+
+    assert jitter_draw(random.Random(0), 0.0, "pareto") == 0.0
+    # The exponential draw is the one every run before --jitter-tail made (its runs keep their delays).
+    assert jitter_draw(random.Random(3), 5.0) == random.Random(3).expovariate(1 / 5.0)
+    r_exp, r_par = random.Random(1), random.Random(1)
+    exp = [jitter_draw(r_exp, 5.0, "exp") for _ in range(20_000)]
+    par = [jitter_draw(r_par, 5.0, "pareto") for _ in range(20_000)]
+    assert min(par) >= 5.0 / 3  # Pareto's scale: a third of the mean at shape 1.5
+    assert abs(sum(par) / len(par) - 5.0) < 0.5 and abs(sum(exp) / len(exp) - 5.0) < 0.25
+    # The tail: the largest of 20,000 draws is about 20000^(2/3) / 3 = 245 means for Pareto 1.5 and
+    # about ln(20000) = 10 means for the exponential.
+    assert max(par) > 50 * 5.0 and max(exp) < 20 * 5.0

@@ -147,6 +147,7 @@ def _check_run(cfg: RunConfig) -> list[Check]:
         (cfg.eval_every >= 0 or cfg.eval_every == AUTO, f"--eval-every must be >= 0 or auto, got {cfg.eval_every}"),
         (_error(devices.parse_device, cfg.device) is None, _error(devices.parse_device, cfg.device) or ""),
         (cfg.jitter >= 0, f"--jitter must be >= 0 ms, got {cfg.jitter}"),
+        (cfg.jitter_tail == "exp" or cfg.jitter > 0, "--jitter-tail shapes --jitter's delays: give --jitter MS too"),
         (cfg.cpu_quota >= 0 and math.isfinite(cfg.cpu_quota), f"--cpu-quota must be >= 0 cores, got {cfg.cpu_quota}"),
         (cfg.rpc_timeout > 0, f"--rpc-timeout must be > 0, got {cfg.rpc_timeout}"),
         (cfg.threads >= 0, f"--threads must be >= 0 (0: share the cores), got {cfg.threads}"),

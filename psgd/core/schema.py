@@ -26,6 +26,7 @@ WIRE_DTYPES = ("fp32", "fp16", "bf16")
 ALLREDUCE_IMPLS = ("library", "ring")
 BACKENDS = ("auto", "gloo", "nccl")
 TRANSPORTS = ("grpc", "tcp")
+JITTER_TAILS = ("exp", "pareto")  # --jitter-tail: the delay's distribution (psgd/train/worker.py)
 
 AUTO = -1            # --eval-every auto, the default (eval_interval)
 EVAL_EVERY_MIN = 20  # auto's interval in a short run (the default before the budget counted: issue 33)
@@ -45,7 +46,7 @@ class RunConfig:
                                 "restart_servers"),
         "security": ("tls_cert", "tls_key", "tls_ca", "token_file"),
         "all-reduce": ("allreduce_impl", "bucket_mb", "backend", "check_every"),
-        "delays and placement": ("straggler", "jitter", "cpu_quota", "hosts", "cluster"),
+        "delays and placement": ("straggler", "jitter", "jitter_tail", "cpu_quota", "hosts", "cluster"),
     }
     mode: str = opt("sync", "consistency mode (see 'modes' below)", choices=MODES)
     workers: int = opt(2, "number of workers N")
@@ -86,7 +87,10 @@ class RunConfig:
                                          "send the fraction max(FRACTION, 0.25^(e+1)) (25%, 6.25%, 1.5625%, ...)",
                                     metavar="E")
     straggler: Pairs = opt((), "worker RANK sleeps MS extra per step (repeatable)", metavar="RANK=MS")
-    jitter: float = opt(0.0, "every worker sleeps an exponential random delay of this mean per step", metavar="MS")
+    jitter: float = opt(0.0, "every worker sleeps a random delay of this mean per step (--jitter-tail)", metavar="MS")
+    jitter_tail: str = opt("exp", "--jitter's distribution: exp (exponential) or pareto (shape 1.5, the same mean, "
+                                  "infinite variance: the long tail of a shared cluster's stragglers, as Chen et "
+                                  "al. 2016 measured it)", choices=JITTER_TAILS)
     cpu_quota: float = opt(0.0, "give every shard and worker of psgd run this many cores of its own, enforced by the "
                                 "kernel (cgroup CPU quota, psgd/train/cpulimit.py): a core one process leaves idle "
                                 "(a sleeping straggler) goes unused, as on separate devices (0: the cores are shared)",

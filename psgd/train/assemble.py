@@ -176,7 +176,8 @@ def worker_parts(cfg: RunConfig, rank: int, device) -> WorkerParts:
     plan = data_mod.plan_for(cfg, ds.y_train)
     model = models.build(cfg.model, ds.input_dim, ds.num_classes, cfg.seed).to(device)
     options = worker.LoopOptions(accumulate=cfg.accumulate, delay_ms=dict(cfg.straggler).get(rank, 0),
-                                 jitter_ms=cfg.jitter, jitter_seed=cfg.seed * 7919 + rank,
+                                 jitter_ms=cfg.jitter, jitter_tail=cfg.jitter_tail,
+                                 jitter_seed=cfg.seed * 7919 + rank,
                                  fail_step=dict(cfg.fail_at).get(rank), leave_at=leave_at(cfg, rank))
     return WorkerParts(model, worker.Batches(x, y, plan, rank), losses.get(cfg.model.loss), options)
 

@@ -44,7 +44,7 @@ SHARD_OWN = frozenset({
 WORKER_OWN = frozenset({
     "seed", "data_dir", "data_seed", "shard_data", "dirichlet_alpha", "loss", "device",
     "wire_dtype", "topk_warmup_epochs", "no_error_feedback", "transport", "separate_pull",
-    "straggler", "jitter", "fail_at",
+    "straggler", "jitter", "jitter_tail", "fail_at",
     "allreduce_impl", "bucket_mb", "backend", "check_every", "tls_ca",
 })
 

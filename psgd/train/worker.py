@@ -100,7 +100,8 @@ class LoopOptions:
     """How the loop runs, besides its objects: accumulation, an emulated slow device, a fault."""
     accumulate: int = 1             # micro-batches per push (--accumulate)
     delay_ms: float = 0.0           # extra compute per step: an emulated slower device (--straggler)
-    jitter_ms: float = 0.0          # mean of an exponential extra delay per step (--jitter)
+    jitter_ms: float = 0.0          # mean of a random extra delay per step (--jitter)
+    jitter_tail: str = "exp"        # its distribution (--jitter-tail; see jitter_draw)
     jitter_seed: int = 0            # its random stream
     fail_step: int | None = None    # fault injection: SIGKILL this process at this step (--fail-at; -1: before setup)
     leave_at: int | None = None     # leave the run once a pull brings update >= this (--elastic's schedule)
@@ -188,13 +189,28 @@ def _loop(exchange: Exchange, model, flat, batches: Batches, loss_fn: losses.Los
     return totals, train_start
 
 
+PARETO_SHAPE = 1.5  # a finite mean and an infinite variance: a few steps take many times the mean
+
+
+def jitter_draw(rng: random.Random, mean_ms: float, tail: str = "exp") -> float:
+    """One step's random delay in ms, of mean `mean_ms` (0: none). `exp`: exponential, a memoryless
+    tail. `pareto`: Pareto of shape 1.5 scaled to the same mean (minimum mean/3), whose largest of N
+    draws grows like N^(2/3): the heavy tail of stragglers on shared machines that Chen et al. 2016
+    ('Revisiting distributed synchronous SGD', Fig. 3) measured and built backup workers against."""
+    if mean_ms <= 0:
+        return 0.0
+    if tail == "pareto":
+        return mean_ms * (PARETO_SHAPE - 1) / PARETO_SHAPE * rng.paretovariate(PARETO_SHAPE)
+    return rng.expovariate(1.0 / mean_ms)
+
+
 def _compute(model, flat, batches: Batches, clock: int, loss_fn: losses.Loss, options: LoopOptions,
              jitter: random.Random) -> tuple[float, float]:
     """Step `clock`'s forward and backward over its micro-batches; returns (loss, compute seconds)."""
     t0 = time.perf_counter()
     # The emulated slow device delays the whole step's compute, before forward, so that a
     # gradient pushed during backward (--overlap) is not ready sooner than on such a device.
-    extra_ms = options.delay_ms + (jitter.expovariate(1.0 / options.jitter_ms) if options.jitter_ms > 0 else 0.0)
+    extra_ms = options.delay_ms + jitter_draw(jitter, options.jitter_ms, options.jitter_tail)
     if extra_ms:
         time.sleep(extra_ms / 1000.0)  # emulated slow device, not synchronisation
     flat.zero_grad_once()
