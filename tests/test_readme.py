@@ -19,7 +19,10 @@ import re
 import shlex
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import ENV, processes_mentioning, psgd_main
+from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ("README.md", "docs/guide.md", "docs/measure.md", "docs/results.md")
@@ -137,6 +140,7 @@ def runnable() -> list[str]:
     return [c for c in docs_commands() if not longest_key(c, NOT_RUN)]
 
 
+@pytest.mark.usefixtures("warm_runs")
 def test_the_start_here_path_works_and_leaves_its_figures(tmp_path, monkeypatch):
     walk = [c for c in runnable() if c.startswith(WALK)]
     assert [c.split()[1] for c in walk] == ["run", "run", "plot", "plot", "trace"], walk
@@ -155,6 +159,7 @@ def test_the_start_here_path_works_and_leaves_its_figures(tmp_path, monkeypatch)
     assert all(float(r["start_s"]) >= -1e-3 for r in rows)
 
 
+@pytest.mark.usefixtures("warm_runs")
 def test_the_other_readme_commands_work_as_written(tmp_path, monkeypatch):
     rest = [c for c in runnable() if not c.startswith(WALK)]
     assert any(c.startswith("psgd run --mode allreduce") for c in rest)

@@ -1,0 +1,56 @@
+"""One warm parent per test process for the `psgd run`s a test makes in this process.
+
+`psgd suite` forks every run's shards and workers from one warm parent (psgd/lab/suite.py
+`_WarmParent`, psgd/train/launch.py `warm_parent`): torch is imported once, not once per run (about
+1.5 s of CPU per run here). Tests that run many `psgd run` commands in this process (psgd_main) and
+do not test the run's own zygote use the fixture `warm_runs`: while the test runs, `launch.run`
+gets this process's warm parent (started at its first use, replaced if it died, closed when the
+test session ends) unless a zygote is passed. The commands are parsed and run as written; only who
+forks their children changes, as in the suite (tests/test_zygote.py holds that a warm parent's run
+equals a cold one's bit for bit)."""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+
+
+class _Warm:
+    def __init__(self) -> None:
+        self.zygote = None
+
+    def get(self):
+        from psgd.train import launch
+
+        if self.zygote is None or self.zygote.gone:
+            self.close()
+            self.zygote = launch.warm_parent("psgd-tests")
+        return self.zygote
+
+    def close(self) -> None:
+        if self.zygote is not None:
+            self.zygote.close()
+            self.zygote = None
+
+
+@pytest.fixture(scope="session")
+def warm_parent():
+    warm = _Warm()
+    yield warm
+    warm.close()
+
+
+@pytest.fixture
+def warm_runs(warm_parent, monkeypatch):
+    """`launch.run` (what `psgd run` calls) forks from this process's warm parent during the test."""
+    from psgd.train import launch
+
+    plain = launch.run
+
+    @functools.wraps(plain)
+    def run(cfg, *args, zygote=None, **kwargs):
+        return plain(cfg, *args, zygote=zygote if zygote is not None else warm_parent.get(), **kwargs)
+
+    monkeypatch.setattr(launch, "run", run)
+    yield
