@@ -317,3 +317,30 @@ def test_the_run_key_is_the_last_commit_of_the_training_code():
     assert head and provenance.run_code_version().startswith(head)
     assert provenance.code_version().split("-dirty")[0] == subprocess.run(
         ["git", "describe", "--always"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_a_suite_pattern_takes_the_experiment_files_of_that_suite_alone(tmp_path):
+    """A new claim is its experiment file (and its analysis module): a suite's pattern finds it, in
+    name order, and leaves the files another suite claims (`suite = "..."`)."""
+    exp = 'id = "{id}"\ntitle = "t"\nclaim = "c"\nanalysis = "modes"\n{extra}[[runs]]\nlabel = "a"\n'
+    write(tmp_path, "e02_b.toml", exp.format(id="B", extra=""))
+    write(tmp_path, "e01_a.toml", exp.format(id="A", extra='suite = "default"\n'))
+    write(tmp_path, "e03_c.toml", exp.format(id="C", extra='suite = "other"\n'))
+    default = write(tmp_path, "default.toml", '[suite]\nname = "default"\nexperiments = ["e*.toml"]\n')
+    other = write(tmp_path, "other.toml", '[suite]\nname = "other"\nexperiments = ["e*.toml", "e01_a.toml"]\n')
+    assert [e.id for e in suite.load_suite(default)] == ["A", "B"]
+    assert [e.id for e in suite.load_suite(other)] == ["C", "A"]  # a plain entry names its file whatever it says
+
+
+def test_the_analysis_registry_finds_every_analyses_module():
+    from psgd.lab import analyses
+
+    table = analyses.registry()
+    # One name of each module (psgd/lab/analyses*.py): none is listed by hand.
+    for name in ("modes", "batch", "link", "backup_workers", "elastic", "adam_staleness"):
+        assert name in table
+    assert all(callable(fn) for fn in table.values())
+    # The two suites' claims all find their analysis.
+    for name in ("default.toml", "transformer.toml"):
+        for e in suite.load_suite(ROOT / "experiments" / name):
+            assert e.analysis in table, e.path

@@ -17,25 +17,19 @@ the seeds the power rule asks for, from the parts' margins and the spread measur
 
 from __future__ import annotations
 
+import importlib
 import math
+import pkgutil
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from psgd.lab import (
-    analyses_data,
-    analyses_elastic,
-    analyses_optim,
-    analyses_remedies,
-    analyses_systems,
-    plots,
-    power,
-    stats,
-)
+import psgd.lab
+from psgd.lab import plots, power, stats
 from psgd.lab import verdicts as V
 from psgd.lab.analysis_kit import Context, acc_ci, body, diff, series_of, variant_series
-from psgd.lab.results import Figure, Group, Section, diverged, load_run, roughness, table, time_to
+from psgd.lab.results import Figure, Finding, Group, Section, diverged, load_run, roughness, table, time_to
 
 CHANCE_LOSS = math.log(10)  # cross-entropy of a uniform guess over 10 classes
 
@@ -350,14 +344,29 @@ def split_half(fn, exp, summaries: list, chosen: dict, scores: dict) -> dict | N
     return {**readings, "left_out": left, "unstable": pair == {V.CONFIRMED, V.REFUTED}}
 
 
+def registry() -> dict:
+    """Every analysis by name: this module's and each psgd/lab/analyses_*.py module's ANALYSES, found
+    by name, so that a new claim is its experiment file and one analysis module, touching no other.
+    A name defined twice is an error, not a silent override."""
+    table_ = dict(ANALYSES)
+    for info in sorted(pkgutil.iter_modules(psgd.lab.__path__), key=lambda m: m.name):
+        if not info.name.startswith("analyses_"):
+            continue
+        module = importlib.import_module(f"psgd.lab.{info.name}")
+        for name, fn in getattr(module, "ANALYSES", {}).items():
+            if name in table_:
+                raise ValueError(f"analysis {name!r} is defined twice (psgd/lab/{info.name}.py and another module)")
+            table_[name] = fn
+    return table_
+
+
 def analyse(exp, summaries: list, out: Path, chosen: dict | None = None, scores: dict | None = None) -> Section:
-    table_ = {**ANALYSES, **analyses_data.ANALYSES, **analyses_systems.ANALYSES, **analyses_remedies.ANALYSES,
-              **analyses_elastic.ANALYSES, **analyses_optim.ANALYSES}
+    table_ = registry()
     fn = table_.get(exp.analysis)
     if fn is None:
         raise ValueError(f"{exp.path}: unknown analysis {exp.analysis!r}; known: {', '.join(sorted(table_))}")
     ctx = Context(exp, summaries, out, chosen or {}, scores or {})
-    verdict, headline, text, figures, key = fn(ctx)
+    verdict, headline, text, figures, key = Finding(*fn(ctx))  # a Finding, or an older analysis's 5-tuple
     bench = bool(getattr(exp, "bench", ""))
     halves = split_half(fn, exp, summaries, chosen or {}, scores or {}) if not bench else None
     pw = power.claim_power(verdict.effects, bench, getattr(exp, "margin_why", ""))

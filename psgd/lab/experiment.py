@@ -53,7 +53,7 @@ from psgd.core import config as C
 from psgd.train.metrics import read_events, samples_per_update
 
 EXPERIMENT_KEYS = {"id", "title", "claim", "quote", "quote_en", "quote_source", "analysis", "why", "seeds", "base",
-                   "runs", "profiles", "params", "bench", "bench_args", "tune", "margin_why", "scoring"}
+                   "runs", "profiles", "params", "bench", "bench_args", "tune", "margin_why", "scoring", "suite"}
 RUN_KEYS = {"label", "lr_from", "lr_factor", "tune_lr", "tune", "eval_samples"}  # besides RunConfig fields
 TUNE_KEYS = {"lr", "seeds", "last_k", "metric"}
 TUNE_METRICS = ("val_accuracy", "val_loss")  # what tuning scores (higher accuracy, or lower loss, wins)
@@ -407,6 +407,21 @@ def load_experiment(path: Path, profile: str, results: Path, version: str = "",
     return exp
 
 
+def suite_files(path: Path, name: str, entries: list[str]) -> list[Path]:
+    """The experiment files a suite lists: a plain entry names one file; a pattern (`e*.toml`) takes,
+    in name order, every matching file whose `suite` key names this suite (no key: "default"), so
+    that a new claim is its own experiment file and analysis module, with no list to edit."""
+    files: list[Path] = []
+    for entry in entries:
+        if not any(c in entry for c in "*?["):
+            files.append(path.parent / entry)
+            continue
+        for f in sorted(path.parent.glob(entry)):
+            if f != path and _read_toml(f).get("suite", "default") == name and f not in files:
+                files.append(f)
+    return files
+
+
 def load_suite(path: Path, profile: str = "default", only: set[str] | None = None,
                results: Path = Path("results"), version: str = "") -> list[Experiment]:
     doc = _read_toml(path)
@@ -420,8 +435,8 @@ def load_suite(path: Path, profile: str = "default", only: set[str] | None = Non
     for name, table in suite_profiles.items():
         check_table(table, f"{path} [profiles.{name}]", PROFILE_KEYS)
     suite_overrides = dict(suite_profiles.get(profile, {})) if profile != "default" else {}
-    experiments = [load_experiment(path.parent / n, profile, results, version, suite_base, suite_overrides)
-                   for n in names]
+    experiments = [load_experiment(f, profile, results, version, suite_base, suite_overrides)
+                   for f in suite_files(path, doc["suite"].get("name", "default"), names)]
     ids = [e.id for e in experiments]
     if len(set(ids)) != len(ids):
         raise SuiteError(f"{path}: experiment ids repeat: {ids}")

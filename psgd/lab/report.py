@@ -49,7 +49,10 @@ def machine() -> str:
     except OSError:
         pass
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    return (f"{cpu}, {os.cpu_count()} cores, {gpu}; Python {platform.python_version()}, torch {torch.__version__}, "
+    # The kernels the runs used: the suite pins them (psgd/lab/suite.py pin_cpu_kernels).
+    kernels = os.environ.get("ATEN_CPU_CAPABILITY") or torch.backends.cpu.get_cpu_capability().lower()
+    return (f"{cpu}, {os.cpu_count()} cores, CPU kernels {kernels}, {gpu}; "
+            f"Python {platform.python_version()}, torch {torch.__version__}, "
             f"grpcio {grpc.__version__}, {platform.system()} {platform.release()}")
 
 

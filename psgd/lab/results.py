@@ -24,6 +24,7 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -250,6 +251,17 @@ def setup(cfg: dict, vary: tuple[str, ...] = ()) -> str:
 class Figure:
     path: Path
     caption: str
+
+
+class Finding(NamedTuple):
+    """What an analysis returns: its verdict (psgd/lab/verdicts.py), the headline with the key number,
+    the report's text, the figures and the key numbers for summary.json. A NamedTuple, so the older
+    analyses' bare 5-tuples read the same way."""
+    verdict: Any
+    headline: str
+    text: str
+    figures: list[Figure]
+    key: dict
 
 
 @dataclass

@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import shlex
 import sys
 import time
@@ -159,6 +160,23 @@ class _WarmParent:
 
 WARM = _WarmParent()
 
+# torch picks its CPU kernels by the machine (AVX2, AVX-512, ...), and a run's last bits follow them:
+# the same sync run hashes differently on an AVX-512 machine than on an AVX2 one (measured: 537f4dc0...
+# against 41ce5e7b...). The suite pins AVX2, which every x86 machine since 2013 has, so that its runs
+# are the same bits wherever it is run again; a value the caller set is kept. `machine()` in the
+# report and each run's provenance.json name it.
+PINNED_KERNELS = "avx2"
+
+
+def pin_cpu_kernels() -> str:
+    """Set ATEN_CPU_CAPABILITY for the processes the suite starts (not this one); returns its value."""
+    import torch  # noqa: PLC0415
+
+    have = torch.backends.cpu.get_cpu_capability().lower()
+    if "ATEN_CPU_CAPABILITY" not in os.environ and have.startswith("avx"):
+        os.environ["ATEN_CPU_CAPABILITY"] = PINNED_KERNELS
+    return os.environ.get("ATEN_CPU_CAPABILITY", have)
+
 
 def execute(spec: RunSpec, fresh: bool, position: str, tensorboard: Path | None = None) -> dict:
     """Run one spec (or reuse its cached result); returns its summary. With `tensorboard`, the
@@ -178,7 +196,8 @@ def execute(spec: RunSpec, fresh: bool, position: str, tensorboard: Path | None 
     out = Path(cfg.out)
     (out / "config.json").write_text(json.dumps(launch.config_record(spec.cfg), indent=1))
     (out / "provenance.json").write_text(json.dumps({"code_version": spec.version, "command": spec.command,
-                                                     "made_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())},
+                                                     "made_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+                                                     "cpu_kernels": os.environ.get("ATEN_CPU_CAPABILITY", "")},
                                                     indent=1))
     return summary
 
@@ -396,6 +415,8 @@ def main(argv: list[str]) -> int:
     from psgd.train.launch import RunFailed
 
     command = "psgd suite " + shlex.join(argv)
+    if not a.report:
+        pin_cpu_kernels()
     try:
         run_suite(experiments, results, a.fresh, command, only, profile, articles, a.tensorboard)
     except (SuiteError, RunFailed) as e:  # one line naming the experiment or the failed process

@@ -94,6 +94,12 @@ def _part(label: str, ci: Interval, margin: float, test: str, unit: str = ACCURA
     return Effect(label, ci, margin, test, unit, outcome, null)
 
 
+def part(label: str, ci: Interval, margin: float, test: str, unit: str = ACCURACY, null: float = 0.0) -> Effect:
+    """One part of a claim, judged on its own: `ci` against `null` +- `margin` by `test` ("effect" or
+    "no_worse"). An analysis module's own rule builds its Verdict from these and `combine`."""
+    return _part(label, ci, margin, test, unit, null)
+
+
 def decision_point(e: Effect) -> float:
     """The value an inconclusive part's interval would have to clear to decide it, where its
     estimate lies: for "effect", 0 when the estimate is above the margin (confirmed needs the
