@@ -15,7 +15,8 @@ import torch.nn.functional as F
 from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig, validate
 from psgd.lab.experiment import run_digest
 from psgd.train import data, evaluate, losses, models, userspec, workload
-from tests.helpers import psgd, summary, train_in_threads
+from tests.helpers import ENV, psgd, psgd_main, summary, train_in_threads
+from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 U = "tests.user_workload"
 
@@ -63,13 +64,13 @@ def test_a_file_spec_that_fails_to_import_says_why(tmp_path):
 
 def test_psgd_run_refuses_before_it_makes_a_folder_or_a_process(tmp_path):
     out = tmp_path / "run"
-    done = psgd("run", "--model", f"{U}:with_batchnorm", "--dataset", f"{U}:make_data", "--steps", "2",
-                "--out", str(out))
+    done = psgd_main("run", "--model", f"{U}:with_batchnorm", "--dataset", f"{U}:make_data", "--steps", "2",
+                     "--out", str(out))
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [done.stderr.strip()]  # one line, no traceback
     assert "BatchNorm" in done.stderr and "persistent=False" in done.stderr
     assert not out.exists()
-    assert "--model must be one of" in psgd("run", "--model", "mlpp").stderr
+    assert "--model must be one of" in psgd_main("run", "--model", "mlpp").stderr
 
 
 def test_flags_validate_a_spec_syntactically_and_loss_and_optimizer_names():
@@ -164,9 +165,18 @@ def test_sync_ps_on_your_model_equals_single_process_training_sgd_and_adamw(shar
         assert (got - start).abs().max() > 1e-2
 
 
-def test_a_user_loss_trains_through_psgd_run_in_every_mode(tmp_path):
+def in_process_runs(monkeypatch) -> None:
+    """`psgd run` in this process (psgd_main) with the environment tests/helpers.py `psgd` gives its
+    processes; the shards and workers are real processes, forked from this process's warm parent."""
+    for name, value in ENV.items():
+        monkeypatch.setenv(name, value)
+
+
+@pytest.mark.usefixtures("warm_runs")
+def test_a_user_loss_trains_through_psgd_run_in_every_mode(tmp_path, monkeypatch):
     """--model / --dataset / --loss specs through real processes: PS (sync with local SGD, SSP) and
     all-reduce; accuracy is None for a regression loss; config.json records the specs' files."""
+    in_process_runs(monkeypatch)
     common = ["--model", f"{U}:make_model", "--dataset", f"{U}:make_regression", "--loss", f"{U}:half_mse",
               "--workers", "2", "--steps", "20", "--batch-size", "16", "--lr", "0.05", "--eval-every", "0"]
     runs = {"ssp": ["--mode", "ssp", "--servers", "2", "--optimizer", "adamw", "--lr", "0.01"],
@@ -174,7 +184,7 @@ def test_a_user_loss_trains_through_psgd_run_in_every_mode(tmp_path):
             "allreduce": ["--mode", "allreduce", "--optimizer", "adamw", "--lr", "0.01"]}
     for name, extra in runs.items():
         out = tmp_path / name
-        done = psgd("run", *common, *extra, "--out", str(out), "--quiet")
+        done = psgd_main("run", *common, *extra, "--out", str(out), "--quiet")
         assert done.returncode == 0, done.stderr[-2000:]
         s = summary(out)
         assert s["final_test_accuracy"] is None
@@ -184,13 +194,15 @@ def test_a_user_loss_trains_through_psgd_run_in_every_mode(tmp_path):
         assert recorded["model"]["model"] == f"{U}:make_model"
 
 
-def test_psgd_summarize_reads_a_config_json_with_sources(tmp_path):
+@pytest.mark.usefixtures("warm_runs")
+def test_psgd_summarize_reads_a_config_json_with_sources(tmp_path, monkeypatch):
+    in_process_runs(monkeypatch)
     out = tmp_path / "run"
-    done = psgd("run", "--model", f"{U}:make_model", "--dataset", f"{U}:make_dataset_objects", "--workers", "1",
+    done = psgd_main("run", "--model", f"{U}:make_model", "--dataset", f"{U}:make_dataset_objects", "--workers", "1",
                 "--steps", "5", "--out", str(out), "--quiet")
     assert done.returncode == 0, done.stderr[-2000:]
     first = summary(out)
-    again = psgd("summarize", str(out), "--quiet")
+    again = psgd_main("summarize", str(out), "--quiet")
     assert again.returncode == 0, again.stderr
     assert summary(out)["final_test_loss"] == first["final_test_loss"]
     assert 0 <= first["final_test_accuracy"] <= 1
@@ -206,7 +218,7 @@ def test_a_persistent_buffer_is_refused_and_a_constant_one_is_not():
     assert dataclasses.replace(cfg_of(), seed=1).model.model == f"{U}:make_model"
 
 
-def test_by_hand_server_and_worker_take_your_model_and_the_suite_takes_specs(tmp_path):
+def test_by_hand_server_and_worker_take_your_model_and_the_suite_takes_specs(tmp_path, monkeypatch):
     """`psgd server` never imports your model (it sizes the shard from the first Init); `psgd
     worker` builds it; a bad spec given to the worker is one line, exit 2. A suite TOML's keys take
     specs like the flags do."""
@@ -216,6 +228,7 @@ def test_by_hand_server_and_worker_take_your_model_and_the_suite_takes_specs(tmp
     from psgd.lab.experiment import config_from_settings
     from tests.helpers import ENV
 
+    in_process_runs(monkeypatch)  # summarize runs in this process
     out = tmp_path / "by-hand"
     flags = ["--mode", "async", "--workers", "1", "--num-shards", "1", "--steps", "6", "--out", str(out),
              "--model", f"{U}:make_model", "--dataset", f"{U}:make_data", "--batch-size", "8"]
@@ -234,7 +247,7 @@ def test_by_hand_server_and_worker_take_your_model_and_the_suite_takes_specs(tmp
         if server.poll() is None:
             server.kill()
             server.wait()
-    done = psgd("summarize", str(out), "--quiet")
+    done = psgd_main("summarize", str(out), "--quiet")
     assert done.returncode == 0, done.stderr[-2000:]
     assert summary(out)["global_updates"] == 6
     cfg = config_from_settings({"model": f"{U}:make_model", "dataset": f"{U}:make_data", "loss": f"{U}:half_mse"},
