@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 from psgd.lab import plots, stats
 from psgd.lab import verdicts as V
-from psgd.lab.analysis_kit import Context, diff, series_of
-from psgd.lab.results import Figure, Finding, Group, table, time_to
+from psgd.lab.analysis_kit import Context, diff, seconds_to, series_of, speedup_to
+from psgd.lab.results import Figure, Finding, Group, table
 
 SPEEDUP_MARGIN = 0.1      # 10% less time to target: the least worth one more machine per N (the TOML says why)
 ACCURACY_MARGIN = 0.01    # one accuracy point, as E1
@@ -56,23 +56,11 @@ def arms_of(ctx: Context) -> Arms:
     return Arms(sync[0], dict(sorted(backups.items())), asynchronous[0], n)
 
 
-def seconds_to(g: Group, target: float) -> list[float]:
-    return [time_to(r, target) for r in g.runs]
-
-
-def paired_reached(a: list[float], b: list[float]) -> tuple[list[float], list[float], int]:
-    """The seeds where both runs reached the target, and how many did not."""
-    both = [(x, y) for x, y in zip(a, b, strict=True) if math.isfinite(x) and math.isfinite(y)]
-    return [x for x, _ in both], [y for _, y in both], len(a) - len(both)
-
-
 def measure(arms: Arms, target: float) -> tuple[V.Verdict, dict]:
     """The parts and the key numbers: no figures, no prose."""
-    t_sync = seconds_to(arms.sync, target)
     parts, key = [], {"target_accuracy": target, "n": arms.n}
     for b, g in arms.backups.items():
-        base, mine, missed = paired_reached(t_sync, seconds_to(g, target))
-        ratio = stats.ratio_ci(base, mine) if len(base) >= 2 else stats.Interval(float("nan"), -math.inf, math.inf, 0)
+        ratio, missed = speedup_to(arms.sync, g, target)
         parts.append(V.part(f"b={b}: sync N / sync N+{b} time to {target:.0%}", ratio, SPEEDUP_MARGIN, "effect",
                             V.RATIO, null=1.0))
         acc = diff(g, arms.asynchronous)

@@ -10,6 +10,7 @@ verdict's rule. `diff` / `acc_ci` are the intervals every learning claim uses. T
 from __future__ import annotations
 
 import csv
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +18,7 @@ import numpy as np
 
 from psgd.lab import plots, stats
 from psgd.lab import verdicts as V
-from psgd.lab.results import LAST_K, PLATEAU, Group, at_best_val, converged, final, groups_of, setup, table
+from psgd.lab.results import LAST_K, PLATEAU, Group, at_best_val, converged, final, groups_of, setup, table, time_to
 
 
 def scoring_of(exp) -> tuple[str, str]:
@@ -187,3 +188,20 @@ def variant_series(groups: list[Group]) -> list[plots.Series]:
     return [plots.Series(g.label, "", g.runs, variant=i) for i, g in enumerate(groups)]
 
 
+
+
+# -- time to a target accuracy (DAWNBench's metric) ------------------------------------------------
+def seconds_to(g: Group, target: float, key: str = "test_accuracy") -> list[float]:
+    """Per seed, seconds of steady-state training until `key` first reached `target` (inf: never)."""
+    return [time_to(r, target, key) for r in g.runs]
+
+
+def speedup_to(slow: Group, fast: Group, target: float) -> tuple[stats.Interval, int]:
+    """(slow's seconds to `target` over fast's, paired by seed over the seeds where both reached
+    it; how many seeds did not). Fewer than 2 pairs: an interval that decides nothing (n = 0)."""
+    both = [(a, b) for a, b in zip(seconds_to(slow, target), seconds_to(fast, target), strict=True)
+            if math.isfinite(a) and math.isfinite(b)]
+    missed = len(slow.runs) - len(both)
+    if len(both) < 2:
+        return stats.Interval(float("nan"), -math.inf, math.inf, 0), missed
+    return stats.ratio_ci([a for a, _ in both], [b for _, b in both]), missed
