@@ -28,13 +28,15 @@ from psgd.ps.exchange import PSExchange
 from psgd.train import assemble, models
 from tests.helpers import ENV, events, processes_mentioning, psgd_main, summary
 from tests.test_equivalence import DATA, OPTIM, STEPS, run_plain_torch
+from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 TIMEOUT = datetime.timedelta(seconds=60)  # a broken test fails, it does not hang
 
 
 def _spawn(fn, n: int, *args) -> None:
-    """Run fn(rank, n, *args) in n fresh processes; re-raises the first child failure."""
-    mp.spawn(fn, args=(n, *args), nprocs=n, join=True)
+    """Run fn(rank, n, *args) in n processes forked from this one (torch already imported: no
+    interpreter start-up and torch import per rank); re-raises the first child failure."""
+    mp.start_processes(fn, args=(n, *args), nprocs=n, join=True, start_method="fork")
 
 
 def _join_group(rank: int, n: int, rdv: str) -> None:
@@ -175,6 +177,7 @@ def sync_ps_params(shards, workers: int, batch: int, optim: OptimConfig) -> torc
     return torch.cat([s.param.detach().clone() for s in cores])
 
 
+@pytest.mark.usefixtures("warm_runs")
 def test_allreduce_4x8_equals_sync_ps_4x8_equals_1x32(tmp_path, shards):
     out = tmp_path / "ar"
     r = psgd_main("run", "--mode", "allreduce", "--workers", "4", "--batch-size", "8", "--check-every", "5",
@@ -195,6 +198,7 @@ def test_allreduce_4x8_equals_sync_ps_4x8_equals_1x32(tmp_path, shards):
     assert processes_mentioning(str(out)) == []
 
 
+@pytest.mark.usefixtures("warm_runs")
 def test_ring_run_with_warmup_and_buckets_equals_sync_ps(tmp_path, shards):
     out = tmp_path / "ring"
     r = psgd_main("run", "--mode", "allreduce", "--allreduce-impl", "ring", "--workers", "3", "--batch-size", "8",
@@ -215,6 +219,7 @@ def test_ring_run_with_warmup_and_buckets_equals_sync_ps(tmp_path, shards):
 
 # -- failures ------------------------------------------------------------------------------------
 
+@pytest.mark.usefixtures("warm_runs")
 def test_dead_rank_fails_the_run_and_leaves_no_process(tmp_path):
     out = tmp_path / "dead"
     r = psgd_main("run", "--mode", "allreduce", "--workers", "3", "--steps", "500", "--fail-at", "1=3",
