@@ -329,3 +329,19 @@ def test_the_power_rule_sizes_seeds_so_the_half_width_is_at_most_half_the_margin
     assert part.outcome == V.INCONCLUSIVE and V.decision_point(part) == 0.02   # below the margin: refuting it
     assert V.decision_point(V._part("x", stats.mean_ci([0.05, 0.09, -0.01]), 0.02, "effect")) == 0.0
     assert V.decision_point(V._part("x", iv, 0.01, "no_worse")) == -0.01
+
+
+def test_adamw_must_be_hurt_itself_before_it_is_hurt_more_than_sgd():
+    """E16's gate: SGD gaining from staleness (damage -0.04) and AdamW gaining a little (-0.01) give a
+    difference of +0.03 above the margin, which alone would confirm the claim; AdamW's own damage,
+    below zero, refutes it."""
+    from psgd.lab.stats import Interval
+
+    diff = {"async": Interval(0.03, 0.025, 0.035, 3)}
+    assert V.staleness_hurts_adam_more(diff, 0.02).outcome == V.CONFIRMED
+    unhurt = {"async": Interval(-0.01, -0.015, -0.005, 3)}
+    assert V.staleness_hurts_adam_more(diff, 0.02, adam_damage=unhurt).outcome == V.REFUTED
+    hurt = {"async": Interval(0.05, 0.04, 0.06, 3)}
+    assert V.staleness_hurts_adam_more(diff, 0.02, adam_damage=hurt).outcome == V.CONFIRMED
+    unsure = {"async": Interval(0.01, -0.01, 0.03, 3)}
+    assert V.staleness_hurts_adam_more(diff, 0.02, adam_damage=unsure).outcome == V.INCONCLUSIVE

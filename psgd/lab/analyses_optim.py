@@ -6,7 +6,8 @@ and SSP where it ran), the same stale arms in the same order for both.
 Damage = control minus a stale arm (final test accuracy, paired by seed: the same initialisation and data
 order in both); the verdict weighs AdamW's damage minus SGD's, per seed, with a t interval, against
 the margin, for each stale arm: confirmed when AdamW loses clearly more, refuted when its loss is
-clearly not larger by the margin, else inconclusive; the verdict combines the stale arms.
+clearly not larger by the margin, else inconclusive; and AdamW's own damage must exceed zero (a
+part of its own), so that SGD gaining from staleness cannot confirm it. The verdict combines them.
 """
 
 from __future__ import annotations
@@ -39,7 +40,8 @@ def adam_staleness(ctx: Context):
         per_adam = [sign * (c - a) for c, a in zip(adam_c.finals(key_name), a_arm.finals(key_name), strict=True)]
         damage[arm] = (stats.mean_ci(per_sgd), stats.mean_ci(per_adam))
         dd[arm] = stats.diff_ci(per_adam, per_sgd)
-    verdict = V.staleness_hurts_adam_more(dd, margin, V.NATS if loss else V.ACCURACY)
+    verdict = V.staleness_hurts_adam_more(dd, margin, V.NATS if loss else V.ACCURACY,
+                                          adam_damage={arm: a for arm, (_, a) in damage.items()})
     f1 = ctx.out / ("loss_vs_samples.png" if loss else "accuracy_vs_samples.png")
     plots.curves(variant_series(order), "samples", key_name, f1, f"{ctx.exp.id}: SGD and AdamW, with and "
                  "without staleness")

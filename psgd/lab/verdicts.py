@@ -163,7 +163,7 @@ def sync_beats_async(sync_minus_async: Interval, margin: float = 0.01, label: st
 
 
 def staleness_hurts_adam_more(adam_minus_sgd_damage: Interval | dict[str, Interval], margin: float = 0.02,
-                              unit: str = ACCURACY) -> Verdict:
+                              unit: str = ACCURACY, adam_damage: dict[str, Interval] | None = None) -> Verdict:
     """E16: the damage staleness does (the control's accuracy minus the stale arm's, or with `unit`
     NATS the stale arm's test loss minus the control's) is larger with AdamW than with SGD. One
     interval, or one per stale arm ({"async": ..., "ssp s=2": ...}): each is a part, and the
@@ -175,7 +175,20 @@ def staleness_hurts_adam_more(adam_minus_sgd_damage: Interval | dict[str, Interv
                   for arm, ci in by.items())
     reason = "; ".join(f"{'' if not arm else arm + ': '}AdamW's staleness cost - SGD's {ci.fmt(signed=True)}"
                        for arm, ci in by.items())
-    return Verdict(combine([x.outcome for x in parts]), f"{reason} (margin {stated})", parts)
+    outcomes = [x.outcome for x in parts]
+    if adam_damage:
+        # AdamW's own damage must exceed zero before it can exceed SGD's: a difference of damages
+        # made by SGD gaining from staleness (it can act as momentum) says nothing of AdamW. Per
+        # stale arm both must hold: confirmed when both are, refuted when either is.
+        own = tuple(_part(f"AdamW's own staleness cost{f' ({arm})' if arm else ''}", ci, 0.0, "effect", unit)
+                    for arm, ci in adam_damage.items())
+        outcomes = [CONFIRMED if (a.outcome, b.outcome) == (CONFIRMED, CONFIRMED) else
+                    REFUTED if REFUTED in (a.outcome, b.outcome) else INCONCLUSIVE
+                    for a, b in zip(parts, own, strict=True)]
+        parts += own
+        reason += "; " + "; ".join(f"{'' if not arm else arm + ': '}AdamW's own cost {ci.fmt(signed=True)} (above 0)"
+                                   for arm, ci in adam_damage.items())
+    return Verdict(combine(outcomes), f"{reason} (margin {stated})", parts)
 
 
 def straggler_hurts_sync_more(sync_minus_async_slowdown: Interval, margin: float = 0.2) -> Verdict:
