@@ -49,8 +49,10 @@ def test_seed_articles_name_only_experiments_of_the_suite():
             assert set(c.tested_by) <= set(ids)
     named = {i for a in arts for c in a.claims for i in c.tested_by}
     # Every seed claim the suite measures is listed (E0 is a paper's, the remedies are the field's,
-    # and so is an experiment whose quote comes from a paper, not a seed article: E14, DiLoCo's).
-    papers = {e.id for e in suite.load_suite(SUITE, "default") if e.quote_source and not e.quote_source.isdigit()}
+    # and so is an experiment whose quote comes from a paper, not a seed article: E14, DiLoCo's, or
+    # that tests a paper's claim on its own terms and cites it in the claim: E19-E23).
+    papers = {e.id for e in suite.load_suite(SUITE, "default")
+              if (e.quote_source and not e.quote_source.isdigit()) or not e.quote}
     assert named == set(ids) - {"E0"} - remedies() - papers
 
 
@@ -72,6 +74,9 @@ def test_every_quote_names_its_source_and_a_seed_source_is_an_article():
     for e in experiments:
         if e.id in remedy_ids:
             assert not e.quote, f"{e.id}: a remedy quotes no seed article (its claim cites its papers)"
+            continue
+        if not e.quote:   # a paper's claim on its own terms: the claim names the paper it tests
+            assert re.search(r"et al\. \d{4}", e.claim), f"{e.id}: no quote, and the claim cites no paper"
             continue
         assert e.quote and e.quote_source, f"{e.id}: a quote and where it is from"
         if CJK.search(e.quote):

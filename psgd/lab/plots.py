@@ -458,8 +458,10 @@ def forest(claims: list[tuple[str, str, list]], path: Path, title: str = ""):
     """The whole comparison on one figure: per claim (id, verdict, effects: psgd.lab.verdicts.Effect
     each), one row per effect with its estimate and 95% interval, over a grey band null +- margin
     (smaller than that does not matter, or cannot be told from the noise floor); a panel per unit,
-    the marker and colour the claim's verdict. Claims with no effect (not testable here) are
-    named under the plot. The CSV has one row per effect."""
+    the marker and colour the part's own outcome (a claim of parts that disagree reads "depends";
+    each part shows its side). A point of one replicate (n = 1, no interval) is a cross and says
+    "n=1". Claims with no effect (not testable here) are named under the plot. The CSV has one row
+    per effect."""
     rows, units = [], []
     for exp_id, verdict, effects in claims:
         for e in effects:
@@ -473,8 +475,8 @@ def forest(claims: list[tuple[str, str, list]], path: Path, title: str = ""):
     seen: dict[str, object] = {}
     for ax, unit in zip(axes[:, 0], units, strict=False):
         mine = [(i, v, e) for i, v, e in rows if e.unit == unit]
-        for y, (_, verdict, e) in enumerate(mine):
-            c, mk, filled = VERDICT_STYLES.get(verdict, (REF_COLOR, "o", False))
+        for y, (_, _verdict, e) in enumerate(mine):
+            c, mk, filled = VERDICT_STYLES.get(e.outcome, (REF_COLOR, "o", False))
             ax.add_patch(Rectangle((e.null - e.margin, y - 0.38), 2 * e.margin, 0.76,
                                                       color="#DDDDDD", linewidth=0, zorder=0))
             ax.plot([e.null, e.null], [y - 0.42, y + 0.42], color=REF_COLOR, linewidth=0.8, zorder=1)
@@ -483,11 +485,13 @@ def forest(claims: list[tuple[str, str, list]], path: Path, title: str = ""):
                 continue
             if e.ci.n > 1 and np.isfinite(lo) and np.isfinite(hi):
                 ax.plot([lo, hi], [y, y], color=c, linewidth=1.6, zorder=2)
-            h = ax.plot([est], [y], mk, color=c, markersize=6, markerfacecolor=c if filled else "white",
-                        markeredgecolor=c, zorder=3, label=verdict)[0]
-            seen.setdefault(verdict, h)
+            single = e.ci.n <= 1   # one replicate: no interval, so no zero-width bar that looks certain
+            h = ax.plot([est], [y], "X" if single else mk, color=c, markersize=7 if single else 6,
+                        markerfacecolor="white" if single or not filled else c, markeredgecolor=c, zorder=3,
+                        label=e.outcome)[0]
+            seen.setdefault(e.outcome, h)
         ax.set_yticks(range(len(mine)), [f"{i}: {e.label}" + (" (no worse)" if e.test == "no_worse" else "")
-                                         for i, _, e in mine], fontsize=8)
+                                         + (" (n=1)" if e.ci.n <= 1 else "") for i, _, e in mine], fontsize=8)
         ax.set_ylim(len(mine) - 0.5, -0.5)
         ax.set_xlabel(UNIT_AXES.get(unit, unit), fontsize=9)
         ax.grid(alpha=0.3, axis="x")
@@ -496,7 +500,7 @@ def forest(claims: list[tuple[str, str, list]], path: Path, title: str = ""):
     order = [v for v in VERDICT_STYLES if v in seen]
     if order:
         axes[0, 0].legend(handles=[seen[v] for v in order], fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                          borderaxespad=0.0, title="verdict", title_fontsize=8)
+                          borderaxespad=0.0, title="part's outcome", title_fontsize=8)
     if bare:
         fig.text(0.01, 0.0, "No effect measured: " + ", ".join(bare), fontsize=8, ha="left", va="top")
     fig.tight_layout()
