@@ -10,6 +10,7 @@ verdict's rule. `diff` / `acc_ci` are the intervals every learning claim uses. T
 from __future__ import annotations
 
 import csv
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,9 +75,45 @@ def write_finals(ctx: Context) -> Path | None:
     return path
 
 
+CURVE_KEYS = ("test_accuracy", "test_loss", "val_accuracy", "val_loss", "train_loss")
+
+
+def write_curves(ctx: Context) -> Path | None:
+    """Every evaluation of every run, per seed (curves.csv), and each run's provenance (provenance.csv:
+    its folder, code version, when it was made, the CPU kernels): the data behind every curve and
+    verdict, small enough to commit (no parameters), so a reader can recompute any figure."""
+    if not ctx.groups:
+        return None
+    with open(ctx.out / "curves.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["run", "seed", "lr", "version", "samples", "elapsed_s", *CURVE_KEYS])
+        for g in ctx.groups.values():
+            for r in g.runs:
+                for e in r.evals:
+                    w.writerow([g.label, r.cfg.get("seed", 0), r.cfg["optim"]["lr"], e["version"], e.get("samples", ""),
+                                f"{e.get('elapsed_s', float('nan')):.4f}",
+                                *(f"{e[k]:.6g}" if e.get(k) is not None else "" for k in CURVE_KEYS)])
+    with open(ctx.out / "provenance.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["run", "seed", "lr", "folder", "code_version", "made_at", "cpu_kernels"])
+        for g in ctx.groups.values():
+            for r in g.runs:
+                folder = Path(r.cfg.get("out", ""))
+                made = _provenance(folder)
+                w.writerow([g.label, r.cfg.get("seed", 0), r.cfg["optim"]["lr"], folder.name,
+                            made.get("code_version", ""), made.get("made_at", ""), made.get("cpu_kernels", "")])
+    return ctx.out / "curves.csv"
+
+
+def _provenance(folder: Path) -> dict:
+    path = folder / "provenance.json"   # written by the suite beside each run it made
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def body(ctx: Context, text: str, verdict: V.Verdict) -> str:
     parts = []
     finals = write_finals(ctx)
+    curves = write_curves(ctx)
     if ctx.groups:
         first = next(iter(ctx.groups.values()))
         scoring, val_key = scoring_of(ctx.exp)
@@ -93,7 +130,10 @@ def body(ctx: Context, text: str, verdict: V.Verdict) -> str:
         parts.append(tuning_table(ctx))
     parts.append(text)
     if finals is not None:
-        parts.append(f"Every run's per-seed finals: [`{ctx.exp.id}/finals.csv`]({ctx.exp.id}/finals.csv).")
+        parts.append(f"Every run's per-seed finals: [`{ctx.exp.id}/finals.csv`]({ctx.exp.id}/finals.csv)"
+                     + (f"; every evaluation of every seed: [`{ctx.exp.id}/curves.csv`]({ctx.exp.id}/curves.csv), and "
+                        f"each run's provenance: [`{ctx.exp.id}/provenance.csv`]({ctx.exp.id}/provenance.csv)."
+                        if curves is not None else "."))
     parts.append(f"**Verdict rule.** {verdict.reason}.")
     return "\n\n".join(parts)
 
