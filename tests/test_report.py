@@ -244,3 +244,17 @@ def test_the_noise_floor_is_the_far_end_of_two_identical_algorithms_paired_diffe
     # The forest plot opens the report, before the verdict table, with its CSV beside it.
     assert text.index("![forest](forest.png)") < text.index("| claim | verdict |")
     assert (tmp_path / "forest.png").exists() and "E1,confirmed,sync - async" in (tmp_path / "forest.csv").read_text()
+
+
+def test_a_claim_its_configuration_decides_is_labelled_by_construction_everywhere():
+    s = section("E2", "q", "", "000")
+    s.by_construction = "the barrier makes sync wait for the sleep"
+    assert "**confirmed** (by construction)" in report.verdict_table([s])
+    record = report.claim_record(s)
+    assert record["by_construction"] == s.by_construction
+    summary = {"command": "c", "code_version": "v", "machine": "m", "wall_s": 60.0, "claims": [
+        {"id": "E2", "title": "t", "verdict": "confirmed", "headline": "h", **record}]}
+    assert "**confirmed** (by construction)" in report.readme_block(json.loads(json.dumps(summary)))
+    # The suite's claims that say so: E2, E6, E10, E11, and no claim that can come out either way.
+    marked = {e.id for e in suite.load_suite(SUITE, "default") if e.by_construction}
+    assert marked == {"E2", "E6", "E10", "E11"}

@@ -373,4 +373,5 @@ def analyse(exp, summaries: list, out: Path, chosen: dict | None = None, scores:
     return Section(exp.id, exp.title, exp.claim, exp.quote, verdict.outcome, headline,
                    body(ctx, text, verdict), figures, key, exp.why, quote_en=exp.quote_en,
                    quote_source=exp.quote_source, effects=verdict.effects, halves=halves, power=pw,
-                   scoring="" if bench else getattr(exp, "scoring", "end"))
+                   scoring="" if bench else getattr(exp, "scoring", "end"),
+                   by_construction=getattr(exp, "by_construction", ""))

@@ -53,7 +53,8 @@ from psgd.core import config as C
 from psgd.train.metrics import read_events, samples_per_update
 
 EXPERIMENT_KEYS = {"id", "title", "claim", "quote", "quote_en", "quote_source", "analysis", "why", "seeds", "base",
-                   "runs", "profiles", "params", "bench", "bench_args", "tune", "margin_why", "scoring", "suite"}
+                   "runs", "profiles", "params", "bench", "bench_args", "tune", "margin_why", "scoring", "suite",
+                   "by_construction"}
 RUN_KEYS = {"label", "lr_from", "lr_factor", "tune_lr", "tune", "eval_samples"}  # besides RunConfig fields
 TUNE_KEYS = {"lr", "seeds", "last_k", "metric"}
 TUNE_METRICS = ("val_accuracy", "val_loss")  # what tuning scores (higher accuracy, or lower loss, wins)
@@ -115,6 +116,7 @@ class Experiment:
     quote_source: str = ""            # a seed article's number ("000") or another source's citation
     margin_why: str = ""              # why the claim's margin is its smallest effect of interest
     scoring: str = "end"              # SCORINGS: at the budget's end, or at the best validation point
+    by_construction: str = ""         # why the configuration fixes the outcome ("": a finding that can go either way)
 
     @property
     def tuned(self) -> bool:
@@ -301,7 +303,7 @@ def load_experiment(path: Path, profile: str, results: Path, version: str = "",
     for key in ("id", "title", "claim", "analysis"):
         if not isinstance(doc.get(key), str) or not doc[key]:
             raise SuiteError(f"{path}: key {key!r} is required (a string)")
-    for key in ("quote", "quote_en", "quote_source", "margin_why"):
+    for key in ("quote", "quote_en", "quote_source", "margin_why", "by_construction"):
         if not isinstance(doc.get(key, ""), str):
             raise SuiteError(f"{path}: key {key!r} must be a string")
     scoring = doc.get("scoring", SCORINGS[0])
@@ -330,6 +332,7 @@ def load_experiment(path: Path, profile: str, results: Path, version: str = "",
                   quote_source=" ".join(str(doc.get("quote_source", "")).split()),
                   why=" ".join(str(doc.get("why", "")).split()), analysis=doc["analysis"], path=path,
                   margin_why=" ".join(str(doc.get("margin_why", "")).split()), scoring=scoring,
+                  by_construction=" ".join(str(doc.get("by_construction", "")).split()),
                   params=params, results=results, version=version, seeds=tuple(seeds))
     if "bench" in doc:
         args = {**doc.get("bench_args", {}), **bench_override}

@@ -68,10 +68,20 @@ def stability_note(halves: Mapping | None) -> str:
             f"{seeds(halves['second'])}: {halves['second']['verdict']})")
 
 
+BY_CONSTRUCTION = " (by construction)"
+
+
+def construction_note(reason: str) -> str:
+    """" (by construction)" for a claim whose outcome its configuration fixes: a check that psgd
+    computes what it says, not a finding (the claim's section says why)."""
+    return BY_CONSTRUCTION if reason else ""
+
+
 def verdict_table(sections: list, link_prefix: str = "") -> str:
     rows = ["| claim | verdict | key number |", "|---|---|---|"]
     for s in sections:
         rows.append(f"| [{s.id}]({link_prefix}#{s.id.lower()}) {s.title} | **{s.verdict}**"
+                    f"{construction_note(getattr(s, 'by_construction', ''))}"
                     f"{stability_note(getattr(s, 'halves', None))} | {s.headline} |")
     return "\n".join(rows)
 
@@ -263,6 +273,8 @@ def claim_record(s) -> dict:
         out["stability"] = "unstable" if s.halves["unstable"] else "stable"
     if getattr(s, "power", None):
         out["power"] = s.power
+    if getattr(s, "by_construction", ""):
+        out["by_construction"] = s.by_construction
     return out
 
 
@@ -305,8 +317,10 @@ def write(results: Path, sections: list, command: str, wall_s: float, note: str 
         lines += [f"**Claim.** {s.claim}", ""]
         if s.why:
             lines += [f"**Why this setup.** {s.why}", ""]
-        lines += [f"**Verdict: {s.verdict}{stability_note(getattr(s, 'halves', None))}.** {s.headline}."
-                  f"{by_part(s)}", ""]
+        lines += [f"**Verdict: {s.verdict}{construction_note(getattr(s, 'by_construction', ''))}"
+                  f"{stability_note(getattr(s, 'halves', None))}.** {s.headline}.{by_part(s)}", ""]
+        if getattr(s, "by_construction", ""):
+            lines += [f"**By construction, not a finding.** {s.by_construction}", ""]
         lines += claim_lines(s)
         for fig in s.figures:
             rel = os.path.relpath(fig.path, results)
@@ -357,6 +371,7 @@ def readme_block(summary: dict, report_path: str = "results/REPORT.md", link: st
     rows = ["| claim | verdict | key number |", "|---|---|---|"]
     for c in summary["claims"]:
         rows.append(f"| [{c['id']}]({link}#{c['id'].lower()}) {c['title']} | **{c['verdict']}**"
+                    f"{construction_note(c.get('by_construction', ''))}"
                     f"{stability_note(c.get('split_half'))} | {c['headline']} |")
     return "\n".join([begin, head, "", *rows, end])
 

@@ -282,3 +282,4 @@ class Section:
     halves: dict | None = None   # the split-half verdicts (analyses.split_half); None: not computed
     power: dict | None = None    # the seeds the power rule asks for (power.claim_power); None: none weighed
     scoring: str = ""            # how its runs were scored: "end" or "best_val" ("" for a benchmark)
+    by_construction: str = ""    # why the configuration fixes its outcome: a check of psgd, not a finding
