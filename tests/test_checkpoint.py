@@ -3,12 +3,17 @@ whose damage is detected, and a restored shard that goes on exactly as the unint
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from psgd.core.config import OptimConfig, RunConfig
 from psgd.ps import checkpoint
 from psgd.train import assemble
 from tests.helpers import open_start_barrier, psgd_main, summary
+from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
+
+# The runs this file makes in this process fork from one warm parent (tests/warm.py).
+pytestmark = pytest.mark.usefixtures("warm_runs")
 
 
 def test_damaged_checkpoints_are_skipped_never_loaded(tmp_path):

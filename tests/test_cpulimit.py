@@ -6,8 +6,14 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from psgd.train import cpulimit
 from tests.helpers import ENV, events, psgd_main
+from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
+
+# The runs this file makes in this process fork from one warm parent (tests/warm.py).
+pytestmark = pytest.mark.usefixtures("warm_runs")
 
 REASON = cpulimit.unavailable()
 

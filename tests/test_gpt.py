@@ -6,11 +6,16 @@ import math
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from psgd.core.config import DataConfig, ModelConfig
 from psgd.train import data, losses, models, text
 from tests.helpers import psgd_main, summary
+from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
+
+# The runs this file makes in this process fork from one warm parent (tests/warm.py).
+pytestmark = pytest.mark.usefixtures("warm_runs")
 
 
 def test_the_corpus_is_pinned_and_split_by_position_into_next_character_windows():

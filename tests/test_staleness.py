@@ -15,6 +15,10 @@ from psgd.core.errors import Code, ShardError
 from psgd.ps.shard import Shard
 from psgd.train import assemble
 from tests.helpers import psgd_main, workers_in_threads
+from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
+
+# The runs this file makes in this process fork from one warm parent (tests/warm.py).
+pytestmark = pytest.mark.usefixtures("warm_runs")
 
 LR, LAM = 0.5, 0.25
 W0 = [0.1, 1.0, -2.0, 3.0]   # 0.1 is not an fp16 number: an fp16 pull's w_then differs from w0

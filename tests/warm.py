@@ -4,16 +4,20 @@
 `_WarmParent`, psgd/train/launch.py `warm_parent`): torch is imported once, not once per run (about
 1.5 s of CPU per run here). Tests that run many `psgd run` commands in this process (psgd_main) and
 do not test the run's own zygote use the fixture `warm_runs`: while the test runs, `launch.run`
-gets this process's warm parent (started at its first use, replaced if it died, closed when the
-test session ends) unless a zygote is passed. The commands are parsed and run as written; only who
+gets this process's warm parent (started by the first such test, replaced if it died, closed when
+the test session ends) unless a zygote is passed. The commands are parsed and run as written; only who
 forks their children changes, as in the suite (tests/test_zygote.py holds that a warm parent's run
 equals a cold one's bit for bit)."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
+from pathlib import Path
 
 import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
 
 
 class _Warm:
@@ -25,7 +29,10 @@ class _Warm:
 
         if self.zygote is None or self.zygote.gone:
             self.close()
-            self.zygote = launch.warm_parent("psgd-tests")
+            # From the repository's root, as `python -m psgd` from `make test`: the forks import
+            # module specs such as tests.user_workload:make_model from there.
+            with contextlib.chdir(ROOT):
+                self.zygote = launch.warm_parent("psgd-tests")
         return self.zygote
 
     def close(self) -> None:
@@ -47,6 +54,7 @@ def warm_runs(warm_parent, monkeypatch):
     from psgd.train import launch
 
     plain = launch.run
+    warm_parent.get()  # started here, on the main thread: it dies with the thread that started it
 
     @functools.wraps(plain)
     def run(cfg, *args, zygote=None, **kwargs):
