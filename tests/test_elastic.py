@@ -15,6 +15,7 @@ from psgd.core.config import DataConfig, RunConfig, validate
 from psgd.core.consistency import SSP, Async, PolicyError, Sync
 from psgd.core.errors import ExchangeError, ShardError
 from psgd.ps.shard import Shard, ShardOptions
+from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 
 def test_schedule_plan_grows_with_new_slots_and_shrinks_the_newest():
@@ -322,13 +323,14 @@ def test_quorum_lr_scales_a_step_with_its_quorum():
     assert [u.tolist() for u in applied.updates] == [[1.5, 1.5], [3.0, 3.0]]  # (1+2)/2, (1+2+3)/2
 
 
+@pytest.mark.usefixtures("warm_runs")
 def test_psgd_run_elastic_grows_and_shrinks_and_records_who_trained_what(tmp_path):
-    from tests.helpers import psgd, summary
+    from tests.helpers import psgd_main, summary
 
     out = tmp_path / "elastic"
-    r = psgd("run", "--mode", "sync", "--elastic", "0:2,20:4,40:3", "--servers", "2", "--model", "mlp", "--dataset",
-             "synthetic", "--num-samples", "800", "--batch-size", "8", "--steps", "60", "--eval-every", "0",
-             "--out", str(out), "--quiet")
+    r = psgd_main("run", "--mode", "sync", "--elastic", "0:2,20:4,40:3", "--servers", "2", "--model", "mlp",
+                  "--dataset", "synthetic", "--num-samples", "800", "--batch-size", "8", "--steps", "60",
+                  "--eval-every", "0", "--out", str(out), "--quiet")
     assert r.returncode == 0, r.stderr
     s = summary(out)
     assert s["per_worker_steps"] == {"0": 60, "1": 60, "2": 40, "3": 20}
@@ -341,16 +343,17 @@ def test_psgd_run_elastic_grows_and_shrinks_and_records_who_trained_what(tmp_pat
     assert all(j["first_step_s"] is not None and j["first_step_s"] >= 0 for j in m["joiners"])
 
 
+@pytest.mark.usefixtures("warm_runs")
 def test_a_scheduled_join_later_than_the_rpc_deadline_waits_for_it(tmp_path):
     """Worker 2 joins at update 150; worker 0 sleeps 10 ms a step (an emulated slow device), so the
     join comes at least 1.5 s into the run, past the 0.5 s deadline of every request: the joiner
     asks again on every hold (before, its first pull failed with DEADLINE_EXCEEDED and so did the run)."""
-    from tests.helpers import psgd, summary
+    from tests.helpers import psgd_main, summary
 
     out = tmp_path / "late"
-    r = psgd("run", "--mode", "sync", "--elastic", "0:2,150:3", "--rpc-timeout", "0.5", "--straggler", "0=10",
-             "--model", "mlp", "--dataset", "synthetic", "--num-samples", "800", "--batch-size", "8",
-             "--steps", "200", "--eval-every", "0", "--out", str(out), "--quiet")
+    r = psgd_main("run", "--mode", "sync", "--elastic", "0:2,150:3", "--rpc-timeout", "0.5", "--straggler", "0=10",
+                  "--model", "mlp", "--dataset", "synthetic", "--num-samples", "800", "--batch-size", "8",
+                  "--steps", "200", "--eval-every", "0", "--out", str(out), "--quiet")
     assert r.returncode == 0, r.stderr
     s = summary(out)
     assert s["per_worker_steps"] == {"0": 200, "1": 200, "2": 50}

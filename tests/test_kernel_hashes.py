@@ -23,7 +23,8 @@ import torch
 
 from psgd.core.config import OptimConfig, RunConfig
 from psgd.train import assemble
-from tests.helpers import open_start_barrier, psgd, summary
+from tests.helpers import open_start_barrier, psgd_main, summary
+from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 STEPS = 6
 
@@ -103,9 +104,10 @@ def test_the_kernel_gives_todays_parameters_bit_for_bit(case):
     assert got == EXPECTED[case], f"{case}: {got}"
 
 
+@pytest.mark.usefixtures("warm_runs")
 def test_a_sync_run_gives_todays_parameter_hash(tmp_path):
     out = tmp_path / "sync"
-    r = psgd("run", "--mode", "sync", "--workers", "3", "--servers", "2", "--steps", "40", "--eval-every", "20",
-             "--out", str(out))
+    r = psgd_main("run", "--mode", "sync", "--workers", "3", "--servers", "2", "--steps", "40", "--eval-every", "20",
+                  "--out", str(out))
     assert r.returncode == 0, r.stderr
     assert summary(out)["params_sha256"][:16] == "e3b168455e7a60b9"

@@ -20,7 +20,8 @@ from psgd.core.config import RunConfig
 from psgd.core.errors import Code, ShardError
 from psgd.ps.shard import Shard
 from psgd.train import assemble
-from tests.helpers import open_start_barrier, psgd, summary
+from tests.helpers import open_start_barrier, psgd_main, summary
+from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 N, LENGTH, STEPS = 8, 257, 3
 
@@ -146,12 +147,13 @@ def test_a_departure_a_loss_a_close_and_the_deadline_release_a_waiting_push():
     waiter.join()  # released: the push that follows is refused with done
 
 
+@pytest.mark.usefixtures("warm_runs")
 @pytest.mark.parametrize("transport", ["grpc", "tcp"])
 def test_a_sync_run_folds_in_turn_over_both_transports_with_the_same_parameters(tmp_path, transport):
     # The hash was recorded at c9e66b5, before the fold: waiting for turns changes no bit.
     out = tmp_path / transport
-    r = psgd("run", "--mode", "sync", "--workers", "4", "--servers", "2", "--steps", "30", "--eval-every", "0",
-             "--transport", transport, "--quiet", "--out", str(out))
+    r = psgd_main("run", "--mode", "sync", "--workers", "4", "--servers", "2", "--steps", "30", "--eval-every", "0",
+                  "--transport", transport, "--quiet", "--out", str(out))
     assert r.returncode == 0, r.stderr
     assert summary(out)["params_sha256"][:16] == "41ce5e7b3971c062"
     for k in range(2):
