@@ -68,3 +68,29 @@ def test_e4_is_inconclusive_when_gloo_and_the_hand_written_ring_disagree(tmp_pat
                             (g, "E4", "ring", "kernel", 2, 0.15, 0.08), (g, "E4", "ring", "kernel", 4, 0.15, 0.12)])
     section = analyses.analyse(exp(tmp_path), [], tmp_path / "E4")
     assert section.verdict == "inconclusive" and "the two rings disagree" in section.body, section.headline
+
+
+def test_e4_with_rounds_judges_an_interval_over_rounds_and_shows_the_sharded_ps(tmp_path):
+    """Three rounds per point: the verdict's interval is the ring's speedup minus the PS's, paired by
+    round; a 2-shard PS is shown beside the one-shard PS, with the samples/s at the largest N."""
+    folder = tmp_path / "E4"
+    folder.mkdir()
+    fields = FIELDS + ["round"]
+    steps = {("ps", 2): (0.28, 0.29, 0.27), ("ps", 4): (0.55, 0.58, 0.53), ("ps2", 2): (0.2, 0.21, 0.2),
+             ("ps2", 4): (0.3, 0.31, 0.29), ("gloo", 2): (0.09, 0.09, 0.1), ("gloo", 4): (0.12, 0.13, 0.12)}
+    with open(folder / "cluster.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(fields)
+        for (config, n), per_round in steps.items():
+            for rnd, step in enumerate(per_round):
+                w.writerow(["1gbit", "E4", config, "kernel", "sync", n, 2 if config == "ps2" else 1, "ok", step,
+                            32 * n / step, 8e6 * n, "shard", step, "wire", 2143242, rnd])
+    section = analyses.analyse(exp(tmp_path), [], folder)
+    part = section.effects[0]
+    assert part.ci.n == 3 and part.ci.lo < part.ci.estimate < part.ci.hi
+    # Round 0: gloo 2 x 0.09 / 0.12 = 1.5, PS 2 x 0.28 / 0.55 = 1.018: a difference of 0.482.
+    gaps = [2 * g2 / g4 - 2 * p2 / p4 for g2, g4, p2, p4 in zip(steps[("gloo", 2)], steps[("gloo", 4)],
+                                                                  steps[("ps", 2)], steps[("ps", 4)], strict=True)]
+    assert part.ci.estimate == pytest.approx(sum(gaps) / 3)
+    assert "3 rounds per point" in section.headline and "a 2-shard PS's" in section.headline
+    assert "PS, 2 shards" in section.headline and section.key["rounds"] == 3

@@ -59,10 +59,10 @@ from psgd.core import link as link_mod
 from psgd.core import palette
 from psgd.core.config import RunConfig
 
-CONFIGS = {"ps": "PS, 1 shard", "ring": "ring (hand-written)", "gloo": "all-reduce (gloo)"}
-FIELDS = ["rate", "experiment", "config", "where", "mode", "workers", "shards", "status", "step_s", "updates_per_s",
-          "samples_per_s", "compute_s", "comm_s", "wait_s", "busiest_bytes", "busiest", "utilisation", "wire_bytes",
-          "predicted_s", "bound", "predicted_wire_s", "predicted_cpu_s", "params", "note"]
+CONFIGS = {"ps": "PS, 1 shard", "ps2": "PS, 2 shards", "ring": "ring (hand-written)", "gloo": "all-reduce (gloo)"}
+FIELDS = ["rate", "experiment", "config", "round", "where", "mode", "workers", "shards", "status", "step_s",
+          "updates_per_s", "samples_per_s", "compute_s", "comm_s", "wait_s", "busiest_bytes", "busiest", "utilisation",
+          "wire_bytes", "predicted_s", "bound", "predicted_wire_s", "predicted_cpu_s", "params", "note"]
 LINK_FIELDS = ["rate", "setting_bits", "goodput_bits", "goodput_over_setting", "psgd_bits", "psgd_over_setting"]
 CALIBRATE_TIMEOUT_S = 600.0
 
@@ -184,13 +184,14 @@ def plans(a: argparse.Namespace, runs: Path) -> list[tuple[str, str, str, RunCon
     """(experiment, config, name, loopback config) of every run: E4's are `psgd bench scaling`'s (sync
     PS, the hand-written ring), plus gloo's own all-reduce beside the ring; E10's are E4's PS ones
     with the emulated compute."""
-    ns = argparse.Namespace(workers=a.workers, shards=[1], transports=["tcp"], overlap=False, include_ring=True,
-                            link="", steps=a.steps, batch_size=a.batch_size, width=a.width)
+    ns = argparse.Namespace(workers=a.workers, shards=a.shards, transports=["tcp"], overlap=False,
+                            include_ring=True, link="", steps=a.steps, batch_size=a.batch_size, width=a.width)
     out = []
     for cfg in scaling.configs(ns, runs):
         if isinstance(cfg, RunConfig):
             ring = cfg.mode == "allreduce"
-            out.append(("E4", "ring" if ring else "ps", Path(cfg.out).name, cfg))
+            config = "ring" if ring else "ps" if cfg.servers == 1 else f"ps{cfg.servers}"
+            out.append(("E4", config, Path(cfg.out).name, cfg))
             if ring:
                 out.append(("E4", "gloo", f"gloo-n{cfg.workers}", dataclasses.replace(cfg, allreduce_impl="library")))
     ps = {cfg.workers: cfg for _, config, _, cfg in out if config == "ps"}
@@ -211,7 +212,7 @@ def run_row(cfg: RunConfig, rate: str, experiment: str, config: str, where: str,
 def run_rate(a: argparse.Namespace, rate: str, host: dict, out: Path, runs: Path, rows: list[dict],
              links: list[dict], save) -> None:
     lk = f"{rate},{a.latency}"
-    hosts = max(a.workers) + 1
+    hosts = max(a.workers) + max(a.shards)   # every shard and every worker on a host of its own
     with shaped(cluster_name(a.name, rate), hosts, lk) as c:
         bits = link_mod.parse(rate).bits_per_s
         got, seconds = probe.goodput(c, "h1", "h0", max(16 << 20, int(bits / 8 * a.probe_s)) & ~((1 << 20) - 1))
@@ -224,16 +225,22 @@ def run_rate(a: argparse.Namespace, rate: str, host: dict, out: Path, runs: Path
               f"{8 / cal['machine']['beta_s_per_byte'] / 1e6:.0f} Mbit/s", flush=True)
         ms = machines(cal, host, link_mod.parse(lk).latency_s, got * 8 / seconds)
         work = cm.workload_from_dict(cal["workload"])
-        for experiment, config, name, cfg in plans(a, runs / rate):
+        # Rounds repeat E4's kernel runs, interleaved (every config once per round), so each point has
+        # a spread; the pacer's runs and E10's are made in the first round only.
+        todo_plans = [(rnd, *p) for rnd in range(a.rounds) for p in plans(a, runs / rate)
+                      if rnd == 0 or p[0] == "E4"]
+        for rnd, experiment, config, name, cfg in todo_plans:
             ring = cfg.mode == "allreduce"
-            on = dataclasses.replace(cfg, hosts=cfg.workers if ring else cfg.workers + 1, cluster=c.name,
-                                     out=str(runs / rate / "kernel" / name))
+            tag = f"-r{rnd}" if a.rounds > 1 else ""
+            on = dataclasses.replace(cfg, hosts=cfg.workers if ring else cfg.workers + cfg.servers, cluster=c.name,
+                                     out=str(runs / rate / "kernel" / (name + tag)))
             before = probe.wire_bytes(c, "h0")
             row = run_row(on, rate, experiment, config, "kernel", a.retries)
             row["wire_bytes"] = probe.wire_bytes(c, "h0") - before
             paced = dataclasses.replace(cfg, link=lk, out=str(runs / rate / "pacer" / name))
-            todo = [row] if ring else [row, run_row(paced, rate, experiment, config, "pacer", a.retries)]
+            todo = [row] if ring or rnd > 0 else [row, run_row(paced, rate, experiment, config, "pacer", a.retries)]
             for r in todo:
+                r["round"] = rnd
                 if r["status"] == "ok":
                     r.update(predict(r, ms, work, a.compute_ms))
                 rows.append(r)
@@ -327,7 +334,7 @@ def plot(rows: list[dict], a: argparse.Namespace, path: Path) -> None:
     for j, rate in enumerate(a.rates):
         for (title, value, model), ax in zip(panels, (axes[i][j] for i in range(len(panels))), strict=True):
             for config, label in CONFIGS.items():
-                mode = {"ps": "ps", "ring": "ring", "gloo": "library"}[config]
+                mode = {"ring": "ring", "gloo": "library"}.get(config, "ps")
                 for where, dash in (("kernel", "-"), ("pacer", "--"), ("model", ":")):
                     pts = [(n, r) for n in a.workers if (r := ok(rows, rate=rate, experiment="E4", config=config,
                                                                  where="kernel" if where == "model" else where,
@@ -377,7 +384,11 @@ def main(argv: list[str]) -> int:
     p = Parser(prog="psgd bench cluster", description=__doc__.split("\n\n")[0])
     p.add_argument("--rates", default="1gbit,2gbit,5gbit,10gbit", help="link rates, one cluster each")
     p.add_argument("--latency", default="200us", help="one-way latency of every link (psgd's pacer adds it)")
-    p.add_argument("--workers", default="1,2,4", help="worker counts N (the cluster has max(N)+1 hosts)")
+    p.add_argument("--workers", default="1,2,4", help="worker counts N (the cluster has max(N) + max(K) hosts)")
+    p.add_argument("--shards", default="1", help="E4: PS shard counts K, each shard on a host of its own (1,2: the "
+                   "one-shard PS and a sharded one beside it)")
+    p.add_argument("--rounds", type=int, default=1, help="E4: every kernel run this many times, interleaved, so "
+                   "each point has a spread (the verdict's interval is over rounds)")
     p.add_argument("--width", type=int, default=1024, help="wide_mlp width (E4's and E10's: about 2.1M parameters)")
     p.add_argument("--steps", type=int, default=10, help="E4: updates per run (the first and the last not timed)")
     p.add_argument("--e10-steps", type=int, default=12, help="E10: updates per run (the first and the last not "
@@ -395,12 +406,15 @@ def main(argv: list[str]) -> int:
     p.add_argument("--runs", default="results/runs/bench-cluster", help="folder for the runs themselves")
     a = p.parse_args(argv)
     a.workers = parse_int_list(a.workers, "--workers")
+    a.shards = parse_int_list(a.shards, "--shards")
     a.rates = [r.strip().lower() for r in a.rates.split(",") if r.strip()]
     a.probe_rates = [r.strip().lower() for r in a.probe_rates.split(",") if r.strip()] if a.ceiling else []
     try:
         check_rates(a.rates + a.probe_rates, a.latency, a.name)
     except ValueError as e:
         raise UsageError(str(e)) from None
+    if a.rounds < 1 or min(a.shards) < 1:
+        raise UsageError("--rounds and every --shards count must be >= 1")
     if not a.rates or max(a.workers) < 2 or a.steps < 3 or a.e10_steps < 3 or a.width < 1 or a.batch_size < 1:
         raise UsageError("give --rates, --workers up to 2 or more, --steps and --e10-steps >= 3, --width and "
                          "--batch-size >= 1")

@@ -12,6 +12,8 @@ import os
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
+
 from psgd.core import link as link_mod
 from psgd.lab import plots, stats
 from psgd.lab import verdicts as V
@@ -201,7 +203,8 @@ def scaling_bench(ctx):
 
 
 # -- E4 on the kernel-shaped cluster -----------------------------------------------------------------
-CLUSTER_NAMES = {"ps": "PS, 1 shard", "gloo": "all-reduce (gloo)", "ring": "ring (hand-written)"}
+CLUSTER_NAMES = {"ps": "PS, 1 shard", "ps2": "PS, 2 shards", "gloo": "all-reduce (gloo)",
+                 "ring": "ring (hand-written)"}
 
 
 def cluster_rows(folder: Path, experiment: str) -> list[dict]:
@@ -232,69 +235,109 @@ def cluster_bench(ctx):
             "and loopback, so the server's link is not a resource of its own."), [], {}
     rate = rows[0]["rate"]
     rows = [r for r in rows if r["rate"] == rate]
-    by: dict[str, dict[int, dict]] = defaultdict(dict)
+    # Every point's rounds (`psgd bench cluster --rounds`): by[config][N] is one row per round.
+    runs: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
-        by[r["config"]][int(r["workers"])] = r
+        runs[r["config"]][int(r["workers"])].append(r)
     ns = sorted({int(r["workers"]) for r in rows})
+    rounds = max(len(v) for d in runs.values() for v in d.values())
+
+    def mean(c: str, n: int, key: str) -> float:
+        return float(np.mean([float(r[key]) for r in runs[c][n]])) if n in runs.get(c, {}) else float("nan")
+
+    by = {c: {n: {k: mean(c, n, k) for k in ("samples_per_s", "step_s", "predicted_s", "busiest_bytes")}
+              | {"bound": d[n][0]["bound"], "busiest": d[n][0]["busiest"]} for n in d} for c, d in runs.items()}
     f1, f2 = out / "samples_per_s.png", out / "step_vs_model.png"
-    styles = {"ps": "sync", "gloo": "variant:1", "ring": "variant:2"}  # the two rings apart at a glance
+    styles = {"ps": "sync", "ps2": "variant:3", "gloo": "variant:1", "ring": "variant:2"}  # apart at a glance
     series = {CLUSTER_NAMES.get(c, c): (styles.get(c, "allreduce"),
-                                       [float(d[n]["samples_per_s"]) if n in d else float("nan") for n in ns])
+                                       [d[n]["samples_per_s"] if n in d else float("nan") for n in ns])
               for c, d in by.items()}
-    model = {f"{CLUSTER_NAMES.get(c, c)}, model": ("ideal", [float(d[n]["samples_per_s"]) * float(d[n]["step_s"])
-                                                            / float(d[n]["predicted_s"]) if n in d else float("nan")
+    model = {f"{CLUSTER_NAMES.get(c, c)}, model": ("ideal", [d[n]["samples_per_s"] * d[n]["step_s"]
+                                                            / d[n]["predicted_s"] if n in d else float("nan")
                                                             for n in ns]) for c, d in by.items() if c != "ring"}
-    plots.lines(ns, {**series, **model}, "workers N (one host each, a shard on its own host)", "samples/s", f1,
+    plots.lines(ns, {**series, **model}, "workers N (one host each, each shard on its own host)", "samples/s", f1,
                 f"{exp.id}: throughput on kernel-shaped {rate} links", ymin0=True)
     cells = [(c, n) for c in by for n in ns if n in by[c]]
     plots.dots([f"{CLUSTER_NAMES.get(c, c)} N={n}" for c, n in cells],
-               {"measured (kernel)": ("variant:0", [float(by[c][n]["step_s"]) for c, n in cells], None),
-                "cost model": ("variant:1", [float(by[c][n]["predicted_s"]) for c, n in cells], None)},
+               {"measured (kernel)": ("variant:0", [by[c][n]["step_s"] for c, n in cells], None),
+                "cost model": ("variant:1", [by[c][n]["predicted_s"] for c, n in cells], None)},
                "seconds per step", f2, f"{exp.id}: step time, measured and modelled ({rate})")
-    body = table(["config", "N", "samples/s", "step s", "model s", "bound", "MiB/step through the busiest",
-                  "busiest"],
-                 [[CLUSTER_NAMES.get(c, c), n, f"{float(by[c][n]['samples_per_s']):.0f}",
-                   f"{float(by[c][n]['step_s']):.3f}", f"{float(by[c][n]['predicted_s']):.3f}", by[c][n]["bound"],
-                   f"{float(by[c][n]['busiest_bytes']) / 2**20:.1f}", by[c][n]["busiest"]] for c, n in cells])
+
+    def spread(c: str, n: int) -> str:
+        v = [float(r["samples_per_s"]) for r in runs[c][n]]
+        return stats.mean_ci(v).fmt(0) if len(v) > 1 else f"{v[0]:.0f}"
+
+    body = table(["config", "N", "rounds", "samples/s [95% CI over rounds]", "step s", "model s", "bound",
+                  "MiB/step through the busiest", "busiest"],
+                 [[CLUSTER_NAMES.get(c, c), n, len(runs[c][n]), spread(c, n), f"{by[c][n]['step_s']:.3f}",
+                   f"{by[c][n]['predicted_s']:.3f}", by[c][n]["bound"], f"{by[c][n]['busiest_bytes'] / 2**20:.1f}",
+                   by[c][n]["busiest"]] for c, n in cells])
     lo, hi = 2, ns[-1]   # the ring has no N=1: compare both from N=2
 
+    def speedups(c: str) -> dict[int, float]:
+        """Round -> samples/s at N=hi over N=lo, for the rounds that ran both."""
+        d = runs.get(c, {})
+        if lo not in d or hi not in d:
+            return {}
+        a = {int(r.get("round") or 0): float(r["samples_per_s"]) for r in d[lo]}
+        b = {int(r.get("round") or 0): float(r["samples_per_s"]) for r in d[hi]}
+        return {k: b[k] / a[k] for k in sorted(set(a) & set(b))}
+
     def speedup(c: str) -> float:
-        d = by.get(c, {})
-        return float(d[hi]["samples_per_s"]) / float(d[lo]["samples_per_s"]) if lo in d and hi in d else math.nan
+        v = list(speedups(c).values())
+        return float(np.mean(v)) if v else math.nan
 
     def grows(c: str, a: int, b: int) -> float:
         d = by.get(c, {})
-        return float(d[b]["busiest_bytes"]) / float(d[a]["busiest_bytes"]) if a in d and b in d else math.nan
+        return d[b]["busiest_bytes"] / d[a]["busiest_bytes"] if a in d and b in d else math.nan
 
-    ps, gloo, ring = speedup("ps"), speedup("gloo"), speedup("ring")
+    def gap(ring_config: str) -> stats.Interval | None:
+        """The ring's speedup minus the one-shard PS's, paired by round (t interval over rounds)."""
+        r, p = speedups(ring_config), speedups("ps")
+        both = sorted(set(r) & set(p))
+        if not both:
+            return None
+        if len(both) == 1:
+            x = r[both[0]] - p[both[0]]
+            return stats.Interval(x, x, x, 1)
+        return stats.diff_ci([r[k] for k in both], [p[k] for k in both])
+
+    ps, ps2, gloo, ring = speedup("ps"), speedup("ps2"), speedup("gloo"), speedup("ring")
     # Both rings are judged: gloo's (the library's) and the hand-written one; when they disagree the
-    # verdict says "depends" (at N=4 five processes share 2 cores, and gloo's step is the one that
-    # feels it: compare its step with the model's wire time in the table).
-    parts = [V.server_bottleneck(hi + 1, stats.Interval(r - ps, r - ps, r - ps, 1), label=f"{name} speedup - PS")
-             for name, r in (("gloo", gloo), ("hand-written ring", ring)) if math.isfinite(r)]
+    # verdict says so (at N=4 five processes share 2 cores, and gloo's step is the one that feels it:
+    # compare its step with the model's wire time in the table).
+    parts = [V.server_bottleneck(hi + 1, g, label=f"{name} speedup - PS")
+             for name, c in (("gloo", "gloo"), ("hand-written ring", "ring")) if (g := gap(c)) is not None]
     outcomes = {v.outcome for v in parts}
-    # Two implementations of one algorithm that disagree say more about the measurement (one run
-    # per point) than about the claim: inconclusive, not "depends".
+    # Two implementations of one algorithm that disagree say more about the measurement than about
+    # the claim: inconclusive, not "depends".
     verdict = V.Verdict(outcomes.pop() if len(outcomes) == 1 else V.INCONCLUSIVE,
                         "; ".join(v.reason for v in parts) + ("" if len({v.outcome for v in parts}) == 1 else
                                                               "; the two rings disagree"),
                         tuple(e for v in parts for e in v.effects))
-    headline = (f"on kernel-shaped {rate} links (each process on a host of its own), from N={lo} to N={hi} the "
-                f"one-shard PS's samples/s grow {ps:.2f}x, gloo's all-reduce {gloo:.2f}x, the hand-written ring "
-                f"{ring:.2f}x; the server's traffic per step grows {grows('ps', ns[0], hi):.1f}x from N={ns[0]}, a "
+    absolute = ", ".join(f"{CLUSTER_NAMES.get(c, c)} {by[c][hi]['samples_per_s']:.0f}" for c in by if hi in by[c])
+    headline = (f"on kernel-shaped {rate} links (each process on a host of its own; {rounds} round"
+                f"{'s' * (rounds != 1)} per point), from N={lo} to N={hi} the one-shard PS's samples/s grow "
+                f"{ps:.2f}x" + (f", a 2-shard PS's {ps2:.2f}x" if math.isfinite(ps2) else "")
+                + f", gloo's all-reduce {gloo:.2f}x, the hand-written ring {ring:.2f}x; at N={hi}: {absolute} "
+                f"samples/s; the server's traffic per step grows {grows('ps', ns[0], hi):.1f}x from N={ns[0]}, a "
                 f"ring worker's {grows('gloo', lo, hi):.2f}x from N={lo}")
     body += (f"\n\nMeasured by `psgd bench cluster` in this suite run: one host per process (network namespaces "
              f"on a bridge, links shaped by the kernel's tbf and netem to {rate} with 200 us of latency), the wide "
-             f"MLP ({int(rows[0]['params']) / 1e6:.1f}M parameters), sync; each point one run, its step time the mean "
-             "over the timed steps (no seeds, so no interval: the verdict weighs the point estimates, and the cost "
-             "model (psgd/core/costmodel.py, calibrated across the same link) is the cross-check beside each). The "
+             f"MLP ({int(rows[0]['params']) / 1e6:.1f}M parameters), sync; each point {rounds} run"
+             f"{'s' * (rounds != 1)}, interleaved by round, its step time the mean over the timed steps; the "
+             "verdict's interval is a t interval over rounds of the ring's speedup minus the PS's, paired by round "
+             "(none with one round: the point estimates decide), and the cost model (psgd/core/costmodel.py, "
+             "calibrated across the same link) is the cross-check beside each. A PS with 2 shards, each on a host "
+             "of its own, shows what sharding does to the server's link. The "
              "accounting (a one-shard server moves N x the model per step, a ring worker 2(N-1)/N x) is what the "
              "busiest-process column shows; whether it is the bottleneck is what the samples/s show. Its full "
              "output (the pacer's rows, the links' probe) is `cluster.md` in this folder.")
-    figs = [Figure(f1, f"Samples/s against workers on kernel-shaped {rate} links; dotted: the cost model's "
-                       "prediction for the same config (one run per point)."),
+    figs = [Figure(f1, f"Samples/s against workers on kernel-shaped {rate} links, the mean over rounds; dotted: the "
+                       "cost model's prediction for the same config."),
             Figure(f2, "Seconds per step, measured on the cluster and predicted by the cost model.")]
-    return verdict, headline, body, figs, {"ps_speedup": ps, "gloo_speedup": gloo, "ring_speedup": ring}
+    return verdict, headline, body, figs, {"ps_speedup": ps, "ps2_speedup": ps2, "gloo_speedup": gloo,
+                                           "ring_speedup": ring, "rounds": rounds}
 
 
 ANALYSES = {"scaling_bench": scaling_bench, "allreduce_bench": allreduce_bench, "link": link,
