@@ -90,7 +90,7 @@ def test_a_claim_whose_halves_contradict_each_other_is_unstable(tmp_path):
 def test_the_report_states_seeds_run_seeds_asked_and_whether_three_decide(tmp_path):
     section = e16(tmp_path, [0.51, 0.50, 0.51, 0.50, 0.51])
     pw = section.power
-    (part,) = section.effects
+    part = section.effects[0]   # AdamW's cost minus SGD's; the second, AdamW's own cost above 0, has no margin to size
     assert pw["seeds_run"] == 5 and pw["replicates"] == "seeds" and pw["margin_why"] == "two points matter."
     assert pw["seeds_asked"] == max(stats.POWER_FLOOR, stats.seeds_for_margin(part.ci, part.margin, least=2))
     assert pw["three_decide"] is (stats.half_width(stats.spread_of(part.ci), 3) <= part.margin / 2)
@@ -139,7 +139,7 @@ def test_every_claim_says_why_its_margin_and_the_reference_profile_only_adds_see
         assert d.margin_why, f"{d.path}: margin_why"
         assert r.seeds[:len(d.seeds)] == d.seeds and (len(r.seeds) >= 8 or r.seeds == d.seeds)
         assert r.templates == d.templates and r.bench_args == d.bench_args and r.tune_seeds == d.tune_seeds
-        assert d.scoring == "end"
+        assert d.scoring in ("end", "best_val")
 
 
 # -- best-validation scoring ----------------------------------------------------------------------
@@ -211,3 +211,17 @@ def test_best_val_loads_where_every_run_has_a_validation_split(tmp_path):
                     'steps = 4\nval_fraction = 0.2\n[[runs]]\nlabel = "sync"\nmode = "sync"\n')
     exp = experiment.load_experiment(path, "default", tmp_path)
     assert exp.scoring == "best_val" and exp.margin_why == "a point"
+
+
+def test_a_shorter_budget_is_read_off_the_same_runs(tmp_path):
+    """E1's budget factor: up_to keeps the evaluations made by then, so the finals are the mean of the
+    last three of those (a constant rate: the state there is a shorter run's final state)."""
+    val = [[0.5, 0.6, 0.7, 0.65, 0.6, 0.6]]
+    test = [[0.4, 0.5, 0.68, 0.6, 0.55, 0.5]]
+    loaded = [results.load_run(s.cfg.out) for s, _ in runs(tmp_path, "sync", [0], "sync", 1, "sgd", val=val,
+                                                             test=test)]
+    g = results.Group("sync", loaded)
+    samples = [e["samples"] for e in loaded[0].evals]
+    short = results.up_to(g, samples[3])
+    assert [e["samples"] for e in short.runs[0].evals] == samples[:4]
+    assert short.finals() == pytest.approx([(0.5 + 0.68 + 0.6) / 3]) and g.finals() == pytest.approx([0.55])

@@ -97,6 +97,13 @@ def at_best_val(run: RunData, key: str = "test_accuracy", val_key: str = "val_ac
     return float(v) if v is not None and math.isfinite(float(v)) else float("nan")
 
 
+def up_to(g: Group, samples: int) -> Group:
+    """The same runs as if their budget ended at `samples`: only the evaluations made by then (a
+    constant rate has no schedule, so a run's state there is a shorter run's final state)."""
+    runs = [RunData(r.summary, [e for e in r.evals if e.get("samples", 0) <= samples]) for r in g.runs]
+    return Group(g.label, runs, g.scoring, g.val_key)
+
+
 def converged(run: RunData, k: int = LAST_K, tol: float = PLATEAU) -> bool:
     key = "val_accuracy" if run.evals and run.evals[-1].get("val_accuracy") is not None else "test_accuracy"
     acc = [e[key] for e in run.evals]
