@@ -258,3 +258,15 @@ def test_a_claim_its_configuration_decides_is_labelled_by_construction_everywher
     # The suite's claims that say so: E2, E6, E10, E11, and no claim that can come out either way.
     marked = {e.id for e in suite.load_suite(SUITE, "default") if e.by_construction}
     assert marked == {"E2", "E6", "E10", "E11"}
+
+
+def test_the_default_report_says_whether_the_reference_profile_agrees():
+    s = section("E2", "q", "", "000")
+    ref = {"claims": [{"id": "E2", "verdict": "refuted", "power": {"seeds_run": 11}}]}
+    assert report.reference_cell(s, ref) == "refuted (11 seeds): **differs**"
+    assert report.reference_cell(s, {"claims": [{"id": "E2", "verdict": "confirmed"}]}) == "confirmed: agrees"
+    assert report.reference_cell(s, None) == "not run yet"
+    s.power = {"seeds_run": 3, "seeds_asked": 11, "three_decide": False, "replicates": "seeds"}
+    table = "\n".join(report.seeds_table([s], ref))
+    assert "| reference profile |" in table and "refuted (11 seeds): **differs** |" in table
+    assert "reference profile" not in "\n".join(report.seeds_table([s], ref, profile="reference"))

@@ -107,9 +107,24 @@ SCORING_WORDS = {"end": "at the end of each run's budget (the mean of its last e
                              "validation metric, as early stopping reads it)"}
 
 
-def seeds_table(sections: list) -> list[str]:
+def reference_cell(s, reference: Mapping | None) -> str:
+    """What the reference profile (the power rule's seeds) read for this claim, and whether it agrees."""
+    if reference is None:
+        return "not run yet"
+    theirs = {c["id"]: c for c in reference.get("claims", [])}.get(s.id)
+    if theirs is None:
+        return "not in it"
+    seeds = (theirs.get("power") or {}).get("seeds_run")
+    said = f"{theirs['verdict']}" + (f" ({seeds} seeds)" if seeds else "")
+    return f"{said}: {'agrees' if theirs['verdict'] == s.verdict else '**differs**'}"
+
+
+def seeds_table(sections: list, reference: Mapping | None = None, profile: str = "default") -> list[str]:
     """"Seeds: run and asked": per claim, the seeds it ran, what the power rule asks for, whether 3
-    seeds can decide it, whether its split halves agree, and where its runs are scored."""
+    seeds can decide it, whether its split halves agree, where its runs are scored, and (in the
+    default profile) what the reference profile read and whether it agrees (`reference`: its
+    summary.json; None: not run)."""
+    with_reference = profile == "default"
     rows = []
     for s in sections:
         pw, halves = getattr(s, "power", None), getattr(s, "halves", None)
@@ -125,7 +140,7 @@ def seeds_table(sections: list) -> list[str]:
         unit = "" if not pw or pw["replicates"] == "seeds" else " (rounds)"
         scored = {"end": "end of budget", "best_val": "best validation"}.get(getattr(s, "scoring", ""), "")
         rows.append(f"| [{s.id}](#{s.id.lower()}) | {pw['seeds_run'] if pw else ''}{unit} | {asked} | {three} | "
-                    f"{split} | {scored} |")
+                    f"{split} | {scored} |" + (f" {reference_cell(s, reference)} |" if with_reference else ""))
     if not rows:
         return []
     return ["", "## Seeds: run and asked", "",
@@ -135,9 +150,12 @@ def seeds_table(sections: list) -> list[str]:
             "can decide it by that rule; whether the verdicts on the two halves of the seeds agree (unstable: one "
             "half confirmed, the other refuted); and where each run is scored. Each claim's section gives its "
             "margins and why each is the smallest effect of interest. `make experiments-reference` runs the seeds "
-            "asked for (capped so a suite stays within 60 minutes on 2 cores).", "",
-            "| claim | seeds run | power rule asks | 3 seeds decide | split halves | scored |",
-            "|---|---|---|---|---|---|", *rows]
+            "asked for (capped so a suite stays within 60 minutes on 2 cores)"
+            + ("; the last column is what that reference profile read, and whether it agrees with these seeds."
+               if with_reference else "."), "",
+            "| claim | seeds run | power rule asks | 3 seeds decide | split halves | scored |"
+            + (" reference profile |" if with_reference else ""),
+            "|---|---|---|---|---|---|" + ("---|" if with_reference else ""), *rows]
 
 
 def anchor(exp_id: str, ids: Collection[str]) -> str:
@@ -280,7 +298,7 @@ def claim_record(s) -> dict:
 
 def write(results: Path, sections: list, command: str, wall_s: float, note: str = "", version: str = "",
           profile: str = "default", run_version: str = "", articles: Sequence[Article] = (),
-          made_by: Mapping[str, Collection[str]] | None = None, noise=None) -> Path:
+          made_by: Mapping[str, Collection[str]] | None = None, noise=None, reference: Mapping | None = None) -> Path:
     """Write REPORT.md and summary.json under `results`; returns the REPORT.md path. `articles`: the
     seed articles' summary, printed once after the verdict table. `made_by`: per experiment, the
     training-code versions its cited runs recorded (`provenance_line`); without it the report
@@ -307,7 +325,7 @@ def write(results: Path, sections: list, command: str, wall_s: float, note: str 
         "",
         *forest_lines(results, sections),
         verdict_table(sections),
-        *seeds_table(sections),
+        *seeds_table(sections, reference, profile),
         *noise_lines(noise),
         *articles_section(articles, {s.id for s in sections}),
     ]

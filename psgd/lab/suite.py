@@ -287,6 +287,14 @@ def _commands(exp: Experiment, tune_specs: list[RunSpec], finals: list[RunSpec],
     return head + "\n".join(lines) + "\n"
 
 
+def reference_summary(results: Path) -> dict | None:
+    """The reference profile's summary.json beside a default profile's folder (results/ ->
+    results/reference/, results/transformer/ -> results/transformer-reference/), or None."""
+    folder = results / "reference" if results.name == "results" else results.parent / f"{results.name}-reference"
+    path = folder / "summary.json"
+    return json.loads(path.read_text()) if path.exists() else None
+
+
 def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False, command: str = "",
               only: set[str] | None = None, profile: str = "default", articles: Sequence[Article] = (),
               tensorboard: Path | None = None) -> Path:
@@ -368,7 +376,7 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
         note = "--report: re-analysed the finished runs and benchmark outputs; nothing was run"
     path = report.write(results, sections, command=command, wall_s=time.time() - started, note=note,
                         version=version, run_version=run_version, profile=profile, articles=articles,
-                        made_by=made, noise=floor)
+                        made_by=made, noise=floor, reference=reference_summary(results))
     print(f"psgd suite: wrote {path} ({(time.time() - started) / 60:.1f} min)", file=sys.stderr)
     return path
 
