@@ -12,6 +12,7 @@ import torch
 
 from psgd.bench import scaling, transport
 from tests.helpers import processes_mentioning, psgd_main
+from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 # Both bench files check that no `psgd-bench-` process is left: under pytest-xdist they run on
 # one worker, one after the other, so that neither sees the other's live processes.
@@ -49,6 +50,7 @@ def test_transport_usage_errors():
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
+@pytest.mark.usefixtures("warm_runs")  # scaling's runs (launch.run) fork from the warm parent
 def test_calibrate_then_model_then_scaling_with_validation(tmp_path):
     cal = tmp_path / "calibration.json"
     r = psgd_main("bench", "calibrate", "--sizes-mb", "0.25,0.5", "--repeat", "1", "--width", "16", "--no-ring",

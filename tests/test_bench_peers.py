@@ -10,10 +10,12 @@ import torch
 
 from psgd.bench import peers, ray_peer
 from tests.helpers import processes_mentioning, psgd_main
+from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.xdist_group("bench")
 
 
+@pytest.mark.usefixtures("warm_runs")  # psgd's run (launch.run) forks from the warm parent
 def test_tiny_run_and_the_rpc_peer_computes_what_psgd_does(tmp_path):
     out, runs = tmp_path / "out", tmp_path / "runs"
     r = psgd_main("bench", "peers", "--widths", "16", "--configs", "sync2", "--steps", "4", "--rounds", "1",
