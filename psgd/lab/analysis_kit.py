@@ -212,15 +212,21 @@ def noise_floor_of(exp, summaries: list) -> NoiseFloor | None:
 
 def series_of(groups: list[Group], names: list[str] | None = None) -> list[plots.Series]:
     """A series per group, coloured by its mode ("local" for local SGD); sync with backup workers
-    takes a variant colour (1 + its backup count), so it never hides under plain sync's curve."""
-    out = []
+    takes a variant colour (1 + its backup count), so it never hides under plain sync's curve, and so
+    does a second arm of a mode already drawn (E1's sync, "sync, 4 x 8" and one worker: three colours)."""
+    out, taken, variants = [], set(), 0
     for i, g in enumerate(groups):
         name = names[i] if names else g.label
         backup = g.cfg.get("backup_workers", 0) if g.mode == "sync" else 0
+        mode = g.mode if g.cfg.get("local_steps", 1) == 1 else "local"
         if backup:
             out.append(plots.Series(name, "", g.runs, variant=backup))
+        elif mode in taken:
+            variants += 1
+            out.append(plots.Series(name, "", g.runs, variant=3 + variants))  # past the backup arms' 1-2
         else:
-            out.append(plots.Series(name, g.mode if g.cfg.get("local_steps", 1) == 1 else "local", g.runs))
+            taken.add(mode)
+            out.append(plots.Series(name, mode, g.runs))
     return out
 
 
