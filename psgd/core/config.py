@@ -15,8 +15,7 @@ Contract:
 processes it starts, each only its room's settings (psgd/train/roles.py `flags_for`), as you would
 start them by hand on other hosts.
 
-This module re-exports every name of the schema's files, so `from psgd.core.config import X` and
-`config.X` stay the one way in. Stdlib only, and nothing above psgd/core: every layer imports it.
+It re-exports the schema files' names (`config.X` is the one way in); stdlib only, below every layer.
 """
 
 from __future__ import annotations
