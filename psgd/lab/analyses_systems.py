@@ -221,123 +221,136 @@ def not_testable_reason(folder: Path) -> str | None:
     return path.read_text().strip() if path.exists() else None
 
 
+class Cluster:
+    """E4's kernel rows at one rate: runs[config][N] is one row per round (`--rounds`)."""
+
+    def __init__(self, rows: list[dict]) -> None:
+        self.rate = rows[0]["rate"]
+        self.runs: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+        for r in rows:
+            if r["rate"] == self.rate:
+                self.runs[r["config"]][int(r["workers"])].append(r)
+        self.ns = sorted({n for d in self.runs.values() for n in d})
+        self.rounds = max(len(v) for d in self.runs.values() for v in d.values())
+        self.lo, self.hi = 2, self.ns[-1]   # the ring has no N=1: compare both from N=2
+        self.params = int(rows[0]["params"])
+
+    def cells(self) -> list[tuple[str, int]]:
+        return [(c, n) for c in self.runs for n in self.ns if n in self.runs[c]]
+
+    def mean(self, c: str, n: int, key: str) -> float:
+        rows = self.runs.get(c, {}).get(n, [])
+        return float(np.mean([float(r[key]) for r in rows])) if rows else float("nan")
+
+    def speedups(self, c: str) -> dict[int, float]:
+        """Round -> samples/s at N=hi over N=lo, for the rounds that ran both."""
+        d = self.runs.get(c, {})
+        a = {int(r.get("round") or 0): float(r["samples_per_s"]) for r in d.get(self.lo, [])}
+        b = {int(r.get("round") or 0): float(r["samples_per_s"]) for r in d.get(self.hi, [])}
+        return {k: b[k] / a[k] for k in sorted(set(a) & set(b))}
+
+    def speedup(self, c: str) -> float:
+        v = list(self.speedups(c).values())
+        return float(np.mean(v)) if v else math.nan
+
+    def grows(self, c: str, a: int, b: int) -> float:
+        return self.mean(c, b, "busiest_bytes") / self.mean(c, a, "busiest_bytes")
+
+    def gap(self, ring_config: str) -> stats.Interval | None:
+        """The ring's speedup minus the one-shard PS's, paired by round (a t interval over rounds)."""
+        r, p = self.speedups(ring_config), self.speedups("ps")
+        both = sorted(set(r) & set(p))
+        if len(both) == 1:
+            x = r[both[0]] - p[both[0]]
+            return stats.Interval(x, x, x, 1)
+        return stats.diff_ci([r[k] for k in both], [p[k] for k in both]) if both else None
+
+
+def _cluster_verdict(cl: Cluster) -> V.Verdict:
+    # Both rings are judged: gloo's (the library's) and the hand-written one. Two implementations
+    # of one algorithm that disagree say more about the measurement than about the claim:
+    # inconclusive, not "depends".
+    parts = [V.server_bottleneck(cl.hi + 1, g, label=f"{name} speedup - PS")
+             for name, c in (("gloo", "gloo"), ("hand-written ring", "ring")) if (g := cl.gap(c)) is not None]
+    outcomes = {v.outcome for v in parts}
+    agree = len(outcomes) == 1
+    return V.Verdict(outcomes.pop() if agree else V.INCONCLUSIVE,
+                     "; ".join(v.reason for v in parts) + ("" if agree else "; the two rings disagree"),
+                     tuple(e for v in parts for e in v.effects))
+
+
+def _cluster_figures(cl: Cluster, exp_id: str, out: Path) -> list[Figure]:
+    f1, f2 = out / "samples_per_s.png", out / "step_vs_model.png"
+    styles = {"ps": "sync", "ps2": "variant:3", "gloo": "variant:1", "ring": "variant:2"}  # apart at a glance
+    name = lambda c: CLUSTER_NAMES.get(c, c)  # noqa: E731
+    series = {name(c): (styles.get(c, "allreduce"), [cl.mean(c, n, "samples_per_s") for n in cl.ns])
+              for c in cl.runs}
+    model = {f"{name(c)}, model": ("ideal", [cl.mean(c, n, "samples_per_s") * cl.mean(c, n, "step_s")
+                                             / cl.mean(c, n, "predicted_s") for n in cl.ns])
+             for c in cl.runs if c != "ring"}
+    plots.lines(cl.ns, {**series, **model}, "workers N (one host each, each shard on its own host)", "samples/s",
+                f1, f"{exp_id}: throughput on kernel-shaped {cl.rate} links", ymin0=True)
+    cells = cl.cells()
+    plots.dots([f"{name(c)} N={n}" for c, n in cells],
+               {"measured (kernel)": ("variant:0", [cl.mean(c, n, "step_s") for c, n in cells], None),
+                "cost model": ("variant:1", [cl.mean(c, n, "predicted_s") for c, n in cells], None)},
+               "seconds per step", f2, f"{exp_id}: step time, measured and modelled ({cl.rate})")
+    return [Figure(f1, f"Samples/s against workers on kernel-shaped {cl.rate} links, the mean over rounds; dotted: "
+                       "the cost model's prediction for the same config."),
+            Figure(f2, "Seconds per step, measured on the cluster and predicted by the cost model.")]
+
+
+def _cluster_text(cl: Cluster) -> tuple[str, str]:
+    def spread(c: str, n: int) -> str:
+        v = [float(r["samples_per_s"]) for r in cl.runs[c][n]]
+        return stats.mean_ci(v).fmt(0) if len(v) > 1 else f"{v[0]:.0f}"
+
+    body = table(["config", "N", "rounds", "samples/s [95% CI over rounds]", "step s", "model s", "bound",
+                  "MiB/step through the busiest", "busiest"],
+                 [[CLUSTER_NAMES.get(c, c), n, len(cl.runs[c][n]), spread(c, n), f"{cl.mean(c, n, 'step_s'):.3f}",
+                   f"{cl.mean(c, n, 'predicted_s'):.3f}", cl.runs[c][n][0]["bound"],
+                   f"{cl.mean(c, n, 'busiest_bytes') / 2**20:.1f}", cl.runs[c][n][0]["busiest"]]
+                  for c, n in cl.cells()])
+    lo, hi, n0, plural = cl.lo, cl.hi, cl.ns[0], "s" * (cl.rounds != 1)
+    ps2 = cl.speedup("ps2")
+    absolute = ", ".join(f"{CLUSTER_NAMES.get(c, c)} {cl.mean(c, hi, 'samples_per_s'):.0f}" for c in cl.runs
+                         if hi in cl.runs[c])
+    headline = (f"on kernel-shaped {cl.rate} links (each process on a host of its own; {cl.rounds} round{plural} per "
+                f"point), from N={lo} to N={hi} the one-shard PS's samples/s grow {cl.speedup('ps'):.2f}x"
+                + (f", a 2-shard PS's {ps2:.2f}x" if math.isfinite(ps2) else "")
+                + f", gloo's all-reduce {cl.speedup('gloo'):.2f}x, the hand-written ring {cl.speedup('ring'):.2f}x; "
+                f"at N={hi}: {absolute} samples/s; the server's traffic per step grows {cl.grows('ps', n0, hi):.1f}x "
+                f"from N={n0}, a ring worker's {cl.grows('gloo', lo, hi):.2f}x from N={lo}")
+    body += (f"\n\nMeasured by `psgd bench cluster` in this suite run: one host per process (network namespaces "
+             f"on a bridge, links shaped by the kernel's tbf and netem to {cl.rate} with 200 us of latency), the wide "
+             f"MLP ({cl.params / 1e6:.1f}M parameters), sync; each point {cl.rounds} run{plural}, interleaved by "
+             "round, its step time the mean over the timed steps; the verdict's interval is a t interval over "
+             "rounds of the ring's speedup minus the PS's, paired by round (none with one round: the point "
+             "estimates decide), and the cost model (psgd/core/costmodel.py, calibrated across the same link) is "
+             "the cross-check beside each. A PS with 2 shards, each on a host of its own, shows what sharding "
+             "does to the server's link. The accounting (a one-shard server moves N x the model per step, a ring "
+             "worker 2(N-1)/N x) is what the busiest-process column shows; whether it is the bottleneck is what "
+             "the samples/s show. Its full output (the pacer's rows, the links' probe) is `cluster.md` in this "
+             "folder.")
+    return headline, body
+
+
 def cluster_bench(ctx):
     """E4 where the cluster could be built: every process on a host of its own (a network namespace),
     the links shaped by the kernel, beside the cost model's prediction for the same config."""
-    exp, out = ctx.exp, ctx.out
-    reason = not_testable_reason(out)
-    rows = [r for r in cluster_rows(out, "E4") if r["where"] == "kernel"]
+    reason = not_testable_reason(ctx.out)
+    rows = [r for r in cluster_rows(ctx.out, "E4") if r["where"] == "kernel"]
     if reason or not rows:
         why = reason or "the cluster benchmark produced no rows"
         return V.Verdict(V.NOT_TESTABLE, why), f"not testable here: {why}", (
             "E4 needs every process on a host of its own, with its own link: `psgd bench cluster` builds them "
             "from network namespaces (root), and could not here. On one host every process shares the cores "
             "and loopback, so the server's link is not a resource of its own."), [], {}
-    rate = rows[0]["rate"]
-    rows = [r for r in rows if r["rate"] == rate]
-    # Every point's rounds (`psgd bench cluster --rounds`): by[config][N] is one row per round.
-    runs: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
-    for r in rows:
-        runs[r["config"]][int(r["workers"])].append(r)
-    ns = sorted({int(r["workers"]) for r in rows})
-    rounds = max(len(v) for d in runs.values() for v in d.values())
-
-    def mean(c: str, n: int, key: str) -> float:
-        return float(np.mean([float(r[key]) for r in runs[c][n]])) if n in runs.get(c, {}) else float("nan")
-
-    by = {c: {n: {k: mean(c, n, k) for k in ("samples_per_s", "step_s", "predicted_s", "busiest_bytes")}
-              | {"bound": d[n][0]["bound"], "busiest": d[n][0]["busiest"]} for n in d} for c, d in runs.items()}
-    f1, f2 = out / "samples_per_s.png", out / "step_vs_model.png"
-    styles = {"ps": "sync", "ps2": "variant:3", "gloo": "variant:1", "ring": "variant:2"}  # apart at a glance
-    series = {CLUSTER_NAMES.get(c, c): (styles.get(c, "allreduce"),
-                                       [d[n]["samples_per_s"] if n in d else float("nan") for n in ns])
-              for c, d in by.items()}
-    model = {f"{CLUSTER_NAMES.get(c, c)}, model": ("ideal", [d[n]["samples_per_s"] * d[n]["step_s"]
-                                                            / d[n]["predicted_s"] if n in d else float("nan")
-                                                            for n in ns]) for c, d in by.items() if c != "ring"}
-    plots.lines(ns, {**series, **model}, "workers N (one host each, each shard on its own host)", "samples/s", f1,
-                f"{exp.id}: throughput on kernel-shaped {rate} links", ymin0=True)
-    cells = [(c, n) for c in by for n in ns if n in by[c]]
-    plots.dots([f"{CLUSTER_NAMES.get(c, c)} N={n}" for c, n in cells],
-               {"measured (kernel)": ("variant:0", [by[c][n]["step_s"] for c, n in cells], None),
-                "cost model": ("variant:1", [by[c][n]["predicted_s"] for c, n in cells], None)},
-               "seconds per step", f2, f"{exp.id}: step time, measured and modelled ({rate})")
-
-    def spread(c: str, n: int) -> str:
-        v = [float(r["samples_per_s"]) for r in runs[c][n]]
-        return stats.mean_ci(v).fmt(0) if len(v) > 1 else f"{v[0]:.0f}"
-
-    body = table(["config", "N", "rounds", "samples/s [95% CI over rounds]", "step s", "model s", "bound",
-                  "MiB/step through the busiest", "busiest"],
-                 [[CLUSTER_NAMES.get(c, c), n, len(runs[c][n]), spread(c, n), f"{by[c][n]['step_s']:.3f}",
-                   f"{by[c][n]['predicted_s']:.3f}", by[c][n]["bound"], f"{by[c][n]['busiest_bytes'] / 2**20:.1f}",
-                   by[c][n]["busiest"]] for c, n in cells])
-    lo, hi = 2, ns[-1]   # the ring has no N=1: compare both from N=2
-
-    def speedups(c: str) -> dict[int, float]:
-        """Round -> samples/s at N=hi over N=lo, for the rounds that ran both."""
-        d = runs.get(c, {})
-        if lo not in d or hi not in d:
-            return {}
-        a = {int(r.get("round") or 0): float(r["samples_per_s"]) for r in d[lo]}
-        b = {int(r.get("round") or 0): float(r["samples_per_s"]) for r in d[hi]}
-        return {k: b[k] / a[k] for k in sorted(set(a) & set(b))}
-
-    def speedup(c: str) -> float:
-        v = list(speedups(c).values())
-        return float(np.mean(v)) if v else math.nan
-
-    def grows(c: str, a: int, b: int) -> float:
-        d = by.get(c, {})
-        return d[b]["busiest_bytes"] / d[a]["busiest_bytes"] if a in d and b in d else math.nan
-
-    def gap(ring_config: str) -> stats.Interval | None:
-        """The ring's speedup minus the one-shard PS's, paired by round (t interval over rounds)."""
-        r, p = speedups(ring_config), speedups("ps")
-        both = sorted(set(r) & set(p))
-        if not both:
-            return None
-        if len(both) == 1:
-            x = r[both[0]] - p[both[0]]
-            return stats.Interval(x, x, x, 1)
-        return stats.diff_ci([r[k] for k in both], [p[k] for k in both])
-
-    ps, ps2, gloo, ring = speedup("ps"), speedup("ps2"), speedup("gloo"), speedup("ring")
-    # Both rings are judged: gloo's (the library's) and the hand-written one; when they disagree the
-    # verdict says so (at N=4 five processes share 2 cores, and gloo's step is the one that feels it:
-    # compare its step with the model's wire time in the table).
-    parts = [V.server_bottleneck(hi + 1, g, label=f"{name} speedup - PS")
-             for name, c in (("gloo", "gloo"), ("hand-written ring", "ring")) if (g := gap(c)) is not None]
-    outcomes = {v.outcome for v in parts}
-    # Two implementations of one algorithm that disagree say more about the measurement than about
-    # the claim: inconclusive, not "depends".
-    verdict = V.Verdict(outcomes.pop() if len(outcomes) == 1 else V.INCONCLUSIVE,
-                        "; ".join(v.reason for v in parts) + ("" if len({v.outcome for v in parts}) == 1 else
-                                                              "; the two rings disagree"),
-                        tuple(e for v in parts for e in v.effects))
-    absolute = ", ".join(f"{CLUSTER_NAMES.get(c, c)} {by[c][hi]['samples_per_s']:.0f}" for c in by if hi in by[c])
-    headline = (f"on kernel-shaped {rate} links (each process on a host of its own; {rounds} round"
-                f"{'s' * (rounds != 1)} per point), from N={lo} to N={hi} the one-shard PS's samples/s grow "
-                f"{ps:.2f}x" + (f", a 2-shard PS's {ps2:.2f}x" if math.isfinite(ps2) else "")
-                + f", gloo's all-reduce {gloo:.2f}x, the hand-written ring {ring:.2f}x; at N={hi}: {absolute} "
-                f"samples/s; the server's traffic per step grows {grows('ps', ns[0], hi):.1f}x from N={ns[0]}, a "
-                f"ring worker's {grows('gloo', lo, hi):.2f}x from N={lo}")
-    body += (f"\n\nMeasured by `psgd bench cluster` in this suite run: one host per process (network namespaces "
-             f"on a bridge, links shaped by the kernel's tbf and netem to {rate} with 200 us of latency), the wide "
-             f"MLP ({int(rows[0]['params']) / 1e6:.1f}M parameters), sync; each point {rounds} run"
-             f"{'s' * (rounds != 1)}, interleaved by round, its step time the mean over the timed steps; the "
-             "verdict's interval is a t interval over rounds of the ring's speedup minus the PS's, paired by round "
-             "(none with one round: the point estimates decide), and the cost model (psgd/core/costmodel.py, "
-             "calibrated across the same link) is the cross-check beside each. A PS with 2 shards, each on a host "
-             "of its own, shows what sharding does to the server's link. The "
-             "accounting (a one-shard server moves N x the model per step, a ring worker 2(N-1)/N x) is what the "
-             "busiest-process column shows; whether it is the bottleneck is what the samples/s show. Its full "
-             "output (the pacer's rows, the links' probe) is `cluster.md` in this folder.")
-    figs = [Figure(f1, f"Samples/s against workers on kernel-shaped {rate} links, the mean over rounds; dotted: the "
-                       "cost model's prediction for the same config."),
-            Figure(f2, "Seconds per step, measured on the cluster and predicted by the cost model.")]
-    return verdict, headline, body, figs, {"ps_speedup": ps, "ps2_speedup": ps2, "gloo_speedup": gloo,
-                                           "ring_speedup": ring, "rounds": rounds}
+    cl = Cluster(rows)
+    headline, body = _cluster_text(cl)
+    key = {"ps_speedup": cl.speedup("ps"), "ps2_speedup": cl.speedup("ps2"), "gloo_speedup": cl.speedup("gloo"),
+           "ring_speedup": cl.speedup("ring"), "rounds": cl.rounds}
+    return _cluster_verdict(cl), headline, body, _cluster_figures(cl, ctx.exp.id, ctx.out), key
 
 
 ANALYSES = {"scaling_bench": scaling_bench, "allreduce_bench": allreduce_bench, "link": link,
