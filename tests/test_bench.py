@@ -150,14 +150,14 @@ def test_cluster_bench_names_its_clusters_and_predicts_the_higher_floor():
 
 
 def test_startup_measures_warm_and_cold_beside_the_import(tmp_path):
-    r = psgd_main("bench", "startup", "--shapes", "1+2", "--rounds", "1", "--dataset", "synthetic", "--out",
+    r = psgd_main("bench", "startup", "--shapes", "1+1", "--rounds", "1", "--dataset", "synthetic", "--out",
                   str(tmp_path))
     assert r.returncode == 0, r.stderr
     result = json.loads((tmp_path / "startup.json").read_text())
     (row,) = result["rows"]
-    assert (row["shards"], row["workers"]) == (1, 2) and row["warm_s"] > 0 and row["cold_s"] > 0
+    assert (row["shards"], row["workers"]) == (1, 1) and row["warm_s"] > 0 and row["cold_s"] > 0
     assert row["cold_over_warm"] == pytest.approx(row["cold_s"] / row["warm_s"]) and result["import_s"] > 0
-    assert "| 1+2 |" in (tmp_path / "STARTUP.md").read_text()
+    assert "| 1+1 |" in (tmp_path / "STARTUP.md").read_text()
     assert psgd_main("bench", "startup", "--shapes", "2x2").returncode == 2
 
 
