@@ -7,18 +7,20 @@ import pytest
 
 from psgd.bench import allreduce as bench
 from psgd.cli import main
-from tests.helpers import processes_mentioning, psgd
+from tests.helpers import ENV, processes_mentioning, psgd_main
 
 # Both bench files check that no `psgd-bench-` process is left: under pytest-xdist they run on
 # one worker, one after the other, so that neither sees the other's live processes.
 pytestmark = pytest.mark.xdist_group("bench")
 
 
-def test_bench_measures_both_implementations_as_json(tmp_path):
+def test_bench_measures_both_implementations_as_json(tmp_path, monkeypatch):
+    for name, value in ENV.items():  # what tests/helpers.py `psgd` gives its process; the ranks inherit it
+        monkeypatch.setenv(name, value)
     saved = tmp_path / "deep" / "allreduce.json"
     argv = ["--size-mb", "0.01,0.1", "--workers", "3", "--impl", "library,ring", "--iters", "2", "--json",
             "--out", str(saved)]
-    r = psgd("bench", "allreduce", *argv, timeout=300)
+    r = psgd_main("bench", "allreduce", *argv)  # in this process; its ranks are processes of their own
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert json.loads(saved.read_text()) == {**out, "command": "psgd bench allreduce " + " ".join(argv)}
