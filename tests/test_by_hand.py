@@ -3,6 +3,7 @@ end by themselves, and `psgd summarize OUT` writes their summary.json."""
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -170,9 +171,10 @@ def test_a_worker_that_cannot_leave_fails_loudly(tmp_path):
 
 @pytest.mark.parametrize("stdin,message", [("127.0.0.1:1\n", "expected 2 HOST:PORT"),
                                            ("nonsense\n", "expected HOST:PORT")])
-def test_servers_on_stdin_refuses_what_is_not_k_addresses(stdin, message):
+def test_servers_on_stdin_refuses_what_is_not_k_addresses(stdin, message, monkeypatch):
     """psgd run's workers read the shards' addresses from stdin (they start side by side with the
-    shards); anything but K addresses there is a one-line usage error."""
-    r = subprocess.run([sys.executable, "-m", "psgd", "worker", "--rank", "0", "--servers", "2", "--servers-on-stdin",
-                        *TINY], input=stdin, capture_output=True, text=True, env=ENV, timeout=120)
+    shards); anything but K addresses there is a one-line usage error (refused before the worker
+    trains or leaves: psgd worker in this process, its stdin the test's)."""
+    monkeypatch.setattr(sys, "stdin", io.StringIO(stdin))
+    r = psgd_main("worker", "--rank", "0", "--servers", "2", "--servers-on-stdin", *TINY)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
