@@ -15,6 +15,7 @@ import psgd
 from psgd.core.config import OptimConfig
 from psgd.core.errors import ExchangeError
 from tests.user_workload import TinyNet, make_data
+from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 U = "tests.user_workload"
 
@@ -29,6 +30,7 @@ def test_import_psgd_stays_light_and_exports_the_api():
         psgd.no_such_thing  # noqa: B018
 
 
+@pytest.mark.usefixtures("warm_runs")  # the job (launch.run) forks from the warm parent
 def test_fit_runs_the_job_and_returns_the_summary_and_the_trained_model(tmp_path):
     result = psgd.fit(model=TinyNet, data=make_data, mode="sync", workers=2, servers=2, steps=15, batch_size=16,
                       optimizer=psgd.AdamW(lr=5e-3), out=str(tmp_path / "fit"), eval_every=0)
