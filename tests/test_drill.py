@@ -5,7 +5,6 @@ issue 36 (a worker split between shards, the zygote killed while loading); a tor
 from __future__ import annotations
 
 import dataclasses
-import functools
 import os
 import signal
 import subprocess
@@ -20,7 +19,6 @@ from psgd.core.config import RunConfig
 from psgd.ps import checkpoint
 from psgd.train import drill, launch, zygote
 from tests.helpers import ENV, processes_mentioning, psgd_main, summary
-from tests.warm import warm_parent  # noqa: F401 - a fixture
 
 SYNC = ["--mode", "sync", "--workers", "3", "--servers", "2", "--steps", "90", "--checkpoint-every", "10",
         "--dataset", "synthetic", "--num-samples", "600", "--model", "mlp", "--width", "16", "--batch-size", "8",
@@ -42,12 +40,8 @@ def test_the_plan_is_the_seeds_alone_and_draws_only_what_the_run_survives():
     assert r.returncode == 2 and "SEED:COUNT" in r.stderr
 
 
-def test_a_sync_storm_of_ten_faults_ends_with_the_calm_runs_parameters(tmp_path, request):
-    # The calm run forks from this process's warm parent (tests/warm.py); the storm's run has its own
-    # zygote, which the drill kills.
-    with pytest.MonkeyPatch.context() as m:
-        m.setattr(launch, "run", functools.partial(launch.run, zygote=request.getfixturevalue("warm_parent").get()))
-        calm = psgd_main("run", *SYNC, "--out", str(tmp_path / "calm"))
+def test_a_sync_storm_of_ten_faults_ends_with_the_calm_runs_parameters(tmp_path):
+    calm = psgd_main("run", *SYNC, "--out", str(tmp_path / "calm"))
     assert calm.returncode == 0, calm.stderr
     out = tmp_path / "storm"
     r = psgd_main("drill", "--chaos", "12:10", *SYNC, "--out", str(out))
