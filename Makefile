@@ -30,7 +30,8 @@ test: install
 # The fast tier: the pure cores and the units (policies, rules, sharding, codec, optimizers, the
 # shard core in process, statistics, plots), none of which starts a psgd process but the one sync
 # run of test_kernel_hashes. About 40 s on 2 idle cores; `make test` runs these and all the rest.
-FAST_TESTS := accounting analyses_cluster analyses_elastic analyses_optim analyses_remedies backup \
+FAST_TESTS := accounting analyses_backup_tail analyses_cluster analyses_diloco_outer analyses_elastic analyses_goyal \
+	analyses_optim analyses_remedies analyses_staleness_aware analyses_time_to_accuracy backup \
 	bench_transformer check_quotes codec config_data consistency costmodel devices doctor equivalence \
 	eval_every kernel_hashes layers link optim outputs plots proto reference remedies report server shard \
 	sparsify staging staleness textbook threads tls trace trust verdicts worker
