@@ -9,7 +9,8 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 STAMP := $(VENV)/.psgd-installed
 
-.PHONY: install test test-fast experiments experiments-full experiments-transformer experiments-reference readme proto \
+.PHONY: install test test-fast experiments experiments-full experiments-transformer experiments-papers \
+	experiments-reference readme proto \
 	lint gpu-check clean
 
 install: $(STAMP)
@@ -48,18 +49,24 @@ experiments-full: install
 experiments-transformer: install
 	$(BIN)/psgd suite experiments/transformer.toml --out results/transformer
 
-# Both suites at the seeds the power rule asks for per claim (each experiment file's
+# The classic papers' claims on their own terms (E19-E21, E23; about 7 min on 2 cores): results/papers/.
+experiments-papers: install
+	$(BIN)/psgd suite experiments/papers.toml --out results/papers
+
+# The three suites at the seeds the power rule asks for per claim (each experiment file's
 # [profiles.reference], sized by psgd/lab/power.py from the committed spread, capped so each suite's
-# ETA stays within 60 min on 2 cores): results/reference/ and results/transformer-reference/.
+# ETA stays within 60 min on 2 cores): results/reference/, results/transformer-reference/, results/papers-reference/.
 experiments-reference: install
 	$(BIN)/psgd suite experiments/default.toml --reference
 	$(BIN)/psgd suite experiments/transformer.toml --reference --out results/transformer-reference
+	$(BIN)/psgd suite experiments/papers.toml --reference --out results/papers-reference
 
 # The verdict tables of docs/results.md, from the committed reference runs (tests fail when stale): the
 # reference profile's (results/reference/, results/transformer-reference/) where it has run, else the
 # default profile's.
 README_SUMMARIES = $(firstword $(wildcard results/reference/summary.json) results/summary.json) \
-	$(firstword $(wildcard results/transformer-reference/summary.json) results/transformer/summary.json)
+	$(firstword $(wildcard results/transformer-reference/summary.json) results/transformer/summary.json) \
+	$(firstword $(wildcard results/papers-reference/summary.json) results/papers/summary.json)
 readme: install
 	$(BIN)/python -m psgd.lab.report readme docs/results.md $(README_SUMMARIES)
 

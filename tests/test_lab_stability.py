@@ -131,7 +131,7 @@ def test_the_reference_plan_caps_every_claim_at_the_largest_count_that_fits():
     assert cap is None and seeds == {"A": 8, "B": 9}
 
 
-@pytest.mark.parametrize("name", ["default.toml", "transformer.toml"])
+@pytest.mark.parametrize("name", ["default.toml", "transformer.toml", "papers.toml"])
 def test_every_claim_says_why_its_margin_and_the_reference_profile_only_adds_seeds(name):
     default = experiment.load_suite(ROOT / "experiments" / name, "default", results=Path("/nonexistent"))
     reference = experiment.load_suite(ROOT / "experiments" / name, "reference", results=Path("/nonexistent"))

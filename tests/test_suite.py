@@ -34,7 +34,7 @@ def write(tmp_path: Path, name: str, text: str) -> Path:
 
 
 @pytest.mark.parametrize("profile", suite.PROFILES)
-@pytest.mark.parametrize("name,least", [("default.toml", 10), ("transformer.toml", 1)])
+@pytest.mark.parametrize("name,least", [("default.toml", 10), ("transformer.toml", 1), ("papers.toml", 1)])
 def test_the_suite_files_are_valid(profile, tmp_path, name, least):
     experiments = suite.load_suite(ROOT / "experiments" / name, profile, results=tmp_path)
     assert len(experiments) >= least
@@ -295,7 +295,7 @@ def test_tiny_quick_suite_tunes_runs_and_reports(tmp_path):
     assert processes_mentioning(str(results)) == []
 
 
-@pytest.mark.parametrize("folder", ["results", "results/transformer"])
+@pytest.mark.parametrize("folder", ["results", "results/transformer", "results/papers"])
 def test_readme_verdict_table_is_current(folder):
     """The README's tables are `make readme` output from the committed results/summary.json and
     results/transformer/summary.json (the transformer suite's), or from the reference profile's
@@ -347,3 +347,14 @@ def test_the_analysis_registry_finds_every_analyses_module():
     for name in ("default.toml", "transformer.toml"):
         for e in suite.load_suite(ROOT / "experiments" / name):
             assert e.analysis in table, e.path
+
+
+def test_the_papers_suite_shares_the_default_suites_base_and_profiles():
+    """experiments/papers.toml copies the default suite's [base] and profiles, so the runs the two share
+    (E19's rates are E1's, E20's runs E2's configs, E23's E6's) are the same configurations."""
+    import tomllib
+
+    default, papers = (tomllib.loads((ROOT / "experiments" / f"{n}.toml").read_text()) for n in ("default", "papers"))
+    assert papers["base"] == default["base"] and papers.get("profiles") == default.get("profiles")
+    ids = {n: {e.id for e in suite.load_suite(ROOT / "experiments" / f"{n}.toml")} for n in ("default", "papers")}
+    assert ids["papers"] == {"E19", "E20", "E21", "E23"} and not ids["papers"] & ids["default"]
