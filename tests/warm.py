@@ -17,33 +17,23 @@ from pathlib import Path
 
 import pytest
 
+from psgd.lab.suite import _WarmParent
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class _Warm:
-    def __init__(self) -> None:
-        self.zygote = None
+class _Warm(_WarmParent):
+    """The suite's warm parent (psgd/lab/suite.py), started from the repository's root, as `python -m
+    psgd` from `make test`: the forks import module specs such as tests.user_workload:make_model from there."""
 
     def get(self):
-        from psgd.train import launch
-
-        if self.zygote is None or self.zygote.gone:
-            self.close()
-            # From the repository's root, as `python -m psgd` from `make test`: the forks import
-            # module specs such as tests.user_workload:make_model from there.
-            with contextlib.chdir(ROOT):
-                self.zygote = launch.warm_parent("psgd-tests")
-        return self.zygote
-
-    def close(self) -> None:
-        if self.zygote is not None:
-            self.zygote.close()
-            self.zygote = None
+        with contextlib.chdir(ROOT):
+            return super().get()
 
 
 @pytest.fixture(scope="session")
 def warm_parent():
-    warm = _Warm()
+    warm = _Warm("psgd-tests")
     yield warm
     warm.close()
 

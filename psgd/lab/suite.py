@@ -141,15 +141,15 @@ class _WarmParent:
     at the first run, replaced if it died, closed when the suite ends (and it dies with the suite's
     process in any case: PR_SET_PDEATHSIG)."""
 
-    def __init__(self) -> None:
-        self.zygote = None
+    def __init__(self, tag: str = "psgd-suite") -> None:
+        self.zygote, self.tag = None, tag   # the tag names the warm parent in `ps` (tests: psgd-tests)
 
     def get(self):
         from psgd.train import launch
 
         if self.zygote is None or self.zygote.gone:
             self.close()
-            self.zygote = launch.warm_parent("psgd-suite")
+            self.zygote = launch.warm_parent(self.tag)
         return self.zygote
 
     def close(self) -> None:
