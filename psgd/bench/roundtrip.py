@@ -2,12 +2,13 @@
 
 Contract: for each workload in `--workloads` (`mlp256` and `mlp2048`: the MLP 40 -> W -> W -> 10 on
 MNIST-1D, batch 32, plain SGD lr 0.05, one torch thread per process; `gpt`: the small transformer
-with AdamW, as `psgd bench transformer`) and each of `--rounds` rounds, four arms run one after the
+with AdamW, as `psgd bench transformer`) and each of `--rounds` rounds, five arms run one after the
 other, in an order rotated per round (so no arm always runs first on a warm or a loaded machine):
 - `plain`: the ceiling of a parameter server with one worker: one process computes the gradient
   and steps torch's own optimizer itself, on psgd's batches and model (psgd/bench/transformer.py
   `torch_loop`);
 - `ps`: `psgd run --mode async --workers 1 --servers 1` (every gradient crosses the wire both ways);
+- `shm`: the same with `--transport shm` (the frames on the socket, the payloads in shared memory);
 - `ddp`: torch DDP on gloo, 2 ranks (the ceiling of an all-reduce);
 - `allreduce`: `psgd run --mode allreduce --workers 2`.
 Each arm's samples/s at its median step, steady state (the first `--skip` steps and the last one
@@ -15,7 +16,7 @@ left out; the same clock, step-end times, for every arm: transformer.py `steady_
 gives, per workload, each round's ratios ps / plain and allreduce / ddp and their median. Writes
 OUT/roundtrip.csv (one row per run), OUT/roundtrip.md and OUT/command.txt; the runs under `--runs`.
 
-    psgd bench roundtrip                                  # 3 rounds x 3 workloads x 4 arms
+    psgd bench roundtrip                                  # 3 rounds x 3 workloads x 5 arms
     psgd bench roundtrip --workloads mlp256 --rounds 1 --steps 40
 """
 
@@ -28,8 +29,8 @@ from pathlib import Path
 from psgd.bench import transformer as tb
 from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig
 
-ARMS = ("plain", "ps", "ddp", "allreduce")
-PAIRS = (("ps", "plain"), ("allreduce", "ddp"))  # psgd's arm, its ceiling
+ARMS = ("plain", "ps", "shm", "ddp", "allreduce")
+PAIRS = (("ps", "plain"), ("shm", "plain"), ("allreduce", "ddp"))  # psgd's arm, its ceiling
 FIELDS = ("workload", "round", "arm", "samples_per_s", "step_ms", "steps_timed", "compute_ms", "exchange_ms")
 
 

@@ -87,8 +87,9 @@ def arm_config(base: RunConfig, arm: str, out: Path) -> RunConfig:
     if arm == "default":
         d = RunConfig()
         return dataclasses.replace(base, mode=d.mode, workers=d.workers, servers=d.servers, out=str(out))
-    if arm in ("plain", "ps"):
-        return dataclasses.replace(base, mode="async", workers=1, servers=1, out=str(out))
+    if arm in ("plain", "ps", "shm"):  # shm: the ps arm with its payloads in shared memory (--transport shm)
+        return dataclasses.replace(base, mode="async", workers=1, servers=1, out=str(out),
+                                   **({"transport": "shm"} if arm == "shm" else {}))
     return dataclasses.replace(base, mode="allreduce", workers=2, servers=1, backend="gloo", out=str(out))
 
 
@@ -323,7 +324,7 @@ def run_arm(arm: str, cfg: RunConfig, skip: int, timeout: float = 600.0) -> dict
     out = Path(cfg.out)
     tag = f"{os.getpid()}-{out.parent.name}-{out.name}"
     t0 = time.perf_counter()
-    if arm in ("ps", "allreduce", "default"):
+    if arm in ("ps", "shm", "allreduce", "default"):
         # psgd run makes (or reuses) its own folder; the launcher's output goes beside it.
         out.parent.mkdir(parents=True, exist_ok=True)
         argv = [sys.executable, "-m", "psgd", "run", *to_argv(cfg), "--quiet"]

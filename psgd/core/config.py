@@ -165,9 +165,8 @@ def _check_wire(cfg: RunConfig) -> list[Check]:
          "--topk sparsifies gradients, --local-steps pushes model deltas: use one or the other"),
         (not cfg.no_error_feedback or cfg.topk < 1,
          "--no-error-feedback only applies to sparsified pushes: give --topk a fraction below 1"),
-        (not (cfg.topk_momentum_correction or cfg.topk_warmup_epochs) or cfg.topk < 1,
-         "--topk-momentum-correction and --topk-warmup-epochs only apply to sparsified pushes: give --topk a "
-         "fraction below 1"),
+        (not (cfg.topk_momentum_correction or cfg.topk_warmup_epochs) or cfg.topk < 1, "--topk-momentum-correction "
+         "and --topk-warmup-epochs only apply to sparsified pushes: give --topk a fraction below 1"),
         (not cfg.topk_momentum_correction or not cfg.no_error_feedback,
          "--topk-momentum-correction accumulates the velocity in the error-feedback residual: drop "
          "--no-error-feedback"),
@@ -181,6 +180,8 @@ def _check_wire(cfg: RunConfig) -> list[Check]:
          "--link paces loopback; on a cluster (--hosts) its own links shape the run: give the link to "
          "`psgd cluster up --link` instead"),
         (cfg.transport in TRANSPORTS, f"--transport must be one of {', '.join(TRANSPORTS)}, got {cfg.transport!r}"),
+        (cfg.transport != "shm" or not (cfg.hosts or cfg.tls_ca),
+         "--transport shm moves payloads through this host's memory: --hosts and --tls-ca need tcp or grpc"),
     ]
 
 
@@ -196,8 +197,7 @@ def _check_allreduce(cfg: RunConfig) -> list[Check]:
          f"--servers is a parameter-server option: --mode allreduce has no servers (got --servers {cfg.servers})"),
         (cfg.mode != "allreduce" or cfg.transport == RunConfig.transport,
          "--transport is a parameter-server option: --mode allreduce talks through torch.distributed"),
-        (cfg.mode != "allreduce" or not cfg.separate_pull,
-         "--separate-pull is a parameter-server option: --mode allreduce has no pulls"),
+        (cfg.mode != "allreduce" or not cfg.separate_pull, "--separate-pull is a PS option: allreduce has no pulls"),
         (cfg.mode != "allreduce" or not (cfg.overlap or cfg.link),
          "--overlap and --link are parameter-server options (the worker's gRPC client), not --mode allreduce"),
         (cfg.mode != "allreduce" or cfg.wire_dtype == "fp32",

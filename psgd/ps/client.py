@@ -224,7 +224,7 @@ def make_client(transport: str, addresses: list[str], worker_id: int, num_elemen
                 rpc_timeout: float = 60.0, link: link_mod.Link | None = None, token: bytes | None = None,
                 all_done: bool = False, topk: float | sparsify.TopK | None = None, error_feedback: bool = True,
                 tls_ca: str = "") -> PSClient:
-    """A PSClient on `--transport grpc | tcp` (paced to `link` when given, carrying `token` when given;
+    """A PSClient on `--transport grpc | tcp | shm` (paced to `link` when given, carrying `token` when given;
     sparse pushes with `topk`)."""
     transport_ = make_transport(transport, addresses, rpc_timeout, link, token, tls_ca)
     return PSClient(transport_, worker_id, num_elements, wire_dtype, rpc_timeout, all_done=all_done, topk=topk,

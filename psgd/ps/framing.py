@@ -9,6 +9,8 @@ One frame per message in both directions, little-endian:
     PULL  PullRequest                                            ->  PULLED  PullHeader + the values' bytes
     PUSHPULL  as PUSH                                            ->  PULLED  of the next clock, PullHeader.pushed set
     HELLO  the token (auth.py), the first frame of a connection   ->  WELCOME (empty)
+    ATTACH  a /dev/shm segment's name (--transport shm, psgd/ps/shm.py) ->  WELCOME; from then on
+            this connection's payloads are in the segment, the prefix still gives their length
     any request                                                  ->  ERROR   "STATUS_NAME: message" (UTF-8)
 
 The headers are the .proto's own messages. Copies: a payload goes from the tensor's memory to
@@ -29,7 +31,7 @@ import torch
 from psgd.core import codec
 
 PREFIX = struct.Struct("<BIQ")  # op, header length, payload length
-PUSH, PULL, PUSHPULL, HELLO, PUSHED, PULLED, WELCOME, ERROR = 1, 2, 3, 4, 0x81, 0x82, 0x84, 0xFF
+PUSH, PULL, PUSHPULL, HELLO, ATTACH, PUSHED, PULLED, WELCOME, ERROR = 1, 2, 3, 4, 5, 0x81, 0x82, 0x84, 0xFF
 MAX_HEADER = 1 << 16            # our headers are < 100 bytes; anything bigger is not a psgd peer
 CHUNK = codec.CHUNK_BYTES       # the unit of pacing (--link) and of progress (--overlap)
 
@@ -39,12 +41,13 @@ class FrameError(Exception):
 
 
 def send_frame(sock: socket.socket, op: int, header: bytes, payload: memoryview | None = None,
-               on_chunk: Callable[[int], None] | None = None) -> None:
+               on_chunk: Callable[[int], None] | None = None, length: int | None = None) -> None:
     """One frame. Without `on_chunk`, prefix + header + payload leave in one `sendmsg` call (one
     syscall for a small message, no copy of a large one); with it, the payload goes out in CHUNK
-    pieces, `on_chunk(bytes)` called before each (the emulated link paces there)."""
+    pieces, `on_chunk(bytes)` called before each (the emulated link paces there). `length`
+    without a payload: a payload of that many bytes that is in shared memory, not on the socket."""
     payload = payload if payload is not None else memoryview(b"")
-    head = PREFIX.pack(op, len(header), len(payload)) + header
+    head = PREFIX.pack(op, len(header), len(payload) if length is None else length) + header
     if on_chunk is None:
         _sendmsg_all(sock, [head, payload])
         return

@@ -1,11 +1,10 @@
 """The raw-TCP data plane of one shard (`--transport tcp`): pushes and pulls on plain sockets.
 
-Why it exists: even with pre-built frames, gRPC Python moves a 64 MiB tensor at about 0.4x
-(push) and 0.55x (pull) of a raw loopback socket, and one small push + pull costs several unary
-round trips (`psgd bench transport` measures both). ps-lite and BytePS move tensors on a
-transport of their own (ZeroMQ, RDMA) for the same reason; this is that transport, written to
-be read. Every shard listens here too (on the gRPC server's host, a port of its own that `Info`
-reports as `data_port`); Init and Info stay on gRPC. The frames are psgd/ps/framing.py's.
+Why it exists: gRPC Python moves a 64 MiB tensor at about 0.4x (push) and 0.55x (pull) of a raw
+loopback socket (`psgd bench transport`); ps-lite and BytePS move tensors on transports of their
+own (ZeroMQ, RDMA) for the same reason. Every shard listens here too (a port of its own that
+`Info` reports as `data_port`); Init and Info stay on gRPC. The frames are psgd/ps/framing.py's;
+with --transport shm a connection's payloads are in shared memory (psgd/ps/shm.py, `_attach`).
 
 A thin adapter like the gRPC one (psgd/ps/grpc_server.py): each frame is parsed, handed to the
 same transport-free core (psgd/ps/shard.py), and answered; one schema, one set of checks, one
@@ -41,7 +40,7 @@ from google.protobuf.message import DecodeError
 from psgd._proto import parameter_server_pb2 as pb
 from psgd.core import codec, sparsify
 from psgd.core.errors import Code, ShardError
-from psgd.ps import auth, wire
+from psgd.ps import auth, shm, wire
 from psgd.ps import framing as fr
 from psgd.ps.shard import Shard
 
@@ -105,6 +104,7 @@ class _Connection(socketserver.BaseRequestHandler):
         self.request.settimeout(FIRST_FRAME_S)
         self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.full = False
+        self.segment: shm.Segment | None = None  # --transport shm: where this connection's payloads are
         with self.server.lock:
             if self.server.stopping:
                 with contextlib.suppress(OSError):
@@ -116,6 +116,8 @@ class _Connection(socketserver.BaseRequestHandler):
     def finish(self) -> None:
         with self.server.lock:
             self.server.connections.discard(self.request)
+        if self.segment is not None:
+            self.segment.close()
 
     def handle(self) -> None:
         sock = self.request
@@ -143,16 +145,22 @@ class _Connection(socketserver.BaseRequestHandler):
                 if not trusted:
                     return self._refuse("UNAUTHENTICATED: this shard needs a token: send HELLO first "
                                         "(--token-file / PSGD_TOKEN)")
+                if op == fr.ATTACH:
+                    self._attach(header, payload_len)
+                    continue
                 handler = {fr.PUSH: self._push, fr.PULL: self._pull, fr.PUSHPULL: self._push_pull}.get(op)
                 if handler is None:
                     raise fr.FrameError(f"unknown frame op {op}")
                 if payload_len > self.server.shard.max_payload:  # draining it would let it hold us
                     raise fr.FrameError(f"payload of {payload_len} bytes; no request to this shard has more "
                                         f"than {self.server.shard.max_payload}")
+                if self.segment is not None and payload_len > self.segment.size:
+                    raise fr.FrameError(f"payload of {payload_len} bytes in a {self.segment.size}-byte segment")
                 try:
                     handler(header, payload_len)
                 except ShardError as e:  # refused before the payload was read: drain it, keep going
-                    fr.drain(sock, payload_len)
+                    if self.segment is None:
+                        fr.drain(sock, payload_len)
                     self._error(e)
             except fr.FrameError as e:  # the stream cannot be trusted any more: say why, close it
                 with contextlib.suppress(OSError):
@@ -165,6 +173,23 @@ class _Connection(socketserver.BaseRequestHandler):
         """An ERROR frame saying why; the caller decides whether the connection stays open (a refused
         request) or closes (handle() returns: no token, no room)."""
         fr.send_frame(self.request, fr.ERROR, message.encode())
+
+    def _attach(self, header: bytes, payload_len: int) -> None:
+        """--transport shm: map the segment the worker named (psgd/ps/shm.py), or say why not."""
+        if payload_len:
+            raise fr.FrameError("an ATTACH frame carries no payload")
+        why = shm.refused(self.request, self.server.tls is not None)
+        if why is None:
+            try:
+                segment = shm.Segment.attach(header.decode(errors="replace"), self.server.shard.max_payload)
+            except ValueError as e:
+                why = f"FAILED_PRECONDITION: {e}"
+        if why is not None:
+            return self._refuse(why)
+        if self.segment is not None:
+            self.segment.close()
+        self.segment = segment
+        fr.send_frame(self.request, fr.WELCOME, b"")
 
     def _received_push(self, header: bytes, payload_len: int) -> tuple[pb.TensorHeader, object]:
         """Read a push's frame and hand it to the shard: (header, PushOutcome), or (header, None)
@@ -186,7 +211,14 @@ class _Connection(socketserver.BaseRequestHandler):
         with shard.receive_buffer() as buf:
             pace = _pacer(shard.link_in)
             try:
-                if h.sparse_count:
+                if self.segment is not None:  # --transport shm: the bytes are here already
+                    if pace:
+                        pace(payload_len)
+                    if h.sparse_count:
+                        _scatter(self.segment.get_bytes(payload_len), h, dtype, buf)
+                    else:
+                        self.segment.get_tensor(buf, dtype)
+                elif h.sparse_count:
                     _scatter(fr.recv_bytes(self.request, payload_len, pace), h, dtype, buf)
                 else:
                     fr.recv_tensor(self.request, buf, dtype, pace and (lambda n, _: pace(n)))
@@ -226,8 +258,19 @@ class _Connection(socketserver.BaseRequestHandler):
         n = 0 if p.values is None else p.values.numel()
         reply = pb.PullHeader(version=p.version, num_elements=n, dtype=dtype_enum, done=p.done,
                               wait_s=p.wait_s, clock_gap=p.clock_gap, pushed=pushed).SerializeToString()
+        pace = _pacer(self.server.shard.link_out)
+        if self.segment is not None and p.values is not None:  # --transport shm: the values go in the segment
+            length = p.values.numel() * codec.itemsize(wire.dtype_name(dtype_enum))
+            if length > self.segment.size:
+                raise ShardError(Code.INVALID_ARGUMENT, f"a pull of {length} bytes into a "
+                                                        f"{self.segment.size}-byte segment")
+            self.segment.put_tensor(p.values, wire.dtype_name(dtype_enum))
+            if pace:
+                pace(length)
+            fr.send_frame(self.request, fr.PULLED, reply, None, length=length)
+            return
         payload = None if p.values is None else codec.encode(p.values, wire.dtype_name(dtype_enum))  # a view
-        fr.send_frame(self.request, fr.PULLED, reply, payload, _pacer(self.server.shard.link_out))
+        fr.send_frame(self.request, fr.PULLED, reply, payload, pace)
 
     def _error(self, e: ShardError) -> None:
         self._refuse(f"{e.code.name}: {e.message}")

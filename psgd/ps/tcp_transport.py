@@ -75,8 +75,7 @@ class TcpTransport:
             if events.sending:
                 events.sending(k)
             sent = events.sent
-            fr.send_frame(sock, fr.PUSH, header_of(k).SerializeToString(), payloads[k],
-                          sent and (lambda n: sent(k, n)))
+            self._send(sock, fr.PUSH, header_of(k).SerializeToString(), payloads[k], sent and (lambda n: sent(k, n)))
 
         def receive(sock, k):
             body, _ = self._reply(sock, k, "push to", fr.PUSHED)
@@ -90,15 +89,15 @@ class TcpTransport:
     def pull(self, shards, request_of, out_of, events=NO_EVENTS):
         outs = {k: out_of(k) for k in shards}  # each slice taken once (tensor slicing costs ~5 us)
         requests = {k: request_of(k) for k in shards}
+        width = codec.itemsize(wire.DTYPE_NAMES[requests[shards[0]].dtype])
 
         def send(sock, k):
             if events.sending:
                 events.sending(k)
-            fr.send_frame(sock, fr.PULL, requests[k].SerializeToString())
+            self._send(sock, fr.PULL, requests[k].SerializeToString(), reply_bytes=outs[k].numel() * width)
 
         def receive(sock, k):
             return self._receive_pulled(sock, k, "pull from", requests[k].dtype, outs[k], events)
-        width = codec.itemsize(wire.DTYPE_NAMES[requests[shards[0]].dtype])
         return self._exchange("pull from", shards, send, receive, max(o.numel() for o in outs.values()) * width,
                               events)
 
@@ -106,13 +105,14 @@ class TcpTransport:
         payloads = {k: _flat(payload_of(k)) for k in shards}
         headers = {k: header_of(k) for k in shards}
         outs = {k: out_of(k) for k in shards}
+        width = codec.itemsize(wire.DTYPE_NAMES[headers[shards[0]].dtype])
 
         def send(sock, k):
             if events.sending:
                 events.sending(k)
             sent = events.sent
-            fr.send_frame(sock, fr.PUSHPULL, headers[k].SerializeToString(), payloads[k],
-                          sent and (lambda n: sent(k, n)))
+            self._send(sock, fr.PUSHPULL, headers[k].SerializeToString(), payloads[k], sent and (lambda n: sent(k, n)),
+                       outs[k].numel() * width)
             if events.delivered:
                 events.delivered(k)
 
@@ -136,7 +136,19 @@ class TcpTransport:
             raise ExchangeError(f"shard {k} sent {payload_len} bytes of wire dtype {header.dtype} for "
                                 f"{out.numel()} {dtype} elements")
         got = events.received
-        return header, fr.recv_tensor(sock, out, dtype, got and (lambda n, e: got(k, n, e)))
+        return header, self._recv_tensor(sock, out, dtype, got and (lambda n, e: got(k, n, e)))
+
+    # How a payload moves; psgd/ps/shm.py's ShmTransport moves it through shared memory instead.
+    def _send(self, sock, op: int, header: bytes, payload=None, on_chunk=None, reply_bytes: int = 0) -> None:
+        """One request frame; `reply_bytes`: the payload its reply will bring (unused on the socket)."""
+        fr.send_frame(sock, op, header, payload, on_chunk)
+
+    def _recv_tensor(self, sock, out: torch.Tensor, dtype: str, on_chunk=None) -> int:
+        return fr.recv_tensor(sock, out, dtype, on_chunk)
+
+    def _discard(self, sock: socket.socket) -> None:
+        """Close a connection for good (failed, or the transport closing)."""
+        _close(sock)
 
     def _exchange(self, what: str, shards, send, receive, largest: int, events: Events) -> list:
         """send(sock, k) then receive(sock, k) for every shard. Small unpaced ones in one round from
@@ -197,7 +209,7 @@ class TcpTransport:
         except BaseException:
             with self._lock:
                 self._busy.discard(sock)
-            _close(sock)
+            self._discard(sock)
             raise
         with self._lock:
             self._busy.discard(sock)
@@ -226,13 +238,14 @@ class TcpTransport:
     def close(self) -> None:
         """Close idle connections, cut those in use (their calls end now), close the control channels."""
         with self._lock:
+            idle_socks = [sock for idle in self._idle for sock in idle]
             for idle in self._idle:
-                for sock in idle:
-                    _close(sock)
                 idle.clear()
             for sock in self._busy:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
+        for sock in idle_socks:
+            self._discard(sock)  # outside the lock: ShmTransport's takes it
         self.control.close()
 
 

@@ -30,6 +30,8 @@ psgd/ps/transfer.py; this module re-exports them, and the two wires, so callers 
 - `TcpTransport` (psgd/ps/tcp_transport.py): the shards' raw-socket data planes (psgd/ps/framing.py;
   gRPC still does Info, Init and Leave); small unpaced shards in one round from the calling
   thread, larger or paced ones a thread each.
+- `ShmTransport` (psgd/ps/shm.py): the TCP data plane's frames with their payloads in shared
+  memory, for workers on their shards' host (a memcpy instead of loopback TCP's copies).
 - `PacedTransport(inner, link)` (here): `--link`, a wrapper that paces any transport's traffic to an
   emulated wire (psgd/core/link.py): one pacer for sends and one for receives, shared by the K
   streams as one NIC is; each message pays the latency once, each chunk its bytes / bandwidth.
@@ -59,6 +61,7 @@ from psgd.core import link as link_mod
 from psgd.ps.grpc_transport import GrpcTransport as GrpcTransport
 from psgd.ps.grpc_transport import _RunStream as _RunStream
 from psgd.ps.grpc_transport import _Watchdog as _Watchdog
+from psgd.ps.shm import ShmTransport
 from psgd.ps.tcp_transport import ROUND_MAX_BYTES as ROUND_MAX_BYTES
 from psgd.ps.tcp_transport import TcpTransport
 from psgd.ps.transfer import NO_EVENTS as NO_EVENTS
@@ -122,7 +125,7 @@ class PacedTransport:
 
 # name -> the client class (or any factory of that signature) `make_transport` builds.
 TRANSPORTS: dict[str, Callable[[list[str], float, bytes | None, str], Transport]] = {
-    "grpc": GrpcTransport, "tcp": TcpTransport}
+    "grpc": GrpcTransport, "tcp": TcpTransport, "shm": ShmTransport}
 
 
 def make_transport(name: str, addresses: list[str], timeout: float, link: link_mod.Link | None = None,

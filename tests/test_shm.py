@@ -1,0 +1,157 @@
+"""`--transport shm` (psgd/ps/shm.py): the TCP data plane's frames with their payloads in shared memory.
+
+The same updates as tcp and gRPC in every wire dtype and for sparse pushes, a refused request that
+leaves the connection usable, segments that grow when a request needs more, a shard that maps only
+what a worker of its own host names, and nothing left behind in /dev/shm.
+"""
+
+import os
+import socket
+
+import pytest
+import torch
+
+from psgd.core import codec
+from psgd.core.config import RunConfig
+from psgd.core.errors import ExchangeError
+from psgd.ps import framing as fr
+from psgd.ps import shm
+from psgd.ps.client import make_client
+from tests.helpers import psgd, psgd_main, summary
+from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
+
+pytestmark = pytest.mark.usefixtures("warm_runs")
+
+
+def ours() -> set[str]:
+    """This process's segments in /dev/shm (a worker names them psgd-PID-...)."""
+    return {n for n in os.listdir(shm.ROOT) if n.startswith(f"psgd-{os.getpid()}-")}
+
+
+def steps(transport: str, addresses: list[str], n: int, dtype: str, topk: float = 1.0) -> torch.Tensor:
+    client = make_client(transport, addresses, 0, n, wire_dtype=dtype, topk=topk)
+    try:
+        client.wait_ready()
+        client.init(torch.linspace(-1, 1, n))
+        out = torch.empty(n)
+        for clock in range(3):
+            client.pull(clock, out)
+            client.push(clock, torch.linspace(0, 2, n) * (clock + 1))
+        assert client.pull(3, out).versions == [3, 3]
+        return out.clone()
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("dtype,topk", [("fp32", 1.0), ("fp16", 1.0), ("bf16", 1.0), ("fp32", 0.1)])
+def test_shm_gives_the_same_updates_as_tcp_and_leaves_nothing_in_dev_shm(shards, dtype, topk):
+    cfg = RunConfig(mode="async", workers=1, servers=2, steps=100)
+    n = 300_001  # several frames' worth per shard, odd split
+    got = {t: steps(t, shards(cfg)[0], n, dtype, topk) for t in ("tcp", "shm")}
+    assert torch.equal(got["tcp"], got["shm"])
+    assert ours() == set()
+
+
+def test_a_refused_push_is_one_line_and_the_connection_stays_usable(shards):
+    addresses, cores = shards(RunConfig(mode="async", workers=1, servers=1))
+    client = make_client("shm", addresses, 0, 4)
+    try:
+        client.init(torch.zeros(4))
+        with pytest.raises(ExchangeError, match=r"^push to shard 0 at 127\.0\.0\.1:\d+: INVALID_ARGUMENT: non-finite"):
+            client.push(0, torch.tensor([1.0, float("nan"), 0.0, 0.0]))
+        assert cores[0].policy.version == 0
+        assert client.push(0, torch.ones(4)) == (False, False, 16)
+        out = torch.empty(4)
+        client.pull(1, out)
+        assert torch.equal(out, torch.full((4,), -0.05))  # lr 0.05 x one gradient of ones
+    finally:
+        client.close()
+
+
+def attach(sock: socket.socket, name: str) -> tuple[int, str]:
+    fr.send_frame(sock, fr.ATTACH, name.encode())
+    op, body, _ = fr.recv_head(sock)
+    return op, body.decode()
+
+
+def test_the_shard_maps_only_a_psgd_segment_of_a_bounded_size(shard_servers, tmp_path):
+    (server,) = shard_servers(RunConfig(mode="async", workers=1, servers=1))
+    big = shm.Segment.create(server.shard.max_payload + 2 * shm.PAGE)
+    ok = shm.Segment.create(64)
+    try:
+        with socket.create_connection(("127.0.0.1", server.data_port), timeout=10) as sock:
+            for name, message in [("../etc/passwd", "is not a psgd segment name"),
+                                  (f"psgd-{os.getpid()}-0000000000000000", "cannot open"),
+                                  (big.name, "largest payload")]:
+                op, body = attach(sock, name)
+                assert op == fr.ERROR and body.startswith("FAILED_PRECONDITION: ") and message in body, body
+            assert attach(sock, ok.name) == (fr.WELCOME, "")  # the refusals left the connection usable
+    finally:
+        for seg in (big, ok):
+            seg.unlink()
+            seg.close()
+
+
+def test_a_payload_larger_than_the_segment_closes_the_connection(shard_servers):
+    (server,) = shard_servers(RunConfig(mode="async", workers=1, servers=1))
+    seg = shm.Segment.create(16)
+    try:
+        with socket.create_connection(("127.0.0.1", server.data_port), timeout=10) as sock:
+            assert attach(sock, seg.name)[0] == fr.WELCOME
+            fr.send_frame(sock, fr.PUSH, b"", None, length=seg.size + 4)
+            op, body, _ = fr.recv_head(sock)
+            assert op == fr.ERROR and "segment" in body.decode()
+            assert fr.recv_head(sock) is None  # closed
+    finally:
+        seg.unlink()
+        seg.close()
+
+
+def test_only_a_loopback_peer_without_tls_may_attach():
+    class Peer:
+        def __init__(self, host):
+            self.host = host
+
+        def getpeername(self):
+            return (self.host, 5)
+    assert shm.refused(Peer("127.0.0.1"), tls=False) is None
+    assert shm.refused(Peer("::1"), tls=False) is None
+    assert "loopback" in shm.refused(Peer("198.18.0.2"), tls=False)
+    assert "TLS" in shm.refused(Peer("127.0.0.1"), tls=True)
+
+
+def test_a_sync_run_over_shm_has_the_hash_of_tcp(tmp_path):
+    args = ["--mode", "sync", "--workers", "2", "--servers", "2", "--steps", "12", "--dataset", "synthetic",
+            "--num-samples", "1000", "--model", "mlp"]
+    hashes = {}
+    for t in ("tcp", "shm"):
+        r = psgd_main("run", *args, "--transport", t, "--out", str(tmp_path / t))
+        assert r.returncode == 0, r.stderr
+        hashes[t] = summary(tmp_path / t)["params_sha256"]
+    assert hashes["tcp"] == hashes["shm"]
+    assert not [n for n in os.listdir(shm.ROOT) if n.startswith("psgd-")
+                and not os.path.exists(f"/proc/{n.split('-')[1]}")]  # no segment outlives its worker
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--transport", "shm", "--hosts", "2"], "--transport shm"),
+    (["--transport", "shm", "--tls-ca", "ca.pem"], "--transport shm"),
+])
+def test_shm_usage_errors(args, message):
+    r = psgd("run", *args, timeout=60)
+    assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_codec_itemsize_matches_the_segment_views():
+    seg = shm.Segment.create(64)
+    try:
+        values = torch.tensor([1.0, -2.5, 3.25])
+        for dtype in ("fp32", "fp16", "bf16"):
+            n = seg.put_tensor(values, dtype)
+            assert n == 3 * codec.itemsize(dtype)
+            back = torch.empty(3)
+            seg.get_tensor(back, dtype)
+            assert torch.equal(back, values.to(codec.WIRE_DTYPES[dtype]).float())
+    finally:
+        seg.unlink()
+        seg.close()
