@@ -11,6 +11,7 @@ import socket
 import pytest
 import torch
 
+from psgd._proto import parameter_server_pb2 as pb
 from psgd.core import codec
 from psgd.core.config import RunConfig
 from psgd.core.errors import ExchangeError
@@ -153,5 +154,25 @@ def test_codec_itemsize_matches_the_segment_views():
             seg.get_tensor(back, dtype)
             assert torch.equal(back, values.to(codec.WIRE_DTYPES[dtype]).float())
     finally:
+        seg.unlink()
+        seg.close()
+
+
+def test_a_reply_larger_than_the_segment_is_refused(shards):
+    addresses, _ = shards(RunConfig(mode="async", workers=1, servers=1))
+    client = make_client("tcp", addresses, 0, 2000)
+    seg = shm.Segment.create(16)  # one page: 4 KiB, less than the shard's 8,000 bytes
+    try:
+        client.init(torch.zeros(2000))
+        host = addresses[0].rsplit(":", 1)[0]
+        data_port = client.transport.info([0])[0].data_port
+        with socket.create_connection((host, data_port), timeout=10) as sock:
+            assert attach(sock, seg.name)[0] == fr.WELCOME
+            request = pb.PullRequest(worker_id=0, shard=0, clock=0, dtype=pb.FP32)
+            fr.send_frame(sock, fr.PULL, request.SerializeToString())
+            op, body, _ = fr.recv_head(sock)
+            assert op == fr.ERROR and body.decode().startswith("INVALID_ARGUMENT: a reply of 8000 bytes"), body
+    finally:
+        client.close()
         seg.unlink()
         seg.close()

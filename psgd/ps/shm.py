@@ -40,6 +40,7 @@ import numpy as np
 import torch
 
 from psgd.core import codec
+from psgd.core.errors import Code, ShardError
 from psgd.ps import framing as fr
 from psgd.ps.tcp_transport import TcpTransport
 
@@ -99,8 +100,11 @@ class Segment:
         self.u8[:len(src)] = src
 
     def put_tensor(self, values: torch.Tensor, dtype: str) -> int:
-        """Write fp32 `values` in wire dtype `dtype` (narrowed as codec.encode does); returns bytes."""
+        """Write fp32 `values` in wire dtype `dtype` (narrowed as codec.encode does); returns bytes.
+        A segment too small for them (a worker that sized it wrong) is the request's error."""
         n = values.numel() * codec.itemsize(dtype)
+        if n > self.size:
+            raise ShardError(Code.INVALID_ARGUMENT, f"a reply of {n} bytes into a {self.size}-byte segment")
         self.t[:n].view(codec.WIRE_DTYPES[dtype]).copy_(values.reshape(-1))
         return n
 
@@ -180,6 +184,17 @@ class ShmTransport(TcpTransport):
         if seg is not None:
             seg.close()
         super()._discard(sock)
+
+
+def serve_attach(sock: socket.socket, header: bytes, tls: bool, max_bytes: int) -> Segment:
+    """A shard's side of ATTACH: the segment the header names, mapped; ValueError("STATUS: why") if not."""
+    why = refused(sock, tls)
+    if why is not None:
+        raise ValueError(why)
+    try:
+        return Segment.attach(header.decode(errors="replace"), max_bytes)
+    except ValueError as e:
+        raise ValueError(f"FAILED_PRECONDITION: {e}") from None
 
 
 def refused(sock: socket.socket, tls: bool) -> str | None:

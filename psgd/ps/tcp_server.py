@@ -178,14 +178,10 @@ class _Connection(socketserver.BaseRequestHandler):
         """--transport shm: map the segment the worker named (psgd/ps/shm.py), or say why not."""
         if payload_len:
             raise fr.FrameError("an ATTACH frame carries no payload")
-        why = shm.refused(self.request, self.server.tls is not None)
-        if why is None:
-            try:
-                segment = shm.Segment.attach(header.decode(errors="replace"), self.server.shard.max_payload)
-            except ValueError as e:
-                why = f"FAILED_PRECONDITION: {e}"
-        if why is not None:
-            return self._refuse(why)
+        try:
+            segment = shm.serve_attach(self.request, header, self.server.tls is not None, self.server.shard.max_payload)
+        except ValueError as e:
+            return self._refuse(str(e))
         if self.segment is not None:
             self.segment.close()
         self.segment = segment
@@ -260,11 +256,7 @@ class _Connection(socketserver.BaseRequestHandler):
                               wait_s=p.wait_s, clock_gap=p.clock_gap, pushed=pushed).SerializeToString()
         pace = _pacer(self.server.shard.link_out)
         if self.segment is not None and p.values is not None:  # --transport shm: the values go in the segment
-            length = p.values.numel() * codec.itemsize(wire.dtype_name(dtype_enum))
-            if length > self.segment.size:
-                raise ShardError(Code.INVALID_ARGUMENT, f"a pull of {length} bytes into a "
-                                                        f"{self.segment.size}-byte segment")
-            self.segment.put_tensor(p.values, wire.dtype_name(dtype_enum))
+            length = self.segment.put_tensor(p.values, wire.dtype_name(dtype_enum))
             if pace:
                 pace(length)
             fr.send_frame(self.request, fr.PULLED, reply, None, length=length)
