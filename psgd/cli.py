@@ -23,32 +23,12 @@ from pathlib import Path
 
 from psgd.core import config as C
 from psgd.core.errors import Parser, UsageError
-from psgd.core.shorthelp import add_short_help
-from psgd.train.roles import by_hand, check_data, config_from_args, not_read, worker_device_of  # noqa: F401 - re-exported
+from psgd.train import serve, work
+from psgd.train.roles import MODES_HELP, by_hand, check_data, config_from_args, not_read, worker_device_of  # noqa: F401 - re-exported
 from psgd.train.roles import token as _token  # noqa: F401 - re-exported
 from psgd.train.serve import STOP_SIGNALS, cmd_server  # noqa: F401 - each process's main lives in its room
 from psgd.train.work import cmd_worker
 from psgd.train.work import join as _join  # noqa: F401 - re-exported
-
-MODES_HELP = """modes:
-  sync       Bulk synchronous (BSP): each shard waits for one gradient from every worker,
-             applies their mean once; nobody starts step t+1 before all finished step t.
-  async      Every gradient is applied the moment it arrives; nobody ever waits, but a
-             gradient is computed on parameters about N-1 updates old (stale).
-  ssp        Stale synchronous parallel (Ho et al. 2013): applied on arrival like async, but a
-             worker more than --staleness steps ahead of the slowest blocks until it catches up.
-  allreduce  No servers: workers all-reduce their gradients (torch.distributed, NCCL or gloo,
-             or the hand-written ring) and every replica takes the same optimizer step.
-"""
-
-
-# Broken by hand: the raw formatter that keeps MODES_HELP's columns does not wrap descriptions.
-SERVER_DESCRIPTION = """\
-Serve one parameter shard: hold its slice of the parameters and its optimizer, apply the
-workers' gradients under --mode's policy, answer their pulls. `psgd run` starts K of these
-for you; start them by hand to put shards on other hosts (each one prints READY host:port
-when it listens). It takes a shard's settings: a worker's (--seed, --transport, ...) are
-refused, and go to `psgd worker`."""
 
 SUMMARIZE_DESCRIPTION = """\
 Evaluate the parameter snapshots of a finished run and write OUT/summary.json (throughput,
@@ -63,12 +43,6 @@ torchrun): ranks 0..K-1 serve shards 0..K-1, ranks K.. train as workers 0..N-1
 torchrun's rendezvous store; the workers read them there. Give every node the same flags;
 afterwards `psgd summarize OUT`. See psgd/train/node.py."""
 
-WORKER_DESCRIPTION = """\
-Train as worker --rank against running shards (--servers HOST:PORT,...), or as one member
-of an all-reduce group (--mode allreduce, e.g. under torchrun). `psgd run` starts N of
-these for you; start them by hand to put workers on other hosts. It takes a worker's
-settings: a shard's (--staleness, --checkpoint-every, ...) are refused, and go to
-`psgd server`; the settings both read must agree."""
 
 
 def check_device(cfg: C.RunConfig) -> None:
@@ -123,46 +97,8 @@ def build_parser() -> Parser:
                         "(psgd/train/tboard.py)")
     p.add_argument("--of-run", metavar="CONFIG_JSON", default="", help=argparse.SUPPRESS)  # launch._finish's child
 
-    p = sub.add_parser("server", help="serve one parameter shard (started by `psgd run`, or by hand)",
-                       description=SERVER_DESCRIPTION, add_help=False,
-                       usage="psgd server --shard K [a shard's settings] (-h: one line a flag, --help: in full)",
-                       epilog=MODES_HELP, formatter_class=fmt)
-    add_short_help(p)
-    C.add_flags(p, elsewhere=not_read("shard"))
-    p.add_argument("--shard", type=int, required=True, help="which shard this process serves (0..K-1)")
-    p.add_argument("--port", type=int, default=0,
-                   help="TCP port (default: 0, any free port, printed as READY host:port)")
-    p.add_argument("--bind", default="127.0.0.1",
-                   help="address to listen on (default: 127.0.0.1; another needs a token, see --token-file)")
-    p.add_argument("--insecure", action="store_true",
-                   help="serve on a non-loopback --bind without a token: anyone who reaches it may push and pull")
-    p.add_argument("--restore", metavar="DIR", default="",
-                   help="start from this shard's newest intact checkpoint in DIR (e.g. OUT/checkpoints) "
-                        "instead of a worker's Init; damaged ones are skipped with a warning")
-    p.add_argument("--restore-upto", type=int, default=None, metavar="VERSION",
-                   help="with --restore: the newest checkpoint of at most this version (psgd run --resume "
-                        "picks the newest all shards have)")
-    p.add_argument("--lost-on-stdin", action="store_true", help=argparse.SUPPRESS)  # psgd run's: `_read_losses`
-    p.add_argument("--params", type=int, default=0,
-                   help="parameters of the whole model (default: counted from --model and --dataset); "
-                        "Init and pushes of another size are refused")
-
-    p = sub.add_parser("worker", help="train as one worker against running shards (or in an all-reduce group)",
-                       description=WORKER_DESCRIPTION, add_help=False,
-                       usage="psgd worker --rank R --servers HOST:PORT,... [a worker's settings] (-h, --help)",
-                       epilog=MODES_HELP, formatter_class=fmt)
-    add_short_help(p)
-    C.add_flags(p, elsewhere=not_read("worker"))
-    p.add_argument("--rank", type=int, default=None, help="worker id 0..N-1 (default: $RANK, for torchrun)")
-    p.add_argument("--join", default="", metavar="HOST:PORT,...",
-                   help="join a running job's shards (in shard order) as a new worker: the shards give it a free "
-                        "slot (started with --max-workers or --elastic) and its first step; --rank is not needed")
-    p.add_argument("--servers-on-stdin", action="store_true",
-                   help="read the shards' HOST:PORT,... from the first line of stdin once loaded (psgd run starts its "
-                        "workers side by side with the shards this way; --servers then gives their count K)")
-    p.add_argument("--rendezvous", default="env://",
-                   help="all-reduce group rendezvous (default: env://, $MASTER_ADDR:$MASTER_PORT as torchrun sets "
-                        "them), tcp://H:P or file://PATH (psgd run uses a file in the run folder)")
+    serve.add_parser(sub, MODES_HELP)
+    work.add_parser(sub, MODES_HELP)
 
     p = sub.add_parser("node", help="one process of a PS run under torchrun: a shard or a worker, by $RANK",
                        description=NODE_DESCRIPTION, epilog=MODES_HELP, formatter_class=fmt)

@@ -112,3 +112,23 @@ def test_a_traced_run_shows_each_room_reads_only_its_own_settings(tmp_path):
     assert not shard & work.OWN, shard & work.OWN
     assert not worker & serve.OWN, worker & serve.OWN
     assert not (shard | worker) & roles.RUN_OWN
+
+
+
+@pytest.mark.parametrize("command,module,bad,says", [
+    ("server", serve, ["--shard", "0", "--seed", "3"], "--seed is a worker's setting"),
+    ("worker", work, ["--rank", "0", "--staleness", "3"], "--staleness is a shard's setting"),
+    ("server", serve, ["--shard", "0", "--port", "70000"], "--port must be in 0..65535"),
+])
+def test_a_forked_child_enters_its_room_main_not_the_cli(command, module, bad, says, capsys, tmp_path):
+    """The zygote's forks call the room's main directly (three hops from psgd run to a serving
+    shard: launch, zygote, the room); it parses and refuses as `psgd COMMAND` does."""
+    from psgd.train import zygote
+
+    assert zygote.ROOMS[command] == module.__name__
+    try:
+        code = module.main([*bad, "--out", str(tmp_path / "run")])
+    except SystemExit as e:  # argparse's refusals exit; the room's own checks return the code
+        code = e.code
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith(f"psgd {command}: error: {says}") and len(err.splitlines()) == 1, err

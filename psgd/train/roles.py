@@ -13,6 +13,8 @@
   `psgd worker` hide and refuse; `flags_for(cfg, room)` the flags `psgd run` hands that room's
   processes. `psgd node`, which may be either, takes them all.
 
+- `room_main(command, add_parser, cmd, argv)`: a room's process main (`psgd server`, `psgd worker`).
+
 Imports nothing heavy at module level: psgd/cli.py imports it on every command.
 """
 
@@ -21,9 +23,22 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 
 from psgd.core import config as C
 from psgd.core.errors import UsageError
+
+MODES_HELP = """modes:
+  sync       Bulk synchronous (BSP): each shard waits for one gradient from every worker,
+             applies their mean once; nobody starts step t+1 before all finished step t.
+  async      Every gradient is applied the moment it arrives; nobody ever waits, but a
+             gradient is computed on parameters about N-1 updates old (stale).
+  ssp        Stale synchronous parallel (Ho et al. 2013): applied on arrival like async, but a
+             worker more than --staleness steps ahead of the slowest blocks until it catches up.
+  allreduce  No servers: workers all-reduce their gradients (torch.distributed, NCCL or gloo,
+             or the hand-written ring) and every replica takes the same optimizer step.
+"""
+
 
 # The settings only a shard reads: the policy's (SSP's bound), the remedies it applies to arriving
 # gradients, its checkpoints, its side of TLS and leases, its own fault injection. `psgd worker`
@@ -114,3 +129,26 @@ def check_data(cfg: C.RunConfig) -> None:
     problem = data.missing_files(cfg.data)
     if problem:
         raise UsageError(problem)
+
+
+def room_main(command: str, add_parser, cmd, argv: list[str]) -> int:
+    """`psgd COMMAND ARGV` as one room's process main, what psgd/cli.py `main` does for it: the
+    zygote's forks call it directly (psgd/train/zygote.py), so `psgd run` reaches a serving shard
+    in three hops (launch, zygote, this room). Dies with its launcher, enters --cpu-quota's
+    cgroup before any work, parses the room's flags (`add_parser(subparsers, MODES_HELP)`),
+    names the process, runs `cmd(args)`; a UsageError is one line and exit 2."""
+    os.environ.setdefault("GRPC_VERBOSITY", "NONE")  # gRPC's C core logs multi-line errors of its own
+    from psgd.core.errors import Parser
+    from psgd.train import cpulimit, lifeline, proctitle
+
+    lifeline.die_with_launcher()
+    cpulimit.enter_from_env()
+    top = Parser(prog="psgd")
+    add_parser(top.add_subparsers(dest="command", required=True, parser_class=Parser), MODES_HELP)
+    args = top.parse_args([command, *argv])
+    proctitle.name_from_args(args)
+    try:
+        return cmd(args)
+    except UsageError as e:
+        print(f"psgd {command}: error: {e}", file=sys.stderr)
+        return 2

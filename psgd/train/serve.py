@@ -1,7 +1,8 @@
 """`psgd server`: the main of one shard process (started by `psgd run`, `psgd node`, or by hand).
 
-`cmd_server(args)` validates the flags (one line, exit 2), sizes and starts the shard
-(psgd/train/assemble.py `shard_server`, a psgd/ps/server.py server), prints READY host:port, and
+`main(argv)` is the process's main (the zygote of `psgd run` calls it); `cmd_server(args)` validates
+the flags (one line, exit 2), builds the shard (psgd/train/assemble.py `shard`) and serves it
+(psgd/ps/server.py `start`), prints READY host:port, and
 serves until every worker left or a stop signal came; then it writes the shard's files
 (snapshots, stats, `shard_end` in metrics.jsonl) and leaves without the interpreter's teardown.
 With --lost-on-stdin (psgd run with --worker-lease) each `lost RANK` line is a worker the launcher
@@ -18,8 +19,9 @@ import threading
 
 from psgd.core import config as C
 from psgd.core.errors import UsageError
+from psgd.core.shorthelp import add_short_help
 from psgd.train import roles
-from psgd.train.roles import by_hand, config_from_args
+from psgd.train.roles import by_hand, config_from_args, not_read
 from psgd.train.roles import token as token_
 
 STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
@@ -27,6 +29,47 @@ STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
 # The settings only a shard reads (declared with the other rooms' in psgd/train/roles.py, which
 # every process imports first): `psgd worker` refuses them, `psgd run` hands them to shards alone.
 OWN = roles.SHARD_OWN
+
+# Broken by hand: the raw formatter that keeps MODES_HELP's columns does not wrap descriptions.
+SERVER_DESCRIPTION = """\
+Serve one parameter shard: hold its slice of the parameters and its optimizer, apply the
+workers' gradients under --mode's policy, answer their pulls. `psgd run` starts K of these
+for you; start them by hand to put shards on other hosts (each one prints READY host:port
+when it listens). It takes a shard's settings: a worker's (--seed, --transport, ...) are
+refused, and go to `psgd worker`."""
+
+
+def main(argv: list[str]) -> int:
+    """`psgd server ARGV`: this process's main (psgd/train/roles.py `room_main`)."""
+    return roles.room_main("server", add_parser, cmd_server, argv)
+
+
+def add_parser(sub, epilog: str) -> None:
+    """`psgd server`'s flags and help, as a subcommand of `sub` (psgd/cli.py's, or room_main's own)."""
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser("server", help="serve one parameter shard (started by `psgd run`, or by hand)",
+                       description=SERVER_DESCRIPTION, add_help=False,
+                       usage="psgd server --shard K [a shard's settings] (-h: one line a flag, --help: in full)",
+                       epilog=epilog, formatter_class=fmt)
+    add_short_help(p)
+    C.add_flags(p, elsewhere=not_read("shard"))
+    p.add_argument("--shard", type=int, required=True, help="which shard this process serves (0..K-1)")
+    p.add_argument("--port", type=int, default=0,
+                   help="TCP port (default: 0, any free port, printed as READY host:port)")
+    p.add_argument("--bind", default="127.0.0.1",
+                   help="address to listen on (default: 127.0.0.1; another needs a token, see --token-file)")
+    p.add_argument("--insecure", action="store_true",
+                   help="serve on a non-loopback --bind without a token: anyone who reaches it may push and pull")
+    p.add_argument("--restore", metavar="DIR", default="",
+                   help="start from this shard's newest intact checkpoint in DIR (e.g. OUT/checkpoints) "
+                        "instead of a worker's Init; damaged ones are skipped with a warning")
+    p.add_argument("--restore-upto", type=int, default=None, metavar="VERSION",
+                   help="with --restore: the newest checkpoint of at most this version (psgd run --resume "
+                        "picks the newest all shards have)")
+    p.add_argument("--lost-on-stdin", action="store_true", help=argparse.SUPPRESS)  # psgd run's: `_read_losses`
+    p.add_argument("--params", type=int, default=0,
+                   help="parameters of the whole model (default: counted from --model and --dataset); "
+                        "Init and pushes of another size are refused")
 
 
 def cmd_server(args: argparse.Namespace, on_ready=None) -> int:
@@ -48,7 +91,7 @@ def _serve(args: argparse.Namespace, on_ready=None) -> int:
     """`on_ready(port)` (psgd node's Publisher) runs once the shard listens; its NodeError stops it."""
     from pathlib import Path
 
-    from psgd.ps import auth, tls
+    from psgd.ps import auth, server, tls
     from psgd.train import assemble, data, launch, models
     from psgd.train.metrics import Metrics, process_start_time
 
@@ -89,8 +132,11 @@ def _serve(args: argparse.Namespace, on_ready=None) -> int:
     if dict(cfg.fail_shard_at).get(args.shard) == 0:
         os.kill(os.getpid(), signal.SIGKILL)  # fault injection (--fail-shard-at K=0): die while starting
     try:
-        srv = assemble.shard_server(cfg, args.shard, args.bind, args.port, token=token, num_params=num_params,
-                                    restore=restored)
+        core = assemble.shard(cfg, args.shard, num_params)  # the kernel and its collaborators (psgd/ps/shard.py)
+        if restored is not None:
+            core.restore(restored)  # before anything listens: no worker ever sees the shard uninitialised
+        srv = server.start(core, args.bind, args.port, token=token, tls_cert=cfg.tls_cert, tls_key=cfg.tls_key,
+                           worker_lease=cfg.worker_lease)
     except tls.TlsError as e:
         raise UsageError(str(e)) from None
     except ValueError as e:  # a checkpoint of another run

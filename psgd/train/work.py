@@ -16,12 +16,46 @@ import sys
 
 from psgd.core import config as C
 from psgd.core.errors import UsageError
+from psgd.core.shorthelp import add_short_help
 from psgd.train import roles
-from psgd.train.roles import by_hand, config_from_args, token, worker_device_of
+from psgd.train.roles import by_hand, config_from_args, not_read, token, worker_device_of
 
 # The settings only a worker reads (declared with the other rooms' in psgd/train/roles.py):
 # `psgd server` refuses them, `psgd run` hands them to workers alone.
 OWN = roles.WORKER_OWN
+
+WORKER_DESCRIPTION = """\
+Train as worker --rank against running shards (--servers HOST:PORT,...), or as one member
+of an all-reduce group (--mode allreduce, e.g. under torchrun). `psgd run` starts N of
+these for you; start them by hand to put workers on other hosts. It takes a worker's
+settings: a shard's (--staleness, --checkpoint-every, ...) are refused, and go to
+`psgd server`; the settings both read must agree."""
+
+
+def main(argv: list[str]) -> int:
+    """`psgd worker ARGV`: this process's main (psgd/train/roles.py `room_main`)."""
+    return roles.room_main("worker", add_parser, cmd_worker, argv)
+
+
+def add_parser(sub, epilog: str) -> None:
+    """`psgd worker`'s flags and help, as a subcommand of `sub` (psgd/cli.py's, or room_main's own)."""
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser("worker", help="train as one worker against running shards (or in an all-reduce group)",
+                       description=WORKER_DESCRIPTION, add_help=False,
+                       usage="psgd worker --rank R --servers HOST:PORT,... [a worker's settings] (-h, --help)",
+                       epilog=epilog, formatter_class=fmt)
+    add_short_help(p)
+    C.add_flags(p, elsewhere=not_read("worker"))
+    p.add_argument("--rank", type=int, default=None, help="worker id 0..N-1 (default: $RANK, for torchrun)")
+    p.add_argument("--join", default="", metavar="HOST:PORT,...",
+                   help="join a running job's shards (in shard order) as a new worker: the shards give it a free "
+                        "slot (started with --max-workers or --elastic) and its first step; --rank is not needed")
+    p.add_argument("--servers-on-stdin", action="store_true",
+                   help="read the shards' HOST:PORT,... from the first line of stdin once loaded (psgd run starts its "
+                        "workers side by side with the shards this way; --servers then gives their count K)")
+    p.add_argument("--rendezvous", default="env://",
+                   help="all-reduce group rendezvous (default: env://, $MASTER_ADDR:$MASTER_PORT as torchrun sets "
+                        "them), tcp://H:P or file://PATH (psgd run uses a file in the run folder)")
 
 
 def join(cfg: C.RunConfig, where: str) -> tuple[C.RunConfig, list[str], int]:

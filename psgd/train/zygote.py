@@ -14,7 +14,7 @@ Contract:
   shard modules; never gRPC),
   says ready, then serves requests one at a time.
 - `Zygote.spawn(argv, env, stdin, stdout, stderr)` asks it to fork a child that runs `psgd ARGV`
-  (psgd/cli.py `main`) with that environment, those three descriptors as 0, 1 and 2 (sent over the
+  (a shard or a worker: its room's `main`, `ROOMS`; anything else psgd/cli.py `main`) with that environment, those three descriptors as 0, 1 and 2 (sent over the
   socket, SCM_RIGHTS), in a session of its own, dying with the zygote; returns a `Forked`, which
   answers what the launcher asks of a `subprocess.Popen`: `pid`, `poll`, `wait`, `returncode`
   (negative: the signal), `send_signal`, `kill`.
@@ -36,6 +36,7 @@ Contract:
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import runpy
@@ -57,6 +58,9 @@ PRELOAD = ("torch", "numpy", "psgd.cli", "psgd.core.config", "psgd.core.optim", 
            # worker (protobuf's text_format alone is 65 ms), and none of them loads gRPC.
            "psgd._proto.parameter_server_pb2", "psgd.ps.wire", "psgd.ps.shard", "psgd.ps.framing",
            "psgd.core.sparsify", "psgd.core.consistency", "psgd.core.link")
+# The commands whose forks go straight to their room's main (psgd/train/roles.py `room_main`).
+ROOMS = {"server": "psgd.train.serve", "worker": "psgd.train.work"}
+
 # gRPC's C core must never be loaded in a parent that forks (the messages, parameter_server_pb2, are
 # protobuf's alone; the stubs, parameter_server_pb2_grpc, import grpc).
 UNSAFE_MODULES = ("grpc", "psgd._proto.parameter_server_pb2_grpc")
@@ -332,9 +336,12 @@ def _child(req: dict, fds: list[int], sock: socket.socket, wake: tuple[int, ...]
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"], **{lifeline.LAUNCHER_PID: str(zygote_pid)})  # the zygote is its parent now
-        # What `python -m psgd ARGV` runs (psgd/__main__.py, which raises SystemExit with the
-        # code), through the process's entry point rather than an import of the CLI from here.
         sys.argv = ["psgd", *req["argv"]]
+        room = ROOMS.get(req["argv"][0]) if req["argv"] else None
+        if room is not None:  # a shard or a worker: straight to its room's main, not through psgd/cli.py
+            raise SystemExit(importlib.import_module(room).main(req["argv"][1:]))
+        # Anything else: what `python -m psgd ARGV` runs (psgd/__main__.py, which raises SystemExit
+        # with the code), through the process's entry point rather than an import of the CLI here.
         runpy.run_module("psgd", run_name="__main__", alter_sys=True)
         code = 0
     except SystemExit as e:
@@ -353,7 +360,7 @@ def _child(req: dict, fds: list[int], sock: socket.socket, wake: tuple[int, ...]
 
 def serve(sock: socket.socket) -> None:
     """The zygote's loop (see the module docstring). Returns when the launcher closes the socket."""
-    import importlib
+
 
     for name in PRELOAD:
         importlib.import_module(name)
