@@ -65,17 +65,20 @@ def test_children_die_with_the_zygote(tmp_path):
 
 def test_the_zygote_refuses_to_fork_once_grpc_or_cuda_is_loaded():
     """Fork safety: a parent with gRPC loaded (its atfork handlers, its poller thread) must not fork."""
-    code = ("import sys\nfrom psgd.train import zygote\nassert zygote.unsafe_to_fork() is None\n"
-            "import torch\nassert zygote.unsafe_to_fork() is None\nimport grpc\nprint(zygote.unsafe_to_fork())\n")
+    # One interpreter (torch is loaded once): gRPC is not loaded with torch nor with any preloaded
+    # module, and loading it makes the zygote refuse.
+    preloads = [m for m in zygote.PRELOAD]
+    code = ("import importlib, sys\nfrom psgd.train import zygote\nassert zygote.unsafe_to_fork() is None\n"
+            "import torch\nassert zygote.unsafe_to_fork() is None\n" +
+            "".join(f"importlib.import_module({m!r})\n" for m in preloads) +
+            "print([m for m in sys.modules if m.split('.')[0] == 'grpc' or m.endswith('_pb2_grpc')])\n"
+            "print('psgd._proto.parameter_server_pb2' in sys.modules)\n"
+            "assert zygote.unsafe_to_fork() is None\nimport grpc\nprint(zygote.unsafe_to_fork())\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=ENV)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip().startswith("grpc is loaded in the zygote")
-    preloads = [m for m in zygote.PRELOAD]
-    check = ("import importlib, sys\n" + "".join(f"importlib.import_module({m!r})\n" for m in preloads) +
-             "print([m for m in sys.modules if m.split('.')[0] == 'grpc' or m.endswith('_pb2_grpc')])\n"
-             "print('psgd._proto.parameter_server_pb2' in sys.modules)\n")
-    done = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, timeout=120, env=ENV)
-    assert done.stdout.split() == ["[]", "True"], "the preloaded modules pull in gRPC: " + done.stdout
+    preloaded, has_stubs, refusal = done.stdout.strip().split("\n", 2)
+    assert [preloaded, has_stubs] == ["[]", "True"], "the preloaded modules pull in gRPC: " + done.stdout
+    assert refusal.startswith("grpc is loaded in the zygote")
     # The stubs import grpc: loaded, they are refused like grpc itself.
     code = ("from psgd.train import zygote\nimport psgd._proto.parameter_server_pb2\n"
             "assert zygote.unsafe_to_fork() is None\nimport psgd._proto.parameter_server_pb2_grpc\n"
