@@ -44,6 +44,27 @@ def test_the_suite_files_are_valid(profile, tmp_path, name, least):
         assert min(len(e.seeds) for e in learning) >= (5 if profile == "full" else 3)
 
 
+
+@pytest.mark.parametrize("profile", ["default", "reference"])
+@pytest.mark.parametrize("name", ["default.toml", "transformer.toml", "papers.toml"])
+def test_every_learning_run_is_evaluated_at_least_ten_times(profile, name, tmp_path):
+    """Scored at its best validation point, a run needs evaluations dense enough that the best is a
+    point (issue 34): at least 10 after the start, the end of the budget included."""
+    from psgd.core import schema
+    from psgd.train import data
+
+    for e in suite.load_suite(ROOT / "experiments" / name, profile, results=tmp_path):
+        for spec in e.planned_specs():
+            cfg = spec.cfg
+            if cfg.epochs > 0:
+                cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
+            updates = schema.updates(cfg)
+            if cfg.eval_every == 0:
+                continue  # a timing run (E10's): no learning curve is scored
+            evals = updates // cfg.eval_every + (1 if updates % cfg.eval_every else 0)
+            assert evals >= 10, (e.id, spec.label, updates, cfg.eval_every)
+
+
 @pytest.mark.parametrize("text,message", [
     ('id = "X"\ntitle = "t"\nclaim = "c"\nanalysis = "modes"\n[base]\nstalenes = 1\n[[runs]]\nlabel = "a"\n',
      "unknown key 'stalenes'"),
