@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+from psgd.bench.bare import BARE_SERVICE, serve_bare  # noqa: F401 - serve_bare: transport's, as before
 from psgd.core.config import RunConfig
 from psgd.train import hosts, launch, roles
 
@@ -201,45 +202,6 @@ def measure_small(num_shards: int, num_elements: int, repeat: int, transport: st
             "unary_rtt_s": statistics.median(rtt)}
 
 
-BARE_SERVICE = "psgd.bench.Bare"
-
-
-def serve_bare() -> None:
-    """A bare gRPC service on 127.0.0.1:0 (prints its port; stops when stdin closes).
-
-    Sink (client-streaming) drops what it gets; Source (server-streaming) streams back the
-    frames the request asks for: `count,size`. No protobuf, no copies of ours.
-    """
-    import grpc
-
-    from psgd.ps.wire import CHANNEL_OPTIONS
-
-    def sink(requests, context):
-        for _ in requests:
-            pass
-        return b""
-
-    def source(request: bytes, context):
-        count, size = (int(v) for v in request.decode().split(","))
-        frame = bytes(size)
-        yield b"header"
-        for _ in range(count):
-            yield frame
-
-    handler = grpc.method_handlers_generic_handler(BARE_SERVICE, {
-        "Sink": grpc.stream_unary_rpc_method_handler(sink),
-        "Source": grpc.unary_stream_rpc_method_handler(source)})
-    from concurrent import futures
-
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8), options=CHANNEL_OPTIONS)
-    server.add_generic_rpc_handlers((handler,))
-    port = server.add_insecure_port("127.0.0.1:0")
-    server.start()
-    print(port, flush=True)
-    sys.stdin.read()
-    server.stop(0)
-
-
 @contextlib.contextmanager
 def bare_servers(count: int) -> Iterator[list]:
     """Start `count` bare gRPC servers (own processes); yield a (Sink, Source) pair per server."""
@@ -253,7 +215,9 @@ def bare_servers(count: int) -> Iterator[list]:
     try:
         for _ in range(count):
             procs.append(subprocess.Popen(
-                [sys.executable, "-c", "from psgd.bench.transport import serve_bare; serve_bare()"],
+                # psgd/bench/bare.py: gRPC alone, without torch (CHANNEL_OPTIONS travel as JSON).
+                [sys.executable, "-c", "import json, sys; from psgd.bench.bare import serve_bare; "
+                 "serve_bare(json.loads(sys.argv[1]))", json.dumps(CHANNEL_OPTIONS)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=launch.child_env()))
         calls = []
         for proc in procs:
