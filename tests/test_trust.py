@@ -158,10 +158,13 @@ class _FakeSocket:
     def settimeout(self, t) -> None: ...
     def shutdown(self, how) -> None: ...
 
+    def getpeername(self) -> tuple[str, int]:
+        return ("127.0.0.1", 40000)  # a loopback peer: ATTACH frames reach the segment checks
+
 
 def _random_frame(rng: random.Random) -> bytes:
     """Mostly near-misses of real frames: valid ops with mangled headers and wrong lengths."""
-    op = rng.choice([fr.PUSH, fr.PULL, fr.PUSHPULL, fr.HELLO, fr.PUSHED, fr.ERROR, rng.randrange(256)])
+    op = rng.choice([fr.PUSH, fr.PULL, fr.PUSHPULL, fr.HELLO, fr.ATTACH, fr.PUSHED, fr.ERROR, rng.randrange(256)])
     if rng.random() < 0.5:
         header = pb.TensorHeader(worker_id=rng.choice([0, 1, 2, 2**31]), shard=rng.choice([0, 1]),
                                  num_elements=rng.choice([10, 9, 0, 2**40]), clock=rng.choice([0, 1, 5]),
