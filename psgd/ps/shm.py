@@ -114,6 +114,15 @@ class Segment:
         out.view(-1).copy_(self.t[:n].view(codec.WIRE_DTYPES[dtype]))
         return n
 
+    def gradient(self, buf: torch.Tensor, dtype: str) -> torch.Tensor:
+        """A pushed gradient of `buf.numel()` elements: fp32 as a view of the segment itself (the
+        shard's policy copies what it keeps, psgd/ps/shard.py `push`, and the worker writes here
+        again only after the reply), fp16 / bf16 widened into `buf`."""
+        if dtype == "fp32":
+            return self.t[:buf.numel() * 4].view(torch.float32)
+        self.get_tensor(buf, dtype)
+        return buf
+
     def get_bytes(self, nbytes: int) -> bytearray:
         return bytearray(self.u8[:nbytes].tobytes())
 

@@ -207,18 +207,19 @@ class _Connection(socketserver.BaseRequestHandler):
         with shard.receive_buffer() as buf:
             pace = _pacer(shard.link_in)
             try:
+                grad = buf
                 if self.segment is not None:  # --transport shm: the bytes are here already
                     if pace:
                         pace(payload_len)
                     if h.sparse_count:
                         _scatter(self.segment.get_bytes(payload_len), h, dtype, buf)
                     else:
-                        self.segment.get_tensor(buf, dtype)
+                        grad = self.segment.gradient(buf, dtype)  # fp32: read in place, no copy
                 elif h.sparse_count:
                     _scatter(fr.recv_bytes(self.request, payload_len, pace), h, dtype, buf)
                 else:
                     fr.recv_tensor(self.request, buf, dtype, pace and (lambda n, _: pace(n)))
-                return h, shard.push(h.worker_id, h.clock, h.base_version, buf, dtype, payload_len)
+                return h, shard.push(h.worker_id, h.clock, h.base_version, grad, dtype, payload_len)
             except ShardError as e:  # refused once the payload is read: nothing left to drain
                 self._error(e)
                 return h, None
