@@ -27,7 +27,7 @@ from psgd._proto import parameter_server_pb2 as pb
 from psgd._proto import parameter_server_pb2_grpc as pb_grpc
 from psgd.core import codec, sparsify
 from psgd.core.errors import ExchangeError
-from psgd.ps import auth, tls, wire
+from psgd.ps import grpc_auth, tls, wire
 from psgd.ps.transfer import NO_EVENTS, Events, check_pull_header
 
 
@@ -40,7 +40,7 @@ class GrpcTransport:
         # gRPC retries a refused TLS handshake until the deadline, and then says only that.
         self.hint = (" (with --tls-ca: also what a shard shows whose certificate that CA did not sign, or "
                      "that serves no TLS)") if tls_ca else ""
-        self.channels = [auth.channel(a, wire.CHANNEL_OPTIONS, token, credentials) for a in addresses]
+        self.channels = [grpc_auth.channel(a, wire.CHANNEL_OPTIONS, token, credentials) for a in addresses]
         self._info = [pb_grpc.ParameterShardStub(c).Info for c in self.channels]
         self._leave = [pb_grpc.ParameterShardStub(c).Leave for c in self.channels]
         self._join = [pb_grpc.ParameterShardStub(c).Join for c in self.channels]

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from psgd.ps import auth, tls, wire
+from psgd.ps import grpc_auth, tls, wire
 from psgd.ps.grpc_server import ShardServicer, rpc_handlers
 from psgd.ps.shard import Shard
 from psgd.ps.tcp_server import DataServer
@@ -58,7 +58,7 @@ def start(shard: Shard, host: str = "127.0.0.1", port: int = 0, *, token: bytes 
         raise OSError(f"cannot open the TCP data plane on {host}: {e}") from None
     # Pulls may be held by the policy, one thread each: leave room for every worker's pull and push.
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=4 * shard.workers + 8),
-                         interceptors=[auth.ServerGate(token)] if token else None,
+                         interceptors=[grpc_auth.ServerGate(token)] if token else None,
                          options=[("grpc.so_reuseport", 0), *wire.CHANNEL_OPTIONS])
     server.add_generic_rpc_handlers((rpc_handlers(ShardServicer(shard, data.port)),))
     try:

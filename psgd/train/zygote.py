@@ -59,7 +59,12 @@ PRELOAD = ("torch", "numpy", "psgd.cli", "psgd.core.config", "psgd.core.optim", 
            # protobuf's messages and the shard's pure parts: about 0.1 s of CPU in every shard and
            # worker (protobuf's text_format alone is 65 ms), and none of them loads gRPC.
            "psgd._proto.parameter_server_pb2", "psgd.ps.wire", "psgd.ps.shard", "psgd.ps.framing",
-           "psgd.core.sparsify", "psgd.core.consistency", "psgd.core.link")
+           "psgd.core.sparsify", "psgd.core.consistency", "psgd.core.link",
+           # the rooms' mains and what they read before gRPC (psgd/ps/auth.py holds no gRPC, its
+           # gRPC side is psgd/ps/grpc_auth.py): about 20 ms of CPU more per child otherwise
+           "psgd.train.launch", "psgd.train.serve", "psgd.train.work", "psgd.train.evaluate",
+           "psgd.core.localsgd", "psgd.core.sharding", "psgd.core.staleness", "psgd.ps.pull_streams",
+           "psgd.ps.remedies", "psgd.ps.staging", "psgd.ps.transfer")
 # The commands whose forks go straight to their room's main (psgd/train/roles.py `room_main`).
 ROOMS = {"server": "psgd.train.serve", "worker": "psgd.train.work"}
 
