@@ -54,8 +54,10 @@ experiments-papers: install
 	$(BIN)/psgd suite experiments/papers.toml --out results/papers
 
 # The three suites at the seeds the power rule asks for per claim (each experiment file's
-# [profiles.reference], sized by psgd/lab/power.py from the committed spread, capped so each suite's
-# ETA stays within 60 min on 2 cores): results/reference/, results/transformer-reference/, results/papers-reference/.
+# [profiles.reference], sized by psgd/lab/power.py from the committed spread, capped so that the
+# suites' ETAs stay within 55, 60 and 30 min on 2 cores, about 2.5 h in all: `python -m psgd.lab.reference
+# plan SUITE.toml FOREST.csv --cap-min M` prints the plan): results/reference/, results/transformer-reference/,
+# results/papers-reference/.
 experiments-reference: install
 	$(BIN)/psgd suite experiments/default.toml --reference
 	$(BIN)/psgd suite experiments/transformer.toml --reference --out results/transformer-reference
