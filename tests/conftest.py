@@ -18,6 +18,7 @@ from psgd.core.config import RunConfig
 from psgd.ps import server as server_mod
 from psgd.train import assemble
 from tests.threads import thread_exceptions, threads  # noqa: F401 - fixtures, registered for every test
+from tests.warm import script_parent  # noqa: F401 - a fixture: the warm parent that runs Python scripts
 
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -35,6 +35,19 @@ def processes_mentioning(text: str) -> list[str]:
     return [cmd for _, cmd in _live_processes() if text in cmd]
 
 
+def processes_in_session(sid: int) -> list[str]:
+    """Command lines of live processes in session `sid` (orphan check: what a session leader,
+    such as a child of a zygote, left behind that did not start a session of its own)."""
+    found = []
+    for pid, cmd in _live_processes():
+        try:
+            if int(Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1].split()[3]) == sid:
+                found.append(cmd)
+        except (OSError, IndexError, ValueError):
+            continue  # gone meanwhile
+    return found
+
+
 def processes_with_env(name: str, value: str) -> list[str]:
     """Command lines of live processes whose environment has name=value: every descendant of a
     process started with that variable, whatever its command line (orphan check)."""

@@ -13,17 +13,29 @@ import re
 import pytest
 
 from psgd.lab import docs_outputs
-from tests.helpers import ENV, processes_with_env
+from tests.helpers import ENV, processes_in_session, processes_with_env
 from tests.test_examples import CASES
+from tests.warm import run_script
 
 BY_EXAMPLES_TEST = {" ".join(["python", f"examples/{name}", *args]) for name, args, _ in CASES}
 HERE = [c for c in docs_outputs.commands() if c not in BY_EXAMPLES_TEST]
 
 
-def run(command: str, tmp_path) -> str:
+def run(command: str, tmp_path, parent) -> str:
+    """docs_outputs.run, each `python examples/...` forked from the warm parent (tests/warm.py
+    `script_parent`: no interpreter start and torch import per command); nothing may be left behind."""
     marker = f"psgd-docs-outputs-{tmp_path}"
-    out = docs_outputs.run(command, env=dict(ENV, TMPDIR=str(tmp_path), PSGD_EXAMPLE_TEST=marker), cwd=tmp_path)
-    assert processes_with_env("PSGD_EXAMPLE_TEST", marker) == [], f"{command} left processes behind"
+    pids = []
+
+    def forked(argv, env, cwd, timeout):
+        r, pid = run_script(parent, argv, env, cwd, timeout)
+        pids.append(pid)
+        return r
+
+    out = docs_outputs.run(command, env=dict(ENV, TMPDIR=str(tmp_path), PSGD_EXAMPLE_TEST=marker), cwd=tmp_path,
+                           runner=forked)
+    left = processes_with_env("PSGD_EXAMPLE_TEST", marker) + [p for pid in pids for p in processes_in_session(pid)]
+    assert left == [], f"{command} left processes behind: {left}"
     return out
 
 
@@ -36,15 +48,15 @@ def test_every_shown_output_is_checked():
 
 
 @pytest.mark.parametrize("command", HERE)
-def test_the_shown_output_is_what_the_code_prints(command, tmp_path):
-    assert docs_outputs.differences({command: run(command, tmp_path)}) == []
+def test_the_shown_output_is_what_the_code_prints(command, tmp_path, script_parent):
+    assert docs_outputs.differences({command: run(command, tmp_path, script_parent)}) == []
 
 
-def test_example_10_gives_the_same_accuracy_every_run(tmp_path):
+def test_example_10_gives_the_same_accuracy_every_run(tmp_path, script_parent):
     """Both worker threads start from the same parameters (copies of the first model), and sync sums
     a step's gradients in worker order: the run is the same computation every time."""
     command = "python examples/10_your_loop_psgd.py"
-    first, second = run(command, tmp_path), run(command, tmp_path)
+    first, second = run(command, tmp_path, script_parent), run(command, tmp_path, script_parent)
     accuracy = re.compile(r"test loss .* test accuracy .*")
     assert accuracy.search(first) and accuracy.search(first).group(0) == accuracy.search(second).group(0)
     assert docs_outputs.differences({command: second}) == []  # and it is what README.md and the tutorial show

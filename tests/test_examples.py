@@ -9,14 +9,14 @@ import difflib
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from psgd.lab import docs_outputs
-from tests.helpers import ENV, processes_with_env
+from tests.helpers import ENV, processes_in_session, processes_with_env
 from tests.test_readme import readme_commands
+from tests.warm import run_script
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -39,14 +39,16 @@ CASES = [
 ]
 
 
-def run_example(name: str, args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
-    """Run one example from a scratch folder; its temporary files and its children's run folders go
-    under tmp_path, and every process it starts inherits a marker that the orphan check looks for."""
+def run_example(name: str, args: list[str], tmp_path: Path, parent) -> subprocess.CompletedProcess:
+    """Run one example from a scratch folder, as `python examples/NAME ARGS` (forked from the warm
+    parent `parent`, tests/warm.py `script_parent`: torch is imported once, not once per example); its
+    temporary files and its children's run folders go under tmp_path, and every process it starts
+    inherits a marker that the orphan check looks for, or stays in its session."""
     marker = f"psgd-example-{tmp_path}"  # the full path: unique across pytest-xdist workers
     env = dict(ENV, TMPDIR=str(tmp_path), PSGD_EXAMPLE_TEST=marker)
-    r = subprocess.run([sys.executable, str(EXAMPLES / name), *args], capture_output=True, text=True, timeout=300,
-                       env=env, cwd=tmp_path)
-    assert processes_with_env("PSGD_EXAMPLE_TEST", marker) == [], f"{name} left processes behind"
+    r, pid = run_script(parent, [EXAMPLES / name, *args], env, tmp_path, timeout=300)
+    left = processes_with_env("PSGD_EXAMPLE_TEST", marker) + processes_in_session(pid)
+    assert left == [], f"{name} left processes behind: {left}"
     return r
 
 
@@ -55,8 +57,8 @@ def test_every_example_is_tested():
 
 
 @pytest.mark.parametrize("name,args,expect", CASES, ids=[" ".join([n, *a]) for n, a, _ in CASES])
-def test_example_runs_and_holds_its_claims(name, args, expect, tmp_path):
-    r = run_example(name, args, tmp_path)
+def test_example_runs_and_holds_its_claims(name, args, expect, tmp_path, script_parent):
+    r = run_example(name, args, tmp_path, script_parent)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     for line in expect:
         assert line in r.stdout, r.stdout[-2000:]
@@ -64,14 +66,14 @@ def test_example_runs_and_holds_its_claims(name, args, expect, tmp_path):
     assert docs_outputs.differences({" ".join(["python", f"examples/{name}", *args]): r.stdout}) == []
 
 
-def test_staleness_example_reads_a_runs_summary(tmp_path):
+def test_staleness_example_reads_a_runs_summary(tmp_path, script_parent):
     """07 --run DIR draws the histogram summary.json holds (the fields psgd/train/metrics.py writes)."""
     run = tmp_path / "run"
     run.mkdir()
     hist = {"mean": 1.0, "p50": 1.0, "p99": 3.0, "max": 3, "hist": {"0": 2, "1": 3, "3": 1}}
     summary = {"mode": "async", "workers": 2, "servers": 2, "worker_steps": 3, "staleness": hist}
     (run / "summary.json").write_text(json.dumps(summary))
-    r = run_example("07_async_staleness.py", ["--run", str(run)], tmp_path)
+    r = run_example("07_async_staleness.py", ["--run", str(run)], tmp_path, script_parent)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "mode async, 2 workers, 2 shard(s), 3 gradients" in r.stdout
     assert "mean 1.0, p99 3, max 3" in r.stdout

@@ -7,12 +7,21 @@ do not test the run's own zygote use the fixture `warm_runs`: while the test run
 gets this process's warm parent (started by the first such test, replaced if it died, closed when
 the test session ends) unless a zygote is passed. The commands are parsed and run as written; only who
 forks their children changes, as in the suite (tests/test_zygote.py holds that a warm parent's run
-equals a cold one's bit for bit)."""
+equals a cold one's bit for bit).
+
+`warm_benches` does the same for the psgd processes a benchmark starts (psgd.bench.ZYGOTE), and
+`script_parent` is a second warm parent whose forks run Python scripts, as `python SCRIPT ARGS` would
+(tests/script_zygote.py; `run_script`): the examples' tests run them through it."""
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import os
+import socket
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -52,3 +61,68 @@ def warm_runs(warm_parent, monkeypatch):
 
     monkeypatch.setattr(launch, "run", run)
     yield
+
+
+@pytest.fixture
+def warm_benches(warm_parent, monkeypatch):
+    """The psgd processes a benchmark starts fork from this process's warm parent during the test
+    (psgd.bench.ZYGOTE: its shard servers, and its `psgd run`s launched in this process)."""
+    import psgd.bench
+
+    monkeypatch.setattr(psgd.bench, "ZYGOTE", warm_parent.get())  # started here, on the main thread
+    yield
+
+
+# -- scripts: `python SCRIPT ARGS` forked from a warm parent ---------------------------------------------
+class _ScriptParent(_WarmParent):
+    """A warm parent whose forks run Python scripts (tests/script_zygote.py), started from the
+    repository's root like the other, at its first use (by a test, on the main thread); it dies with
+    this process (PR_SET_PDEATHSIG) and is closed when the session ends."""
+
+    def get(self):
+        from psgd.train import lifeline
+        from psgd.train.zygote import Zygote
+
+        if self.zygote is None or self.zygote.gone:
+            self.close()
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:   # as psgd/train/zygote.py _launch, with the script zygote's module
+                proc = subprocess.Popen([sys.executable, "-m", "tests.script_zygote", self.tag, str(theirs.fileno())],
+                                        pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
+                                        env=dict(os.environ, **lifeline.env_for_children()),  # dies with us
+                                        cwd=ROOT, start_new_session=True)
+            finally:
+                theirs.close()
+            self.zygote = Zygote(proc, ours, self.tag)
+        return self.zygote
+
+
+@pytest.fixture(scope="session")
+def script_parent():
+    parent = _ScriptParent("psgd-tests-scripts")
+    yield parent
+    parent.close()
+
+
+def run_script(parent: _ScriptParent, argv: list[str], env: dict, cwd: Path,
+               timeout: float) -> tuple[subprocess.CompletedProcess, int]:
+    """`python ARGV` (a script and its arguments) forked from `parent`, as subprocess.run(..., env=env,
+    cwd=cwd, capture_output=True, text=True, timeout=timeout) runs it, stdin /dev/null; returns the
+    CompletedProcess and the child's pid (a session leader: what it leaves behind is in its session,
+    tests/helpers.py `processes_in_session`)."""
+    argv = [str(a) for a in argv]
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, open(os.devnull, "rb") as null:
+        with contextlib.chdir(cwd):   # the zygote's child starts in the requester's working folder
+            child = parent.get().spawn(argv, env, null.fileno(), out.fileno(), err.fileno())
+        try:
+            rc = child.wait(timeout)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+            raise
+
+        def text(f) -> str:   # as text=True reads it: universal newlines
+            f.seek(0)
+            return f.read().decode().replace("\r\n", "\n").replace("\r", "\n")
+
+        return subprocess.CompletedProcess(["python", *argv], rc, text(out), text(err)), child.pid

@@ -112,14 +112,19 @@ def masked(command: str, text: str) -> str:
     return text
 
 
-def run(command: str, root: Path = ROOT, env: dict | None = None, cwd: Path | None = None) -> str:
-    """`command`'s standard output; it must exit 0 (an example checks its own claims)."""
+def python(argv: list[str], env: dict, cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+    """`python ARGV` in its own interpreter, its output captured as text."""
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=timeout, env=env, cwd=cwd)
+
+
+def run(command: str, root: Path = ROOT, env: dict | None = None, cwd: Path | None = None, runner=python) -> str:
+    """`command`'s standard output; it must exit 0 (an example checks its own claims). `runner(argv,
+    env, cwd, timeout)` runs `python ARGV` (the tests': forked from a warm parent, tests/warm.py)."""
     words = shlex.split(command)
     example_of(command)
     env = dict(os.environ if env is None else env, OMP_NUM_THREADS="1")
     with tempfile.TemporaryDirectory() as tmp:
-        r = subprocess.run([sys.executable, str(root / words[1]), *words[2:]], capture_output=True, text=True,
-                           timeout=600, env=dict(env, TMPDIR=env.get("TMPDIR", tmp)), cwd=cwd or tmp)
+        r = runner([str(root / words[1]), *words[2:]], dict(env, TMPDIR=env.get("TMPDIR", tmp)), cwd or Path(tmp), 600)
     if r.returncode != 0:
         raise RuntimeError(f"{command} exited {r.returncode}:\n{r.stderr[-3000:]}")
     return r.stdout
