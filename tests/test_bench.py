@@ -12,13 +12,14 @@ import torch
 
 from psgd.bench import scaling, transport
 from tests.helpers import processes_mentioning, psgd_main
-from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
+from tests.warm import warm_benches, warm_parent, warm_runs  # noqa: F401 - fixtures
 
 # Both bench files check that no `psgd-bench-` process is left: under pytest-xdist they run on
 # one worker, one after the other, so that neither sees the other's live processes.
 pytestmark = pytest.mark.xdist_group("bench")
 
 
+@pytest.mark.usefixtures("warm_benches")  # the shard servers fork from the warm parent
 def test_transport_json(tmp_path):
     out = tmp_path / "transport.json"
     r = psgd_main("bench", "transport", "--size-mb", "0.5", "--shards", "2", "--repeat", "1",
@@ -50,7 +51,7 @@ def test_transport_usage_errors():
         assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 
-@pytest.mark.usefixtures("warm_runs")  # scaling's runs (launch.run) fork from the warm parent
+@pytest.mark.usefixtures("warm_runs", "warm_benches")  # scaling's runs and calibrate's shards: warm parent's
 def test_calibrate_then_model_then_scaling_with_validation(tmp_path):
     cal = tmp_path / "calibration.json"
     r = psgd_main("bench", "calibrate", "--sizes-mb", "0.25,0.5", "--repeat", "1", "--width", "16", "--no-ring",
@@ -161,6 +162,7 @@ def test_startup_measures_warm_and_cold_beside_the_import(tmp_path):
     assert psgd_main("bench", "startup", "--shapes", "2x2").returncode == 2
 
 
+@pytest.mark.usefixtures("warm_benches")  # the runs are launched here, their processes forked from the warm parent
 def test_scale_reports_each_process_kind_and_the_model_beside_each_run(tmp_path):
     r = psgd_main("bench", "scale", "--workers", "2", "--modes", "sync,ssp", "--steps", "4", "--baseline", "0",
                   "--out", str(tmp_path / "out"), "--runs", str(tmp_path / "runs"))
@@ -176,6 +178,7 @@ def test_scale_reports_each_process_kind_and_the_model_beside_each_run(tmp_path)
     assert psgd_main("bench", "scale", "--modes", "bsp").returncode == 2
 
 
+@pytest.mark.usefixtures("warm_benches")  # the ps arm's runs: launched here, forked from the warm parent
 def test_roundtrip_states_each_rounds_ratio_against_its_ceiling(tmp_path):
     r = psgd_main("bench", "roundtrip", "--workloads", "mlp16", "--rounds", "2", "--steps", "12", "--skip", "2",
                   "--arms", "plain,ps", "--out", str(tmp_path / "out"), "--runs", str(tmp_path / "runs"))

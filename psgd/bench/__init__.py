@@ -29,6 +29,16 @@ BENCHMARKS = {
 }
 NAMES = tuple(BENCHMARKS)
 
+# A warm parent (psgd/train/zygote.py `Zygote`, psgd/train/launch.py `warm_parent`) for the psgd
+# processes the benchmarks start, or None (the default): each benchmark starts them as it always has,
+# every shard server a `python -m psgd server` process and every run a `python -m psgd run` process
+# (which forks its children from a warm parent of its own). Given one, the shard servers
+# (transport.py `shard_servers`) are forked from it, and the `psgd run`s of `roundtrip`,
+# `transformer` and `scale` are launched in this process with their children forked from it, as
+# `psgd suite` runs its runs. The tests set theirs (tests/warm.py `warm_benches`): one torch import
+# for every process a test's benchmark starts; what is measured after start-up is the same.
+ZYGOTE = None
+
 HELP = (f"usage: psgd bench {{{','.join(NAMES)}}} [flags]\n\n"
         "Benchmarks that measure figures side by side in one run (ratios against a raw ceiling).\n\n"
         "benchmarks:\n" + "".join(f"  {name:<13}{line}\n" for name, line in BENCHMARKS.items()) +

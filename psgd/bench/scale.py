@@ -35,6 +35,7 @@ import sys
 import time
 from pathlib import Path
 
+import psgd.bench as bench
 from psgd.bench.transport import parse_int_list
 
 FIELDS = ("mode", "workers", "shards", "processes", "samples_per_s", "updates_per_s", "startup_s", "training_s",
@@ -74,19 +75,26 @@ def _hwm_mib(pid: str) -> float | None:
     return None
 
 
+def _sample(out: Path, peaks: dict[str, tuple[str, float]]) -> None:
+    for pid, title in _titled(out).items():
+        hwm = _hwm_mib(pid)
+        if hwm is not None:
+            peaks[pid] = (title, max(hwm, peaks.get(pid, ("", 0.0))[1]))
+
+
 def run_watched(argv: list[str], out: Path, log: Path, timeout: float = 900) -> dict[str, tuple[str, float]]:
     """Run `psgd run` to its end, reading each of its processes' peak RSS (VmHWM, a high-water mark)
-    every 0.2 s; returns pid -> (title, peak MiB). A process's growth after its last read is missed."""
+    every 0.2 s; returns pid -> (title, peak MiB). A process's growth after its last read is missed.
+    With psgd.bench.ZYGOTE set, the run is launched in this process instead (`watched_here`)."""
+    if bench.ZYGOTE is not None:
+        return watched_here(argv[3:], out, bench.ZYGOTE)
     peaks: dict[str, tuple[str, float]] = {}
     with open(log, "wb") as f:
         proc = subprocess.Popen(argv, stdout=f, stderr=f, stdin=subprocess.DEVNULL)
     deadline = time.monotonic() + timeout
     try:
         while proc.poll() is None:
-            for pid, title in _titled(out).items():
-                hwm = _hwm_mib(pid)
-                if hwm is not None:
-                    peaks[pid] = (title, max(hwm, peaks.get(pid, ("", 0.0))[1]))
+            _sample(out, peaks)
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{' '.join(argv[3:9])}... timed out after {timeout:.0f} s")
             time.sleep(0.2)  # sampling memory, not synchronising with the run
@@ -96,6 +104,36 @@ def run_watched(argv: list[str], out: Path, log: Path, timeout: float = 900) -> 
             proc.wait(60)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(argv[3:9])}... exited {proc.returncode}; see {log}")
+    return peaks
+
+
+def watched_here(args: list[str], out: Path, zygote) -> dict[str, tuple[str, float]]:
+    """`psgd ARGS` (a `psgd run`, its flags parsed as the command line does) launched in this process,
+    its children forked from `zygote` (psgd.bench.ZYGOTE), their peak RSS read by a thread meanwhile
+    (each names itself `psgd shard|worker ... OUT`, as the forks of a run's own zygote do), every
+    0.05 s: forked from a parent that is already warm, a short run's processes live a fraction of a second."""
+    import threading
+
+    from psgd import cli
+    from psgd.train import launch
+
+    cfg = cli.config_from_args(cli.build_parser().parse_args(args))
+    peaks: dict[str, tuple[str, float]] = {}
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.05):  # sampling memory, not synchronising with the run
+            _sample(out, peaks)
+
+    watcher = threading.Thread(target=watch, name="psgd-bench-scale-watch", daemon=True)
+    watcher.start()
+    try:
+        launch.run(cfg, zygote=zygote)
+    except launch.RunFailed as e:
+        raise RuntimeError(f"{' '.join(args[:6])}... failed: {e}") from None
+    finally:
+        done.set()
+        watcher.join()
     return peaks
 
 

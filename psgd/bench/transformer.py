@@ -55,6 +55,7 @@ import threading
 import time
 from pathlib import Path
 
+import psgd.bench as bench
 from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig, from_dict, to_argv, to_dict
 
 ARMS = ("plain", "ps", "allreduce", "ddp")
@@ -308,6 +309,20 @@ def _last_line(log: Path) -> str:
 
 
 # -- one run of one arm ---------------------------------------------------------------------------------
+def launched_here(cfg: RunConfig, zygote) -> dict:
+    """`psgd run` (cfg) launched in this process, its children forked from `zygote` (psgd.bench.ZYGOTE);
+    RuntimeError if it failed, as `run_processes`. Its processes are not polled for memory (a fork's
+    /proc environ is its parent's, without the tag): the memory fields say none was seen."""
+    from psgd.train import launch
+
+    try:
+        launch.run(cfg, zygote=zygote)
+    except launch.RunFailed as e:
+        raise RuntimeError(f"psgd run ({cfg.out}) failed: {e}") from None
+    return {"processes": 0, "peak_rss_by_process": [], "peak_rss_sum_mib": 0.0, "peak_rss_max_mib": 0.0,
+            "peak_pss_sum_mib": 0.0}
+
+
 def psgd_rank_ends(out: Path) -> list[list[float]]:
     """Each rank's step-end times from a psgd run's metrics.jsonl."""
     from psgd.train.metrics import read_events
@@ -327,8 +342,11 @@ def run_arm(arm: str, cfg: RunConfig, skip: int, timeout: float = 600.0) -> dict
     if arm in ("ps", "shm", "allreduce", "default"):
         # psgd run makes (or reuses) its own folder; the launcher's output goes beside it.
         out.parent.mkdir(parents=True, exist_ok=True)
-        argv = [sys.executable, "-m", "psgd", "run", *to_argv(cfg), "--quiet"]
-        mem = run_processes([argv], [out.parent / f"{out.name}-launcher.log"], tag, timeout)
+        if bench.ZYGOTE is not None:
+            mem = launched_here(cfg, bench.ZYGOTE)
+        else:
+            argv = [sys.executable, "-m", "psgd", "run", *to_argv(cfg), "--quiet"]
+            mem = run_processes([argv], [out.parent / f"{out.name}-launcher.log"], tag, timeout)
         s = json.loads((out / "summary.json").read_text())
         measured = rate_of(psgd_rank_ends(out), skip, cfg.batch_size)
         split = {k: v / (s["worker_steps"] / cfg.workers) * 1e3 for k, v in s["time_breakdown_s"].items()}

@@ -40,6 +40,7 @@ from pathlib import Path
 
 import torch
 
+import psgd.bench as bench
 from psgd.bench.bare import BARE_SERVICE, serve_bare  # noqa: F401 - serve_bare: transport's, as before
 from psgd.core.config import RunConfig
 from psgd.train import hosts, launch, roles
@@ -100,7 +101,8 @@ def raw_socket_seconds(nbytes: int, repeat: int) -> list[float]:
 @contextlib.contextmanager
 def shard_servers(num_shards: int, out: Path, workers: int = 1, mode: str = "async",
                   extra: list[str] | None = None, seat: hosts.Seat = LOOPBACK) -> Iterator[list[str]]:
-    """Start K `psgd server` processes on 127.0.0.1:0; yield their addresses; always stop them.
+    """Start K `psgd server` processes on 127.0.0.1:0 (forked from psgd.bench.ZYGOTE if set, else
+    exec'd); yield their addresses; always stop them.
     `seat`: where instead, as `psgd run --hosts` seats a server (a cluster host's `ip netns exec`
     and address; the shard then wants a token: $PSGD_TOKEN, which the children inherit).
 
@@ -115,7 +117,8 @@ def shard_servers(num_shards: int, out: Path, workers: int = 1, mode: str = "asy
         env = {**launch.child_env(), **dict(seat.env)}
         for k in range(num_shards):
             children.append(launch.Child(f"server {k}", exe + ["--shard", str(k), "--port", "0"],
-                                         out / "logs" / f"server-{k}.log", env, capture_stdout=True))
+                                         out / "logs" / f"server-{k}.log", env, capture_stdout=True,
+                                         zygote=bench.ZYGOTE))  # forked from it if set (on loopback)
         yield [launch._read_ready(c, launch.READY_TIMEOUT_S) for c in children]
     finally:
         launch._stop(children)
