@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
 import sys
 
 import pytest
@@ -15,25 +14,48 @@ from psgd.core.config import RunConfig
 from psgd.core.errors import ShardError, UsageError
 from psgd.train import assemble
 from tests.helpers import ENV, events, processes_mentioning, psgd_main, summary
+from tests.warm import warm_parent  # noqa: F401 - fixture
 
 TINY = ["--model", "mlp", "--dataset", "synthetic", "--num-samples", "600", "--batch-size", "16"]
 
 
-def start(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "psgd", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=ENV)
+@pytest.fixture
+def start(request, tmp_path):
+    """start(ARGS, env=ENV): `psgd ARGS`, a process of its own as a user starts one by hand (no
+    launcher: nothing kills it, nothing marks it psgd run's), forked from this test process's warm
+    parent (tests/warm.py: no interpreter and torch import each, as psgd run's children); its stdout
+    a pipe (the READY line), its stderr a log. Any still running at the end is killed."""
+    from psgd.train import launch
+
+    warm = request.getfixturevalue("warm_parent")
+    started: list[launch.Child] = []
+    logs = tmp_path / "by-hand-logs"
+    logs.mkdir()
+
+    def start_one(*args: str, env: dict = ENV) -> launch.Child:
+        child = launch.Child(args[0], [sys.executable, "-m", "psgd", *args], logs / f"{len(started)}.log", env,
+                             capture_stdout=True, zygote=warm.get())
+        started.append(child)
+        return child
+
+    yield start_one
+    for c in started:
+        if c.proc.poll() is None:
+            c.proc.kill()
+            c.proc.wait()
+        c.proc.stdout.close()
 
 
-def wait_all(procs: list[subprocess.Popen]) -> tuple[list[int], list[str]]:
-    """Exit codes and stderr of every process, each ending by itself; any left is killed."""
+def wait_all(procs: list) -> tuple[list[int], list[str]]:
+    """Exit codes and stderr of every process (`start`'s), each ending by itself; any left is killed."""
     try:
-        codes = [p.wait(timeout=120) for p in procs]
-        return codes, [p.stderr.read() for p in procs]
+        codes = [p.proc.wait(timeout=120) for p in procs]
+        return codes, [p.log.read_text() for p in procs]
     finally:
         for p in procs:
-            if p.poll() is None:
-                p.kill()
-                p.wait()
+            if p.proc.poll() is None:
+                p.proc.kill()
+                p.proc.wait()
 
 
 def test_leave_counts_each_worker_once_and_finishes_after_all():
@@ -48,7 +70,7 @@ def test_leave_counts_each_worker_once_and_finishes_after_all():
     assert shard.leave(0, 0) == 2 and shard.finished.is_set()
 
 
-def test_by_hand_ps_run_ends_by_itself_and_summarize_writes_the_summary(tmp_path):
+def test_by_hand_ps_run_ends_by_itself_and_summarize_writes_the_summary(tmp_path, start):
     out = tmp_path / "by-hand"
     flags = ["--mode", "sync", "--workers", "2", "--num-shards", "2", "--steps", "5", "--out", str(out), *TINY]
     servers = [start("server", *flags, "--shard", str(k), "--port", "0") for k in range(2)]
@@ -56,8 +78,8 @@ def test_by_hand_ps_run_ends_by_itself_and_summarize_writes_the_summary(tmp_path
     try:
         addresses = []
         for s in servers:
-            line = s.stdout.readline()  # blocks until the server listens (or exits)
-            assert line.startswith("READY "), s.stderr.read()
+            line = s.proc.stdout.readline().decode()  # blocks until the server listens (or exits)
+            assert line.startswith("READY "), s.log.read_text()
             addresses.append(line.split()[1])
         # --data-seed is a worker's setting (psgd server refuses it): worker 0 adds it to shard 0's config.json.
         procs += [start("worker", *flags, "--data-seed", "7", "--rank", str(r), "--servers", ",".join(addresses))
@@ -116,14 +138,12 @@ def test_the_first_process_of_a_by_hand_run_prepares_its_folder(tmp_path, monkey
         launch.prepare_by_hand(RunConfig(mode="async", workers=1, servers=1, out=str(foreign)))
 
 
-def test_allreduce_workers_as_torchrun_starts_them_then_summarize(tmp_path):
+def test_allreduce_workers_as_torchrun_starts_them_then_summarize(tmp_path, start):
     out = tmp_path / "ring"
     rendezvous = f"file://{tmp_path / 'rdv'}"  # outside the run folder, as a user would pick it
     flags = ["--mode", "allreduce", "--workers", "2", "--steps", "4", "--out", str(out), *TINY]
     env = dict(ENV, WORLD_SIZE="2")
-    procs = [subprocess.Popen([sys.executable, "-m", "psgd", "worker", *flags, "--rendezvous", rendezvous],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
+    procs = [start("worker", *flags, "--rendezvous", rendezvous, env=dict(env, RANK=str(r), LOCAL_RANK=str(r)))
              for r in range(2)]
     codes, errs = wait_all(procs)
     assert codes == [0, 0], errs

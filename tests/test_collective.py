@@ -7,10 +7,10 @@ in tmp_path, or real `psgd` processes; every one is joined or killed before the 
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
-import subprocess
-import sys
+import tempfile
 import threading
 
 import pytest
@@ -230,23 +230,32 @@ def test_dead_rank_fails_the_run_and_leaves_no_process(tmp_path):
     assert processes_mentioning(str(out)) == []
 
 
-def test_dead_rank_without_a_launcher_is_an_error_not_a_hang(tmp_path):
-    """As under torchrun on several hosts: nobody kills the survivors; their collectives must fail."""
+def test_dead_rank_without_a_launcher_is_an_error_not_a_hang(tmp_path, request):
+    """As under torchrun on several hosts: nobody kills the survivors; their collectives must fail.
+    The three `psgd worker` processes are forked from this test process's warm parent (tests/warm.py),
+    which only forks and reaps them, as psgd run's children are (no interpreter and torch import each)."""
     from psgd.allreduce.collective import free_port
 
     out = tmp_path / "bare"
     env = dict(ENV, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()), WORLD_SIZE="3")
-    argv = [sys.executable, "-m", "psgd", "worker", "--mode", "allreduce", "--workers", "3", "--steps", "500",
-            "--fail-at", "1=3", "--rpc-timeout", "30", "--out", str(out), *TRAIN[:8]]
-    procs = [subprocess.Popen(argv, env=dict(env, RANK=str(r)), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              text=True) for r in range(3)]
-    try:
-        results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-            p.stderr.close()
+    args = ["worker", "--mode", "allreduce", "--workers", "3", "--steps", "500", "--fail-at", "1=3", "--rpc-timeout",
+            "30", "--out", str(out), *TRAIN[:8]]
+    warm = request.getfixturevalue("warm_parent").get()
+    with contextlib.ExitStack() as files:
+        null = files.enter_context(open(os.devnull, "r+b"))
+        errs = [files.enter_context(tempfile.TemporaryFile()) for _ in range(3)]
+        procs = [warm.spawn(args, dict(env, RANK=str(r)), null.fileno(), null.fileno(), errs[r].fileno())
+                 for r in range(3)]
+        try:
+            codes = [p.wait(timeout=120) for p in procs]
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+        results = []
+        for code, err in zip(codes, errs, strict=True):
+            err.seek(0)
+            results.append((code, err.read().decode()))
     assert results[1][0] == -9  # SIGKILLed itself at step 3
     for rank in (0, 2):
         rc, err = results[rank]

@@ -18,7 +18,7 @@ from psgd.core.errors import ExchangeError
 from psgd.ps import framing as fr
 from psgd.ps import shm
 from psgd.ps.client import make_client
-from tests.helpers import psgd, psgd_main, summary
+from tests.helpers import psgd_main, summary
 from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.usefixtures("warm_runs")
@@ -139,7 +139,7 @@ def test_a_sync_run_over_shm_has_the_hash_of_tcp(tmp_path):
     (["--transport", "shm", "--tls-ca", "ca.pem"], "--transport shm"),
 ])
 def test_shm_usage_errors(args, message):
-    r = psgd("run", *args, timeout=60)
+    r = psgd_main("run", *args)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
 
 

@@ -10,7 +10,7 @@ import pytest
 from psgd.core import config as C
 from psgd.lab import report as report_mod
 from psgd.lab import suite, verdicts
-from tests.helpers import processes_mentioning, psgd, psgd_main
+from tests.helpers import processes_mentioning, psgd_main
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -115,11 +115,11 @@ def test_bad_suite_is_a_one_line_usage_error(tmp_path):
     write(tmp_path, "exp.toml", 'id = "X"\ntitle = "t"\nclaim = "c"\nanalysis = "modes"\n[[runs]]\nlabel = "a"\n'
           'lr = -1.0\n')
     suite_file = write(tmp_path, "suite.toml", '[suite]\nexperiments = ["exp.toml"]\n')
-    r = psgd("suite", str(suite_file), timeout=60)
+    r = psgd_main("suite", str(suite_file))
     assert r.returncode == 2 and "--lr must be > 0" in r.stderr and "exp.toml" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1
     write(tmp_path, "exp.toml", 'id = "X"\ntitle = "t"\nclaim = "c"\nanalysis = "modes"\n[[runs]]\nlabel = "a"\n')
-    r = psgd("suite", str(suite_file), "--only", "E9", timeout=60)
+    r = psgd_main("suite", str(suite_file), "--only", "E9")
     assert r.returncode == 2 and "unknown experiments" in r.stderr
 
 

@@ -17,7 +17,7 @@ from psgd.core.errors import ExchangeError
 from psgd.ps import framing as tcp
 from psgd.ps.client import make_client
 from psgd.train import assemble
-from tests.helpers import open_start_barrier, processes_mentioning, psgd, psgd_main, summary
+from tests.helpers import open_start_barrier, processes_mentioning, psgd_main, summary
 from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 # The runs this file makes in this process fork from one warm parent (tests/warm.py).
@@ -203,5 +203,5 @@ def test_run_over_grpc_writes_everything(tmp_path):
     (["--mode", "allreduce", "--transport", "grpc"], "--transport is a parameter-server option"),
 ])
 def test_transport_usage_errors(args, message):
-    r = psgd("run", *args, timeout=60)
+    r = psgd_main("run", *args)
     assert r.returncode == 2 and message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

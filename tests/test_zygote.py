@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from psgd.train import launch, zygote
-from tests.helpers import ENV, processes_mentioning, psgd, summary
+from tests.helpers import ENV, processes_mentioning, psgd_main, summary
 
 
 @pytest.fixture
@@ -111,8 +111,10 @@ def test_warm_and_cold_start_give_the_same_run_bit_for_bit(tmp_path):
     # so however the processes' start-up and arrivals interleave, the sums are the same.
     flags = ["run", "--mode", "sync", "--workers", "3", "--servers", "2", "--steps", "15", "--batch-size", "8",
              "--quiet"]
-    warm_run = psgd(*flags, "--out", str(tmp_path / "warm"))
-    cold_run = psgd(*flags, "--out", str(tmp_path / "cold"), "--cold-start")
+    # The launchers run in this process (psgd_main); their children are what differs: forked from the
+    # run's own zygote, or each exec'd.
+    warm_run = psgd_main(*flags, "--out", str(tmp_path / "warm"))
+    cold_run = psgd_main(*flags, "--out", str(tmp_path / "cold"), "--cold-start")
     assert warm_run.returncode == 0 and cold_run.returncode == 0, warm_run.stderr + cold_run.stderr
     assert summary(tmp_path / "warm")["params_sha256"] == summary(tmp_path / "cold")["params_sha256"]
     assert processes_mentioning(str(tmp_path)) == []
