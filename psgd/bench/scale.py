@@ -108,16 +108,21 @@ def run_watched(argv: list[str], out: Path, log: Path, timeout: float = 900) -> 
 
 
 def watched_here(args: list[str], out: Path, zygote) -> dict[str, tuple[str, float]]:
-    """`psgd ARGS` (a `psgd run`, its flags parsed as the command line does) launched in this process,
-    its children forked from `zygote` (psgd.bench.ZYGOTE), their peak RSS read by a thread meanwhile
-    (each names itself `psgd shard|worker ... OUT`, as the forks of a run's own zygote do), every
-    0.05 s: forked from a parent that is already warm, a short run's processes live a fraction of a second."""
+    """`psgd ARGS` (`psgd run` and the run's flags, parsed into a RunConfig by the schema's flags)
+    launched in this process, its children forked from `zygote` (psgd.bench.ZYGOTE), their peak RSS
+    read by a thread meanwhile (each names itself `psgd shard|worker ... OUT`, as the forks of a run's
+    own zygote do), every 0.05 s: forked from a warm parent, a short run's processes live a fraction
+    of a second."""
+    import argparse
     import threading
 
-    from psgd import cli
-    from psgd.train import launch
+    from psgd.core import config as C
+    from psgd.train import launch, roles
 
-    cfg = cli.config_from_args(cli.build_parser().parse_args(args))
+    assert args[0] == "run", args
+    parser = argparse.ArgumentParser(prog="psgd run")
+    C.add_flags(parser)
+    cfg = roles.config_from_args(parser.parse_args([a for a in args[1:] if a != "--quiet"]))
     peaks: dict[str, tuple[str, float]] = {}
     done = threading.Event()
 
