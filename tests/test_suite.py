@@ -308,6 +308,17 @@ def test_tiny_quick_suite_tunes_runs_and_reports(tmp_path):
     report = (results / "REPORT.md").read_text()
     assert "## M" in report and "## W" in report
     assert "6 of 6 runs reused" in report
+    # --report runs nothing: the report keeps the command, date, wall time and machine of the runs it
+    # reads (not its own process's: it pins no CPU kernels) and names itself beside them.
+    ran = json.loads((results / "summary.json").read_text())
+    r = psgd_main("suite", str(suite_file), "--quick", "--results", str(results), "--report")
+    assert r.returncode == 0, r.stderr
+    again = json.loads((results / "summary.json").read_text())
+    kept = ("command", "date", "wall_s", "machine", "note")
+    assert {k: again[k] for k in kept} == {k: ran[k] for k in kept} and "--only" in again["command"]
+    assert again["reanalysed"]["command"].endswith("--report")
+    assert f"- Re-analysed by `{again['reanalysed']['command']}`" in (results / "REPORT.md").read_text()
+    assert [c["verdict"] for c in again["claims"]] == [c["verdict"] for c in ran["claims"]]
     # The README table is generated from summary.json.
     readme = write(tmp_path, "README.md", f"intro\n{report_mod.README_BEGIN}\nold\n{report_mod.README_END}\nrest\n")
     assert report_mod.update_readme(readme, results / "summary.json")

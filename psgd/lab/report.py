@@ -298,12 +298,21 @@ def claim_record(s) -> dict:
 
 def write(results: Path, sections: list, command: str, wall_s: float, note: str = "", version: str = "",
           profile: str = "default", run_version: str = "", articles: Sequence[Article] = (),
-          made_by: Mapping[str, Collection[str]] | None = None, noise=None, reference: Mapping | None = None) -> Path:
+          made_by: Mapping[str, Collection[str]] | None = None, noise=None, reference: Mapping | None = None,
+          made_as: Mapping | None = None) -> Path:
     """Write REPORT.md and summary.json under `results`; returns the REPORT.md path. `articles`: the
     seed articles' summary, printed once after the verdict table. `made_by`: per experiment, the
     training-code versions its cited runs recorded (`provenance_line`); without it the report
-    states `run_version` for every run. `noise`: the suite's noise floor (analysis_kit.NoiseFloor)."""
+    states `run_version` for every run. `noise`: the suite's noise floor (analysis_kit.NoiseFloor).
+    `made_as`: for a re-analysis (`psgd suite --report`), the summary.json of the invocation that ran
+    the runs: its command, date, wall time and machine stay the report's (they describe the runs), and
+    this invocation is named beside them."""
     made = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    reanalysed = {"command": command, "date": made} if made_as else None
+    if made_as:
+        command, made, wall_s = made_as["command"], made_as["date"], made_as["wall_s"]
+        note = made_as.get("note", "")
+    ran_on = made_as["machine"] if made_as else machine()
     versions = cited_versions(made_by, run_version or version)
     if versions:
         run_version = versions[0] if len(versions) == 1 else "mixed: " + ", ".join(versions)
@@ -317,8 +326,10 @@ def write(results: Path, sections: list, command: str, wall_s: float, note: str 
         "",
         f"- Command: `{command}` (profile: {profile})",
         provenance_line(version, run_version, made_by),
-        f"- Machine: {machine()}",
+        f"- Machine: {ran_on}",
         f"- Date: {made}; this invocation took {wall_s / 60:.1f} min" + (f" ({note})" if note else ""),
+        *([f"- Re-analysed by `{reanalysed['command']}` on {reanalysed['date']}: the finished runs and benchmark "
+           "outputs read again, nothing run"] if reanalysed else []),
         "- All processes ran on one machine over loopback. Intervals are Student t 95% over seeds (differences "
         "paired by seed, Welch where the seeds differ); verdicts come "
         "from the rules in psgd/lab/verdicts.py (confirmed / refuted / depends / inconclusive / not testable here).",
@@ -348,9 +359,9 @@ def write(results: Path, sections: list, command: str, wall_s: float, note: str 
     path = results / "REPORT.md"
     path.write_text("\n".join(lines))
     summary = {"command": command, "profile": profile, "code_version": version,
-               "run_code_version": run_version or version, "run_code_versions": versions, "machine": machine(),
+               "run_code_version": run_version or version, "run_code_versions": versions, "machine": ran_on,
                "date": made,
-               "wall_s": round(wall_s, 1), "note": note,
+               "wall_s": round(wall_s, 1), "note": note, **({"reanalysed": reanalysed} if reanalysed else {}),
                "noise_floor": None if noise is None else {"experiment": noise.experiment, "pair": list(noise.pair),
                                                           "difference": [noise.diff.estimate, noise.diff.lo,
                                                                          noise.diff.hi],

@@ -299,6 +299,18 @@ def reference_summary(results: Path) -> dict | None:
     return json.loads(path.read_text()) if path.exists() else None
 
 
+def _made_as(results: Path, profile: str) -> dict | None:
+    """The summary.json of the invocation that ran this folder's runs (same profile), which a re-analysis
+    keeps as the report's command, date, wall time and machine; None where there is none."""
+    path = results / "summary.json"
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    keys = ("command", "date", "wall_s", "machine")
+    return summary if summary.get("profile") == profile and all(k in summary for k in keys) else None
+
+
 def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False, command: str = "",
               only: set[str] | None = None, profile: str = "default", articles: Sequence[Article] = (),
               tensorboard: Path | None = None) -> Path:
@@ -376,11 +388,13 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
     with V.noise_floor(floor.value if floor is not None else 0.0):
         sections = [analyses.analyse(*args) for args in pending]
     note = f"{reused} of {total_runs} runs reused from earlier invocations" if reused else ""
+    made_as = None
     if only == set():
         note = "--report: re-analysed the finished runs and benchmark outputs; nothing was run"
+        made_as = _made_as(results, profile)
     path = report.write(results, sections, command=command, wall_s=time.time() - started, note=note,
                         version=version, run_version=run_version, profile=profile, articles=articles,
-                        made_by=made, noise=floor, reference=reference_summary(results))
+                        made_by=made, noise=floor, reference=reference_summary(results), made_as=made_as)
     print(f"psgd suite: wrote {path} ({(time.time() - started) / 60:.1f} min)", file=sys.stderr)
     return path
 
