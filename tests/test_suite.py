@@ -228,6 +228,31 @@ def test_the_cache_refuses_a_run_from_another_code_version(tmp_path):
     assert not suite.is_cached(spec)
 
 
+def test_a_reference_run_takes_the_default_profiles_finished_run_of_its_config(tmp_path):
+    """The reference profile's first seeds are the default profile's (psgd/lab/power.py), and so are
+    its tuning runs: where the default profile's folder holds a finished run of the same config and
+    training code, the reference links it in instead of running it again; one by other code it does not."""
+    path = write(tmp_path, "t.toml", TUNED)
+    rates = {"sync": 0.1, "async": 0.1}
+    made = suite.load_experiment(path, "default", tmp_path / "papers", version="v1").final_specs(rates)[0]
+    spec = suite.load_experiment(path, "default", tmp_path / "papers-reference", version="v1").final_specs(rates)[0]
+    assert Path(spec.cfg.out).name == Path(made.cfg.out).name and spec.cfg.out != made.cfg.out
+    assert suite.default_folder(tmp_path / "reference") == tmp_path
+    assert suite.default_folder(tmp_path / "papers") is None   # a default profile has no twin to take
+    out = Path(made.cfg.out)
+    out.mkdir(parents=True)
+    (out / "summary.json").write_text('{"final": 1}')
+    (out / "config.json").write_text(json.dumps(C.to_dict(made.cfg)))
+    (out / "provenance.json").write_text(json.dumps({"code_version": "v0"}))   # made by other training code
+    assert not suite.reuse_twin(spec) and not Path(spec.cfg.out).exists()
+    (out / "provenance.json").write_text(json.dumps({"code_version": "v1"}))
+    assert suite.reuse_twin(spec) and suite.is_cached(spec)
+    there = Path(spec.cfg.out)
+    assert (there / "summary.json").read_text() == '{"final": 1}'
+    assert json.loads((there / "config.json").read_text())["out"] == made.cfg.out   # where it was made
+    assert not suite.reuse_twin(spec)   # once linked in, it is the reference's own (cached)
+
+
 def test_a_cluster_run_is_reused_only_on_the_link_it_ran_on(tmp_path, monkeypatch):
     """The config names the cluster (--hosts, --cluster), not its link: a cluster made again under the
     same name with another link must not reuse the runs of the first (psgd/lab/suite.py is_cached)."""

@@ -32,10 +32,12 @@ Contract:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import json
 import os
 import shlex
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -98,7 +100,7 @@ def estimate_s(experiments: list[Experiment], fresh: bool = False) -> float:
             total += 60.0
         specs = e.tune_specs() + e.planned_specs()
         for r in specs:
-            if r.cfg.out in seen or (not fresh and is_cached(r)):
+            if r.cfg.out in seen or (not fresh and (is_cached(r) or _twin(r) is not None)):
                 continue
             seen.add(r.cfg.out)
             cfg = C.with_epochs_resolved(r.cfg, data.train_size(r.cfg.data))
@@ -122,11 +124,57 @@ def is_cached(spec: RunSpec, same_link: bool = True) -> bool:
         # Compare through JSON: tuples in the dataclass are lists in the file.
         from psgd.train.launch import config_record  # noqa: PLC0415 - the config and the user's files' hashes
 
-        return ((out / "summary.json").exists() and recorded == json.loads(json.dumps(config_record(spec.cfg)))
+        # `out` aside: a reference run copied from the default profile's folder names where it was made.
+        return ((out / "summary.json").exists()
+                and _out_aside(recorded) == _out_aside(json.loads(json.dumps(config_record(spec.cfg))))
                 and made_by.get("code_version") == spec.version
                 and (not same_link or not spec.cfg.hosts or _on_the_same_link(spec.cfg, out)))
     except (OSError, ValueError):
         return False
+
+
+def _out_aside(record: dict) -> dict:
+    return {k: v for k, v in record.items() if k != "out"}
+
+
+def default_folder(results: Path) -> Path | None:
+    """The default profile's folder beside a reference profile's (results/reference/ -> results/,
+    results/transformer-reference/ -> results/transformer/): `reference_summary`'s inverse."""
+    if results.name == "reference":
+        return results.parent
+    if results.name.endswith("-reference"):
+        return results.parent / results.name.removesuffix("-reference")
+    return None
+
+
+def _twin(spec: RunSpec) -> RunSpec | None:
+    """The default profile's finished run of a reference run's config, where there is one: the same
+    folder name (psgd/lab/experiment.py `run_digest`: the config, `out` aside, and the training code)
+    under the default profile's runs/, made by the same training code. The reference profile's seeds
+    begin with the default profile's (psgd/lab/power.py), and their tuning runs are the same runs."""
+    out = Path(spec.cfg.out)
+    home = default_folder(out.parent.parent)
+    if home is None or out.exists():
+        return None
+    twin = dataclasses.replace(spec, cfg=dataclasses.replace(spec.cfg, out=str(home / "runs" / out.name)))
+    return twin if is_cached(twin) else None
+
+
+def reuse_twin(spec: RunSpec) -> bool:
+    """Take the default profile's finished run of this reference run's config (`_twin`) into the
+    reference's folder, by hard links (copies across file systems), rather than run it again; returns
+    whether it did. Its files are as they were made: config.json's `out` names the folder it ran in."""
+    twin = _twin(spec)
+    if twin is None:
+        return False
+
+    def link(src: str, dst: str) -> None:
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+    shutil.copytree(twin.cfg.out, spec.cfg.out, copy_function=link)
+    return True
 
 
 def _on_the_same_link(cfg: C.RunConfig, out: Path) -> bool:
@@ -188,8 +236,11 @@ def execute(spec: RunSpec, fresh: bool, position: str, tensorboard: Path | None 
     run's from its files: psgd/train/tboard.py)."""
     from psgd.train import data, launch, progress
 
-    if not fresh and is_cached(spec):
-        tqdm.write(f"{position} {spec.experiment} {spec.label} seed {spec.seed}: cached", file=sys.stderr)
+    cached = not fresh and is_cached(spec)
+    linked = not fresh and not cached and reuse_twin(spec)
+    if cached or linked:
+        said = "the default profile's run, linked in" if linked else "cached"
+        tqdm.write(f"{position} {spec.experiment} {spec.label} seed {spec.seed}: {said}", file=sys.stderr)
         _tensorboard(spec, tensorboard)
         return json.loads((Path(spec.cfg.out) / "summary.json").read_text())
     cfg = C.with_epochs_resolved(spec.cfg, data.train_size(spec.cfg.data))
@@ -344,7 +395,7 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
         for spec in specs:
             first = spec.cfg.out not in done_outs
             if first:
-                reused += int(not fresh and is_cached(spec))
+                reused += int(not fresh and (is_cached(spec) or _twin(spec) is not None))
                 total_runs += 1
             out.append((spec, execute(spec, fresh and first, f"[{overall.n + 1}/{overall.total}]", tensorboard)))
             if first:
@@ -387,7 +438,8 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
     floor = next((f for e, s, *_ in pending if (f := noise_floor_of(e, s)) is not None), None)
     with V.noise_floor(floor.value if floor is not None else 0.0):
         sections = [analyses.analyse(*args) for args in pending]
-    note = f"{reused} of {total_runs} runs reused from earlier invocations" if reused else ""
+    note = (f"{reused} of {total_runs} runs reused from earlier invocations (for a reference profile, the default "
+            "profile's runs of the same configs too)" if reused else "")
     made_as = None
     if only == set():
         note = "--report: re-analysed the finished runs and benchmark outputs; nothing was run"
