@@ -265,6 +265,11 @@ def test_the_default_report_says_whether_the_reference_profile_agrees():
     ref = {"claims": [{"id": "E2", "verdict": "refuted", "power": {"seeds_run": 11}}]}
     assert report.reference_cell(s, ref) == "refuted (11 seeds): **differs**"
     assert report.reference_cell(s, {"claims": [{"id": "E2", "verdict": "confirmed"}]}) == "confirmed: agrees"
+    bench = {"claims": [{"id": "E2", "verdict": "confirmed",
+                         "power": {"seeds_run": 3, "replicates": "benchmark rounds"}}]}
+    assert report.reference_cell(s, bench) == "confirmed (3 rounds): agrees"   # a benchmark's replicates
+    one = {"claims": [{"id": "E2", "verdict": "confirmed", "power": {"seeds_run": 1, "replicates": "seeds"}}]}
+    assert report.reference_cell(s, one) == "confirmed (1 seed): agrees"
     assert report.reference_cell(s, None) == "not run yet"
     s.power = {"seeds_run": 3, "seeds_asked": 11, "three_decide": False, "replicates": "seeds"}
     table = "\n".join(report.seeds_table([s], ref))

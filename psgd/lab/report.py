@@ -114,8 +114,10 @@ def reference_cell(s, reference: Mapping | None) -> str:
     theirs = {c["id"]: c for c in reference.get("claims", [])}.get(s.id)
     if theirs is None:
         return "not in it"
-    seeds = (theirs.get("power") or {}).get("seeds_run")
-    said = f"{theirs['verdict']}" + (f" ({seeds} seeds)" if seeds else "")
+    power = theirs.get("power") or {}
+    seeds = power.get("seeds_run")
+    unit = "round" if "rounds" in (power.get("replicates") or "") else "seed"   # a benchmark's replicates
+    said = f"{theirs['verdict']}" + (f" ({seeds} {unit}{'s' * (seeds != 1)})" if seeds else "")
     return f"{said}: {'agrees' if theirs['verdict'] == s.verdict else '**differs**'}"
 
 
