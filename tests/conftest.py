@@ -7,7 +7,8 @@ import os
 # The tests hold parameter hashes of real runs, and a run's last bits depend on which of torch's CPU
 # kernels it runs (measured: the same sync run hashes 41ce5e7b... with AVX2 kernels and 537f4dc0...
 # with AVX-512 ones). Every x86 machine since 2013 has AVX2, so the tests and every process they start
-# (tests/helpers.py ENV copies this environment) use those kernels: the hashes hold on any of them.
+# (tests/helpers.py ENV copies this environment) use those kernels. MKL's matrix kernels follow the
+# CPU's vendor whatever this says, so the hashes are held per class of CPU (tests/numerics.py).
 # Set before torch is imported; a value already set (e.g. `default`) is kept.
 os.environ.setdefault("ATEN_CPU_CAPABILITY", "avx2")
 

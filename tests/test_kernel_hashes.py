@@ -2,7 +2,8 @@
 
 Each case drives the production shard core (psgd/ps/shard.py with its policy and fused SGD) in one
 thread, the workers taken in a fixed order at every clock, so the arrival order, and with it every
-bit of the parameters, is the same on every run and every machine with the same torch build. The
+bit of the parameters, is the same on every run and every machine of a class with the same torch build
+(tests/numerics.py: MKL's kernels differ by CPU, so the hashes are held per class). The
 hashes were recorded at commit 828a0ea, before the rules moved into psgd/core/rules.py: a refactor
 that changes any of them changed a result, not only the form.
 
@@ -23,6 +24,7 @@ import torch
 
 from psgd.core.config import OptimConfig, RunConfig
 from psgd.train import assemble
+from tests import numerics
 from tests.helpers import open_start_barrier, psgd_main, summary
 from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
@@ -69,14 +71,27 @@ def lockstep(workers=(0, 1, 2)):
     return [[(w, c) for w in workers] for c in range(STEPS)]
 
 
-# Recorded at 828a0ea (the kernel before psgd/core/rules.py), on torch 2.13.0+cpu.
+# Recorded at 828a0ea (the kernel before psgd/core/rules.py), on torch 2.13.0+cpu, AMD EPYC; the same
+# code's values on an Intel Xeon with AVX-512 recorded at c9fa089 (MKL picks other kernels there:
+# tests/numerics.py).
 EXPECTED = {
-    "sync": ("0bc368ea4d7b4730", 6, {0: 18}),
-    "async": ("275db4f95327b810", 18, {0: 6, 1: 6, 2: 6}),
-    "ssp": ("ed4d0c15c955f8d7", 18, {0: 7, 1: 6, 2: 5}),
-    "backup": ("6c5914bf741d127b", 6, {0: 12}),
-    "elastic": ("8a927e55e498759d", 6, {0: 15}),
+    numerics.AMD: {
+        "sync": ("0bc368ea4d7b4730", 6, {0: 18}),
+        "async": ("275db4f95327b810", 18, {0: 6, 1: 6, 2: 6}),
+        "ssp": ("ed4d0c15c955f8d7", 18, {0: 7, 1: 6, 2: 5}),
+        "backup": ("6c5914bf741d127b", 6, {0: 12}),
+        "elastic": ("8a927e55e498759d", 6, {0: 15}),
+    },
+    numerics.INTEL_AVX512: {
+        "sync": ("6acb22d900004e76", 6, {0: 18}),
+        "async": ("04cd1d7c9252c0cf", 18, {0: 6, 1: 6, 2: 6}),
+        "ssp": ("73c9f8dd5bbef438", 18, {0: 7, 1: 6, 2: 5}),
+        "backup": ("d5174c1b141ba5e8", 6, {0: 12}),
+        "elastic": ("959b4fa21e6945b1", 6, {0: 15}),
+    },
 }
+# `psgd run --mode sync --workers 3 --servers 2 --steps 40 --eval-every 20`'s params_sha256[:16].
+RUN = {numerics.AMD: "e3b168455e7a60b9", numerics.INTEL_AVX512: "77af529c4583ba1b"}
 
 
 def ssp_order() -> list[list[tuple[int, int]]]:
@@ -101,7 +116,7 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_kernel_gives_todays_parameters_bit_for_bit(case):
     got = CASES[case]()
-    assert got == EXPECTED[case], f"{case}: {got}"
+    assert got == numerics.recorded(EXPECTED, got)[case], f"{case}: {got}"
 
 
 @pytest.mark.usefixtures("warm_runs")
@@ -110,4 +125,17 @@ def test_a_sync_run_gives_todays_parameter_hash(tmp_path):
     r = psgd_main("run", "--mode", "sync", "--workers", "3", "--servers", "2", "--steps", "40", "--eval-every", "20",
                   "--out", str(out))
     assert r.returncode == 0, r.stderr
-    assert summary(out)["params_sha256"][:16] == "e3b168455e7a60b9"
+    got = summary(out)["params_sha256"][:16]
+    assert got == numerics.recorded(RUN, got)
+
+
+def test_the_machine_class_is_the_cpu_vendor_its_vector_width_and_what_steers_mkl():
+    amd = "processor\t: 0\nvendor_id\t: AuthenticAMD\nflags\t\t: fpu avx2 avx512f\n"
+    intel = "processor\t: 0\nvendor_id\t: GenuineIntel\nflags\t\t: fpu avx2 avx512f avx512_fp16\n"
+    ours = {"ATEN_CPU_CAPABILITY": "avx2"}
+    assert numerics.machine(amd, ours) == numerics.AMD
+    assert numerics.machine(intel, ours) == numerics.INTEL_AVX512
+    assert numerics.machine(intel.replace(" avx512f avx512_fp16", ""), ours) == "GenuineIntel no avx512f"
+    # MKL_CBWR picks other kernels (measured: four more hashes on one Intel machine): another class.
+    assert numerics.machine(intel, dict(ours, MKL_CBWR="AVX2")) == "GenuineIntel avx512f MKL_CBWR=AVX2"
+    assert numerics.machine(amd, {}) == "AuthenticAMD ATEN_CPU_CAPABILITY="

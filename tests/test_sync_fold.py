@@ -20,6 +20,7 @@ from psgd.core.config import RunConfig
 from psgd.core.errors import Code, ShardError
 from psgd.ps.shard import Shard
 from psgd.train import assemble
+from tests import numerics
 from tests.helpers import open_start_barrier, psgd_main, summary
 from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
@@ -147,6 +148,10 @@ def test_a_departure_a_loss_a_close_and_the_deadline_release_a_waiting_push():
     waiter.join()  # released: the push that follows is refused with done
 
 
+# Per machine class (tests/numerics.py); the AMD value recorded at c9e66b5, the Intel one at c9fa089.
+FOLDED = {numerics.AMD: "41ce5e7b3971c062", numerics.INTEL_AVX512: "57cd34f70bb984e5"}
+
+
 @pytest.mark.usefixtures("warm_runs")
 @pytest.mark.parametrize("transport", ["grpc", "tcp"])
 def test_a_sync_run_folds_in_turn_over_both_transports_with_the_same_parameters(tmp_path, transport):
@@ -155,6 +160,7 @@ def test_a_sync_run_folds_in_turn_over_both_transports_with_the_same_parameters(
     r = psgd_main("run", "--mode", "sync", "--workers", "4", "--servers", "2", "--steps", "30", "--eval-every", "0",
                   "--transport", transport, "--quiet", "--out", str(out))
     assert r.returncode == 0, r.stderr
-    assert summary(out)["params_sha256"][:16] == "41ce5e7b3971c062"
+    got = summary(out)["params_sha256"][:16]
+    assert got == numerics.recorded(FOLDED, got)
     for k in range(2):
         assert json.loads((out / f"shard-{k}.json").read_text())["gradient_buffers"] <= 2

@@ -215,8 +215,11 @@ WARM = _WarmParent()
 # torch picks its CPU kernels by the machine (AVX2, AVX-512, ...), and a run's last bits follow them:
 # the same sync run hashes differently on an AVX-512 machine than on an AVX2 one (measured: 537f4dc0...
 # against 41ce5e7b...). The suite pins AVX2, which every x86 machine since 2013 has, so that its runs
-# are the same bits wherever it is run again; a value the caller set is kept. `machine()` in the
-# report and each run's provenance.json name it.
+# do not change with a machine's vector width; a value the caller set is kept. `machine()` in the
+# report and each run's provenance.json name it. It cannot pin everything: matrix products go to
+# MKL, which picks its kernels by CPU vendor (measured: one sync case, AMD EPYC and Intel Xeon
+# AVX-512, two hashes; tests/numerics.py), so a rerun's bits are the committed ones on the same
+# class of CPU; elsewhere a seed can end on other last bits.
 PINNED_KERNELS = "avx2"
 
 
