@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 
 # The tests hold parameter hashes of real runs, and a run's last bits depend on which of torch's CPU
 # kernels it runs (measured: the same sync run hashes 41ce5e7b... with AVX2 kernels and 537f4dc0...
@@ -19,10 +20,20 @@ from psgd.core.config import RunConfig
 from psgd.ps import server as server_mod
 from psgd.train import assemble
 from tests.threads import thread_exceptions, threads  # noqa: F401 - fixtures, registered for every test
-from tests.warm import script_parent  # noqa: F401 - a fixture: the warm parent that runs Python scripts
+
+# The warm parents, registered here once: a session fixture imported into each test module is a
+# fixture of that module, one warm parent per module (measured: 26 torch imports in a run, not 2).
+from tests.warm import script_parent, warm_benches, warm_parent, warm_runs  # noqa: F401 - fixtures
 
 torch.set_num_threads(1)
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# Started as a background job (`make test &`, nohup), this process ignores SIGINT, and an ignored
+# signal stays ignored across exec: every psgd process a test starts would then ignore the Ctrl-C a
+# test stops it with (measured: two tests waited out their 60 s grace each before SIGKILL). Children
+# get Python's own handler back; the tests of Ctrl-C itself still set theirs.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(autouse=True)

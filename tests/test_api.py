@@ -15,7 +15,6 @@ import psgd
 from psgd.core.config import OptimConfig
 from psgd.core.errors import ExchangeError
 from tests.user_workload import TinyNet, make_data
-from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 U = "tests.user_workload"
 

@@ -12,7 +12,6 @@ import torch
 
 from psgd.bench import scaling, transport
 from tests.helpers import processes_mentioning, psgd_main
-from tests.warm import warm_benches, warm_parent, warm_runs  # noqa: F401 - fixtures
 
 # Both bench files check that no `psgd-bench-` process is left: under pytest-xdist they run on
 # one worker, one after the other, so that neither sees the other's live processes.

@@ -10,7 +10,6 @@ import torch
 
 from psgd.bench import peers, ray_peer
 from tests.helpers import processes_mentioning, psgd_main
-from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.xdist_group("bench")
 

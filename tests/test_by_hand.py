@@ -14,7 +14,6 @@ from psgd.core.config import RunConfig
 from psgd.core.errors import ShardError, UsageError
 from psgd.train import assemble
 from tests.helpers import ENV, events, processes_mentioning, psgd_main, summary
-from tests.warm import warm_parent  # noqa: F401 - fixture
 
 TINY = ["--model", "mlp", "--dataset", "synthetic", "--num-samples", "600", "--batch-size", "16"]
 

@@ -10,7 +10,6 @@ from psgd.core.config import OptimConfig, RunConfig
 from psgd.ps import checkpoint
 from psgd.train import assemble
 from tests.helpers import open_start_barrier, psgd_main, summary
-from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 # The runs this file makes in this process fork from one warm parent (tests/warm.py).
 pytestmark = pytest.mark.usefixtures("warm_runs")

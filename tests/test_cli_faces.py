@@ -19,7 +19,6 @@ import pytest
 
 from psgd.cli import summary_line
 from tests.helpers import ENV, events, processes_mentioning, psgd_main, summary
-from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 # The runs this file makes in this process fork from one warm parent (tests/warm.py).
 pytestmark = pytest.mark.usefixtures("warm_runs")

@@ -28,7 +28,6 @@ from psgd.ps.exchange import PSExchange
 from psgd.train import assemble, models
 from tests.helpers import ENV, events, processes_mentioning, psgd_main, summary
 from tests.test_equivalence import DATA, OPTIM, STEPS, run_plain_torch
-from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 TIMEOUT = datetime.timedelta(seconds=60)  # a broken test fails, it does not hang
 

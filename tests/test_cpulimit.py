@@ -10,7 +10,6 @@ import pytest
 
 from psgd.train import cpulimit
 from tests.helpers import ENV, events, psgd_main
-from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 # The runs this file makes in this process fork from one warm parent (tests/warm.py).
 pytestmark = pytest.mark.usefixtures("warm_runs")

@@ -13,7 +13,6 @@ from psgd.core import localsgd
 from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig, validate
 from psgd.train import data, models
 from tests.helpers import psgd_main, summary, train_in_threads
-from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 # The runs this file makes in this process fork from one warm parent (tests/warm.py).
 pytestmark = pytest.mark.usefixtures("warm_runs")

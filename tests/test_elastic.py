@@ -15,7 +15,6 @@ from psgd.core.config import DataConfig, RunConfig, validate
 from psgd.core.consistency import SSP, Async, PolicyError, Sync
 from psgd.core.errors import ExchangeError, ShardError
 from psgd.ps.shard import Shard, ShardOptions
-from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 
 def test_schedule_plan_grows_with_new_slots_and_shrinks_the_newest():

@@ -12,7 +12,6 @@ import torch
 from psgd.core.config import DataConfig, ModelConfig
 from psgd.train import data, losses, models, text
 from tests.helpers import psgd_main, summary
-from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 # The runs this file makes in this process fork from one warm parent (tests/warm.py).
 pytestmark = pytest.mark.usefixtures("warm_runs")

@@ -26,7 +26,6 @@ from psgd.core.config import OptimConfig, RunConfig
 from psgd.train import assemble
 from tests import numerics
 from tests.helpers import open_start_barrier, psgd_main, summary
-from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 STEPS = 6
 

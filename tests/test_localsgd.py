@@ -12,7 +12,6 @@ from psgd.train import data, models
 from psgd.train.metrics import samples_per_update
 from tests.helpers import events, processes_mentioning, psgd_main, summary, train_in_threads
 from tests.test_equivalence import run_plain_torch
-from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 # The runs this file makes in this process fork from one warm parent (tests/warm.py).
 pytestmark = pytest.mark.usefixtures("warm_runs")

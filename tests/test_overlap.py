@@ -9,7 +9,6 @@ from psgd.ps.client import make_client
 from psgd.train import assemble, data, models
 from tests.helpers import processes_mentioning, psgd_main, summary, train_in_threads
 from tests.test_equivalence import run_plain_torch
-from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 # The runs this file makes in this process fork from one warm parent (tests/warm.py).
 pytestmark = pytest.mark.usefixtures("warm_runs")

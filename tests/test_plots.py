@@ -7,7 +7,6 @@ import pytest
 
 from psgd.lab import plots
 from tests.helpers import psgd_main
-from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 # The runs this file makes in this process fork from one warm parent (tests/warm.py).
 pytestmark = pytest.mark.usefixtures("warm_runs")

@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ENV, processes_mentioning, psgd_main
-from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ("README.md", "docs/guide.md", "docs/measure.md", "docs/results.md")

@@ -17,7 +17,6 @@ from psgd.lab.results import Group, RunData
 from psgd.train import assemble
 from tests.helpers import psgd_main
 from tests.test_staleness import pull_first
-from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 # The runs this file makes in this process fork from one warm parent (tests/warm.py).
 pytestmark = pytest.mark.usefixtures("warm_runs")

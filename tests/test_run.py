@@ -11,7 +11,6 @@ import torch
 
 from psgd.core.errors import UsageError
 from tests.helpers import ENV, events, processes_mentioning, psgd, psgd_main, summary
-from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 # The runs this file makes in this process fork from one warm parent (tests/warm.py).
 pytestmark = pytest.mark.usefixtures("warm_runs")

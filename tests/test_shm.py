@@ -19,7 +19,6 @@ from psgd.ps import framing as fr
 from psgd.ps import shm
 from psgd.ps.client import make_client
 from tests.helpers import psgd_main, summary
-from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.usefixtures("warm_runs")
 

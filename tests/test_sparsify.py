@@ -16,7 +16,6 @@ from psgd.ps.client import make_client
 from psgd.train import assemble
 from psgd.train import data as data_mod
 from tests.helpers import open_start_barrier, psgd_main, workers_in_threads
-from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 # The runs this file makes in this process fork from one warm parent (tests/warm.py).
 pytestmark = pytest.mark.usefixtures("warm_runs")

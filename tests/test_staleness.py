@@ -15,7 +15,6 @@ from psgd.core.errors import Code, ShardError
 from psgd.ps.shard import Shard
 from psgd.train import assemble
 from tests.helpers import psgd_main, workers_in_threads
-from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 # The runs this file makes in this process fork from one warm parent (tests/warm.py).
 pytestmark = pytest.mark.usefixtures("warm_runs")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers import events, processes_mentioning, psgd_main, summary
-from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 # The runs this file makes in this process fork from one warm parent (tests/warm.py).
 pytestmark = pytest.mark.usefixtures("warm_runs")

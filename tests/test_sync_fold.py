@@ -22,7 +22,6 @@ from psgd.ps.shard import Shard
 from psgd.train import assemble
 from tests import numerics
 from tests.helpers import open_start_barrier, psgd_main, summary
-from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 N, LENGTH, STEPS = 8, 257, 3
 

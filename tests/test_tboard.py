@@ -16,7 +16,6 @@ import urllib.request
 import pytest
 
 from tests.helpers import ENV, psgd_main, summary
-from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 # The runs this file makes in this process fork from one warm parent (tests/warm.py).
 pytestmark = pytest.mark.usefixtures("warm_runs")

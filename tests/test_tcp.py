@@ -18,7 +18,6 @@ from psgd.ps import framing as tcp
 from psgd.ps.client import make_client
 from psgd.train import assemble
 from tests.helpers import open_start_barrier, processes_mentioning, psgd_main, summary
-from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 # The runs this file makes in this process fork from one warm parent (tests/warm.py).
 pytestmark = pytest.mark.usefixtures("warm_runs")

@@ -16,7 +16,6 @@ from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig, va
 from psgd.lab.experiment import run_digest
 from psgd.train import data, evaluate, losses, models, userspec, workload
 from tests.helpers import ENV, psgd, psgd_main, summary, train_in_threads
-from tests.warm import warm_parent, warm_runs  # noqa: F401 - fixtures
 
 U = "tests.user_workload"
 
