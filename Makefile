@@ -30,7 +30,7 @@ PYTEST_WORKERS ?= 2
 # 1.5 s of import in each of the three pytest processes; no test uses it.
 PYTEST_FLAGS := -q -n $(PYTEST_WORKERS) --dist worksteal -p no:hypothesispytest
 
-# Bytecode first: with PYTHONDONTWRITEBYTECODE set (as on this project's CI and dev machines) no
+# Bytecode first: with PYTHONDONTWRITEBYTECODE set (as in this project's development machines) no
 # process caches what it compiles, and each of the hundred-odd processes the tests start compiled
 # psgd's modules again (measured: 30 s of CPU in a run). compileall writes __pycache__/ (ignored by
 # git) and recompiles only what changed since.

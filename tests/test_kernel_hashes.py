@@ -71,7 +71,7 @@ def lockstep(workers=(0, 1, 2)):
 
 
 # Recorded at 828a0ea (the kernel before psgd/core/rules.py), on torch 2.13.0+cpu, AMD EPYC; the same
-# code's values on an Intel Xeon with AVX-512 recorded at c9fa089 (MKL picks other kernels there:
+# code's values on an Intel Xeon with AVX-512 recorded with training code fe4506d (MKL picks other kernels:
 # tests/numerics.py).
 EXPECTED = {
     numerics.AMD: {

@@ -147,7 +147,7 @@ def test_a_departure_a_loss_a_close_and_the_deadline_release_a_waiting_push():
     waiter.join()  # released: the push that follows is refused with done
 
 
-# Per machine class (tests/numerics.py); the AMD value recorded at c9e66b5, the Intel one at c9fa089.
+# Per machine class (tests/numerics.py); the AMD value recorded at c9e66b5, the Intel one with training code fe4506d.
 FOLDED = {numerics.AMD: "41ce5e7b3971c062", numerics.INTEL_AVX512: "57cd34f70bb984e5"}
 
 
