@@ -8,16 +8,17 @@ MKL_CBWR's branches give that Intel machine four values more, none of them AMD's
 holds a hash holds one per machine class it was recorded on, and the class is named from
 /proc/cpuinfo and the environment that steers MKL (a set MKL_CBWR makes another class).
 
-On a class with nothing recorded the test fails, saying so and printing what this machine gives:
-a hash is a regression check only against a value recorded on the same class of machine.
+On a class with nothing recorded (a laptop, another vendor) a hash cannot be checked against
+anything: `recorded` warns, naming the class and what this machine gave, and returns None; the
+kernel cases then hold that a second run gives the same bits, and the run tests what they hold
+besides the hash. The strict check runs on the recorded classes, the CI's and the lab's.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
-
-import pytest
 
 # The classes the tests' hashes were recorded on (the CI and development machines of this project).
 AMD = "AuthenticAMD"
@@ -43,13 +44,17 @@ def machine(cpuinfo: str | None = None, env: dict | None = None) -> str:
     return " ".join([name, *steered])
 
 
+class UnrecordedMachine(UserWarning):
+    """This machine's class has no recorded parameter hash: the value is not checked."""
+
+
 def recorded(table: dict, got=None):
-    """`table[machine()]`; where this class has nothing recorded, fail saying so (and what `got`,
-    this machine's value, would be to record)."""
+    """`table[machine()]`, or None (with a warning saying what this machine gave) where this
+    class has nothing recorded."""
     here = machine()
     if here not in table:
-        pytest.fail(f"no parameter hash is recorded for this machine class ({here!r}; recorded: "
-                    f"{sorted(table)}): MKL's kernels, and with them a run's last bits, differ by CPU. "
-                    f"This machine gives {got!r}; record it in the test's table once a run of the same "
-                    "code on a recorded class has passed", pytrace=False)
+        warnings.warn(UnrecordedMachine(
+            f"no parameter hash is recorded for this machine class ({here!r}; recorded: {sorted(table)}): "
+            f"MKL's kernels, and with them a run's last bits, differ by CPU. This machine gives {got!r}"), stacklevel=2)
+        return None
     return table[here]
