@@ -34,8 +34,8 @@ def machine(cpuinfo: str | None = None, env: dict | None = None) -> str:
         path = Path("/proc/cpuinfo")
         cpuinfo = path.read_text() if path.exists() else ""
     env = os.environ if env is None else env
-    fields = dict(line.split(":", 1) for line in cpuinfo.splitlines()[:40] if ":" in line)
-    fields = {k.strip(): v.strip() for k, v in fields.items()}
+    first = cpuinfo.split("\n\n", 1)[0]  # the first processor's block
+    fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in first.splitlines())}
     vendor = fields.get("vendor_id", "unknown vendor")
     name = vendor
     if vendor == "GenuineIntel":
