@@ -91,13 +91,13 @@ def test_psgd_run_hands_each_room_exactly_its_settings():
 def test_a_traced_run_shows_each_room_reads_only_its_own_settings(tmp_path):
     """Every shard and worker of a run with most features on records each setting it reads
     (tests/rooms_trace/sitecustomize.py); a shard never reads a worker's setting nor a worker a
-    shard's, and neither reads psgd run's."""
+    shard's, and neither reads psgd run's. The run forks them from its own zygote, as `psgd run` does."""
     reads = tmp_path / "reads"
     reads.mkdir()
     env = {**ENV, "PSGD_TRACE_READS": str(reads),
            "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent / "rooms_trace"), ENV.get("PYTHONPATH", "")])}
     cfg = dataclasses.replace(RICH, out=str(tmp_path / "run"))
-    r = subprocess.run([sys.executable, "-m", "psgd", "run", *C.to_argv(cfg), "--cold-start", "--quiet"],
+    r = subprocess.run([sys.executable, "-m", "psgd", "run", *C.to_argv(cfg), "--quiet"],
                        capture_output=True, text=True, timeout=240, env=env)
     assert r.returncode == 0, r.stderr
     assert summary(tmp_path / "run")["global_updates"] == 60
