@@ -359,6 +359,7 @@ def test_a_sync_ps_run_across_hosts_equals_the_run_on_loopback(cluster, tmp_path
 
 
 @needs_root
+@pytest.mark.usefixtures("warm_runs")  # the loopback run forks from the warm parent (hosts exec)
 def test_an_allreduce_run_across_hosts_equals_the_run_on_loopback(cluster, tmp_path):
     flags = ["--mode", "allreduce", "--workers", "2", *TINY]
     runs = {}

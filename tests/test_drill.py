@@ -19,6 +19,7 @@ from psgd.core.config import RunConfig
 from psgd.ps import checkpoint
 from psgd.train import drill, launch, zygote
 from tests.helpers import ENV, processes_mentioning, psgd_main, summary
+from tests.warm import fork_runs_from
 
 # 120 steps: room after the storm's last episode for its recovery to be seen before the run ends
 # (at 90, a last fault near the end left its recovery_s None about once in ten on a quiet machine).
@@ -42,12 +43,14 @@ def test_the_plan_is_the_seeds_alone_and_draws_only_what_the_run_survives():
     assert r.returncode == 2 and "SEED:COUNT" in r.stderr
 
 
-def test_a_sync_storm_of_ten_faults_ends_with_the_calm_runs_parameters(tmp_path):
+def test_a_sync_storm_of_ten_faults_ends_with_the_calm_runs_parameters(tmp_path, warm_parent, monkeypatch):
     # Every worker 25 ms a step (an emulated slow device, not a wait): the drill polls every 20 ms,
     # and on a loaded machine (3 pytest processes on 2 cores) the storm without it once missed a
     # replacement's window before its first step and ran out of run (7 of 10 faults; 3 of 3 with it).
     slow = ["--straggler", "0=25", "--straggler", "1=25", "--straggler", "2=25"]
-    calm = psgd_main("run", *SYNC, "--out", str(tmp_path / "calm"))  # a straggler changes when, not what
+    with monkeypatch.context() as m:  # the calm run forks from the tests' warm parent; the storm has its own
+        fork_runs_from(warm_parent, m)
+        calm = psgd_main("run", *SYNC, "--out", str(tmp_path / "calm"))  # a straggler changes when, not what
     assert calm.returncode == 0, calm.stderr
     out = tmp_path / "storm"
     r = psgd_main("drill", "--chaos", "12:10", *SYNC, *slow, "--out", str(out))

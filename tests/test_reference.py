@@ -189,6 +189,7 @@ STEPS = 8
 OPTIM = OptimConfig(lr=0.1, momentum=0.9)
 
 
+@pytest.mark.usefixtures("warm_runs")  # the run forks from the tests' warm parent
 def test_async_one_worker_equals_torch_sgd_step_for_step(tmp_path):
     """`psgd run --mode async --workers 1 --servers 2 --eval-every 1` (real processes): the shards'
     snapshot after every update equals torch.optim.SGD's parameters after the same number of steps."""

@@ -50,6 +50,7 @@ def submit(slurm, out, *flags, marker):
                         env=env, cwd=str(REPO))
 
 
+@pytest.mark.usefixtures("warm_runs")  # psgd run's reference: forked from the tests' warm parent
 def test_a_sync_job_under_sbatch_ends_0_with_psgd_runs_parameters(slurm, tmp_path):
     flags = ["--servers", "1", "--mode", "sync", "--steps", "4", *TINY]
     marker = uuid.uuid4().hex

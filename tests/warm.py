@@ -47,9 +47,9 @@ def warm_parent():
     warm.close()
 
 
-@pytest.fixture
-def warm_runs(warm_parent, monkeypatch):
-    """`launch.run` (what `psgd run` calls) forks from this process's warm parent during the test."""
+def fork_runs_from(warm_parent, monkeypatch) -> None:
+    """From here to the end of `monkeypatch`'s scope (the test, or a `monkeypatch.context()` block),
+    `launch.run` (what `psgd run` calls) forks from this process's warm parent."""
     from psgd.train import launch
 
     plain = launch.run
@@ -60,6 +60,12 @@ def warm_runs(warm_parent, monkeypatch):
         return plain(cfg, *args, zygote=zygote if zygote is not None else warm_parent.get(), **kwargs)
 
     monkeypatch.setattr(launch, "run", run)
+
+
+@pytest.fixture
+def warm_runs(warm_parent, monkeypatch):
+    """`launch.run` (what `psgd run` calls) forks from this process's warm parent during the test."""
+    fork_runs_from(warm_parent, monkeypatch)
     yield
 
 
