@@ -21,20 +21,23 @@ INDEX = $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
 NOT_TORCH = $(BIN)/python -c 'import re, tomllib; p = tomllib.load(open("pyproject.toml", "rb"))["project"]; \
 	print(*(r for r in p["dependencies"] + p["optional-dependencies"]["dev"] if re.match(r"[\w.-]+", r)[0] != "torch"))'
 
-# The venv takes pip from the Python that makes it where that one has pip (ensurepip's own copy costs
-# 6 s), and installs torch's wheel beside the rest: both are mostly unzipping and compiling, one core
-# each (measured on 2 cores: 26 s against 46 s one after the other). The torch install takes torch
-# alone (--no-deps), so the two never write the same package; the last install then resolves the
-# whole (torch's own requirements included) and installs psgd itself.
+# The venv runs the pip of the Python that makes it (one of pip 22 or later; else ensurepip's), and
+# installs torch's wheel beside the rest: both are mostly unzipping and compiling, one core each
+# (measured on 2 cores: 26 s against 46 s one after the other). The torch install takes torch alone
+# (--no-deps), so the two never write the same package; the next install resolves the whole (torch's
+# own requirements included) and installs psgd itself; pip's own copy in the venv comes last, for
+# `. .venv/bin/activate && pip install ...` (2.5 s: the venv's first pip, made at the start, cost 6 s).
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages --without-pip $(VENV)
-	@$(PIP) --version >/dev/null 2>&1 || $(BIN)/python -m ensurepip -q
+	@$(BIN)/python -c "import pip, sys; sys.exit(int(pip.__version__.split('.')[0]) < 22)" 2>/dev/null \
+		|| $(BIN)/python -m ensurepip --upgrade --default-pip >/dev/null
 	@if $(BIN)/python -c "import torch" 2>/dev/null; then :; else \
 		echo "installing $(TORCH_SPEC) and psgd's requirements"; \
 		$(PIP) install -q --no-warn-conflicts --no-deps "$(TORCH_SPEC)" $(INDEX) & torch=$$!; \
 		$(PIP) install -q --no-warn-conflicts $$($(NOT_TORCH)); rest=$$?; \
 		wait $$torch && test $$rest = 0; fi
 	$(PIP) install -q -e '.[dev]' $(INDEX)
+	@test -x $(BIN)/pip || $(PIP) install -q --ignore-installed --no-deps pip
 	@touch $(STAMP)
 
 # Two test processes (pytest-xdist): most tests wait on the processes and sockets they start, so
