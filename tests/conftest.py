@@ -31,8 +31,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 def pytest_configure(config):
     """torch's one intra-op thread from the first test module on, in each process that runs tests.
-    pytest-xdist's controller (`-n 2`) runs none: it does not import torch, and its two workers start
-    1.6 s sooner (measured: this file imported in 1.8 s with torch, 0.15 s without)."""
+    pytest-xdist's controller (`-n 2`) runs none: it does not import torch (this file imports in 0.15 s
+    without it, 1.8 s with), and its two workers start sooner (one test file: 5.0 s against 6.4 s)."""
     if hasattr(config, "workerinput") or not config.getoption("numprocesses", None):
         import torch
 
