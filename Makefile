@@ -23,10 +23,11 @@ NOT_TORCH = $(BIN)/python -c 'import re, tomllib; p = tomllib.load(open("pyproje
 
 # The venv runs the pip of the Python that makes it (one of pip 22 or later; else ensurepip's), and
 # installs torch's wheel beside the rest: both are mostly unzipping and compiling, one core each
-# (`make install` on a fresh clone, 2 cores, side by side: 23 s against 42 s one after the other). The torch install takes torch alone
-# (--no-deps), so the two never write the same package; the next install resolves the whole (torch's
-# own requirements included) and installs psgd itself; pip's own copy in the venv comes last, for
-# `. .venv/bin/activate && pip install ...` (2.5 s: the venv's first pip, made at the start, cost 6 s).
+# (`make install` on a fresh clone, 2 cores, side by side: 23 s against 42 s one after the other).
+# The torch install takes torch alone (--no-deps), so the two never write the same package; the next
+# install resolves the whole (torch's own requirements included) and installs psgd itself; pip's own
+# copy in the venv comes last, for `. .venv/bin/activate && pip install ...` (2.5 s; the venv's first
+# pip, made at the start, cost 6 s).
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages --without-pip $(VENV)
 	@$(BIN)/python -c "import pip, sys; sys.exit(int(pip.__version__.split('.')[0]) < 22)" 2>/dev/null \
