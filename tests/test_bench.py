@@ -188,3 +188,15 @@ def test_roundtrip_states_each_rounds_ratio_against_its_ceiling(tmp_path):
     line = next(x for x in (tmp_path / "out" / "roundtrip.md").read_text().splitlines() if "ps / plain" in x)
     assert line.count("x,") == 1 and "**" in line  # two rounds' ratios, then their median
     assert psgd_main("bench", "roundtrip", "--workloads", "vgg").returncode == 2
+
+
+def test_the_floor_arm_computes_what_the_plain_loop_does_with_its_update_in_a_second_process(tmp_path):
+    """The floor (psgd/bench/floor.py) moves only the optimizer's step into a forked server: its
+    loss is the plain loop's, bit for bit."""
+    from psgd.bench import floor, roundtrip
+    from psgd.bench import transformer as tb
+
+    cfg = tb.arm_config(roundtrip.workload("mlp16", 12), "floor", tmp_path / "floor")
+    plain, low = tb.torch_loop(cfg, 0), floor.floor_loop(cfg)
+    assert low["final_train_loss"] == plain["final_train_loss"]
+    assert len(low["ends"]) == 12 and low["ends"] == sorted(low["ends"])

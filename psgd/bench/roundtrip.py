@@ -2,21 +2,26 @@
 
 Contract: for each workload in `--workloads` (`mlp256` and `mlp2048`: the MLP 40 -> W -> W -> 10 on
 MNIST-1D, batch 32, plain SGD lr 0.05, one torch thread per process; `gpt`: the small transformer
-with AdamW, as `psgd bench transformer`) and each of `--rounds` rounds, five arms run one after the
+with AdamW, as `psgd bench transformer`) and each of `--rounds` rounds, six arms run one after the
 other, in an order rotated per round (so no arm always runs first on a warm or a loaded machine):
 - `plain`: the ceiling of a parameter server with one worker: one process computes the gradient
   and steps torch's own optimizer itself, on psgd's batches and model (psgd/bench/transformer.py
   `torch_loop`);
+- `floor`: the least a server in a second process costs: the same loop with the update in a
+  forked server that keeps its own parameters, gradients and parameters shared without a copy on
+  the worker's side, two blocking wake-ups per step and nothing else (psgd/bench/floor.py);
 - `ps`: `psgd run --mode async --workers 1 --servers 1` (every gradient crosses the wire both ways);
 - `shm`: the same with `--transport shm` (the frames on the socket, the payloads in shared memory);
 - `ddp`: torch DDP on gloo, 2 ranks (the ceiling of an all-reduce);
 - `allreduce`: `psgd run --mode allreduce --workers 2`.
 Each arm's samples/s at its median step, steady state (the first `--skip` steps and the last one
 left out; the same clock, step-end times, for every arm: transformer.py `steady_rate`). The table
-gives, per workload, each round's ratios ps / plain and allreduce / ddp and their median. Writes
+gives, per workload, each round's ratios and their median: ps / plain, shm / plain (psgd against
+the ceiling), floor / plain (the price of a second process, which no server design avoids),
+shm / floor (psgd's own overhead above that floor) and allreduce / ddp. Writes
 OUT/roundtrip.csv (one row per run), OUT/roundtrip.md and OUT/command.txt; the runs under `--runs`.
 
-    psgd bench roundtrip                                  # 3 rounds x 3 workloads x 5 arms
+    psgd bench roundtrip                                  # 3 rounds x 3 workloads x 6 arms
     psgd bench roundtrip --workloads mlp256 --rounds 1 --steps 40
 """
 
@@ -29,8 +34,10 @@ from pathlib import Path
 from psgd.bench import transformer as tb
 from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig
 
-ARMS = ("plain", "ps", "shm", "ddp", "allreduce")
-PAIRS = (("ps", "plain"), ("shm", "plain"), ("allreduce", "ddp"))  # psgd's arm, its ceiling
+ARMS = ("plain", "floor", "ps", "shm", "ddp", "allreduce")
+# (an arm, what it is measured against): psgd against the ceiling, the floor against the ceiling,
+# psgd against the floor, and the all-reduce against DDP.
+PAIRS = (("ps", "plain"), ("shm", "plain"), ("floor", "plain"), ("shm", "floor"), ("allreduce", "ddp"))
 FIELDS = ("workload", "round", "arm", "samples_per_s", "step_ms", "steps_timed", "compute_ms", "exchange_ms")
 
 

@@ -88,7 +88,7 @@ def arm_config(base: RunConfig, arm: str, out: Path) -> RunConfig:
     if arm == "default":
         d = RunConfig()
         return dataclasses.replace(base, mode=d.mode, workers=d.workers, servers=d.servers, out=str(out))
-    if arm in ("plain", "ps", "shm"):  # shm: the ps arm with its payloads in shared memory (--transport shm)
+    if arm in ("plain", "floor", "ps", "shm"):  # shm: the ps arm, its payloads in shared memory (--transport shm)
         return dataclasses.replace(base, mode="async", workers=1, servers=1, out=str(out),
                                    **({"transport": "shm"} if arm == "shm" else {}))
     return dataclasses.replace(base, mode="allreduce", workers=2, servers=1, backend="gloo", out=str(out))
@@ -131,12 +131,7 @@ def torch_loop(cfg: RunConfig, rank: int, ddp_store: str = "") -> dict:
     if ddp_store:
         dist.init_process_group("gloo", init_method=f"file://{ddp_store}", rank=rank, world_size=cfg.workers)
         net = torch.nn.parallel.DistributedDataParallel(model)  # broadcasts rank 0's parameters; 25 MiB buckets
-    o = cfg.optim
-    if o.optimizer == "sgd":  # psgd bench roundtrip's MLP: torch's own SGD, what a shard's update computes
-        opt = torch.optim.SGD(net.parameters(), lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
-    else:
-        opt = torch.optim.AdamW(net.parameters(), lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps,
-                                weight_decay=o.weight_decay)
+    opt = make_optimizer(net.parameters(), cfg)
     if ddp_store:
         dist.barrier()  # the clock starts when every rank is ready, as psgd's start barrier
     ends, compute_s, loss = [], 0.0, 0.0
@@ -156,6 +151,17 @@ def torch_loop(cfg: RunConfig, rank: int, ddp_store: str = "") -> dict:
             "compute_s": compute_s}
 
 
+def make_optimizer(params, cfg: RunConfig):
+    """torch's own optimizer of `cfg` over `params`: SGD (psgd bench roundtrip's MLP, what a shard's
+    update computes) or AdamW."""
+    import torch
+
+    o = cfg.optim
+    if o.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=o.lr, momentum=o.momentum, weight_decay=o.weight_decay)
+    return torch.optim.AdamW(params, lr=o.lr, betas=(o.beta1, o.beta2), eps=o.eps, weight_decay=o.weight_decay)
+
+
 def child(argv: list[str]) -> int:
     """`python -c RUNNER --config C --rank R [--ddp-store PATH]`: one torch arm's process."""
     import argparse
@@ -164,9 +170,15 @@ def child(argv: list[str]) -> int:
     p.add_argument("--config", required=True)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--ddp-store", default="")
+    p.add_argument("--floor", action="store_true", help="the floor arm (psgd/bench/floor.py)")
     a = p.parse_args(argv)
     cfg = from_dict(json.loads(Path(a.config).read_text()))
-    result = torch_loop(cfg, a.rank, a.ddp_store)
+    if a.floor:
+        from psgd.bench.floor import floor_loop
+
+        result = floor_loop(cfg)
+    else:
+        result = torch_loop(cfg, a.rank, a.ddp_store)
     (Path(cfg.out) / f"result-{a.rank}.json").write_text(json.dumps(result))
     return 0
 
@@ -363,7 +375,8 @@ def run_arm(arm: str, cfg: RunConfig, skip: int, timeout: float = 600.0) -> dict
         (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
         store = str((out / "rendezvous").resolve()) if arm == "ddp" else ""
         argvs = [[sys.executable, "-c", RUNNER, "--config", str(out / "config.json"), "--rank", str(r),
-                  *(["--ddp-store", store] if store else [])] for r in range(cfg.workers)]
+                  *(["--ddp-store", store] if store else []), *(["--floor"] if arm == "floor" else [])]
+                 for r in range(cfg.workers)]
         mem = run_processes(argvs, [out / "logs" / f"rank-{r}.log" for r in range(cfg.workers)], tag, timeout)
         results = [json.loads((out / f"result-{r}.json").read_text()) for r in range(cfg.workers)]
         measured = rate_of([r["ends"] for r in results], skip, cfg.batch_size)
