@@ -197,6 +197,6 @@ def test_the_floor_arm_computes_what_the_plain_loop_does_with_its_update_in_a_se
     from psgd.bench import transformer as tb
 
     cfg = tb.arm_config(roundtrip.workload("mlp16", 12), "floor", tmp_path / "floor")
-    plain, low = tb.torch_loop(cfg, 0), floor.floor_loop(cfg)
+    plain, low = tb.torch_loop(cfg, 0), floor.floor_loop(cfg, tb.make_optimizer)
     assert low["final_train_loss"] == plain["final_train_loss"]
     assert len(low["ends"]) == 12 and low["ends"] == sorted(low["ends"])

@@ -29,15 +29,16 @@ import mmap
 import os
 import socket
 import time
+from collections.abc import Callable
 
 from psgd.core.config import RunConfig
 
 
-def floor_loop(cfg: RunConfig) -> dict:
-    """Run the floor arm of `cfg` (one worker, one server process); the fields of `torch_loop`."""
+def floor_loop(cfg: RunConfig, make_optimizer: Callable) -> dict:
+    """Run the floor arm of `cfg` (one worker, one server process); the fields of `torch_loop`.
+    `make_optimizer(params, cfg)`: the plain loop's optimizer (transformer.py `make_optimizer`)."""
     import torch
 
-    from psgd.bench.transformer import make_optimizer
     from psgd.train import assemble, launch
 
     torch.set_num_threads(launch.thread_budget(cfg))

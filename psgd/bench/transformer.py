@@ -176,7 +176,7 @@ def child(argv: list[str]) -> int:
     if a.floor:
         from psgd.bench.floor import floor_loop
 
-        result = floor_loop(cfg)
+        result = floor_loop(cfg, make_optimizer)
     else:
         result = torch_loop(cfg, a.rank, a.ddp_store)
     (Path(cfg.out) / f"result-{a.rank}.json").write_text(json.dumps(result))
