@@ -197,6 +197,10 @@ def test_the_floor_arm_computes_what_the_plain_loop_does_with_its_update_in_a_se
     from psgd.bench import transformer as tb
 
     cfg = tb.arm_config(roundtrip.workload("mlp16", 12), "floor", tmp_path / "floor")
-    plain, low = tb.torch_loop(cfg, 0), floor.floor_loop(cfg, tb.make_optimizer)
-    assert low["final_train_loss"] == plain["final_train_loss"]
-    assert len(low["ends"]) == 12 and low["ends"] == sorted(low["ends"])
+    plain = tb.torch_loop(cfg, 0)
+    for wait in ("block", "spin"):  # the server sleeps in recv, or both processes spin on a counter
+        low = floor.floor_loop(cfg, tb.make_optimizer, wait)
+        assert low["final_train_loss"] == plain["final_train_loss"], wait
+        assert len(low["ends"]) == 12 and low["ends"] == sorted(low["ends"])
+    with pytest.raises(ValueError, match="block or spin"):
+        floor.floor_loop(cfg, tb.make_optimizer, "poll")

@@ -12,10 +12,13 @@ What it does, and nothing more (the least a server that owns its parameters must
   copy on its side;
 - the server (a child forked before the clock starts) keeps its own copy of the parameters and the
   optimizer of the config (torch's, as the plain loop builds it: the same update arithmetic);
-- each step: the worker computes its gradient, wakes the server (one byte on a socketpair), and
-  blocks; the server steps its optimizer with the gradient where the worker wrote it, copies its
-  parameters into the region, and wakes the worker. Blocking, not spinning: a server that spins
-  holds a core that a worker on the same host needs, and psgd's shards block too.
+- each step: the worker computes its gradient, wakes the server, and waits; the server steps its
+  optimizer with the gradient where the worker wrote it, copies its parameters into the region,
+  and wakes the worker. `wait="block"` (the `floor` arm): one byte on a socketpair, each process
+  asleep in recv while the other works, as psgd's shards and workers wait. `wait="spin"` (the
+  `floor-spin` arm): a step counter in the region that the waiting process reads in a loop, so no
+  process ever sleeps: what is left is the price of the second process without its wake-ups, paid
+  for with a core held busy (which a worker on the same host would want).
 
 Contract: one worker, psgd's model, batches and warm-up (as `torch_loop`, psgd/bench/transformer.py),
 so the run computes what the plain loop does: its final loss is the plain loop's, bit for bit
@@ -25,18 +28,21 @@ the worker closes its end; the worker waits for it, so no process outlives the a
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import socket
+import struct
 import time
 from collections.abc import Callable
 
 from psgd.core.config import RunConfig
 
 
-def floor_loop(cfg: RunConfig, make_optimizer: Callable) -> dict:
+def floor_loop(cfg: RunConfig, make_optimizer: Callable, wait: str = "block") -> dict:
     """Run the floor arm of `cfg` (one worker, one server process); the fields of `torch_loop`.
-    `make_optimizer(params, cfg)`: the plain loop's optimizer (transformer.py `make_optimizer`)."""
+    `make_optimizer(params, cfg)`: the plain loop's optimizer (transformer.py `make_optimizer`);
+    `wait`: "block" or "spin" (see the module docstring)."""
     import torch
 
     from psgd.train import assemble, launch
@@ -46,8 +52,12 @@ def floor_loop(cfg: RunConfig, make_optimizer: Callable) -> dict:
     model, loss_fn = parts.model, parts.loss
     params = list(model.parameters())
     n = sum(p.numel() for p in params)
-    region = mmap.mmap(-1, 8 * n)  # anonymous and shared: the forked server maps the same pages
-    flat = torch.frombuffer(region, dtype=torch.float32)
+    if wait not in ("block", "spin"):
+        raise ValueError(f"wait is block or spin, not {wait!r}")
+    # Anonymous and shared: the forked server maps the same pages. [parameters | gradients | the
+    # spin counters: the worker's step, the server's step].
+    region = mmap.mmap(-1, 8 * n + 16)
+    flat = torch.frombuffer(region, dtype=torch.float32, count=2 * n)
     shared_params, shared_grads = flat[:n], flat[n:]
     offset = 0
     for p in params:  # the worker's parameters and gradients become views of the region (FlatParams' way)
@@ -63,8 +73,11 @@ def floor_loop(cfg: RunConfig, make_optimizer: Callable) -> dict:
     pid = os.fork()
     if pid == 0:  # the server: never returns
         worker_end.close()
-        _serve(server_end, shared_params, shared_grads, cfg, make_optimizer)
+        parent = os.getppid()
+        bell = _Bell(server_end, region, 8 * n, wait, mine=8, theirs=0, alive=lambda: os.getppid() == parent)
+        _serve(bell, shared_params, shared_grads, cfg, make_optimizer)
     server_end.close()
+    bell = _Bell(worker_end, region, 8 * n, wait, mine=0, theirs=8, alive=lambda: os.waitpid(pid, os.WNOHANG)[0] == 0)
     ends, compute_s, loss = [], 0.0, 0.0
     try:
         for clock in range(cfg.steps):
@@ -75,18 +88,51 @@ def floor_loop(cfg: RunConfig, make_optimizer: Callable) -> dict:
                 out.backward()
                 loss = float(out.detach())
             compute_s += time.perf_counter() - t0
-            worker_end.sendall(b"g")  # the gradient is in the region
-            if worker_end.recv(1) != b"p":  # the parameters are
+            bell.ring(clock + 1)  # the gradient of step `clock` is in the region
+            if bell.wait(clock + 1) is None:  # the parameters are
                 raise RuntimeError("the floor's server process ended in the middle of a step")
             ends.append(time.time())
     finally:
-        worker_end.close()  # the server's recv sees the end and exits
-        os.waitpid(pid, 0)
+        bell.ring(-1)  # the server sees the end and exits
+        worker_end.close()
+        with contextlib.suppress(ChildProcessError):  # reaped already by a spin that found it dead
+            os.waitpid(pid, 0)
     return {"rank": 0, "ends": ends, "final_train_loss": loss, "threads": torch.get_num_threads(),
             "compute_s": compute_s}
 
 
-def _serve(sock: socket.socket, shared_params, shared_grads, cfg: RunConfig, make_optimizer) -> None:
+class _Bell:
+    """How the two processes wake each other: `ring(step)` says this side's step is done (-1: the
+    end); `wait(step)` returns once the other side's is, or None when it ended or died. Block: one
+    byte on the socketpair. Spin: an int64 per side in the region, read in a loop that looks every
+    so often whether the other process still lives, `alive()` (a spinning orphan would hold a core
+    forever)."""
+
+    def __init__(self, sock: socket.socket, region: mmap.mmap, at: int, how: str, mine: int, theirs: int,
+                 alive: Callable[[], bool]) -> None:
+        self.sock, self.region, self.spin, self.alive = sock, region, how == "spin", alive
+        self.mine, self.theirs = at + mine, at + theirs
+
+    def ring(self, step: int) -> None:
+        if self.spin:
+            struct.pack_into("q", self.region, self.mine, step)
+        elif step >= 0:
+            self.sock.sendall(b"s")
+
+    def wait(self, step: int) -> int | None:
+        if not self.spin:
+            return step if self.sock.recv(1) == b"s" else None
+        polls = 0
+        while (got := struct.unpack_from("q", self.region, self.theirs)[0]) != step:
+            if got < 0:
+                return None
+            polls += 1
+            if polls % 100_000 == 0 and not self.alive():
+                return None
+        return got
+
+
+def _serve(bell: _Bell, shared_params, shared_grads, cfg: RunConfig, make_optimizer) -> None:
     """The server process: its own parameters, the config's optimizer; one update per wake-up."""
     import torch
 
@@ -94,12 +140,15 @@ def _serve(sock: socket.socket, shared_params, shared_grads, cfg: RunConfig, mak
     try:
         own = torch.nn.Parameter(shared_params.clone())
         opt = make_optimizer([own], cfg)
-        while sock.recv(1) == b"g":
+        step = 1
+        while bell.wait(step) is not None:
             own.grad = shared_grads
             opt.step()
             shared_params.copy_(own.detach())
-            sock.sendall(b"p")
-    except BaseException:  # noqa: BLE001 - the worker reads a closed socket and says so
+            bell.ring(step)
+            step += 1
+    except BaseException:  # noqa: BLE001 - the worker sees the end (-1, or the closed socket) and says so
         code = 1
+        bell.ring(-1)
     finally:
         os._exit(code)  # a forked child: never run the parent's cleanup

@@ -10,6 +10,8 @@ other, in an order rotated per round (so no arm always runs first on a warm or a
 - `floor`: the least a server in a second process costs: the same loop with the update in a
   forked server that keeps its own parameters, gradients and parameters shared without a copy on
   the worker's side, two blocking wake-ups per step and nothing else (psgd/bench/floor.py);
+- `floor-spin` (not in the default arms): the floor with both processes spinning on a counter in
+  shared memory instead of sleeping: the floor's price without its wake-ups, a core held busy;
 - `ps`: `psgd run --mode async --workers 1 --servers 1` (every gradient crosses the wire both ways);
 - `shm`: the same with `--transport shm` (the frames on the socket, the payloads in shared memory);
 - `ddp`: torch DDP on gloo, 2 ranks (the ceiling of an all-reduce);
@@ -35,9 +37,11 @@ from psgd.bench import transformer as tb
 from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig
 
 ARMS = ("plain", "floor", "ps", "shm", "ddp", "allreduce")
+OTHER_ARMS = ("floor-spin",)  # run when named in --arms
 # (an arm, what it is measured against): psgd against the ceiling, the floor against the ceiling,
 # psgd against the floor, and the all-reduce against DDP.
-PAIRS = (("ps", "plain"), ("shm", "plain"), ("floor", "plain"), ("shm", "floor"), ("allreduce", "ddp"))
+PAIRS = (("ps", "plain"), ("shm", "plain"), ("floor", "plain"), ("shm", "floor"), ("floor-spin", "plain"),
+         ("allreduce", "ddp"))
 FIELDS = ("workload", "round", "arm", "samples_per_s", "step_ms", "steps_timed", "compute_ms", "exchange_ms")
 
 
@@ -81,7 +85,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (the table shows each and the median)")
     p.add_argument("--steps", default="300,100,100", help="steps per run, one per workload (or one for all)")
     p.add_argument("--skip", type=int, default=5, help="warm-up steps left out of the timing")
-    p.add_argument("--arms", default=",".join(ARMS), help=f"of {', '.join(ARMS)}")
+    p.add_argument("--arms", default=",".join(ARMS), help=f"of {', '.join(ARMS + OTHER_ARMS)}")
     p.add_argument("--out", default="results/bench/roundtrip", help="folder for the table, CSV and command")
     p.add_argument("--runs", default="results/runs/roundtrip", help="folder for the runs themselves")
     a = p.parse_args(argv)
@@ -93,8 +97,8 @@ def main(argv: list[str]) -> int:
         bases = {n: workload(n, s) for n, s in zip(names, steps, strict=True)}
     except ValueError as e:
         raise UsageError(f"--workloads / --steps: {e}") from None
-    if a.rounds < 1 or not set(arms) <= set(ARMS) or not arms:
-        raise UsageError(f"--rounds must be >= 1 and --arms of {', '.join(ARMS)}")
+    if a.rounds < 1 or not set(arms) <= set(ARMS + OTHER_ARMS) or not arms:
+        raise UsageError(f"--rounds must be >= 1 and --arms of {', '.join(ARMS + OTHER_ARMS)}")
     out, runs = Path(a.out), Path(a.runs).resolve()
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []

@@ -66,6 +66,7 @@ FIELDS = ["round", "arm", "status", "processes", "threads", "samples_per_s", "sa
           "step_ms", "compute_ms", "exchange_ms", "final_train_loss", "peak_rss_sum_mib", "peak_rss_max_mib",
           "peak_pss_sum_mib", "run_s", "note"]
 BUDGET_MIB = 2048
+FLOOR_WAIT = {"floor": "block", "floor-spin": "spin"}  # psgd bench roundtrip's floor arms (psgd/bench/floor.py)
 RUNNER = "import sys; from psgd.bench.transformer import child; sys.exit(child(sys.argv[1:]))"
 TAG = "PSGD_BENCH_TRANSFORMER"  # in every process of an arm (inherited): how the memory poll finds them
 MIB = 1 << 20
@@ -88,7 +89,7 @@ def arm_config(base: RunConfig, arm: str, out: Path) -> RunConfig:
     if arm == "default":
         d = RunConfig()
         return dataclasses.replace(base, mode=d.mode, workers=d.workers, servers=d.servers, out=str(out))
-    if arm in ("plain", "floor", "ps", "shm"):  # shm: the ps arm, its payloads in shared memory (--transport shm)
+    if arm in ("plain", *FLOOR_WAIT, "ps", "shm"):  # shm: the ps arm, its payloads in shared memory (--transport shm)
         return dataclasses.replace(base, mode="async", workers=1, servers=1, out=str(out),
                                    **({"transport": "shm"} if arm == "shm" else {}))
     return dataclasses.replace(base, mode="allreduce", workers=2, servers=1, backend="gloo", out=str(out))
@@ -170,13 +171,13 @@ def child(argv: list[str]) -> int:
     p.add_argument("--config", required=True)
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--ddp-store", default="")
-    p.add_argument("--floor", action="store_true", help="the floor arm (psgd/bench/floor.py)")
+    p.add_argument("--floor", choices=("block", "spin"), help="a floor arm (psgd/bench/floor.py), its wait")
     a = p.parse_args(argv)
     cfg = from_dict(json.loads(Path(a.config).read_text()))
     if a.floor:
         from psgd.bench.floor import floor_loop
 
-        result = floor_loop(cfg, make_optimizer)
+        result = floor_loop(cfg, make_optimizer, a.floor)
     else:
         result = torch_loop(cfg, a.rank, a.ddp_store)
     (Path(cfg.out) / f"result-{a.rank}.json").write_text(json.dumps(result))
@@ -375,7 +376,8 @@ def run_arm(arm: str, cfg: RunConfig, skip: int, timeout: float = 600.0) -> dict
         (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
         store = str((out / "rendezvous").resolve()) if arm == "ddp" else ""
         argvs = [[sys.executable, "-c", RUNNER, "--config", str(out / "config.json"), "--rank", str(r),
-                  *(["--ddp-store", store] if store else []), *(["--floor"] if arm == "floor" else [])]
+                  *(["--ddp-store", store] if store else []),
+                  *(["--floor", FLOOR_WAIT[arm]] if arm in FLOOR_WAIT else [])]
                  for r in range(cfg.workers)]
         mem = run_processes(argvs, [out / "logs" / f"rank-{r}.log" for r in range(cfg.workers)], tag, timeout)
         results = [json.loads((out / f"result-{r}.json").read_text()) for r in range(cfg.workers)]
