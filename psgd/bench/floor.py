@@ -23,7 +23,8 @@ What it does, and nothing more (the least a server that owns its parameters must
 Contract: one worker, psgd's model, batches and warm-up (as `torch_loop`, psgd/bench/transformer.py),
 so the run computes what the plain loop does: its final loss is the plain loop's, bit for bit
 (tests/test_bench.py holds this). Returns the fields `torch_loop` returns. The server exits when
-the worker closes its end; the worker waits for it, so no process outlives the arm.
+the worker says the end (its socket closed, or -1 in its counter) or dies; the worker reaps it, and
+stops with one line if the server dies first, so no process outlives the arm.
 """
 
 from __future__ import annotations
@@ -47,13 +48,13 @@ def floor_loop(cfg: RunConfig, make_optimizer: Callable, wait: str = "block") ->
 
     from psgd.train import assemble, launch
 
+    if wait not in ("block", "spin"):
+        raise ValueError(f"wait is block or spin, not {wait!r}")
     torch.set_num_threads(launch.thread_budget(cfg))
     parts = assemble.worker_parts(cfg, 0, torch.device("cpu"))
     model, loss_fn = parts.model, parts.loss
     params = list(model.parameters())
     n = sum(p.numel() for p in params)
-    if wait not in ("block", "spin"):
-        raise ValueError(f"wait is block or spin, not {wait!r}")
     # Anonymous and shared: the forked server maps the same pages. [parameters | gradients | the
     # spin counters: the worker's step, the server's step].
     region = mmap.mmap(-1, 8 * n + 16)
@@ -104,7 +105,8 @@ def floor_loop(cfg: RunConfig, make_optimizer: Callable, wait: str = "block") ->
 class _Bell:
     """How the two processes wake each other: `ring(step)` says this side's step is done (-1: the
     end); `wait(step)` returns once the other side's is, or None when it ended or died. Block: one
-    byte on the socketpair. Spin: an int64 per side in the region, read in a loop that looks every
+    byte on the socketpair. Spin: an aligned int64 per side in the region (written after the tensors
+    it announces; x86 keeps stores in order, which is what the spin relies on), read in a loop that looks every
     so often whether the other process still lives, `alive()` (a spinning orphan would hold a core
     forever)."""
 
