@@ -7,16 +7,16 @@ any such design pays on this machine, so that psgd's distance to it (its own ove
 floor's to the ceiling (the price of a second process) are read apart, in the same invocation.
 
 What it does, and nothing more (the least a server that owns its parameters must do):
-- the worker (this process) holds its parameters and gradients as views of one shared-memory
-  region (psgd's FlatParams layout: [parameters | gradients]), so neither a push nor a pull is a
-  copy on its side;
+- the worker (this process) holds its parameters and gradients as psgd's worker does (FlatParams:
+  views of two flat buffers), the buffers in shared memory, so neither a push nor a pull is a copy
+  on its side;
 - the server (a child forked before the clock starts) keeps its own copy of the parameters and the
   optimizer of the config (torch's, as the plain loop builds it: the same update arithmetic);
 - each step: the worker computes its gradient, wakes the server, and waits; the server steps its
-  optimizer with the gradient where the worker wrote it, copies its parameters into the region,
+  optimizer with the gradient where the worker wrote it, copies its parameters into the worker's,
   and wakes the worker. `wait="block"` (the `floor` arm): one byte on a socketpair, each process
   asleep in recv while the other works, as psgd's shards and workers wait. `wait="spin"` (the
-  `floor-spin` arm): a step counter in the region that the waiting process reads in a loop, so no
+  `floor-spin` arm): a step counter in shared memory that the waiting process reads in a loop, so no
   process ever sleeps: what is left is the price of the second process without its wake-ups, paid
   for with a core held busy (which a worker on the same host would want).
 
@@ -46,50 +46,40 @@ def floor_loop(cfg: RunConfig, make_optimizer: Callable, wait: str = "block") ->
     `wait`: "block" or "spin" (see the module docstring)."""
     import torch
 
-    from psgd.train import assemble, launch
+    from psgd.train import assemble, launch, models, worker
 
     if wait not in ("block", "spin"):
         raise ValueError(f"wait is block or spin, not {wait!r}")
     torch.set_num_threads(launch.thread_budget(cfg))
     parts = assemble.worker_parts(cfg, 0, torch.device("cpu"))
     model, loss_fn = parts.model, parts.loss
-    params = list(model.parameters())
-    n = sum(p.numel() for p in params)
-    # Anonymous and shared: the forked server maps the same pages. [parameters | gradients | the
-    # spin counters: the worker's step, the server's step].
-    region = mmap.mmap(-1, 8 * n + 16)
-    flat = torch.frombuffer(region, dtype=torch.float32, count=2 * n)
-    shared_params, shared_grads = flat[:n], flat[n:]
-    offset = 0
-    for p in params:  # the worker's parameters and gradients become views of the region (FlatParams' way)
-        k = p.numel()
-        shared_params[offset:offset + k].copy_(p.data.reshape(-1))
-        p.data = shared_params[offset:offset + k].view_as(p)
-        p.grad = shared_grads[offset:offset + k].view_as(p)
-        offset += k
-    xb, yb = parts.batches.micro(0)[0]
-    loss_fn(model(xb), yb).backward()  # the warm-up psgd's worker and the plain loop do
-    shared_grads.zero_()
+    # psgd's worker layout (parameters and gradients as views of two flat buffers), the buffers moved
+    # into shared memory (in place: the views follow), which the forked server maps too.
+    flat = models.FlatParams(model)
+    flat.params.share_memory_()
+    flat.grads.share_memory_()
+    worker.warm_up(model, flat, *parts.batches.micro(0)[0], loss_fn)  # as psgd's worker and the plain loop
+    counters = mmap.mmap(-1, 16)  # the spin's two steps, the worker's then the server's; shared with the fork
     worker_end, server_end = socket.socketpair()
     pid = os.fork()
     if pid == 0:  # the server: never returns
         worker_end.close()
         parent = os.getppid()
-        bell = _Bell(server_end, region, 8 * n, wait, mine=8, theirs=0, alive=lambda: os.getppid() == parent)
-        _serve(bell, shared_params, shared_grads, cfg, make_optimizer)
+        bell = _Bell(server_end, counters, wait, mine=8, theirs=0, alive=lambda: os.getppid() == parent)
+        _serve(bell, flat.params, flat.grads, cfg, make_optimizer)
     server_end.close()
-    bell = _Bell(worker_end, region, 8 * n, wait, mine=0, theirs=8, alive=lambda: os.waitpid(pid, os.WNOHANG)[0] == 0)
+    bell = _Bell(worker_end, counters, wait, mine=0, theirs=8, alive=lambda: os.waitpid(pid, os.WNOHANG)[0] == 0)
     ends, compute_s, loss = [], 0.0, 0.0
     try:
         for clock in range(cfg.steps):
             t0 = time.perf_counter()
-            shared_grads.zero_()
+            flat.zero_grad()
             for xm, ym in parts.batches.micro(clock):
                 out = loss_fn(model(xm), ym)
                 out.backward()
                 loss = float(out.detach())
             compute_s += time.perf_counter() - t0
-            bell.ring(clock + 1)  # the gradient of step `clock` is in the region
+            bell.ring(clock + 1)  # the gradient of step `clock` is in the shared buffer
             if bell.wait(clock + 1) is None:  # the parameters are
                 raise RuntimeError("the floor's server process ended in the middle of a step")
             ends.append(time.time())
@@ -105,19 +95,19 @@ def floor_loop(cfg: RunConfig, make_optimizer: Callable, wait: str = "block") ->
 class _Bell:
     """How the two processes wake each other: `ring(step)` says this side's step is done (-1: the
     end); `wait(step)` returns once the other side's is, or None when it ended or died. Block: one
-    byte on the socketpair. Spin: an aligned int64 per side in the region (written after the tensors
-    it announces; x86 keeps stores in order, which is what the spin relies on), read in a loop that looks every
+    byte on the socketpair. Spin: an aligned int64 per side in shared memory (written after the
+    tensors it announces; x86 keeps stores in order, which is what the spin relies on), read in a loop that looks every
     so often whether the other process still lives, `alive()` (a spinning orphan would hold a core
     forever)."""
 
-    def __init__(self, sock: socket.socket, region: mmap.mmap, at: int, how: str, mine: int, theirs: int,
+    def __init__(self, sock: socket.socket, counters: mmap.mmap, how: str, mine: int, theirs: int,
                  alive: Callable[[], bool]) -> None:
-        self.sock, self.region, self.spin, self.alive = sock, region, how == "spin", alive
-        self.mine, self.theirs = at + mine, at + theirs
+        self.sock, self.counters, self.spin, self.alive = sock, counters, how == "spin", alive
+        self.mine, self.theirs = mine, theirs
 
     def ring(self, step: int) -> None:
         if self.spin:
-            struct.pack_into("q", self.region, self.mine, step)
+            struct.pack_into("q", self.counters, self.mine, step)
         elif step >= 0:
             self.sock.sendall(b"s")
 
@@ -125,7 +115,7 @@ class _Bell:
         if not self.spin:
             return step if self.sock.recv(1) == b"s" else None
         polls = 0
-        while (got := struct.unpack_from("q", self.region, self.theirs)[0]) != step:
+        while (got := struct.unpack_from("q", self.counters, self.theirs)[0]) != step:
             if got < 0:
                 return None
             polls += 1

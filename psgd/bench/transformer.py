@@ -164,7 +164,7 @@ def make_optimizer(params, cfg: RunConfig):
 
 
 def child(argv: list[str]) -> int:
-    """`python -c RUNNER --config C --rank R [--ddp-store PATH]`: one torch arm's process."""
+    """`python -c RUNNER --config C --rank R [--ddp-store PATH | --floor WAIT]`: one torch arm's process."""
     import argparse
 
     p = argparse.ArgumentParser(prog="psgd.bench.transformer child")
