@@ -1,8 +1,8 @@
 """The floor of a parameter server's round trip on one host: `psgd bench roundtrip`'s `floor` arm.
 
-Why: the no-server loop (`plain`) is the ceiling of the ratio issue 36 asks of psgd, but no design
-with a server in another process can reach it: the server's step runs after the worker's backward,
-not inside it, and two processes must wake each other twice per step. This arm measures the least
+Why: the no-server loop (`plain`) is the ceiling of the ratio issue 36 asks of psgd, and a design
+with a server in another process pays for the second process: the server's step runs after the
+worker's backward, not inside it, and two processes must wake each other twice per step. This arm measures the least
 any such design pays on this machine, so that psgd's distance to it (its own overhead) and the
 floor's to the ceiling (the price of a second process) are read apart, in the same invocation.
 
@@ -96,9 +96,9 @@ class _Bell:
     """How the two processes wake each other: `ring(step)` says this side's step is done (-1: the
     end); `wait(step)` returns once the other side's is, or None when it ended or died. Block: one
     byte on the socketpair. Spin: an aligned int64 per side in shared memory (written after the
-    tensors it announces; x86 keeps stores in order, which is what the spin relies on), read in a loop that looks every
-    so often whether the other process still lives, `alive()` (a spinning orphan would hold a core
-    forever)."""
+    tensors it announces; x86 keeps stores in order, which is what the spin relies on), read in a
+    loop that looks every so often whether the other process still lives, `alive()` (a spinning
+    orphan would hold a core forever)."""
 
     def __init__(self, sock: socket.socket, counters: mmap.mmap, how: str, mine: int, theirs: int,
                  alive: Callable[[], bool]) -> None:
