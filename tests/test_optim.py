@@ -146,3 +146,17 @@ def test_an_optimizer_plugs_in_as_one_class_and_its_registration(monkeypatch):
     optim.check_state(cfg.optim, state)  # the registry's class answers for its own checkpoints
     with pytest.raises(ValueError, match="not a sign-SGD state"):
         optim.check_state(cfg.optim, optim.build(torch.zeros(2), OptimConfig()).state_dict())
+
+
+@pytest.mark.parametrize("momentum,weight_decay,nesterov", [(0.0, 0.0, False), (0.9, 0.0, False), (0.9, 0.01, True)])
+def test_fused_sgd_is_torch_fused_sgd_bit_for_bit(momentum, weight_decay, nesterov):
+    # psgd's SGD calls torch's fused kernel itself (not through torch.optim.sgd.sgd's grouping):
+    # the same update, momentum buffer made on the first step included.
+    cfg = OptimConfig(lr=0.05, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, warmup=3)
+    kw = dict(lr=0.05, momentum=momentum, weight_decay=weight_decay, nesterov=nesterov, fused=True)
+    ours, theirs, mine = run(cfg, torch.optim.SGD, kw, fused=True, warmup_sched=True)
+    assert mine.fused, "the fused kernel was taken, not the fallback"
+    assert torch.equal(ours, theirs)
+    assert (mine.momentum_buffer is None) == (momentum == 0)
+    plain, theirs, _ = run(cfg, torch.optim.SGD, dict(kw, fused=False), fused=False, warmup_sched=True)
+    assert torch.equal(plain, theirs)

@@ -175,3 +175,22 @@ def test_a_reply_larger_than_the_segment_is_refused(shards):
         client.close()
         seg.unlink()
         seg.close()
+
+
+def test_a_side_spins_only_where_the_runs_processes_fit_the_cores(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    assert shm.spin_for(2, 0.003) == 0.003  # one worker and one shard on 2 cores: each has its own
+    assert shm.spin_for(3, 0.003) == 0.0    # one more process than cores: a spin would take one's core
+
+
+def test_a_spinning_wait_returns_once_the_socket_is_readable_and_after_its_budget_when_not():
+    a, b = socket.socketpair()
+    try:
+        fr.await_readable(a, 0.0)   # no spin: returns at once
+        fr.await_readable(a, 0.01)  # nothing to read: returns when its budget is spent, never blocks
+        b.sendall(b"x")
+        fr.await_readable(a, 60.0)  # readable: returns at once, whatever the budget
+        assert a.recv(1) == b"x"
+    finally:
+        a.close()
+        b.close()

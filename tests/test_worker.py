@@ -1,6 +1,6 @@
 """The worker loop's start: the warm-up changes nothing, and the shards' start barrier keeps every
 worker from training (and every gradient from being applied) until the last worker has arrived; a
-failing loop still closes its exchange."""
+failing loop still closes its exchange; its deferred metrics lines keep their order."""
 
 import threading
 
@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from psgd.core.config import DataConfig, ModelConfig, RunConfig
 from psgd.core.step import StepReport
 from psgd.train import assemble, data, models, worker
+from psgd.train.metrics import Metrics, read_events
 
 DATA = DataConfig(dataset="synthetic", num_samples=1000)
 MODEL = ModelConfig(model="mlp", width=16)
@@ -115,3 +116,22 @@ def test_jitter_draws_have_the_mean_asked_and_pareto_has_the_heavy_tail():
     # The tail: the largest of 20,000 draws is about 20000^(2/3) / 3 = 245 means for Pareto 1.5 and
     # about ln(20000) = 10 means for the exponential.
     assert max(par) > 50 * 5.0 and max(exp) < 20 * 5.0
+
+
+def test_a_deferred_metrics_line_is_written_in_order_by_whatever_comes_next(tmp_path):
+    # The worker defers its step line and its exchange flushes it while the shards answer the
+    # next push: nothing is lost or reordered, and the line keeps the time it was deferred at.
+    m = Metrics(tmp_path / "metrics.jsonl")
+    m.defer(event="step", clock=0, time=1.0)
+    assert not (tmp_path / "metrics.jsonl").exists(), "deferred: not written yet"
+    m.flush()
+    m.flush()  # nothing pending: writes nothing
+    m.defer(event="step", clock=1)
+    m.defer(event="step", clock=2)  # writes clock 1 first
+    m.write(event="worker_end")  # writes clock 2 first
+    m.defer(event="step", clock=3)
+    m.close()  # writes clock 3
+    events = read_events(tmp_path / "metrics.jsonl")
+    assert [(e["event"], e.get("clock")) for e in events] == [
+        ("step", 0), ("step", 1), ("step", 2), ("worker_end", None), ("step", 3)]
+    assert events[0]["time"] == 1.0 and all("time" in e for e in events)

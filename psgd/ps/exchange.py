@@ -28,6 +28,7 @@ pull-compute-push: pulls stream into forward, pushes leave during backward.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -85,6 +86,9 @@ class PSExchange:
         self.stage = stage  # host staging (psgd/ps/staging.py): None = when the model is on a GPU
         self.staging: HostStaging | None = None
         self.joins = joins or {}  # scheduled joiners (--elastic): rank -> the update it is in the run from
+        # Work the loop hands over to be done while the shards answer a push (the previous step's
+        # metrics line: psgd/train/metrics.py `defer`); the worker loop sets it.
+        self.while_waiting: Callable[[], None] | None = None
 
     def setup(self, flat, rank: int) -> None:
         self.client = make_client(self.transport, self.addresses, rank, flat.params.numel(), self.wire_dtype,
@@ -169,7 +173,9 @@ class PSExchange:
             # The gradient is zeroed for the next step while the shards answer (on the CPU: a
             # 17 MB memset is ~1.3 ms of a 4.3M-parameter step otherwise spent before compute).
             zero = flat.zero_grad if flat.grads.device.type == "cpu" else None
-            o = self.client.push_pull(clock // self.local_steps, pushed, self.staging.host_params(), on_sent=zero)
+            waiting = self.while_waiting
+            on_sent = zero if waiting is None else (waiting if zero is None else lambda: (zero(), waiting()))
+            o = self.client.push_pull(clock // self.local_steps, pushed, self.staging.host_params(), on_sent=on_sent)
             self._landed(o.pulled, flat)
             self._next = o.pulled
             end, r = time.perf_counter(), o.pulled

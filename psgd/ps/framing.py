@@ -21,9 +21,11 @@ callbacks (the emulated link's pacing, --overlap's progress) see the payload in 
 
 from __future__ import annotations
 
+import select
 import socket
 import ssl
 import struct
+import time
 from collections.abc import Callable
 
 import torch
@@ -70,6 +72,24 @@ def _sendmsg_all(sock: socket.socket, parts: list) -> None:
             continue
         sock.sendall(memoryview(part)[sent:])
         sent = 0
+
+
+def await_readable(sock: socket.socket, seconds: float) -> None:
+    """Spin up to `seconds` polling `sock` for input without sleeping; the caller's blocking read
+    follows either way (spin, then block).
+
+    Why: a process that sleeps in a read is woken by the kernel when its peer writes, and on this
+    project's 2-core VMs that wake-up cost ~50 us after a millisecond asleep (a raw socket ping-pong,
+    docs/architecture.md), twice per round trip, as long as the whole push of a small model. Only
+    for peers on this host whose processes fit its cores (psgd/ps/shm.py): a spinning process must
+    not take a core from one that computes."""
+    if seconds <= 0:
+        return
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    end = time.perf_counter() + seconds
+    while not poller.poll(0) and time.perf_counter() < end:
+        pass
 
 
 def recv_exact(sock: socket.socket, view: memoryview) -> None:

@@ -66,6 +66,7 @@ it guards the parameters, the optimizer, the snapshots and the counters. The pol
 
 from __future__ import annotations
 
+import math
 import os
 import queue
 import signal
@@ -295,5 +296,7 @@ def all_finite(t: torch.Tensor) -> bool:
     A finite sum implies finite elements (NaN and inf propagate through addition), and a sum
     costs one pass without temporaries where `isfinite(t).all()` builds a bool tensor: 5 ms vs
     100 ms for 64 MiB here. Only a non-finite sum (or one that overflowed) takes the exact test.
+    The sum is read as a Python float (exact: a double holds every float32): a 0-dim isfinite
+    and its bool cost ~16 us more per push, as much as the sum of a 79k-element shard.
     """
-    return bool(torch.isfinite(t.sum())) or bool(torch.isfinite(t).all())
+    return math.isfinite(t.sum().item()) or bool(torch.isfinite(t).all())

@@ -61,6 +61,11 @@ class DataServer(socketserver.ThreadingTCPServer):
         self.token = token
         self.tls = tls
         self.max_connections = 4 * shard.workers + 8
+        # --transport shm: a connection's wait for its next push spins first (psgd/ps/shm.py), with
+        # one worker only: one connection thread per shard then waits at a time, where N spinning
+        # threads would take the GIL from the one that serves a push.
+        self.spin_s = shm.spin_for(shard.workers + shard.options.num_shards, shm.PUSH_SPIN_S) \
+            if shard.workers == 1 else 0.0
         self.connections: set[socket.socket] = set()
         self.lock = threading.Lock()  # guards connections and stopping
         self.stopping = False
@@ -131,6 +136,8 @@ class _Connection(socketserver.BaseRequestHandler):
         while True:
             try:
                 sock.settimeout(FIRST_FRAME_S if first else None)  # between frames a worker may compute
+                if self.segment is not None:
+                    fr.await_readable(sock, self.server.spin_s)
                 head = fr.recv_head(sock, lambda: sock.settimeout(self.server.shard.options.rpc_timeout))
                 if head is None:
                     return
@@ -204,25 +211,40 @@ class _Connection(socketserver.BaseRequestHandler):
         # Before any payload byte is read: an early sync push waits for its turn with its bytes in
         # the socket's buffers and the worker (TCP's flow control), not in the shard's memory.
         shard.turn(h.worker_id, h.clock, shard.options.rpc_timeout)
+        pace = _pacer(shard.link_in)
+        if self.segment is not None and dtype == "fp32" and not h.sparse_count:
+            # --transport shm, dense fp32: the gradient is read where it lies in the segment, no
+            # receive buffer lent (the shard's policy copies what it keeps; the worker writes there
+            # again only after the reply).
+            if pace:
+                pace(payload_len)
+            return h, self._hand_over(h, self.segment.views["fp32"][:h.num_elements], dtype, payload_len)
         with shard.receive_buffer() as buf:
-            pace = _pacer(shard.link_in)
             try:
-                grad = buf
-                if self.segment is not None:  # --transport shm: the bytes are here already
+                if self.segment is not None:  # --transport shm, sparse or narrowed: the bytes are here already
                     if pace:
                         pace(payload_len)
                     if h.sparse_count:
                         _scatter(self.segment.get_bytes(payload_len), h, dtype, buf)
                     else:
-                        grad = self.segment.gradient(buf, dtype)  # fp32: read in place, no copy
+                        self.segment.get_tensor(buf, dtype)
                 elif h.sparse_count:
                     _scatter(fr.recv_bytes(self.request, payload_len, pace), h, dtype, buf)
                 else:
                     fr.recv_tensor(self.request, buf, dtype, pace and (lambda n, _: pace(n)))
-                return h, shard.push(h.worker_id, h.clock, h.base_version, grad, dtype, payload_len)
             except ShardError as e:  # refused once the payload is read: nothing left to drain
                 self._error(e)
                 return h, None
+            return h, self._hand_over(h, buf, dtype, payload_len)
+
+    def _hand_over(self, h: pb.TensorHeader, grad, dtype: str, payload_len: int):
+        """shard.push of a received gradient: its PushOutcome, or None after answering an ERROR (a
+        refusal once the payload is read: nothing left to drain)."""
+        try:
+            return self.server.shard.push(h.worker_id, h.clock, h.base_version, grad, dtype, payload_len)
+        except ShardError as e:
+            self._error(e)
+            return None
 
     def _push(self, header: bytes, payload_len: int) -> None:
         _, o = self._received_push(header, payload_len)

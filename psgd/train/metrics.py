@@ -3,6 +3,8 @@
 Contract:
 - `Metrics(path).write(event=..., **fields)` appends one JSON object per line. Each line is one
   `os.write` on an O_APPEND descriptor, so the lines of concurrent processes never interleave.
+  `defer(**fields)` keeps one line, timed then, for the next `flush` (or write, defer, close): the
+  worker's step lines, written while the shards answer the next push.
 - `summarize(out, cfg, evals, final)` builds summary.json from the workers' `worker_end`
   events, the shards' `shard-K.json` stats and the offline evaluation (psgd/train/evaluate.py);
   `final_val_loss` / `final_val_accuracy` are None without a validation split (--val-fraction).
@@ -48,8 +50,28 @@ class Metrics:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.fd: int | None = None
+        self._pending: dict | None = None  # a deferred line (`defer`), not written yet
 
     def write(self, **fields) -> None:
+        self.flush()
+        self._write(fields)
+
+    def defer(self, **fields) -> None:
+        """The line of `fields`, timed now, written by the next `flush`, `write`, `defer` or
+        `close`: a worker defers its step's line and its exchange flushes it while the shards
+        answer the next push (psgd/ps/exchange.py `while_waiting`), off the step's critical path
+        (~45 us of a 1.8 ms step of the 256-wide MLP). Lines keep their order; a process killed
+        loses at most this one."""
+        self.flush()
+        fields.setdefault("time", time.time())
+        self._pending = fields
+
+    def flush(self) -> None:
+        if self._pending is not None:
+            line, self._pending = self._pending, None
+            self._write(line)
+
+    def _write(self, fields: dict) -> None:
         if self.fd is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -57,6 +79,7 @@ class Metrics:
         os.write(self.fd, (json.dumps(fields, separators=(",", ":")) + "\n").encode())
 
     def close(self) -> None:
+        self.flush()
         if self.fd is not None:
             os.close(self.fd)
             self.fd = None

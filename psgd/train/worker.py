@@ -131,10 +131,14 @@ def train(exchange: Exchange, model: torch.nn.Module, batches: Batches, loss: lo
         # Release connections, threads and files without waiting for peers that may be gone; the
         # loop's own error is the one reported.
         try:
+            if metrics is not None:
+                metrics.flush()  # the last step's deferred line
             exchange.close(failed=True)
         except Exception as close_error:  # noqa: BLE001 - kept as a note on the real error
             e.add_note(f"closing the exchange failed too: {close_error}")
         raise
+    if metrics is not None:
+        metrics.flush()  # the last step's deferred line, before anything below may fail
     end = dict(totals, rank=rank, train_start=train_start, train_end=time.time(), process_start=process_start_time(),
                cpu_cgroup=cpu_cgroup(), **device_info(device))
     exchange.close()
@@ -151,6 +155,8 @@ def _loop(exchange: Exchange, model, flat, batches: Batches, loss_fn: losses.Los
     if options.fail_step == -1:
         os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die while starting, before joining the shards
     exchange.setup(flat, rank)
+    if hasattr(exchange, "while_waiting") and metrics is not None:
+        exchange.while_waiting = metrics.flush
     if hasattr(exchange, "watch"):
         exchange.watch(model, flat)  # after the warm-up: its backward must not trigger --overlap's pushes
     totals = dict(steps=0, compute_s=0.0, pull_s=0.0, push_s=0.0, wait_s=0.0, bytes_pulled=0, bytes_pushed=0)
@@ -160,6 +166,8 @@ def _loop(exchange: Exchange, model, flat, batches: Batches, loss_fn: losses.Los
         return totals, time.time()  # resumed past its scheduled departure (sync: clocks are steps): nothing to do
     while True:
         if options.fail_step is not None and clock == options.fail_step:
+            if metrics is not None:
+                metrics.flush()  # the steps it took are on record, as they were before `defer`
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die like a crashed machine
         called = time.time()
         before = exchange.before_compute(clock, flat)
@@ -178,8 +186,8 @@ def _loop(exchange: Exchange, model, flat, batches: Batches, loss_fn: losses.Los
         compute_s = max(0.0, compute_s - after.overlapped_s) + after.compute_s
         totals["compute_s"] += compute_s
         _add(totals, after)
-        if metrics is not None:
-            metrics.write(event="step", rank=rank, clock=clock, loss=loss_sum, compute_s=compute_s,
+        if metrics is not None:  # written while the next push is answered (`while_waiting`), or next
+            metrics.defer(event="step", rank=rank, clock=clock, loss=loss_sum, compute_s=compute_s,
                           pull_s=before.pull_s + after.pull_s, wait_s=before.wait_s + after.wait_s,
                           push_s=after.push_s, clock_gap=before.clock_gap)
         clock += 1
