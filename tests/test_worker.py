@@ -3,6 +3,7 @@ worker from training (and every gradient from being applied) until the last work
 failing loop still closes its exchange; its deferred metrics lines keep their order."""
 
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -98,6 +99,16 @@ def test_a_failing_loop_closes_the_exchange_quickly_and_reports_its_own_error():
         assemble.train_worker(cfg, 0, ex, None)
     assert ex.closed == [True]  # once, told it failed (no waiting for peers)
     assert any("and so is the socket" in note for note in err.value.__notes__)
+
+    class FullDisk(Metrics):
+        def flush(self):
+            raise OSError("no space left on device")
+
+    ex.closed.clear()
+    with pytest.raises(RuntimeError, match="the network is gone") as err:
+        assemble.train_worker(cfg, 0, ex, FullDisk(Path("unused.jsonl")))
+    assert ex.closed == [True], "a metrics line that cannot be written must not skip the close"
+    assert any("no space left on device" in note for note in err.value.__notes__)
 
 
 def test_jitter_draws_have_the_mean_asked_and_pareto_has_the_heavy_tail():

@@ -37,16 +37,14 @@ Contract (every method thread-safe; a refusal raises `ShardError(code, message)`
   received gradient's buffer back before the pull may be held.
 - Every update is one step of the run's optimizer (`psgd.core.optim.build`: torch's SGD update
   with momentum, weight decay and a linear warmup, or AdamW's) on the shard tensor, so a sync run
-  reproduces single-process training. With
-  `--local-steps H` > 1 a push is a worker's model delta and the step is w <- w - mean(delta)
-  (SGD with lr 1 and nothing else): the replicas' average (psgd/core/localsgd.py).
+  reproduces single-process training. With `--local-steps H` > 1 a push is a worker's model delta
+  and the step is w <- w - mean(delta) (SGD with lr 1 only): the replicas' average (core/localsgd.py).
 - Start barrier: every worker's first pull (clock 0) is held until all N workers asked for it;
   its `wait_s` includes the time it waited for the first Init before that.
 - `join`, `cancel_join`, `leave`, `expire`, `lose`: who is in the run (psgd/ps/membership.py).
 - Snapshots every `--eval-every` updates, checkpoints, `stats` and `save(out)`: psgd/ps/persist.py.
 - `--link`: `link_in` / `link_out` pace this shard's NIC (pushes in, pulls out, shared by the N
-  workers' streams); the adapters pace each chunk with them (the gRPC one through
-  psgd/core/link.py `paced`, the TCP one through its frames' per-chunk callback).
+  workers' streams); the adapters pace each chunk with them (gRPC: psgd/core/link.py `paced`).
 - A sync round in which every gradient was skipped (--skip-nonfinite) counts as an update but
   takes no optimizer step, so it does not advance the warmup schedule either.
 - Remedies for stale gradients (async / SSP; the arithmetic is psgd/core/staleness.py), applied by
@@ -289,14 +287,13 @@ class Shard(Lending, Membership, Persistence):
         self.policy.close()
 
 
-
 def all_finite(t: torch.Tensor) -> bool:
     """True when no element is NaN or +-inf.
 
     A finite sum implies finite elements (NaN and inf propagate through addition), and a sum
     costs one pass without temporaries where `isfinite(t).all()` builds a bool tensor: 5 ms vs
     100 ms for 64 MiB here. Only a non-finite sum (or one that overflowed) takes the exact test.
-    The sum is read as a Python float (exact: a double holds every float32): a 0-dim isfinite
-    and its bool cost ~16 us more per push, as much as the sum of a 79k-element shard.
+    The sum is read as a Python float (exact for a float32): a 0-dim isfinite and its bool cost
+    ~16 us more per push, as much as the sum of a 79k-element shard.
     """
     return math.isfinite(t.sum().item()) or bool(torch.isfinite(t).all())

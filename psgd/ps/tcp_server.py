@@ -35,8 +35,6 @@ import socketserver
 import ssl
 import threading
 
-from google.protobuf.message import DecodeError
-
 from psgd._proto import parameter_server_pb2 as pb
 from psgd.core import codec, sparsify
 from psgd.core.errors import Code, ShardError
@@ -198,7 +196,7 @@ class _Connection(socketserver.BaseRequestHandler):
         """Read a push's frame and hand it to the shard: (header, PushOutcome), or (header, None)
         after answering an ERROR (a refusal once the payload is read: nothing left to drain)."""
         shard = self.server.shard
-        h = _parse(pb.TensorHeader, header)
+        h = wire.parse_header(pb.TensorHeader, header)
         dtype = wire.dtype_name(h.dtype)
         shard.check_push(h.worker_id, h.shard, h.num_elements, h.sparse_count)
         if h.sparse_count:
@@ -225,11 +223,11 @@ class _Connection(socketserver.BaseRequestHandler):
                     if pace:
                         pace(payload_len)
                     if h.sparse_count:
-                        _scatter(self.segment.get_bytes(payload_len), h, dtype, buf)
+                        wire.scatter_sparse(self.segment.get_bytes(payload_len), h, dtype, buf)
                     else:
                         self.segment.get_tensor(buf, dtype)
                 elif h.sparse_count:
-                    _scatter(fr.recv_bytes(self.request, payload_len, pace), h, dtype, buf)
+                    wire.scatter_sparse(fr.recv_bytes(self.request, payload_len, pace), h, dtype, buf)
                 else:
                     fr.recv_tensor(self.request, buf, dtype, pace and (lambda n, _: pace(n)))
             except ShardError as e:  # refused once the payload is read: nothing left to drain
@@ -267,7 +265,7 @@ class _Connection(socketserver.BaseRequestHandler):
         shard = self.server.shard
         if payload_len:
             raise ShardError(Code.INVALID_ARGUMENT, "a pull request carries no payload")
-        request = _parse(pb.PullRequest, header)
+        request = wire.parse_header(pb.PullRequest, header)
         dtype = wire.dtype_name(request.dtype)
         # A frame carries no deadline: the shard's own --rpc-timeout bounds a held pull.
         with shard.pull(request.worker_id, request.shard, request.clock, dtype, shard.options.rpc_timeout) as p:
@@ -291,29 +289,9 @@ class _Connection(socketserver.BaseRequestHandler):
         self._refuse(f"{e.code.name}: {e.message}")
 
 
-def _scatter(payload: bytearray, h: pb.TensorHeader, dtype: str, out) -> None:
-    """A sparse push's payload (every index, then every value) checked and scattered into `out`."""
-    cut = h.sparse_count * sparsify.INDEX_BYTES
-    view = memoryview(payload)
-    try:
-        scatter = sparsify.Scatter(h.num_elements, h.sparse_count, dtype, out)
-        scatter.add(view[:cut], view[cut:])
-        scatter.finish()
-    except ValueError as e:
-        raise ShardError(Code.INVALID_ARGUMENT, str(e)) from None
-
-
 def _pacer(pacer):
     """The pacing callback of one message on the shard's NIC (None without --link)."""
     if pacer is None:
         return None
     pacer.start(latency=False)
     return pacer.pace
-
-
-def _parse(message_type, data: bytes):
-    try:
-        return message_type.FromString(data)
-    except DecodeError:
-        raise ShardError(Code.INVALID_ARGUMENT,
-                         f"malformed {message_type.DESCRIPTOR.name} in a frame header") from None

@@ -7,6 +7,8 @@
   are, and come in as zero-copy memoryviews (`codec.data_view`); every other message is parsed
   by protobuf. The bytes on the wire are exactly the protobuf messages of the .proto.
 - `push_reply(outcome)`: a push's outcome as the .proto's PushReply.
+- `parse_header`, `scatter_sparse`: a raw-TCP frame's header and a sparse push's payload, read
+  with ShardError(INVALID_ARGUMENT) for bytes that do not parse (psgd/ps/tcp_server.py).
 - `reuse_freed_memory()`: a process-wide allocator setting both ends make (see its docstring).
 """
 
@@ -14,8 +16,10 @@ from __future__ import annotations
 
 import ctypes
 
+from google.protobuf.message import DecodeError
+
 from psgd._proto import parameter_server_pb2 as pb
-from psgd.core import codec
+from psgd.core import codec, sparsify
 from psgd.core.errors import Code, ShardError
 
 DTYPE_NAMES = {pb.FP32: "fp32", pb.FP16: "fp16", pb.BF16: "bf16"}
@@ -68,3 +72,24 @@ def dtype_name(enum: int) -> str:
     if name is None:
         raise ShardError(Code.INVALID_ARGUMENT, f"unknown wire dtype {enum}")
     return name
+
+
+def parse_header(message_type, data: bytes):
+    """A frame header's protobuf message; ShardError(INVALID_ARGUMENT) when it does not parse."""
+    try:
+        return message_type.FromString(data)
+    except DecodeError:
+        raise ShardError(Code.INVALID_ARGUMENT,
+                         f"malformed {message_type.DESCRIPTOR.name} in a frame header") from None
+
+
+def scatter_sparse(payload: bytearray, h: pb.TensorHeader, dtype: str, out) -> None:
+    """A sparse push's payload (every index, then every value) checked and scattered into `out`."""
+    cut = h.sparse_count * sparsify.INDEX_BYTES
+    view = memoryview(payload)
+    try:
+        scatter = sparsify.Scatter(h.num_elements, h.sparse_count, dtype, out)
+        scatter.add(view[:cut], view[cut:])
+        scatter.finish()
+    except ValueError as e:
+        raise ShardError(Code.INVALID_ARGUMENT, str(e)) from None

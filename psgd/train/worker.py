@@ -131,11 +131,14 @@ def train(exchange: Exchange, model: torch.nn.Module, batches: Batches, loss: lo
         # Release connections, threads and files without waiting for peers that may be gone; the
         # loop's own error is the one reported.
         try:
-            if metrics is not None:
-                metrics.flush()  # the last step's deferred line
             exchange.close(failed=True)
         except Exception as close_error:  # noqa: BLE001 - kept as a note on the real error
             e.add_note(f"closing the exchange failed too: {close_error}")
+        if metrics is not None:
+            try:
+                metrics.flush()  # the last step's deferred line (after the close: a full disk must not skip it)
+            except OSError as write_error:
+                e.add_note(f"writing the last metrics line failed too: {write_error}")
         raise
     if metrics is not None:
         metrics.flush()  # the last step's deferred line, before anything below may fail
