@@ -2,6 +2,9 @@
 worker from training (and every gradient from being applied) until the last worker has arrived; a
 failing loop still closes its exchange; its deferred metrics lines keep their order."""
 
+import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -146,3 +149,21 @@ def test_a_deferred_metrics_line_is_written_in_order_by_whatever_comes_next(tmp_
     assert [(e["event"], e.get("clock")) for e in events] == [
         ("step", 0), ("step", 1), ("step", 2), ("worker_end", None), ("step", 3)]
     assert events[0]["time"] == 1.0 and all("time" in e for e in events)
+
+
+def test_a_worker_stopped_by_sigterm_writes_its_deferred_line_and_dies_of_the_signal(tmp_path):
+    # The launcher stops a run's workers with SIGTERM when a shard dies; the step a worker finished
+    # must be on record (a restart's `reached` counts it), and the exit must still read as SIGTERM.
+    script = (
+        "import os, signal, sys\n"
+        "from psgd.train.metrics import Metrics\n"
+        "from psgd.train import work\n"
+        "m = Metrics(sys.argv[1])\n"
+        "m.defer(event='step', clock=5)\n"
+        "signal.signal(signal.SIGTERM, lambda *_: work._die_written(m))\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+        "sys.exit(7)  # not reached: the handler dies of the signal\n")
+    path = tmp_path / "metrics.jsonl"
+    r = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == -signal.SIGTERM, r.stderr
+    assert [(e["event"], e["clock"]) for e in read_events(path)] == [("step", 5)]

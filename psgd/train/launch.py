@@ -684,6 +684,12 @@ def _start_and_wait_in(cfg: RunConfig, out: Path, restore: list[str], zygote: Zy
     except KeyboardInterrupt:
         _stop(workers + servers)
         raise Interrupted(INTERRUPTED) from None
+    except ShardDied:
+        # SIGTERM first: each worker writes the step line it holds (psgd/train/work.py), so that the
+        # restart's `reached` counts every step finished; then whatever is left is killed.
+        _stop(workers, signal.SIGTERM)
+        _stop(workers + servers, signal.SIGKILL)
+        raise
     except BaseException:
         _stop(workers + servers, signal.SIGKILL)
         raise

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import signal
 import sys
 
 from psgd.core import config as C
@@ -143,6 +144,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
         if rank == 0:
             launch.record_worker_settings(cfg, OWN)  # by hand: shard 0's config.json lacks a worker's settings
     metrics = Metrics(Path(cfg.out) / "metrics.jsonl")
+    # The launcher stops a run's workers with SIGTERM (a shard died, say). The step line a worker
+    # defers is written while its next push is answered (psgd/train/metrics.py `defer`): dying
+    # before that would drop a step it finished, and a restart's `reached` would count one short.
+    signal.signal(signal.SIGTERM, lambda *_: _die_written(metrics))
     code = 0
     try:
         assemble.train_worker(cfg, rank, exchange, metrics, device)
@@ -166,3 +171,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def _die_written(metrics) -> None:
+    """SIGTERM: write the deferred line, then die of the signal as before (the launcher reads it)."""
+    metrics.flush()
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
