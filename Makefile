@@ -68,7 +68,7 @@ test: install
 FAST_TESTS := accounting analyses_backup_tail analyses_cluster analyses_diloco_outer analyses_elastic analyses_goyal \
 	analyses_optim analyses_remedies analyses_staleness_aware analyses_time_to_accuracy backup \
 	bench_transformer check_quotes codec config_data consistency costmodel devices doctor equivalence \
-	eval_every kernel_hashes layers link optim outputs plots proto reference remedies report server shard \
+	eval_every kernel_hashes layers link optim outputs plots proto provenance reference remedies report server shard \
 	sparsify staging staleness textbook threads tls trace trust verdicts worker
 test-fast: install
 	@$(BYTECODE)

@@ -1,6 +1,6 @@
 """psgd: a parameter-server and all-reduce lab for data-parallel SGD, and a library for your own model.
 
-The public API (psgd/api.py; each name is imported on first use, so `import psgd` and the
+The public API (the package psgd/api/; each name is imported on first use, so `import psgd` and the
 `psgd` command stay free of torch until they need it):
 
     psgd.fit(model=..., data=..., loss=..., mode="sync", workers=4, servers=2, steps=..., optimizer=...)

@@ -365,16 +365,19 @@ def test_readme_verdict_table_is_current(folder):
 
 
 def test_the_run_key_is_the_last_commit_of_the_training_code():
-    """The cache key names the code that trains: git's last commit of the training paths, read
-    from the repository this psgd lives in (an empty key would let any code reuse any run)."""
+    """The cache key names the code that trains: git's last commit of the training paths that
+    changed more than comments and docstrings, read from the repository this psgd lives in (an
+    empty key would let any code reuse any run)."""
     import subprocess
 
     from psgd.lab import provenance
 
     root = Path(provenance.__file__).resolve().parents[2]
-    head = subprocess.run(["git", "log", "-1", "--format=%h", "--", *provenance.RUN_PATHS], cwd=root,
-                          capture_output=True, text=True, check=True).stdout.strip()
-    assert head and provenance.run_code_version().startswith(head)
+    commits = subprocess.run(["git", "log", f"-{provenance.LOOK_BACK}", "--format=%h", "--", *provenance.RUN_PATHS],
+                             cwd=root, capture_output=True, text=True, check=True).stdout.split()
+    key = provenance.run_code_version().split("-dirty")[0]
+    assert key in commits
+    assert not any(provenance._changes_code(root, c) for c in commits[:commits.index(key)])
     assert provenance.code_version().split("-dirty")[0] == subprocess.run(
         ["git", "describe", "--always"], cwd=root, capture_output=True, text=True, check=True).stdout.strip()
 

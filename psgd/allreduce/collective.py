@@ -3,8 +3,8 @@
 Contract: `CollectiveExchange` is the `psgd.core.step.Exchange` of `--mode allreduce`, so the worker loop
 (stragglers, budget, metrics) is the same as in the PS modes.
 - setup: join the process group, broadcast rank 0's parameters (every rank built the same seeded
-  model, but another host's build need not agree), and build `psgd.core.optim.SGD` (torch's SGD
-  update) over the flat parameter buffer. Rank 0 snapshots version 0. Then a start
+  model, but another host's build need not agree), and build the run's optimizer (`psgd.core.optim.build`:
+  torch's SGD or AdamW update) over the flat parameter buffer. Rank 0 snapshots version 0. Then a start
   barrier (`dist.barrier`): the worker loop's clock starts when every rank is ready.
 - before_compute: nothing to fetch; every replica already holds the current parameters.
 - after_compute: the flat gradient is cut into buckets of `--bucket-mb` MiB, each all-reduced

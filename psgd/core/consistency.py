@@ -67,7 +67,7 @@ at)` takes a slot in from update `at`:
 - Either way, `admission(worker)` is that update while the first pull waits for it, and `pull`'s
   `admission_timeout` bounds each hold of it (a long poll: the wait may outlast any deadline).
 Departures and losses work as for any worker; `stats.membership` logs every change (the update,
-the worker, joined / left / lost). `free_slot()` names the lowest absent slot (psgd worker --join).
+the worker, joined / left / lost). `Roster.admit(None)` takes the lowest absent slot (psgd worker --join).
 
 Clock of a worker = how many of its gradients this shard has received. Staleness of an
 applied gradient = shard version when applied - version the worker computed it from.

@@ -26,9 +26,9 @@ wire, N workers, K shards, gamma = server optimizer seconds per byte):
   for the slowest of N: E[max] = j * H_N (harmonic number); async waits for nobody: mean j.
 - One host (`cores` > 0, this machine): all processes share `cores` CPUs and every transfer is
   a CPU copy through the same memory, so the concurrent transfers of a phase share one "link":
-  push = pull = alpha + N*S*beta; ring = 2(N-1) * alpha + 2(N-1) * S * beta; compute and apply
-  share the cores. Cluster (`cores` = 0): one process per host, full-duplex links, a
-  non-blocking switch.
+  push = pull = max(K, N)*alpha + N*S*beta (a message per connection); ring = 2(N-1) * alpha +
+  2(N-1) * S * beta; compute and apply share the cores. Cluster (`cores` = 0): one process per
+  host, full-duplex links, a non-blocking switch.
 - Beyond this machine, a link is as fast as the slower of the wire and the software feeding it:
   beta = max(8 / bandwidth, calibrated software beta); alpha (software, per message) stays the
   calibrated one and the wire adds its latency.

@@ -11,8 +11,9 @@ interval [join, leave) per worker slot, by two rules that keep every slot's stor
   the others' seeded data order starts from, stays to the end.
 
 So "0:4,100:2,200:4" uses six slots: 0-3 from 0, slots 2 and 3 leave at 100, slots 4 and 5 join
-at 200. The number of slots is the shards' capacity (their `num_workers`); the number in at
-update 0 is the run's `--workers`. Pure: no I/O, no torch.
+at 200. The number of slots is the shards' capacity (their `num_workers`; with `--elastic` the run's
+`--workers` is set to it); the number in at update 0 is the schedule's first point (RunConfig's
+`members`). Pure: no I/O, no torch.
 """
 
 from __future__ import annotations

@@ -3,9 +3,9 @@ averaged every H steps (Stich 2019, "Local SGD converges fast and communicates l
 al. 2020, "Don't use large mini-batches, use local SGD").
 
 Contract:
-- A worker's step is one local optimizer step on its own replica: `psgd.core.optim.SGD`
-  over the model's flat buffer with the run's lr, momentum, weight decay and linear warmup
-  (counted in the worker's own steps). Its momentum buffer is the worker's own
+- A worker's step is one local optimizer step on its own replica: the run's optimizer
+  (`psgd.core.optim.build`: SGD or AdamW) over the model's flat buffer with the run's lr,
+  momentum, weight decay and linear warmup (counted in the worker's own steps). Its momentum buffer is the worker's own
   and survives the averagings (it is never averaged or reset).
 - Every H local steps the replicas are averaged, synchronously: `--mode allreduce` all-reduces
   the parameters (SUM, then / N); `--mode sync` pushes the delta w_pulled - w_local to the

@@ -19,7 +19,7 @@ The three classic modes:
   Parallel Parameter Server"): applied on arrival, but a pull for clock c waits while
   c - slowest > bound. That caps how stale a gradient can get: (N-1)(2s+1) updates.
 
-psgd/core/textbook.py asks these rules in 150 lines with nothing else around them;
+psgd/core/textbook.py asks these rules in one file of under 200 lines, with nothing else around them;
 psgd/core/consistency.py asks the same objects with production's membership, budget and start
 barrier around them (tests/test_textbook.py compares the two). A new mode is a class here with
 these two answers and its name in `RULES` (tests/test_textbook.py plugs one in from a test file).

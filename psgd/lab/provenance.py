@@ -8,16 +8,20 @@ Contract:
   suite started with. REPORT.md and results/summary.json record it.
 - `run_code_version(root)` is the same for the code that *makes runs*: every module except the
   lab's reporting ones (LAB_FILES: analyses, plots, report, results, stats, verdicts, the suite
-  and experiment schema) and the benchmarks (not cached). It names the last commit that touched
-  that code. The suite keys its run cache on it: a run made by other training code is never
-  reused, while a fix to a figure or a verdict rule re-analyses the finished runs instead of
-  repeating them. (A run's settings are in the key already, through its config.)
+  and experiment schema) and the benchmarks (not cached). It names the last commit that changed
+  what that code does: a commit whose changes to it are comments and docstrings only (the same
+  Python syntax tree once docstrings are dropped; `same_code`) is passed over, and so is such an
+  uncommitted change. The suite keys its run cache on it: a run made by other training code is
+  never reused, while a fix to a figure, a verdict rule or a docstring re-analyses or keeps the
+  finished runs instead of repeating them. (A run's settings are in the key already, through its
+  config.)
 - Outside a git checkout (an sdist, a copied folder) both return "unknown-<hash of the sources>",
   which still changes whenever the code does.
 """
 
 from __future__ import annotations
 
+import ast
 import hashlib
 import subprocess
 from pathlib import Path
@@ -28,6 +32,7 @@ CODE_PATHS = ("psgd", "experiments", "protos", "pyproject.toml")
 # thread never fails a run). A change there does not make the committed runs stale.
 LAB_FILES = ("psgd/lab", "psgd/bench", "psgd/core/costmodel.py", "psgd/core/palette.py", "psgd/train/tboard.py")
 RUN_PATHS = ("psgd", "protos", "pyproject.toml", *(f":(exclude){p}" for p in LAB_FILES))
+LOOK_BACK = 50  # commits of the run paths searched for the last change of code; past it, the oldest
 
 
 def _git(root: Path, *args: str) -> str:
@@ -37,11 +42,67 @@ def _git(root: Path, *args: str) -> str:
     return r.stdout.strip()
 
 
-def _version(root: Path | None, paths: tuple[str, ...], head_args: tuple[str, ...]) -> str:
+def _tree(source: str) -> str | None:
+    """A Python source's syntax tree without its docstrings, as text (comments never reach the
+    tree, nor do line numbers); None when it does not parse."""
+    try:
+        tree = ast.parse(source)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            first = node.body[0] if node.body else None
+            if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) \
+                    and isinstance(first.value.value, str):
+                node.body = node.body[1:]
+    return ast.dump(tree)
+
+
+def same_code(path: str, before: str | None, after: str | None) -> bool:
+    """Whether two versions of a file (None: absent) differ in comments and docstrings only. Only
+    Python is read so: any other change, a file added or removed, or one that does not parse, counts.
+    (`__doc__` feeds help text alone here: psgd/train/drill.py prints it; no run reads it.)"""
+    if before is None or after is None or not path.endswith(".py"):
+        return before == after
+    tree = _tree(before)
+    return tree is not None and tree == _tree(after)
+
+
+def _show(root: Path, rev: str, path: str) -> str | None:
+    r = subprocess.run(["git", "show", f"{rev}:{path}"], cwd=root, capture_output=True, text=True, timeout=30)
+    return r.stdout if r.returncode == 0 else None
+
+
+def _changes_code(root: Path, commit: str) -> bool:
+    """Whether `commit` changed the run paths beyond comments and docstrings (a merge or the first
+    commit always counts)."""
+    parents = _git(root, "rev-list", "--parents", "-n", "1", commit).split()[1:]
+    if len(parents) != 1:
+        return True
+    names = _git(root, "diff", "--name-only", parents[0], commit, "--", *RUN_PATHS).splitlines()
+    return any(not same_code(n, _show(root, parents[0], n), _show(root, commit, n)) for n in names)
+
+
+def _last_code_commit(root: Path) -> str:
+    commits = _git(root, "log", f"-{LOOK_BACK}", "--format=%h", "--", *RUN_PATHS).split()
+    return next((c for c in commits if _changes_code(root, c)), commits[-1] if commits else "")
+
+
+def _dirty_code(root: Path, paths: tuple[str, ...]) -> list[str]:
+    """The uncommitted changes of `paths` that are more than comments and docstrings."""
+    changed = _git(root, "diff", "HEAD", "--name-only", "--", *paths).splitlines()
+    kept = [n for n in changed
+            if not same_code(n, _show(root, "HEAD", n), (root / n).read_text() if (root / n).exists() else None)]
+    return kept + _git(root, "ls-files", "--others", "--exclude-standard", "--", *paths).splitlines()
+
+
+def _version(root: Path | None, paths: tuple[str, ...], run: bool) -> str:
     root = root or Path(__file__).resolve().parents[2]  # psgd/lab/provenance.py -> the repository
     try:
-        head = _git(root, *head_args, "--", *paths) if head_args[0] == "log" else _git(root, *head_args)
-        dirty = _git(root, "status", "--porcelain", "--", *paths)
+        if run:
+            head, dirty = _last_code_commit(root), bool(_dirty_code(root, paths))
+        else:
+            head, dirty = _git(root, "describe", "--always"), bool(_git(root, "status", "--porcelain", "--", *paths))
         if not dirty:
             return head
         # Two different uncommitted states must not share a version: name the difference too.
@@ -57,8 +118,8 @@ def _version(root: Path | None, paths: tuple[str, ...], head_args: tuple[str, ..
 
 
 def code_version(root: Path | None = None) -> str:
-    return _version(root, CODE_PATHS, ("describe", "--always"))
+    return _version(root, CODE_PATHS, run=False)
 
 
 def run_code_version(root: Path | None = None) -> str:
-    return _version(root, RUN_PATHS, ("log", "-1", "--format=%h"))
+    return _version(root, RUN_PATHS, run=True)

@@ -12,7 +12,7 @@ so it needs a gate. The gate is a token every process of a run shares:
 - TCP data plane: the first frame of every connection is HELLO carrying the token; the server
   answers WELCOME, or ERROR "UNAUTHENTICATED: ..." and closes the connection. A server without a
   token answers WELCOME to any HELLO and does not require one (loopback runs need no secret).
-- Binding anything but loopback without a token is refused at start (psgd/cli.py) unless
+- Binding anything but loopback without a token is refused at start (psgd/train/serve.py) unless
   `--insecure` is given: an open shard must be a decision, not a default.
 
 gRPC's side (the server interceptor, the client channel that sends the token) is in

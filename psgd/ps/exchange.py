@@ -12,7 +12,7 @@ reach the same policy in the same order, so the parameters are the same bit for 
 `--separate-pull` (push, then pull: two round trips, the textbook pattern); the time of the
 round trip is split at the first byte of the reply: before it, less the policy's hold, is push
 time; after it, pull time.
-With `local_steps` H > 1 (local SGD, sync mode, psgd/core/localsgd.py) the worker steps its own
+With `local_steps` H > 1 (local SGD, sync or async, psgd/core/localsgd.py) the worker steps its own
 replica with a local optimizer, pulls only at the start of each round of H steps and pushes the
 delta w_pulled - w_local at its end; pull and push carry the round as clock.
 A model on a GPU pulls into and pushes from pinned host buffers allocated once (`HostStaging`,
@@ -54,7 +54,7 @@ class PSExchange:
     "tcp" moves the tensors on the shards' raw-TCP data planes (psgd/ps/tcp_server.py) instead of gRPC.
     With `topk` (a fraction, --topk) each push sends the largest entries of each shard's slice, and
     with `error_feedback` the worker keeps the rest for its next push (psgd/core/sparsify.py).
-    With `local_steps` H > 1 (local SGD, sync mode, psgd/core/localsgd.py) the worker steps its own
+    With `local_steps` H > 1 (local SGD, sync or async, psgd/core/localsgd.py) the worker steps its own
     replica with a local optimizer (`optim`), pulls only at the start of each round of H steps
     and pushes the delta w_pulled - w_local at its end; pull and push carry the round as clock.
     With `joins` (rank -> update: the scheduled joiners of --elastic) a joiner's `setup` waits for its

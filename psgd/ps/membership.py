@@ -11,7 +11,7 @@
   undoes a join whose worker has not begun (another shard refused it), so no slot is lost.
 - `leave(worker_id, shard)`: a worker has finished and sends nothing more; returns how many
   distinct workers have left. Once all N have, `finished` is set: the shard's run is over and its
-  server stops by itself (psgd/cli.py), so a run started by hand ends without a signal.
+  server stops by itself (psgd/train/serve.py), so a run started by hand ends without a signal.
 - `expire(lease)` / `lose(worker)`: workers declared lost (silent past their lease, or seen dead
   by the launcher) count as gone for `finished`, and the DC-ASGD snapshot each held goes back.
 """

@@ -4,9 +4,10 @@ Contract: `start(shard, host, port, token=, tls_cert=, tls_key=, worker_lease=)`
 (built from a run's config by psgd/train/assemble.py, or by hand) with both listeners on `host`
 (gRPC on `port`, 0 for any free one; the data plane on a free port of its own, told to workers by
 `Info`), both gated by `token` when given (psgd/ps/auth.py), over TLS with a certificate, and
-returns a `ShardServer`. `worker_lease` > 0 declares lost the workers silent that long (async /
-SSP). `stop()` releases held pulls (they return done), then stops both. Raises OSError when a port
-cannot be bound. `psgd server` (psgd/cli.py) runs one per process:
+returns a `ShardServer`. `worker_lease` > 0 declares lost the workers silent that long (async and
+SSP go on; in sync each later step averages the workers left). `stop()` releases held pulls (they
+return done), then stops both. Raises OSError when a port cannot be bound. `psgd server`
+(psgd/train/serve.py) runs one per process:
 
     psgd server --port 50051 --shard 0 --servers 2 --workers 4 --mode sync
 """

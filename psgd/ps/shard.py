@@ -38,7 +38,7 @@ Contract (every method thread-safe; a refusal raises `ShardError(code, message)`
 - Every update is one step of the run's optimizer (`psgd.core.optim.build`: torch's SGD update
   with momentum, weight decay and a linear warmup, or AdamW's) on the shard tensor, so a sync run
   reproduces single-process training. With `--local-steps H` > 1 a push is a worker's model delta
-  and the step is w <- w - mean(delta) (SGD with lr 1 only): the replicas' average (core/localsgd.py).
+  and the step the outer one (core/localsgd.py): the average w - mean(delta), or DiLoCo's Nesterov.
 - Start barrier: every worker's first pull (clock 0) is held until all N workers asked for it;
   its `wait_s` includes the time it waited for the first Init before that.
 - `join`, `cancel_join`, `leave`, `expire`, `lose`: who is in the run (psgd/ps/membership.py).

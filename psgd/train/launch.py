@@ -1,18 +1,20 @@
 """`psgd run`: start K shard servers and N workers as processes of this same CLI, wait, evaluate.
 
 Contract:
-- Children are `python -m psgd server|worker <the run's flags>`: exactly the commands you would
-  run by hand on other hosts. Servers bind 127.0.0.1 on port 0 and print `READY host:port`. The
-  workers start at the same time and get the addresses on stdin (`--servers-on-stdin`), so that
-  their start-up (importing torch, above all) overlaps the servers'. With --hosts H each child runs
-  on a host of a `psgd cluster` instead (`ip netns exec`, servers bound to their host's address,
-  a per-run token): psgd/train/hosts.py, which also records the hosts in OUT/cluster.json and
-  summary.json's "cluster".
-- The launcher waits for any child to exit (os.waitid, no polling). If a worker exits non-zero
-  or a server exits early, it stops every other child and fails naming the process. Ctrl-C
-  stops all children too (`Interrupted`; in evaluation and after, only the warm parent is left,
-  closed on the way out), before the interrupt leaves `run`. Children ask for PR_SET_PDEATHSIG
-  first thing (psgd/train/lifeline.py), so even a SIGKILLed launcher leaves no process behind.
+- Children run `psgd server|worker <the run's flags>`: exactly the commands you would run by hand
+  on other hosts. By default each is a fork of a zygote that loaded torch once
+  (psgd/train/zygote.py); with --cold-start or --hosts each is that command, exec'd. Servers bind
+  127.0.0.1 on port 0 and print `READY host:port`. The workers start at the same time and get the
+  addresses on stdin (`--servers-on-stdin`), so that their start-up (importing torch, above all)
+  overlaps the servers'. With --hosts H each child runs on a host of a `psgd cluster` instead
+  (`ip netns exec`, servers bound to their host's address, a per-run token): psgd/train/hosts.py,
+  which also records the hosts in OUT/cluster.json and summary.json's "cluster".
+- The launcher waits for any child to exit, no polling: on the zygote's exit reports, or on
+  os.waitid for exec'd children. If a worker exits non-zero or a server exits early, it stops every
+  other child and fails naming the process. Ctrl-C stops all children too (`Interrupted`; in
+  evaluation and after, only the warm parent is left, closed on the way out), before the interrupt
+  leaves `run`. Children ask for PR_SET_PDEATHSIG first thing (psgd/train/lifeline.py), so even a
+  SIGKILLed launcher leaves no process behind.
 - The run folder (--out) is psgd's alone: a MARKER file says so. A new or empty folder is taken, an
   earlier run's folder has psgd's own files replaced, and anything else (a file, a folder of
   other files) is refused with one line, exit 2: psgd never deletes what it did not write. No
