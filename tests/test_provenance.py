@@ -56,5 +56,15 @@ def test_the_run_key_passes_over_commits_of_prose_and_lab_code(tmp_path):
     (tmp_path / "psgd/m.py").write_text(CODE.replace("2 * x", "4 * x"))
     assert provenance.run_code_version(tmp_path).startswith(f"{second}-dirty-")
     (tmp_path / "psgd/m.py").write_text(CODE.replace("2 * x", "3 * x"))
+    # A binary file of the run paths is a change, never read as text.
+    third = _commit(tmp_path, "psgd/kernel.bin", "")
+    (tmp_path / "psgd/kernel.bin").write_bytes(bytes([0xFF, 0xFE, 0x00, 0x80]))
+    _git(tmp_path, "add", "-A")
+    _git(tmp_path, "commit", "-q", "-m", "binary")
+    fourth = _git(tmp_path, "log", "-1", "--format=%h")
+    assert fourth != third and provenance.run_code_version(tmp_path) == fourth
+    (tmp_path / "psgd/kernel.bin").write_bytes(bytes([0x80, 0xFF]))
+    assert provenance.run_code_version(tmp_path).startswith(f"{fourth}-dirty-")
+    (tmp_path / "psgd/kernel.bin").write_bytes(bytes([0xFF, 0xFE, 0x00, 0x80]))
     (tmp_path / "psgd/new.py").write_text('"""Only a docstring, but a new module."""\n')
-    assert provenance.run_code_version(tmp_path).startswith(f"{second}-dirty-")
+    assert provenance.run_code_version(tmp_path).startswith(f"{fourth}-dirty-")

@@ -80,7 +80,9 @@ def _changes_code(root: Path, commit: str) -> bool:
     if len(parents) != 1:
         return True
     names = _git(root, "diff", "--name-only", parents[0], commit, "--", *RUN_PATHS).splitlines()
-    return any(not same_code(n, _show(root, parents[0], n), _show(root, commit, n)) for n in names)
+    # Only Python is read (another file, a binary one above all, counts as changed unread).
+    return any(not n.endswith(".py") or not same_code(n, _show(root, parents[0], n), _show(root, commit, n))
+               for n in names)
 
 
 def _last_code_commit(root: Path) -> str:
@@ -91,8 +93,8 @@ def _last_code_commit(root: Path) -> str:
 def _dirty_code(root: Path, paths: tuple[str, ...]) -> list[str]:
     """The uncommitted changes of `paths` that are more than comments and docstrings."""
     changed = _git(root, "diff", "HEAD", "--name-only", "--", *paths).splitlines()
-    kept = [n for n in changed
-            if not same_code(n, _show(root, "HEAD", n), (root / n).read_text() if (root / n).exists() else None)]
+    kept = [n for n in changed if not n.endswith(".py") or not same_code(
+        n, _show(root, "HEAD", n), (root / n).read_text() if (root / n).exists() else None)]
     return kept + _git(root, "ls-files", "--others", "--exclude-standard", "--", *paths).splitlines()
 
 
