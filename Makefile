@@ -17,9 +17,11 @@ install: $(STAMP)
 
 PIP = $(BIN)/python -m pip
 INDEX = $(if $(TORCH_INDEX),--extra-index-url $(TORCH_INDEX))
-# psgd's own requirements, the dev extra's and the build's (setuptools), torch aside (read from pyproject.toml).
+# psgd's own requirements, the dev and notebook extras' and the build's (setuptools), torch aside (read
+# from pyproject.toml). The notebook extra (nbformat, nbclient, ipykernel: 12 small packages) is for
+# tests/test_notebook.py, which runs the tutorial as a notebook: a test skipped by default is no test.
 NOT_TORCH = $(BIN)/python -c 'import re, tomllib; t = tomllib.load(open("pyproject.toml", "rb")); p = t["project"]; \
-	print(*(r for r in p["dependencies"] + p["optional-dependencies"]["dev"] + t["build-system"]["requires"] \
+	print(*(r for r in p["dependencies"] + p["optional-dependencies"]["dev"] + p["optional-dependencies"]["notebook"] + t["build-system"]["requires"] \
 	        if re.match(r"[\w.-]+", r)[0] != "torch"))'
 
 # The venv runs the pip of the Python that makes it (one of pip 22 or later; else ensurepip's), and
@@ -30,7 +32,7 @@ NOT_TORCH = $(BIN)/python -c 'import re, tomllib; t = tomllib.load(open("pyproje
 # the venv's setuptools (installed with the rest) instead of one pip fetches into a build environment
 # of its own (--no-build-isolation: psgd's build and install took 2.4 s against 4.5 s); pip's own copy in the venv comes last,
 # for `. .venv/bin/activate && pip install ...` (2.5 s; the venv's first pip, made at the start, cost 6 s).
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages --without-pip $(VENV)
 	@$(BIN)/python -c "import pip, sys; sys.exit(int(pip.__version__.split('.')[0]) < 22)" 2>/dev/null \
 		|| $(BIN)/python -m ensurepip --upgrade --default-pip >/dev/null
@@ -39,7 +41,7 @@ $(STAMP): pyproject.toml
 		$(PIP) install -q --no-warn-conflicts --no-deps "$(TORCH_SPEC)" $(INDEX) & torch=$$!; \
 		$(PIP) install -q --no-warn-conflicts $$($(NOT_TORCH)); rest=$$?; \
 		wait $$torch && test $$rest = 0; fi
-	$(PIP) install -q --no-build-isolation -e '.[dev]' $(INDEX)
+	$(PIP) install -q --no-build-isolation -e '.[dev,notebook]' $(INDEX)
 	@test -x $(BIN)/pip || $(PIP) install -q --ignore-installed --no-deps pip
 	@touch $(STAMP)
 

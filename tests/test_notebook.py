@@ -1,4 +1,8 @@
-"""docs/tutorial.md as a notebook (tools/tutorial_notebook.py), executed top to bottom (the `notebook` extra)."""
+"""docs/tutorial.md as a notebook (tools/tutorial_notebook.py), executed top to bottom.
+
+It needs the `notebook` extra, which `make install` (and so `make test`) installs: without it the test
+fails and says so, rather than skip on every machine that lacks it.
+"""
 
 from __future__ import annotations
 
@@ -10,13 +14,19 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import processes_with_env
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_the_tutorial_notebook_runs_top_to_bottom_with_its_figures(tmp_path):
-    nbformat = pytest.importorskip("nbformat")
-    nbclient = pytest.importorskip("nbclient")
-    pytest.importorskip("ipykernel")
+    try:
+        import ipykernel  # noqa: F401  (the kernel nbclient starts)
+        import nbclient
+        import nbformat
+    except ImportError as e:
+        pytest.fail(f"{e.name} is missing: `make install` installs the notebook extra "
+                    "(or pip install -e '.[notebook]')", pytrace=False)
     path = tmp_path / "tutorial.ipynb"
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "tutorial_notebook.py"), "--out", str(path)],
                        capture_output=True, text=True, timeout=60)
@@ -25,12 +35,22 @@ def test_the_tutorial_notebook_runs_top_to_bottom_with_its_figures(tmp_path):
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert any("examples/01_one_process.py" in c.source for c in code), "the tutorial's commands are cells"
     assert not any("make install" in c.source for c in code), "the set-up block is not run"
-    # The kernel's environment: MPLBACKEND so the figures are inline images, PSGD_ROOT the checkout.
+    # The notebook runs from a root of its own that holds the checkout's examples/ and pyproject.toml
+    # (what it looks for), so its `psgd run` cells write results/runs/ there, not in the checkout.
+    root = tmp_path / "root"
+    root.mkdir()
+    for name in ("examples", "pyproject.toml"):
+        (root / name).symlink_to(ROOT / name)
+    # The kernel's environment: MPLBACKEND so the figures are inline images, PSGD_ROOT that root;
+    # every process the cells start inherits a marker that the orphan check below looks for.
+    marker = f"psgd-notebook-{tmp_path}"
     client = nbclient.NotebookClient(nb, timeout=600, kernel_name="python3",
-                                     resources={"metadata": {"path": str(ROOT)}})
-    env = dict(os.environ, PSGD_ROOT=str(ROOT), OMP_NUM_THREADS="1",
-               MPLBACKEND="module://matplotlib_inline.backend_inline")
+                                     resources={"metadata": {"path": str(root)}})
+    env = dict(os.environ, PSGD_ROOT=str(root), OMP_NUM_THREADS="1", TMPDIR=str(tmp_path),
+               PSGD_EXAMPLE_TEST=marker, MPLBACKEND="module://matplotlib_inline.backend_inline")
     client.execute(env=env)
+    assert processes_with_env("PSGD_EXAMPLE_TEST", marker) == [], "the notebook left processes behind"
+    assert (root / "results" / "runs" / "latest" / "summary.json").exists(), "its runs went to its own root"
     errors = [o for c in code for o in c.outputs if o.output_type == "error"]
     assert not errors, errors
     images = [c for c in code if any("image/png" in o.get("data", {}) for o in c.outputs)]
