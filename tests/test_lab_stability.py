@@ -131,6 +131,20 @@ def test_the_reference_plan_caps_every_claim_at_the_largest_count_that_fits():
     assert cap is None and seeds == {"A": 8, "B": 9}
 
 
+def test_a_benchmarks_reference_rounds_are_the_rule_raised_to_the_seeds_floor(tmp_path, capsys):
+    assert power.reference_rounds(4) == stats.POWER_FLOOR and power.reference_rounds(13) == 13
+    # The plan command, from a forest.csv whose E4 parts ask 4 and 2 rounds: one line for E4, in rounds.
+    forest = tmp_path / "forest.csv"
+    forest.write_text("claim,verdict,effect,unit,test,estimate,lo,hi,seeds,null,margin,part_outcome\n"
+                      "E4,confirmed,gloo speedup - PS,x,effect,0.2145,0.1531,0.2760,3,0.0,0.2,confirmed\n"
+                      "E4,confirmed,ring speedup - PS,x,effect,0.8045,0.6943,0.9146,3,0.0,0.2,confirmed\n")
+    from psgd.lab import reference
+    assert reference.asked_from_forest(forest, ["E4"]) == {"E4": 4}
+    assert reference.main(["plan", str(ROOT / "experiments" / "default.toml"), str(forest)]) == 0
+    out = capsys.readouterr().out
+    assert f"E4: rule asks 4 rounds, reference {stats.POWER_FLOOR} rounds" in out and "E0:" not in out
+
+
 def rounds(argv: tuple[str, ...]) -> int:
     """A benchmark's --rounds (1 where it does not say; 0 for a learning claim: no argv)."""
     return int(argv[argv.index("--rounds") + 1]) if "--rounds" in argv else int(bool(argv))

@@ -16,6 +16,10 @@ Contract:
   so the default profile's seeds come first and are reused), all capped at the largest common
   count for which the suite's own ETA (suite.estimate_s, every run made afresh) stays within
   `cap_s`; says where the cap binds.
+- `reference_rounds(asked)`: a benchmark's reference rounds, the rule's count raised to the seeds'
+  floor (stats.POWER_FLOOR): a benchmark's replicates are its rounds, and a few rounds on a shared
+  machine read its spread no better than a few seeds do. Not capped by the ETA (a benchmark's
+  rounds are minutes, not hours).
 - `python -m psgd.lab.reference plan SUITE.toml FOREST.csv [--cap-min 60]` prints that plan from a
   committed report's forest.csv (the numbers that decided each verdict), for pasting into each
   experiment file's `[profiles.reference]` (`make experiments-reference` runs that profile).
@@ -80,6 +84,11 @@ def sentence(power: dict | None, most: int = 1000) -> str:
         text += f" Smallest effect of interest: {power['margin_why']}"
         text += "" if text.endswith(".") else "."
     return text
+
+
+def reference_rounds(asked: int) -> int:
+    """A benchmark's rounds in the reference profile (the module docstring)."""
+    return max(asked, stats.POWER_FLOOR)
 
 
 def reference_plan(experiments: list, asked: Mapping[str, int], cap_s: float,

@@ -2,8 +2,9 @@
 
 From a report's forest.csv (the spread each claim's parts measured), the seeds the power rule asks
 for per claim (psgd/lab/power.py `part_power`), capped by the suite's own ETA so that the suite
-runs in at most `--cap-min` minutes on 2 cores (`power.reference_plan`); prints one line per claim
-and where the cap binds. The claim files' [profile.reference] seeds were written from its output.
+runs in at most `--cap-min` minutes on 2 cores (`power.reference_plan`), and a benchmark's rounds
+(`power.reference_rounds`); prints one line per claim and where the cap binds. The claim files'
+[profiles.reference] seeds (and E4's bench_args rounds) were written from its output.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from psgd.lab import stats
-from psgd.lab.power import part_power, reference_plan
+from psgd.lab.power import part_power, reference_plan, reference_rounds
 
 
 def asked_from_forest(path: Path, bench_ids: Iterable[str] = ()) -> dict[str, int]:
@@ -48,6 +49,9 @@ def main(argv: list[str]) -> int:
         if e.id in seeds:
             bound = " (capped)" if cap is not None and asked[e.id] > seeds[e.id] else ""
             print(f"{e.id}: rule asks {asked[e.id]}, reference {seeds[e.id]}{bound}  [{e.path.name}]")
+        elif e.bench and e.id in asked:
+            print(f"{e.id}: rule asks {asked[e.id]} rounds, reference {reference_rounds(asked[e.id])} rounds "
+                  f"([profiles.reference.bench_args] rounds)  [{e.path.name}]")
     print(f"ETA {eta / 60:.1f} min on 2 cores" + (f"; cap {cap} seeds binds" if cap is not None else "; no cap binds"))
     return 0
 
