@@ -4,12 +4,13 @@ What it shows: the low level, for a loop you keep. `psgd.start_shards` serves 2 
 in this process (sync, AdamW at 08's rate: the shards hold the optimizer now). Each of 2 worker
 threads connects its own copy of the model (`psgd.connect(model, shards.addresses, rank=r,
 workers=2)`) and runs 08's `train()` on its half of every epoch (torch's DistributedSampler,
-batch 16: 08's batch of 32), with two lines changed: `w.pull()` for `opt.zero_grad()` (the
-shards' current parameters, into the model; sync holds it until the step's update is applied)
-and `w.push()` for `opt.step()` (the gradient backward wrote, to the shards, zeroed for the next
-batch). The models are built before the threads start, all alike (copies of the first, as DDP
-broadcasts rank 0's): whichever worker's Init reaches a shard first sets its start, so the start,
-and with it the run, is the same every time; every pull then overwrites the models' parameters.
+batch 16: 08's batch of 32), its optimizer argument now the Worker `w`, each epoch setting the
+sampler's epoch, and two lines swapped: `w.pull()` for `opt.zero_grad()` (the shards' parameters,
+into the model; sync holds it until the step's update is applied) and `w.push()` for `opt.step()`
+(the gradient backward wrote, to the shards, zeroed for the next batch). The models are built
+before the threads start, all alike (copies of the first, as DDP broadcasts rank 0's): whichever
+worker's Init reaches a shard first sets its start, so the start, and with it the run, is the same
+every time; every pull then overwrites the models' parameters.
 The push's reply carries the next parameters, so after the last push each model holds the final
 ones; the script checks that they are the shards' and that the model learned as 08's did.
 
