@@ -349,6 +349,16 @@ def test_tiny_quick_suite_tunes_runs_and_reports(tmp_path):
     assert report_mod.update_readme(readme, results / "summary.json")
     assert "| [M](results/REPORT.md#m)" in readme.read_text() and readme.read_text().endswith("rest\n")
     assert not report_mod.update_readme(readme, results / "summary.json")
+    # Without the runs (a fresh clone: runs are not in git) a partial call would drop what the report
+    # holds: --report and --only refuse in one line, exit 2, and leave the report and summary as they were.
+    (results / "runs").rename(tmp_path / "runs-elsewhere")
+    before = {name: (results / name).read_bytes() for name in ("REPORT.md", "summary.json")}
+    for flags, dropped in ((["--report"], "M, W"), (["--only", "M"], "W")):
+        r = psgd_main("suite", str(suite_file), "--quick", "--results", str(results), *flags)
+        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+        assert f"reports {dropped}, whose finished runs are not here" in r.stderr and flags[0] in r.stderr
+        assert {name: (results / name).read_bytes() for name in before} == before
+    assert not (results / "runs").exists()   # --only M ran nothing either
     assert processes_mentioning(str(results)) == []
 
 

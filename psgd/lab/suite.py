@@ -27,6 +27,10 @@ Contract:
     psgd suite experiments/default.toml --reference  # power-sized seeds per claim: results/reference/
 
     psgd suite experiments/default.toml --report     # re-analyse finished runs, run nothing
+
+Runs live under RESULTS/runs/, which git ignores: a fresh clone has the reports but none of their
+runs. `--only` and `--report` rewrite the whole report from the runs they find, so where the report
+holds an experiment whose runs are not here they refuse (one line, exit 2) and write nothing.
 """
 
 from __future__ import annotations
@@ -285,6 +289,19 @@ def _has_results(exp: Experiment) -> bool:
     return all(is_cached(spec, same_link=False) for spec in exp.final_specs(tuning_of(exp)[0]))
 
 
+def would_drop(experiments: list[Experiment], only: set[str] | None, results: Path) -> list[str]:
+    """The experiments that `results`' report covers (its summary.json's claims) but that a call
+    running only `only` (--only; set() for --report) could not analyse again: their finished runs are
+    not here (runs are not in git: a fresh clone has none). Writing the report would drop them."""
+    if only is None:
+        return []  # the whole suite: it makes what is missing
+    try:
+        reported = {c["id"] for c in json.loads((results / "summary.json").read_text())["claims"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+    return [e.id for e in experiments if e.id not in only and e.id in reported and not _has_results(e)]
+
+
 def _run_bench(exp: Experiment, out: Path, where: str) -> None:
     from psgd import bench
 
@@ -493,6 +510,13 @@ def main(argv: list[str]) -> int:
         articles = suite_articles(a.suite, [e.id for e in experiments])
     except SuiteError as e:
         raise UsageError(str(e)) from None
+    # A partial call rewrites the whole report: it must not lose what the report holds (psgd never
+    # overwrites a complete report with a poorer one; git would be the only way back).
+    if dropped := would_drop(experiments, only, results):
+        raise UsageError(f"{results / 'REPORT.md'} reports {', '.join(dropped)}, whose finished runs are not here "
+                         f"(runs are not in git: a fresh clone has none); {'--report' if a.report else '--only'} "
+                         "would rewrite the report without them. Run the whole suite (it reuses what it finds), "
+                         "or give --out a folder of its own")
     from psgd.train.launch import RunFailed
 
     command = "psgd suite " + shlex.join(argv)
