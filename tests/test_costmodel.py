@@ -134,3 +134,18 @@ def test_model_jitter_is_in_ms_as_psgd_run_and_keeps_its_old_name(tmp_path):
     assert "(old name of --jitter)" in psgd_main("model", "-h").stdout
     r = psgd_main("model", "--calibration", "", "--out", str(tmp_path), "--jitter", "-1")
     assert r.returncode == 2 and "--jitter must be >= 0" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_a_validate_csv_that_is_missing_or_not_a_sweeps_is_one_line_and_writes_nothing(tmp_path):
+    from tests.helpers import psgd_main
+
+    bad = tmp_path / "bad.csv"
+    bad.write_text("mode,workers,shards,batch,step_s\nsync,two,1,32,0.1\n")
+    for path, says in ((tmp_path / "missing.csv", "No such file or directory"), (bad, "not a scaling sweep's CSV")):
+        out = tmp_path / f"out-{path.stem}"
+        r = psgd_main("model", "--calibration", "", "--validate", str(path), "--out", str(out))
+        # (the line before it says the built-in calibration is used, as on every call without one)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
+        last = r.stderr.splitlines()[-1]
+        assert last.startswith("psgd model: error: --validate") and says in last
+        assert not (out / "validation-command.txt").exists()

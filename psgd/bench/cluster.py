@@ -49,6 +49,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from psgd.bench import scaling
@@ -378,8 +379,9 @@ def provenance(argv: list[str], bench: str = "cluster") -> str:
             f"\n# training code: commit {git('rev-parse', 'HEAD')}{dirty}\n")
 
 
-def main(argv: list[str]) -> int:
-    from psgd.core.errors import Parser, UsageError
+def _parser() -> argparse.ArgumentParser:
+    """The flags of `psgd bench cluster` (a psgd.core.errors.Parser, not yet parsed)."""
+    from psgd.core.errors import Parser
 
     p = Parser(prog="psgd bench cluster", description=__doc__.split("\n\n")[0])
     p.add_argument("--rates", default="1gbit,2gbit,5gbit,10gbit", help="link rates, one cluster each")
@@ -404,7 +406,14 @@ def main(argv: list[str]) -> int:
                         "cores cannot drive")
     p.add_argument("--out", default="results/bench/cluster", help="folder for the CSVs, table, plot and command")
     p.add_argument("--runs", default="results/runs/bench-cluster", help="folder for the runs themselves")
-    a = p.parse_args(argv)
+    return p
+
+
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The flags of `argv`, the lists split and every value checked; UsageError on a bad one."""
+    from psgd.core.errors import UsageError
+
+    a = _parser().parse_args(argv)
     a.workers = parse_int_list(a.workers, "--workers")
     a.shards = parse_int_list(a.shards, "--shards")
     a.rates = [r.strip().lower() for r in a.rates.split(",") if r.strip()]
@@ -418,6 +427,60 @@ def main(argv: list[str]) -> int:
     if not a.rates or max(a.workers) < 2 or a.steps < 3 or a.e10_steps < 3 or a.width < 1 or a.batch_size < 1:
         raise UsageError("give --rates, --workers up to 2 or more, --steps and --e10-steps >= 3, --width and "
                          "--batch-size >= 1")
+    return a
+
+
+def _ceiling(a: argparse.Namespace, links: list[dict]) -> float | None:
+    """With --ceiling: the veth pair's raw TCP bits/s (each --probe-rates rate's into `links`); else None."""
+    ceiling = None
+    if a.ceiling:
+        for rate in ["", *a.probe_rates]:
+            with shaped(cluster_name(a.name, rate or "veth"), 2, rate) as c:
+                got, seconds = probe.goodput(c, "h1", "h0", 512 << 20)
+            bits = got * 8 / seconds
+            if rate:
+                setting = link_mod.parse(rate).bits_per_s
+                links.append({"rate": f"{rate} (probe only)", "setting_bits": setting, "goodput_bits": bits,
+                              "goodput_over_setting": bits / setting})
+            ceiling = ceiling or bits
+            print(f"{rate or 'unshaped veth pair'}: {bits / 1e6:.0f} Mbit/s (raw TCP)", flush=True)
+    return ceiling
+
+
+def _measure(a: argparse.Namespace, out: Path, runs: Path, rows: list[dict], links: list[dict],
+             save: Callable[[], None]) -> float | None:
+    """The ceiling, E10 on the loopback, every rate's runs into `rows` and `links`; returns the ceiling."""
+    # Appended as they are measured, not returned: main saves what a failure midway leaves.
+    ceiling = _ceiling(a, links)
+    host = host_calibration(out, a)
+    for name, cfg in [(name, cfg) for e, _, name, cfg in plans(a, runs / "loopback") if e == "E10"]:
+        row = run_row(dataclasses.replace(cfg, out=str(runs / "loopback" / name)), "", "E10", "ps", "loopback",
+                      a.retries)
+        if row["status"] == "ok":
+            row.update(predict(row, {"cpu": cm.machine_from_dict(host["machine"])},
+                               cm.workload_from_dict(host["workload"]), a.compute_ms))
+        rows.append(row)
+    for rate in a.rates:
+        run_rate(a, rate, host, out, runs, rows, links, save)
+    return ceiling
+
+
+def _finish(rows: list[dict], links: list[dict], ceiling: float | None, a: argparse.Namespace, out: Path) -> None:
+    """After every run: OUT/cluster.md and OUT/cluster.png, the end of OUT/command.txt, the table printed."""
+    for r in rows:
+        r["global_batch"] = int(r["workers"]) * a.batch_size
+    (out / "cluster.md").write_text(report(rows, links, ceiling, a))
+    plot(rows, a, out / "cluster.png")
+    with open(out / "command.txt", "a") as f:
+        f.write(f"# finished {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} (load average "
+                f"{os.getloadavg()[0]:.1f}); unshaped veth pair: "
+                + (f"{ceiling / 1e6:.0f} Mbit/s raw TCP\n" if ceiling else "not measured\n"))
+    print((out / "cluster.md").read_text())
+    print(f"wrote {out / 'cluster.csv'}, {out / 'links.csv'}, {out / 'cluster.md'}, {out / 'cluster.png'}")
+
+
+def main(argv: list[str]) -> int:
+    a = _parse(argv)
     netns.need_privileges()
     out, runs = Path(a.out), Path(a.runs)
     out.mkdir(parents=True, exist_ok=True)
@@ -430,41 +493,11 @@ def main(argv: list[str]) -> int:
         write_csv(out / "links.csv", links, LINK_FIELDS)
 
     try:
-        ceiling = None
-        if a.ceiling:
-            for rate in ["", *a.probe_rates]:
-                with shaped(cluster_name(a.name, rate or "veth"), 2, rate) as c:
-                    got, seconds = probe.goodput(c, "h1", "h0", 512 << 20)
-                bits = got * 8 / seconds
-                if rate:
-                    setting = link_mod.parse(rate).bits_per_s
-                    links.append({"rate": f"{rate} (probe only)", "setting_bits": setting, "goodput_bits": bits,
-                                  "goodput_over_setting": bits / setting})
-                ceiling = ceiling or bits
-                print(f"{rate or 'unshaped veth pair'}: {bits / 1e6:.0f} Mbit/s (raw TCP)", flush=True)
-        host = host_calibration(out, a)
-        for name, cfg in [(name, cfg) for e, _, name, cfg in plans(a, runs / "loopback") if e == "E10"]:
-            row = run_row(dataclasses.replace(cfg, out=str(runs / "loopback" / name)), "", "E10", "ps", "loopback",
-                          a.retries)
-            if row["status"] == "ok":
-                row.update(predict(row, {"cpu": cm.machine_from_dict(host["machine"])},
-                                   cm.workload_from_dict(host["workload"]), a.compute_ms))
-            rows.append(row)
-        for rate in a.rates:
-            run_rate(a, rate, host, out, runs, rows, links, save)
+        ceiling = _measure(a, out, runs, rows, links, save)
     except (BenchFailed, probe.ProbeFailed) as e:
         print(f"psgd bench cluster: failed: {e}", file=sys.stderr)
         return 1
     finally:
         save()
-    for r in rows:
-        r["global_batch"] = int(r["workers"]) * a.batch_size
-    (out / "cluster.md").write_text(report(rows, links, ceiling, a))
-    plot(rows, a, out / "cluster.png")
-    with open(out / "command.txt", "a") as f:
-        f.write(f"# finished {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} (load average "
-                f"{os.getloadavg()[0]:.1f}); unshaped veth pair: "
-                + (f"{ceiling / 1e6:.0f} Mbit/s raw TCP\n" if ceiling else "not measured\n"))
-    print((out / "cluster.md").read_text())
-    print(f"wrote {out / 'cluster.csv'}, {out / 'links.csv'}, {out / 'cluster.md'}, {out / 'cluster.png'}")
+    _finish(rows, links, ceiling, a, out)
     return 0

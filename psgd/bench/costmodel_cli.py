@@ -126,8 +126,9 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str]) -> int:
-    from psgd.core.errors import Parser, UsageError
+def _parser() -> argparse.ArgumentParser:
+    """The flags of `psgd model` (a psgd.core.errors.Parser, not yet parsed)."""
+    from psgd.core.errors import Parser
 
     p = Parser(prog="psgd model", description="Predict PS vs ring all-reduce throughput with the alpha-beta model.")
     p.add_argument("--bandwidth", default="10gbit,100gbit,400gbit", help="link speeds, comma-separated")
@@ -146,7 +147,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--calibration", default=DEFAULT_CALIBRATION, help="psgd bench calibrate's JSON")
     p.add_argument("--validate", default="", metavar="CSV", help="compare with a scaling sweep's measured steps")
     p.add_argument("--out", default="results/model", help="folder for model.csv, model.png, command.txt")
-    a = p.parse_args(argv)
+    return p
+
+
+def _grid(a: argparse.Namespace) -> tuple[list[tuple[str, float, float]], list[int], list[str]]:
+    """(bandwidths as (name, bits/s, latency s), worker counts, shard counts) of the flags; UsageError if bad."""
+    from psgd.core.errors import UsageError
+
     try:
         bandwidths = [(b.strip(), link.parse(b).bits_per_s, link.parse(f"1gbit,{a.latency}").latency_s)
                       for b in a.bandwidth.split(",") if b.strip()]
@@ -158,25 +165,34 @@ def main(argv: list[str]) -> int:
         raise UsageError("--bandwidth needs at least one speed; --shards takes integers >= 1 or N")
     if a.params < 0 or a.batch < 0 or a.jitter < 0:
         raise UsageError("--params, --batch and --jitter must be >= 0")
-    machine, work, raw = load_calibration(a.calibration)
-    if not raw:
-        print(f"psgd model: no calibration at {a.calibration!r}: using built-in defaults "
-              "(run `psgd bench calibrate` for this machine's numbers)", file=sys.stderr)
-    work = dataclasses.replace(work, params=int(a.params or work.params), batch=a.batch or work.batch,
-                               jitter_s=a.jitter / 1000.0)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    command = "psgd model " + " ".join(argv) + "\n"
-    if a.validate:
-        (out / "validation-command.txt").write_text(command)
-        measured = read_measured(Path(a.validate))
-        if not measured:
-            raise UsageError(f"no measured rows in {a.validate}")
-        rows = cm.validate(measured, machine, work)
-        write_csv(rows, out / "validation.csv")
-        print(validation_table(rows))
-        return 0
+    return bandwidths, workers, shards
 
+
+def _validation(a: argparse.Namespace, out: Path, command: str, machine: cm.Machine, work: cm.Workload) -> None:
+    """--validate: the model beside a sweep's measured steps, OUT/validation.csv and the table printed."""
+    from psgd.core.errors import UsageError
+
+    # Read before anything is written: a CSV that is missing or not a sweep's is one line, and no
+    # command file is left for a validation that never ran.
+    try:
+        measured = read_measured(Path(a.validate))
+    except OSError as e:
+        raise UsageError(f"--validate {a.validate}: {e.strerror}") from None
+    except (KeyError, ValueError) as e:
+        raise UsageError(f"--validate {a.validate}: not a scaling sweep's CSV (psgd bench scaling's scaling.csv): "
+                         f"{type(e).__name__}: {e}") from None
+    if not measured:
+        raise UsageError(f"no measured rows in {a.validate}")
+    (out / "validation-command.txt").write_text(command)
+    rows = cm.validate(measured, machine, work)
+    write_csv(rows, out / "validation.csv")
+    print(validation_table(rows))
+
+
+def _prediction(a: argparse.Namespace, out: Path, command: str, machine: cm.Machine, work: cm.Workload,
+                grid: tuple[list[tuple[str, float, float]], list[int], list[str]]) -> None:
+    """The prediction over the grid (`_grid`): OUT/model.csv, OUT/model.png and the tables printed."""
+    bandwidths, workers, shards = grid
     (out / "command.txt").write_text(command)
     rows = cm.predict(machine, work, bandwidths, workers, shards, a.software_bound)
     write_csv(rows, out / "model.csv")
@@ -194,4 +210,22 @@ def main(argv: list[str]) -> int:
               f"{1 / machine.beta_s_per_byte / 1e9:.2f} GB/s per process here): those predictions are software-bound; "
               "--no-software-bound shows the wire alone")
     print(f"\nwrote {out / 'model.csv'}, {out / 'model.png'}")
+
+
+def main(argv: list[str]) -> int:
+    a = _parser().parse_args(argv)
+    grid = _grid(a)
+    machine, work, raw = load_calibration(a.calibration)
+    if not raw:
+        print(f"psgd model: no calibration at {a.calibration!r}: using built-in defaults "
+              "(run `psgd bench calibrate` for this machine's numbers)", file=sys.stderr)
+    work = dataclasses.replace(work, params=int(a.params or work.params), batch=a.batch or work.batch,
+                               jitter_s=a.jitter / 1000.0)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    command = "psgd model " + " ".join(argv) + "\n"
+    if a.validate:
+        _validation(a, out, command, machine, work)
+    else:
+        _prediction(a, out, command, machine, work, grid)
     return 0

@@ -20,7 +20,7 @@ What it does, and nothing more (the least a server that owns its parameters must
   process ever sleeps: what is left is the price of the second process without its wake-ups, paid
   for with a core held busy (which a worker on the same host would want).
 
-Contract: one worker, psgd's model, batches and warm-up (as `torch_loop`, psgd/bench/transformer.py),
+Contract: one worker, psgd's model, batches and warm-up (as `torch_loop`, psgd/bench/arms.py),
 so the run computes what the plain loop does: its final loss is the plain loop's, bit for bit
 (tests/test_bench.py holds this). Returns the fields `torch_loop` returns. The server exits when
 the worker says the end (its socket closed, or -1 in its counter) or dies; the worker reaps it, and
@@ -42,7 +42,7 @@ from psgd.core.config import RunConfig
 
 def floor_loop(cfg: RunConfig, make_optimizer: Callable, wait: str = "block") -> dict:
     """Run the floor arm of `cfg` (one worker, one server process); the fields of `torch_loop`.
-    `make_optimizer(params, cfg)`: the plain loop's optimizer (transformer.py `make_optimizer`);
+    `make_optimizer(params, cfg)`: the plain loop's optimizer (arms.py `make_optimizer`);
     `wait`: "block" or "spin" (see the module docstring)."""
     import torch
 

@@ -32,6 +32,7 @@ OUT/command.txt; the runs themselves under `--runs` (their *.pt only with --keep
 
 from __future__ import annotations
 
+import argparse
 import csv
 import json
 import signal
@@ -280,7 +281,8 @@ def _list(text: str, flag: str, allowed: tuple[str, ...]) -> list[str]:
     return items
 
 
-def main(argv: list[str]) -> int:
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The flags of `argv`, the lists split and checked (--steps one per width); UsageError on a bad one."""
     from psgd.bench.transport import parse_int_list
     from psgd.core.errors import Parser, UsageError
 
@@ -300,55 +302,70 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", default="results/bench/peers", help="folder for the CSV, figure and command")
     p.add_argument("--runs", default="results/runs/peers", help="folder for the runs themselves")
     a = p.parse_args(argv)
-    widths = parse_int_list(a.widths, "--widths")
-    steps = parse_int_list(a.steps, "--steps")
-    if len(steps) == 1:
-        steps *= len(widths)
-    if len(steps) != len(widths) or min(steps) < 2 or a.rounds < 1 or a.retries < 0:
+    a.widths = parse_int_list(a.widths, "--widths")
+    a.steps = parse_int_list(a.steps, "--steps")
+    if len(a.steps) == 1:
+        a.steps *= len(a.widths)
+    if len(a.steps) != len(a.widths) or min(a.steps) < 2 or a.rounds < 1 or a.retries < 0:
         raise UsageError("--steps takes one value >= 2 or one per width; --rounds must be >= 1, --retries >= 0")
-    configs = _list(a.configs, "--configs", tuple(CONFIGS))
-    peers = _list(a.peers, "--peers", PEERS)
-    transports = _list(a.transports, "--transports", ("grpc", "tcp"))
-    systems = peers + transports
-    out, runs = Path(a.out), Path(a.runs)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "command.txt").write_text("psgd bench peers " + " ".join(argv) + "\n")
-    ray_skipped = ray_peer.skip_reason() if "ray" in peers else None
-    if ray_skipped:
-        print(f"ray: skipped: {ray_skipped}", flush=True)
-    rows: list[dict] = []
-    for rnd in range(1, a.rounds + 1):
-        for width, budget in zip(widths, steps, strict=True):
-            for config in configs:
-                group, paths = [], {}
-                for system in rotated(systems, rnd - 1):
-                    paths[system] = runs / f"round{rnd}" / f"{system}-w{width}-{config}"
-                    cfg = workload(width, config, budget, paths[system], system)
-                    row = {"round": rnd, "width": width, "mode": cfg.mode, "workers": cfg.workers,
-                           "system": system, "steps": budget}
-                    if system == "ray" and ray_skipped:
-                        row.update(status=f"skipped: {ray_skipped}")
-                    else:
-                        row.update(run_one(system, cfg, a.retries, a.tensorpipe))
-                        if system == "rpc":
-                            row["note"] = "; ".join(filter(None, [f"tensorpipe={a.tensorpipe}", row["note"]]))
-                    group.append(row)
-                    shown = f"{row['updates_per_s']:.1f} updates/s" if row["status"] == "ok" else row["status"]
-                    print(f"round {rnd} W={width} {config} {LABELS[system]}: {shown}", flush=True)
-                compare_params(group, {s: paths[s] for s in systems if s in paths}, a.keep_runs)
-                rows += group
-                write_csv(rows, out / "peers.csv")  # rewritten after every group: partial results survive
+    a.configs = _list(a.configs, "--configs", tuple(CONFIGS))
+    a.peers = _list(a.peers, "--peers", PEERS)
+    a.transports = _list(a.transports, "--transports", ("grpc", "tcp"))
+    return a
+
+
+def _group(a: argparse.Namespace, rnd: int, width: int, budget: int, config: str, systems: list[str], runs: Path,
+           ray_skipped: str | None) -> list[dict]:
+    """One round's runs of one width and config, every system in this round's order, parameters compared."""
+    group, paths = [], {}
+    for system in rotated(systems, rnd - 1):
+        paths[system] = runs / f"round{rnd}" / f"{system}-w{width}-{config}"
+        cfg = workload(width, config, budget, paths[system], system)
+        row = {"round": rnd, "width": width, "mode": cfg.mode, "workers": cfg.workers,
+               "system": system, "steps": budget}
+        if system == "ray" and ray_skipped:
+            row.update(status=f"skipped: {ray_skipped}")
+        else:
+            row.update(run_one(system, cfg, a.retries, a.tensorpipe))
+            if system == "rpc":
+                row["note"] = "; ".join(filter(None, [f"tensorpipe={a.tensorpipe}", row["note"]]))
+        group.append(row)
+        shown = f"{row['updates_per_s']:.1f} updates/s" if row["status"] == "ok" else row["status"]
+        print(f"round {rnd} W={width} {config} {LABELS[system]}: {shown}", flush=True)
+    compare_params(group, {s: paths[s] for s in systems if s in paths}, a.keep_runs)
+    return group
+
+
+def _report(rows: list[dict], systems: list[str], a: argparse.Namespace, out: Path, ray_skipped: str | None) -> None:
+    """After every round: OUT/peers.png (when something was measured) and the tables printed."""
     table = aggregate(rows, systems)
     if any(isinstance(e[s], float) for e in table for s in systems):
         plot(table, systems, out / "peers.png",
              "MLP 40-W-W-10 on MNIST-1D, batch 32/worker, SGD lr 0.05, 1 server; one host "
              "(every process shares the cores)" + ("; Ray: skipped" if ray_skipped else ""))
     print(format_table(table, systems))
-    if "rpc" in peers:
+    if "rpc" in a.peers:
         print(f"PyTorch RPC on TensorPipe --tensorpipe {a.tensorpipe} (psgd/bench/rpc_peer.py says what moves how)")
     print(format_split(rows))
     if ray_skipped:
         print(f"ray: skipped: {ray_skipped}")
     print(f"wrote {out / 'peers.csv'}, {out / 'peers.png'}, {out / 'command.txt'}")
-    return 0
 
+
+def main(argv: list[str]) -> int:
+    a = _parse(argv)
+    systems = a.peers + a.transports
+    out, runs = Path(a.out), Path(a.runs)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "command.txt").write_text("psgd bench peers " + " ".join(argv) + "\n")
+    ray_skipped = ray_peer.skip_reason() if "ray" in a.peers else None
+    if ray_skipped:
+        print(f"ray: skipped: {ray_skipped}", flush=True)
+    rows: list[dict] = []
+    for rnd in range(1, a.rounds + 1):
+        for width, budget in zip(a.widths, a.steps, strict=True):
+            for config in a.configs:
+                rows += _group(a, rnd, width, budget, config, systems, runs, ray_skipped)
+                write_csv(rows, out / "peers.csv")  # rewritten after every group: partial results survive
+    _report(rows, systems, a, out, ray_skipped)
+    return 0

@@ -5,7 +5,7 @@ MNIST-1D, batch 32, plain SGD lr 0.05, one torch thread per process; `gpt`: the 
 with AdamW, as `psgd bench transformer`) and each of `--rounds` rounds, six arms run one after the
 other, in an order rotated per round (so no arm always runs first on a warm or a loaded machine):
 - `plain`: the ceiling of a parameter server with one worker: one process computes the gradient
-  and steps torch's own optimizer itself, on psgd's batches and model (psgd/bench/transformer.py
+  and steps torch's own optimizer itself, on psgd's batches and model (psgd/bench/arms.py
   `torch_loop`);
 - `floor`: the least a server in a second process costs: the same loop with the update in a
   forked server that keeps its own parameters, gradients and parameters shared without a copy on
@@ -17,7 +17,7 @@ other, in an order rotated per round (so no arm always runs first on a warm or a
 - `ddp`: torch DDP on gloo, 2 ranks (the ceiling of an all-reduce);
 - `allreduce`: `psgd run --mode allreduce --workers 2`.
 Each arm's samples/s at its median step, steady state (the first `--skip` steps and the last one
-left out; the same clock, step-end times, for every arm: transformer.py `steady_rate`). The table
+left out; the same clock, step-end times, for every arm: arms.py `steady_rate`). The table
 gives, per workload, each round's ratios and their median: ps / plain, shm / plain (psgd against
 the ceiling), floor / plain (the price of a second process, which no server design avoids),
 shm / floor (psgd's own overhead above that floor) and allreduce / ddp. Writes

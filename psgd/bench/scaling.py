@@ -207,8 +207,8 @@ def validate_against_model(rows: list[dict], calibration: Path, width: int) -> l
         if measured else "no measured rows"
 
 
-def main(argv: list[str]) -> int:
-    from psgd.bench.costmodel_cli import validation_table, write_csv
+def _parse(argv: list[str]) -> argparse.Namespace:
+    """The flags of `argv`, the lists split and every value checked; UsageError on a bad one."""
     from psgd.core.errors import Parser, UsageError
 
     p = Parser(prog="psgd bench scaling", description=__doc__.split("\n\n")[0])
@@ -239,9 +239,11 @@ def main(argv: list[str]) -> int:
     a.transports = [t.strip() for t in a.transports.split(",") if t.strip()]
     if not a.transports or not set(a.transports) <= {"grpc", "tcp"}:
         raise UsageError("--transports takes grpc and / or tcp, comma-separated")
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "command.txt").write_text("psgd bench scaling " + " ".join(argv) + "\n")
+    return a
+
+
+def _sweep(a: argparse.Namespace, out: Path) -> list[dict]:
+    """Every configuration's run (`configs`) under --runs, each printed as it ends; OUT/scaling.csv after each."""
     rows = []
     runs = Path(a.runs)
     runs.mkdir(parents=True, exist_ok=True)
@@ -260,9 +262,13 @@ def main(argv: list[str]) -> int:
             w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
             w.writeheader()
             w.writerows(rows)
-    if any(r["status"] == "ok" for r in rows):
-        plot(rows, out / "scaling.png", f"wide MLP width {a.width}, batch {a.batch_size}/worker, sync PS vs ring, "
-                                        "one host (2 cores shared by every process)")
+    return rows
+
+
+def _check_model(rows: list[dict], a: argparse.Namespace, out: Path) -> None:
+    """The cost model beside the measured rows (OUT/validation.csv, the table printed), or why not."""
+    from psgd.bench.costmodel_cli import validation_table, write_csv
+
     checked = (validate_against_model(rows, Path(a.calibration), a.width) if not a.link
                else "not validated: the one-host model has no emulated link")
     if isinstance(checked, str):
@@ -270,5 +276,17 @@ def main(argv: list[str]) -> int:
     else:
         write_csv(checked, out / "validation.csv")
         print("cost model vs measured (one host):\n" + validation_table(checked))
+
+
+def main(argv: list[str]) -> int:
+    a = _parse(argv)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "command.txt").write_text("psgd bench scaling " + " ".join(argv) + "\n")
+    rows = _sweep(a, out)
+    if any(r["status"] == "ok" for r in rows):
+        plot(rows, out / "scaling.png", f"wide MLP width {a.width}, batch {a.batch_size}/worker, sync PS vs ring, "
+                                        "one host (2 cores shared by every process)")
+    _check_model(rows, a, out)
     print(f"wrote {out / 'scaling.csv'}, {out / 'scaling.png'}")
     return 0

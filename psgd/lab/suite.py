@@ -382,6 +382,69 @@ def _made_as(results: Path, profile: str) -> dict | None:
     return summary if summary.get("profile") == profile and all(k in summary for k in keys) else None
 
 
+def _announce(chosen_exps: list[Experiment], fresh: bool, profile: str, version: str, run_version: str) -> int:
+    """Print what the suite will make and about how long it takes; returns its steps (runs and benchmarks)."""
+    eta = estimate_s(chosen_exps, fresh)
+    n_tune = len({s.cfg.out for e in chosen_exps for s in e.tune_specs()})
+    n_final = len({s.cfg.out for e in chosen_exps for s in e.planned_specs()})
+    benches = [e for e in chosen_exps if e.bench]
+    print(f"psgd suite ({profile}, code {version}, runs keyed by training code {run_version}): "
+          f"{len(chosen_exps)} experiments, {n_tune} tuning runs, "
+          f"{n_final} evaluated runs and {len(benches)} benchmarks; about {eta / 60:.0f} min on a 2-core CPU machine "
+          f"(finished runs are reused; --fresh reruns them)", file=sys.stderr, flush=True)
+    return n_tune + n_final + len(benches)
+
+
+class _Runner:
+    """A suite's runs on its progress bar: a run experiments share is made once; `reused` counts those found."""
+
+    def __init__(self, overall: tqdm, fresh: bool, tensorboard: Path | None) -> None:
+        self.overall, self.fresh, self.tensorboard = overall, fresh, tensorboard
+        self.reused, self.total_runs = 0, 0
+        self.done_outs: set[str] = set()   # the runs made (or reused) so far: a shared run is counted once
+
+    def run_all(self, specs: list[RunSpec]) -> list[tuple[RunSpec, dict]]:
+        """Run (or reuse) each spec in order; returns each with its summary."""
+        out = []
+        for spec in specs:
+            first = spec.cfg.out not in self.done_outs
+            if first:
+                self.reused += int(not self.fresh and (is_cached(spec) or _twin(spec) is not None))
+                self.total_runs += 1
+            out.append((spec, execute(spec, self.fresh and first, f"[{self.overall.n + 1}/{self.overall.total}]",
+                                      self.tensorboard)))
+            if first:
+                self.done_outs.add(spec.cfg.out)
+                self.overall.update(1)
+        return out
+
+
+def _run_experiment(exp: Experiment, out: Path, runner: _Runner, command: str) -> tuple[tuple, set[str]]:
+    """Tune, run (or bench) one experiment and write its commands.txt; returns (entry to analyse, made_by)."""
+    out.mkdir(parents=True, exist_ok=True)
+    tune_specs = exp.tune_specs()
+    runner.run_all(tune_specs)
+    chosen, scores = tuning_of(exp) if exp.tuned else ({}, {})
+    finals = exp.final_specs(chosen)
+    summaries = runner.run_all(finals)
+    if exp.bench:
+        _run_bench(exp, out, f"[{runner.overall.n + 1}/{runner.overall.total}] {exp.id}")
+        runner.overall.update(1)
+    (out / "commands.txt").write_text(_commands(exp, tune_specs, finals, command))
+    return (exp, summaries, out, chosen, scores), made_by(exp, finals)
+
+
+def _finished_experiment(exp: Experiment, out: Path) -> tuple[tuple, set[str]] | None:
+    """An experiment not run now, from its finished results: as `_run_experiment`, or None where it has none."""
+    if not _has_results(exp):
+        tqdm.write(f"{exp.id}: not run yet, left out of the report (run the suite without --only)", file=sys.stderr)
+        return None
+    chosen, scores = tuning_of(exp) if exp.tuned else ({}, {})
+    finals = exp.final_specs(chosen)
+    summaries = [(s, json.loads((Path(s.cfg.out) / "summary.json").read_text())) for s in finals]
+    return (exp, summaries, out, chosen, scores), made_by(exp, finals)
+
+
 def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False, command: str = "",
               only: set[str] | None = None, profile: str = "default", articles: Sequence[Article] = (),
               tensorboard: Path | None = None) -> Path:
@@ -394,62 +457,23 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
     chosen_exps = [e for e in experiments if only is None or e.id in only]   # only = set(): --report
     version = code_version()
     run_version = experiments[0].version if experiments else ""
-    eta = estimate_s(chosen_exps, fresh)
-    n_tune = len({s.cfg.out for e in chosen_exps for s in e.tune_specs()})
-    n_final = len({s.cfg.out for e in chosen_exps for s in e.planned_specs()})
-    benches = [e for e in chosen_exps if e.bench]
-    print(f"psgd suite ({profile}, code {version}, runs keyed by training code {run_version}): "
-          f"{len(chosen_exps)} experiments, {n_tune} tuning runs, "
-          f"{n_final} evaluated runs and {len(benches)} benchmarks; about {eta / 60:.0f} min on a 2-core CPU machine "
-          f"(finished runs are reused; --fresh reruns them)", file=sys.stderr, flush=True)
+    steps = _announce(chosen_exps, fresh, profile, version, run_version)
     started = time.time()
-    reused, total_runs, done_outs = 0, 0, set()
     made: dict[str, set[str]] = {}   # experiment id -> training-code versions of what its section cites
     pending: list[tuple] = []        # (experiment, summaries, out, chosen, scores), analysed at the end
-    overall = tqdm(total=n_tune + n_final + len(benches), desc="suite", unit="run", dynamic_ncols=True,
-                   file=sys.stderr)
-
-    def run_all(specs: list[RunSpec]) -> list[tuple[RunSpec, dict]]:
-        nonlocal reused, total_runs
-        out = []
-        for spec in specs:
-            first = spec.cfg.out not in done_outs
-            if first:
-                reused += int(not fresh and (is_cached(spec) or _twin(spec) is not None))
-                total_runs += 1
-            out.append((spec, execute(spec, fresh and first, f"[{overall.n + 1}/{overall.total}]", tensorboard)))
-            if first:
-                done_outs.add(spec.cfg.out)
-                overall.update(1)
-        return out
-
+    overall = tqdm(total=steps, desc="suite", unit="run", dynamic_ncols=True, file=sys.stderr)
+    runner = _Runner(overall, fresh, tensorboard)
     try:
         for exp in experiments:
             out = results / exp.id
-            if exp not in chosen_exps:
+            if exp in chosen_exps:
+                done = _run_experiment(exp, out, runner, command)
+            else:
                 # --only: the report still covers the whole suite, from the results already there.
-                if _has_results(exp):
-                    chosen, scores = tuning_of(exp) if exp.tuned else ({}, {})
-                    finals = exp.final_specs(chosen)
-                    summaries = [(s, json.loads((Path(s.cfg.out) / "summary.json").read_text())) for s in finals]
-                    pending.append((exp, summaries, out, chosen, scores))
-                    made[exp.id] = made_by(exp, finals)
-                else:
-                    tqdm.write(f"{exp.id}: not run yet, left out of the report (run the suite without --only)",
-                               file=sys.stderr)
-                continue
-            out.mkdir(parents=True, exist_ok=True)
-            tune_specs = exp.tune_specs()
-            run_all(tune_specs)
-            chosen, scores = tuning_of(exp) if exp.tuned else ({}, {})
-            finals = exp.final_specs(chosen)
-            summaries = run_all(finals)
-            if exp.bench:
-                _run_bench(exp, out, f"[{overall.n + 1}/{overall.total}] {exp.id}")
-                overall.update(1)
-            (out / "commands.txt").write_text(_commands(exp, tune_specs, finals, command))
-            pending.append((exp, summaries, out, chosen, scores))
-            made[exp.id] = made_by(exp, finals)
+                done = _finished_experiment(exp, out)
+            if done is not None:
+                pending.append(done[0])
+                made[exp.id] = done[1]
     finally:
         WARM.close()  # the suite's runs are over: its warm parent goes
     overall.close()
@@ -458,8 +482,8 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
     floor = next((f for e, s, *_ in pending if (f := noise_floor_of(e, s)) is not None), None)
     with V.noise_floor(floor.value if floor is not None else 0.0):
         sections = [analyses.analyse(*args) for args in pending]
-    note = (f"{reused} of {total_runs} runs reused from earlier invocations (for a reference profile, the default "
-            "profile's runs of the same configs too)" if reused else "")
+    note = (f"{runner.reused} of {runner.total_runs} runs reused from earlier invocations (for a reference profile, "
+            "the default profile's runs of the same configs too)" if runner.reused else "")
     made_as = None
     if only == set():
         note = "--report: re-analysed the finished runs and benchmark outputs; nothing was run"
