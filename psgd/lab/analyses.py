@@ -78,17 +78,7 @@ def modes(ctx: Context):
     sync, asyn = ctx.group("sync"), ctx.group("async")
     target = float(ctx.params.get("target_accuracy", 0.5))
     extra = _modes_extra_figures(ctx, gs, series, target)
-    rows = []
-    for g in gs:
-        tt = [time_to(r, target) for r in g.runs]
-        finite = [t for t in tt if math.isfinite(t)]
-        rows.append([g.label, f"{g.lr:g}", acc_ci(g).fmt(), f"{np.mean(g.finals('test_loss')):.3f}",
-                     f"{g.mean('samples_per_s'):.0f}", f"{g.mean('staleness.mean'):.2f}",
-                     f"{np.mean([roughness(r) for r in g.runs]):.4f}",
-                     f"{np.mean(finite):.1f}" + (f" ({len(finite)}/{len(tt)})" if len(finite) < len(tt) else "")
-                     if finite else "not reached", g.converged()])
-    body = table(["run", "lr (tuned)", "test accuracy [95% CI]", "test loss", "samples/s", "mean staleness",
-                  "loss roughness", f"s to {target:.0%}", "converged"], rows)
+    body = _modes_table(gs, target)
     # The claim is about staleness: judged against the stale-free arms at async's batch per update
     # when they ran (E1's controls), else against sync at its own batch.
     control = ctx.groups.get("sync, 4 x 8") or sync
@@ -135,6 +125,21 @@ def modes(ctx: Context):
     return verdict, headline, body, figs, {"control_minus_async": d.estimate, "ci": [d.lo, d.hi],
                                            "control": control.label,
                                            "sync_batch128_minus_async": d_batch.estimate}
+
+
+def _modes_table(gs: list[Group], target: float) -> str:
+    """E1's table: per mode its rate, accuracy, loss, throughput, staleness, roughness and time to target."""
+    rows = []
+    for g in gs:
+        tt = [time_to(r, target) for r in g.runs]
+        finite = [t for t in tt if math.isfinite(t)]
+        rows.append([g.label, f"{g.lr:g}", acc_ci(g).fmt(), f"{np.mean(g.finals('test_loss')):.3f}",
+                     f"{g.mean('samples_per_s'):.0f}", f"{g.mean('staleness.mean'):.2f}",
+                     f"{np.mean([roughness(r) for r in g.runs]):.4f}",
+                     f"{np.mean(finite):.1f}" + (f" ({len(finite)}/{len(tt)})" if len(finite) < len(tt) else "")
+                     if finite else "not reached", g.converged()])
+    return table(["run", "lr (tuned)", "test accuracy [95% CI]", "test loss", "samples/s", "mean staleness",
+                  "loss roughness", f"s to {target:.0%}", "converged"], rows)
 
 
 def _modes_extra_figures(ctx: Context, gs: list[Group], series: list, target: float) -> list[Figure]:
@@ -229,27 +234,33 @@ def stragglers(ctx: Context):
     body += ("\n\nSlowdown = samples/s without the straggler / with it (t interval over seeds); the interval of the "
              "difference joins the ends of the two intervals (conservative). Each mode runs at its own tuned rate.")
     if transient:
-        jitter = max((g.cfg.get("jitter", 0.0) for g in ctx.groups.values()), default=0.0)
-        per = "; ".join(f"{m}: {transient[m].fmt(2)}x with jitter, {slow[m].fmt(2)}x with the persistent straggler"
-                        if m in slow else f"{m}: {transient[m].fmt(2)}x with jitter" for m in transient)
-        body += (f"\n\n**Transient vs persistent stragglers** (Ho et al. 2013, SSP). With jitter every worker "
-                 f"sleeps an exponential delay of mean {jitter:g} ms per step, so the slow worker changes from step to "
-                 f"step; the persistent straggler is always worker 0. Slowdowns: {per}. Jitter costs every mode its "
-                 "own sleep (async included: each of its steps is longer), so what a mode's consistency costs is its "
-                 "slowdown over async's. ")
-        if "async" in transient:
-            rel = "; ".join(
-                f"{m} {transient[m].estimate / transient['async'].estimate:.2f}x with jitter"
-                + (f", {slow[m].estimate / slow['async'].estimate:.2f}x with the persistent straggler"
-                   if m in slow and "async" in slow else "")
-                for m in transient if m != "async")
-            body += (f"Over async's: {rel} (ratios of the point estimates). A bounded clock lead lets the others run "
-                     "ahead of a worker slow for a step or two, which catches up later: SSP's teaching point is that "
-                     "it should cost little over async under jitter but, once a persistent straggler has used up "
-                     "the bound, run at the straggler's pace like sync.")
+        body += _jitter_text(ctx, slow, transient)
     figs = [Figure(f1, "Steady-state samples/s per mode and condition; error bars: 95% t interval over seeds."),
             Figure(f2, ctx.caption("Test accuracy against steady-state wall time; dotted: the target."))]
     return verdict, headline, body, figs, {f"slowdown_{m}": v.estimate for m, v in slow.items()}
+
+
+def _jitter_text(ctx: Context, slow: dict[str, stats.Interval], transient: dict[str, stats.Interval]) -> str:
+    """E2's paragraph on transient (jitter) against persistent stragglers, each mode's slowdown over async's."""
+    jitter = max((g.cfg.get("jitter", 0.0) for g in ctx.groups.values()), default=0.0)
+    per = "; ".join(f"{m}: {transient[m].fmt(2)}x with jitter, {slow[m].fmt(2)}x with the persistent straggler"
+                    if m in slow else f"{m}: {transient[m].fmt(2)}x with jitter" for m in transient)
+    text = (f"\n\n**Transient vs persistent stragglers** (Ho et al. 2013, SSP). With jitter every worker "
+            f"sleeps an exponential delay of mean {jitter:g} ms per step, so the slow worker changes from step to "
+            f"step; the persistent straggler is always worker 0. Slowdowns: {per}. Jitter costs every mode its "
+            "own sleep (async included: each of its steps is longer), so what a mode's consistency costs is its "
+            "slowdown over async's. ")
+    if "async" in transient:
+        rel = "; ".join(
+            f"{m} {transient[m].estimate / transient['async'].estimate:.2f}x with jitter"
+            + (f", {slow[m].estimate / slow['async'].estimate:.2f}x with the persistent straggler"
+               if m in slow and "async" in slow else "")
+            for m in transient if m != "async")
+        text += (f"Over async's: {rel} (ratios of the point estimates). A bounded clock lead lets the others run "
+                 "ahead of a worker slow for a step or two, which catches up later: SSP's teaching point is that "
+                 "it should cost little over async under jitter but, once a persistent straggler has used up "
+                 "the bound, run at the straggler's pace like sync.")
+    return text
 
 
 # -- E3 ------------------------------------------------------------------------------------------

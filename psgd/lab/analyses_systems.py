@@ -111,19 +111,27 @@ def link(ctx):
             Figure(f2, "Share of each step spent in push, pull and wait, first seed.")]
     kernel = _kernel_speedups(Path(exp.results) / "E4")
     if kernel:
-        # Where the cluster ran (E4's benchmark): the verdict is the kernel's, the pacer's is shown beside it.
-        (fast, k_fast, m_fast), (slow, k_slow, m_slow) = kernel[0], kernel[-1]
-        verdict = V.communication_wall(stats.Interval(k_fast - k_slow, k_fast - k_slow, k_fast - k_slow, 1))
-        headline = (f"at N=4 the speedup is {k_fast:.2f}x on {fast} but {k_slow:.2f}x on kernel-shaped {slow} links "
-                    f"(cost model {m_fast:.2f}x / {m_slow:.2f}x); the Python pacer (EMULATED) gives {s_fast.fmt(2)}x "
-                    f"/ {s_slow.fmt(2)}x")
-        body += ("\n\n**On kernel-shaped links** (E4's `psgd bench cluster`, this suite run: one host per process, "
-                 "links shaped by the kernel, the same wide MLP and 30 ms of emulated compute per step; one run per "
-                 "point):\n\n" + table(["link", "speedup N=1 -> 4, measured", "cost model"],
-                                    [[w, f"{k:.2f}", f"{m:.2f}"] for w, k, m in kernel]) +
-                 "\n\nThe verdict weighs these (point estimates: one run each, the cost model beside them); the "
-                 "paced runs above are what the Python pacer emulates.")
+        verdict, headline, text = _kernel_reading(kernel, s_fast, s_slow)
+        body += text
     return verdict, headline, body, figs, {"speedup_fast": s_fast.estimate, "speedup_slow": s_slow.estimate}
+
+
+def _kernel_reading(kernel: list[tuple[str, float, float]], s_fast: stats.Interval,
+                    s_slow: stats.Interval) -> tuple[V.Verdict, str, str]:
+    """E10's verdict, headline and added text where the cluster ran: the kernel-shaped links decide."""
+    # Where the cluster ran (E4's benchmark): the verdict is the kernel's, the pacer's is shown beside it.
+    (fast, k_fast, m_fast), (slow, k_slow, m_slow) = kernel[0], kernel[-1]
+    verdict = V.communication_wall(stats.Interval(k_fast - k_slow, k_fast - k_slow, k_fast - k_slow, 1))
+    headline = (f"at N=4 the speedup is {k_fast:.2f}x on {fast} but {k_slow:.2f}x on kernel-shaped {slow} links "
+                f"(cost model {m_fast:.2f}x / {m_slow:.2f}x); the Python pacer (EMULATED) gives {s_fast.fmt(2)}x "
+                f"/ {s_slow.fmt(2)}x")
+    text = ("\n\n**On kernel-shaped links** (E4's `psgd bench cluster`, this suite run: one host per process, "
+            "links shaped by the kernel, the same wide MLP and 30 ms of emulated compute per step; one run per "
+            "point):\n\n" + table(["link", "speedup N=1 -> 4, measured", "cost model"],
+                               [[w, f"{k:.2f}", f"{m:.2f}"] for w, k, m in kernel]) +
+            "\n\nThe verdict weighs these (point estimates: one run each, the cost model beside them); the "
+            "paced runs above are what the Python pacer emulates.")
+    return verdict, headline, text
 
 
 def _kernel_speedups(folder: Path) -> list[tuple[str, float, float]]:
