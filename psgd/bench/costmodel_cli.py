@@ -183,6 +183,7 @@ def _validation(a: argparse.Namespace, out: Path, command: str, machine: cm.Mach
                          f"{type(e).__name__}: {e}") from None
     if not measured:
         raise UsageError(f"no measured rows in {a.validate}")
+    out.mkdir(parents=True, exist_ok=True)
     (out / "validation-command.txt").write_text(command)
     rows = cm.validate(measured, machine, work)
     write_csv(rows, out / "validation.csv")
@@ -193,6 +194,7 @@ def _prediction(a: argparse.Namespace, out: Path, command: str, machine: cm.Mach
                 grid: tuple[list[tuple[str, float, float]], list[int], list[str]]) -> None:
     """The prediction over the grid (`_grid`): OUT/model.csv, OUT/model.png and the tables printed."""
     bandwidths, workers, shards = grid
+    out.mkdir(parents=True, exist_ok=True)
     (out / "command.txt").write_text(command)
     rows = cm.predict(machine, work, bandwidths, workers, shards, a.software_bound)
     write_csv(rows, out / "model.csv")
@@ -222,7 +224,6 @@ def main(argv: list[str]) -> int:
     work = dataclasses.replace(work, params=int(a.params or work.params), batch=a.batch or work.batch,
                                jitter_s=a.jitter / 1000.0)
     out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
     command = "psgd model " + " ".join(argv) + "\n"
     if a.validate:
         _validation(a, out, command, machine, work)
