@@ -356,7 +356,7 @@ def test_tiny_quick_suite_tunes_runs_and_reports(tmp_path):
     for flags, dropped in ((["--report"], "M, W"), (["--only", "M"], "W")):
         r = psgd_main("suite", str(suite_file), "--quick", "--results", str(results), *flags)
         assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-        assert f"reports {dropped}, whose finished runs are not here" in r.stderr and flags[0] in r.stderr
+        assert f"reports {dropped}, whose finished runs by training code" in r.stderr and flags[0] in r.stderr
         assert {name: (results / name).read_bytes() for name in before} == before
     assert not (results / "runs").exists()   # --only M ran nothing either
     assert processes_mentioning(str(results)) == []

@@ -291,8 +291,9 @@ def _has_results(exp: Experiment) -> bool:
 
 def would_drop(experiments: list[Experiment], only: set[str] | None, results: Path) -> list[str]:
     """The experiments that `results`' report covers (its summary.json's claims) but that a call
-    running only `only` (--only; set() for --report) could not analyse again: their finished runs are
-    not here (runs are not in git: a fresh clone has none). Writing the report would drop them."""
+    running only `only` (--only; set() for --report) could not analyse again: their finished runs
+    (by the training code at hand: `is_cached`) are not here, as in a fresh clone (runs are not in
+    git) or after a change to the training code. Writing the report would drop them."""
     if only is None:
         return []  # the whole suite: it makes what is missing
     try:
@@ -537,9 +538,10 @@ def main(argv: list[str]) -> int:
     # A partial call rewrites the whole report: it must not lose what the report holds (psgd never
     # overwrites a complete report with a poorer one; git would be the only way back).
     if dropped := would_drop(experiments, only, results):
-        raise UsageError(f"{results / 'REPORT.md'} reports {', '.join(dropped)}, whose finished runs are not here "
-                         f"(runs are not in git: a fresh clone has none); {'--report' if a.report else '--only'} "
-                         "would rewrite the report without them. Run the whole suite (it reuses what it finds), "
+        raise UsageError(f"{results / 'REPORT.md'} reports {', '.join(dropped)}, whose finished runs by training "
+                         f"code {run_code_version()} are not here (runs are not in git: a fresh clone has none); "
+                         f"{'--report' if a.report else '--only'} would rewrite the report without them. "
+                         "Run the whole suite (it reuses what it finds), "
                          "or give --out a folder of its own")
     from psgd.train.launch import RunFailed
 
