@@ -350,15 +350,20 @@ def test_tiny_quick_suite_tunes_runs_and_reports(tmp_path):
     assert "| [M](results/REPORT.md#m)" in readme.read_text() and readme.read_text().endswith("rest\n")
     assert not report_mod.update_readme(readme, results / "summary.json")
     # Without the runs (a fresh clone: runs are not in git) a partial call would drop what the report
-    # holds: --report and --only refuse in one line, exit 2, and leave the report and summary as they were.
+    # holds. --report refuses in one line, exit 2; --only W makes W's runs (4 of M's 6) and keeps the
+    # report and summary as they were, saying so: M's runs are still not there.
     (results / "runs").rename(tmp_path / "runs-elsewhere")
     before = {name: (results / name).read_bytes() for name in ("REPORT.md", "summary.json")}
-    for flags, dropped in ((["--report"], "M, W"), (["--only", "M"], "W")):
-        r = psgd_main("suite", str(suite_file), "--quick", "--results", str(results), *flags)
-        assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
-        assert f"reports {dropped}, whose finished runs by training code" in r.stderr and flags[0] in r.stderr
-        assert {name: (results / name).read_bytes() for name in before} == before
-    assert not (results / "runs").exists()   # --only M ran nothing either
+    r = psgd_main("suite", str(suite_file), "--quick", "--results", str(results), "--report")
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "reports M, W, whose finished runs by training code" in r.stderr and "--report" in r.stderr
+    assert {name: (results / name).read_bytes() for name in before} == before and not (results / "runs").exists()
+    r = psgd_main("suite", str(suite_file), "--quick", "--results", str(results), "--only", "W")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.rstrip().splitlines()[-1].startswith(f"psgd suite: kept {results / 'REPORT.md'} as it was: "
+                                                         "it reports M, whose finished runs are not here")
+    assert {name: (results / name).read_bytes() for name in before} == before
+    assert len(list((results / "runs").iterdir())) == 4   # W's 2 tuning and 2 evaluated runs
     assert processes_mentioning(str(results)) == []
 
 

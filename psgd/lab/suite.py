@@ -30,7 +30,9 @@ Contract:
 
 Runs live under RESULTS/runs/, which git ignores: a fresh clone has the reports but none of their
 runs. `--only` and `--report` rewrite the whole report from the runs they find, so where the report
-holds an experiment whose runs are not here they refuse (one line, exit 2) and write nothing.
+holds an experiment whose runs are not here they keep it: `--report` refuses (one line, exit 2);
+`--only` makes its runs (and its experiments' folders) and leaves REPORT.md and summary.json as
+they were, saying so, for the whole suite to rewrite (it reuses those runs).
 """
 
 from __future__ import annotations
@@ -460,24 +462,27 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
     run_version = experiments[0].version if experiments else ""
     steps = _announce(chosen_exps, fresh, profile, version, run_version)
     started = time.time()
-    made: dict[str, set[str]] = {}   # experiment id -> training-code versions of what its section cites
-    pending: list[tuple] = []        # (experiment, summaries, out, chosen, scores), analysed at the end
     overall = tqdm(total=steps, desc="suite", unit="run", dynamic_ncols=True, file=sys.stderr)
     runner = _Runner(overall, fresh, tensorboard)
+    done: dict[str, tuple[tuple, set[str]] | None] = {}  # id -> (entry to analyse, made_by), None: no results
     try:
-        for exp in experiments:
-            out = results / exp.id
-            if exp in chosen_exps:
-                done = _run_experiment(exp, out, runner, command)
-            else:
-                # --only: the report still covers the whole suite, from the results already there.
-                done = _finished_experiment(exp, out)
-            if done is not None:
-                pending.append(done[0])
-                made[exp.id] = done[1]
+        for exp in chosen_exps:
+            done[exp.id] = _run_experiment(exp, results / exp.id, runner, command)
     finally:
         WARM.close()  # the suite's runs are over: its warm parent goes
     overall.close()
+    if dropped := would_drop(experiments, only, results):  # decided after the runs: they may be some
+        print(f"psgd suite: kept {results / 'REPORT.md'} as it was: it reports {', '.join(dropped)}, whose finished "
+              "runs are not here; the whole suite rewrites it (reusing the runs made now)", file=sys.stderr)
+        return results / "REPORT.md"
+    # --only: the report still covers the whole suite, from the results already there (read after the
+    # runs: an experiment may share the runs just made).
+    for exp in experiments:
+        if exp.id not in done:
+            done[exp.id] = _finished_experiment(exp, results / exp.id)
+    ran = [(exp, d) for exp in experiments if (d := done[exp.id]) is not None]
+    pending = [d[0] for _, d in ran]                  # (experiment, summaries, out, chosen, scores), in suite order
+    made = {exp.id: d[1] for exp, d in ran}           # id -> training-code versions of what its section cites
     # Analysed once everything has run: the noise floor (E1's two identical algorithms) sets the
     # least accuracy margin of every verdict, E0's included, so it is measured first.
     floor = next((f for e, s, *_ in pending if (f := noise_floor_of(e, s)) is not None), None)
@@ -536,11 +541,12 @@ def main(argv: list[str]) -> int:
     except SuiteError as e:
         raise UsageError(str(e)) from None
     # A partial call rewrites the whole report: it must not lose what the report holds (psgd never
-    # overwrites a complete report with a poorer one; git would be the only way back).
-    if dropped := would_drop(experiments, only, results):
+    # overwrites a complete report with a poorer one; git would be the only way back). --only still
+    # makes its runs (a reference is remade so, an experiment at a time) and keeps the report.
+    if a.report and (dropped := would_drop(experiments, only, results)):
         raise UsageError(f"{results / 'REPORT.md'} reports {', '.join(dropped)}, whose finished runs by training "
                          f"code {run_code_version()} are not here (runs are not in git: a fresh clone has none); "
-                         f"{'--report' if a.report else '--only'} would rewrite the report without them. "
+                         "--report would rewrite the report without them. "
                          "Run the whole suite (it reuses what it finds), "
                          "or give --out a folder of its own")
     from psgd.train.launch import RunFailed
