@@ -137,6 +137,34 @@ def test_a_worker_split_between_shards_rolls_a_sync_run_back_and_fails_the_other
         assert not isinstance(e.value, launch.ShardDied) and "cannot bring them together" in str(e.value)
 
 
+LOST_LINE = ("psgd worker 0: error: push-pull with shard 0 at 127.0.0.1:1: UNAVAILABLE: the shard closed the "
+             "connection")
+# A shard that dies only once the worker has exited (a zombie, not yet reaped): the launcher sees
+# the worker's death first, as when a SIGKILLed shard's sockets close just before its exit shows.
+AFTER_THE_WORKER = """import os, signal, sys
+path = "/proc/%s/stat" % sys.argv[1]
+while True:
+    try:
+        if open(path).read().rsplit(")", 1)[1].split()[0] == "Z":
+            break
+    except OSError:
+        break
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_worker_that_lost_its_shard_waits_for_the_shards_exit_so_the_shard_is_restarted(tmp_path):
+    worker = launch.Child("worker 0/1", [sys.executable, "-c", f"import sys; print({LOST_LINE!r}, file=sys.stderr); "
+                                         "sys.exit(1)"], tmp_path / "w.log")
+    shard = launch.Child("shard 0/1", [sys.executable, "-c", AFTER_THE_WORKER, str(worker.proc.pid)],
+                         tmp_path / "s.log")
+    try:
+        with pytest.raises(launch.ShardDied, match="shard 0/1 died with signal SIGKILL"):
+            launch._wait_workers([worker], [shard], RunConfig(mode="sync", workers=1, servers=1, out=str(tmp_path)))
+    finally:
+        launch._stop([worker, shard], signal.SIGKILL)
+
+
 def test_a_shard_killed_in_the_middle_of_a_checkpoint_write_leaves_only_intact_ones(tmp_path):
     folder, hold = tmp_path / "ckpt", tmp_path / "hold"
     hold.mkdir()

@@ -16,7 +16,7 @@ from psgd.core import codec
 from psgd.core.config import RunConfig
 from psgd.core.errors import ExchangeError
 from psgd.ps import framing as fr
-from psgd.ps import shm
+from psgd.ps import segment
 from psgd.ps.client import make_client
 from tests.helpers import psgd_main, summary
 
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("warm_runs")
 
 def ours() -> set[str]:
     """This process's segments in /dev/shm (a worker names them psgd-PID-...)."""
-    return {n for n in os.listdir(shm.ROOT) if n.startswith(f"psgd-{os.getpid()}-")}
+    return {n for n in os.listdir(segment.ROOT) if n.startswith(f"psgd-{os.getpid()}-")}
 
 
 def steps(transport: str, addresses: list[str], n: int, dtype: str, topk: float = 1.0) -> torch.Tensor:
@@ -76,8 +76,8 @@ def attach(sock: socket.socket, name: str) -> tuple[int, str]:
 
 def test_the_shard_maps_only_a_psgd_segment_of_a_bounded_size(shard_servers, tmp_path):
     (server,) = shard_servers(RunConfig(mode="async", workers=1, servers=1))
-    big = shm.Segment.create(server.shard.max_payload + 2 * shm.PAGE)
-    ok = shm.Segment.create(64)
+    big = segment.Segment.create(server.shard.max_payload + 2 * segment.PAGE)
+    ok = segment.Segment.create(64)
     try:
         with socket.create_connection(("127.0.0.1", server.data_port), timeout=10) as sock:
             for name, message in [("../etc/passwd", "is not a psgd segment name"),
@@ -94,7 +94,7 @@ def test_the_shard_maps_only_a_psgd_segment_of_a_bounded_size(shard_servers, tmp
 
 def test_a_payload_larger_than_the_segment_closes_the_connection(shard_servers):
     (server,) = shard_servers(RunConfig(mode="async", workers=1, servers=1))
-    seg = shm.Segment.create(16)
+    seg = segment.Segment.create(16)
     try:
         with socket.create_connection(("127.0.0.1", server.data_port), timeout=10) as sock:
             assert attach(sock, seg.name)[0] == fr.WELCOME
@@ -114,10 +114,10 @@ def test_only_a_loopback_peer_without_tls_may_attach():
 
         def getpeername(self):
             return (self.host, 5)
-    assert shm.refused(Peer("127.0.0.1"), tls=False) is None
-    assert shm.refused(Peer("::1"), tls=False) is None
-    assert "loopback" in shm.refused(Peer("198.18.0.2"), tls=False)
-    assert "TLS" in shm.refused(Peer("127.0.0.1"), tls=True)
+    assert segment.refused(Peer("127.0.0.1"), tls=False) is None
+    assert segment.refused(Peer("::1"), tls=False) is None
+    assert "loopback" in segment.refused(Peer("198.18.0.2"), tls=False)
+    assert "TLS" in segment.refused(Peer("127.0.0.1"), tls=True)
 
 
 def test_a_sync_run_over_shm_has_the_hash_of_tcp(tmp_path):
@@ -129,7 +129,7 @@ def test_a_sync_run_over_shm_has_the_hash_of_tcp(tmp_path):
         assert r.returncode == 0, r.stderr
         hashes[t] = summary(tmp_path / t)["params_sha256"]
     assert hashes["tcp"] == hashes["shm"]
-    assert not [n for n in os.listdir(shm.ROOT) if n.startswith("psgd-")
+    assert not [n for n in os.listdir(segment.ROOT) if n.startswith("psgd-")
                 and not os.path.exists(f"/proc/{n.split('-')[1]}")]  # no segment outlives its worker
 
 
@@ -143,7 +143,7 @@ def test_shm_usage_errors(args, message):
 
 
 def test_codec_itemsize_matches_the_segment_views():
-    seg = shm.Segment.create(64)
+    seg = segment.Segment.create(64)
     try:
         values = torch.tensor([1.0, -2.5, 3.25])
         for dtype in ("fp32", "fp16", "bf16"):
@@ -160,7 +160,7 @@ def test_codec_itemsize_matches_the_segment_views():
 def test_a_reply_larger_than_the_segment_is_refused(shards):
     addresses, _ = shards(RunConfig(mode="async", workers=1, servers=1))
     client = make_client("tcp", addresses, 0, 2000)
-    seg = shm.Segment.create(16)  # one page: 4 KiB, less than the shard's 8,000 bytes
+    seg = segment.Segment.create(16)  # one page: 4 KiB, less than the shard's 8,000 bytes
     try:
         client.init(torch.zeros(2000))
         host = addresses[0].rsplit(":", 1)[0]
@@ -179,8 +179,8 @@ def test_a_reply_larger_than_the_segment_is_refused(shards):
 
 def test_a_side_spins_only_where_the_runs_processes_fit_the_cores(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
-    assert shm.spin_for(2, 0.003) == 0.003  # one worker and one shard on 2 cores: each has its own
-    assert shm.spin_for(3, 0.003) == 0.0    # one more process than cores: a spin would take one's core
+    assert segment.spin_for(2, 0.003) == 0.003  # one worker and one shard on 2 cores: each has its own
+    assert segment.spin_for(3, 0.003) == 0.0    # one more process than cores: a spin would take one's core
 
 
 def test_a_spinning_wait_returns_once_the_socket_is_readable_and_after_its_budget_when_not():

@@ -11,6 +11,8 @@ One frame per message in both directions, little-endian:
     HELLO  the token (auth.py), the first frame of a connection   ->  WELCOME (empty)
     ATTACH  a /dev/shm segment's name (--transport shm, psgd/ps/shm.py) ->  WELCOME; from then on
             this connection's payloads are in the segment, the prefix still gives their length
+    BELL  as ATTACH, and from its WELCOME on the frames themselves go through the segment's
+          doorbell (psgd/ps/bell.py), the socket only wakes a reader that sleeps
     any request                                                  ->  ERROR   "STATUS_NAME: message" (UTF-8)
 
 The headers are the .proto's own messages. Copies: a payload goes from the tensor's memory to
@@ -33,7 +35,7 @@ import torch
 from psgd.core import codec
 
 PREFIX = struct.Struct("<BIQ")  # op, header length, payload length
-PUSH, PULL, PUSHPULL, HELLO, ATTACH, PUSHED, PULLED, WELCOME, ERROR = 1, 2, 3, 4, 5, 0x81, 0x82, 0x84, 0xFF
+PUSH, PULL, PUSHPULL, HELLO, ATTACH, BELL, PUSHED, PULLED, WELCOME, ERROR = 1, 2, 3, 4, 5, 6, 0x81, 0x82, 0x84, 0xFF
 MAX_HEADER = 1 << 16            # our headers are < 100 bytes; anything bigger is not a psgd peer
 CHUNK = codec.CHUNK_BYTES       # the unit of pacing (--link) and of progress (--overlap)
 

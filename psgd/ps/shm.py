@@ -29,122 +29,25 @@ moves it overrides); psgd/ps/tcp_server.py holds a `Segment` per connection for 
 
 from __future__ import annotations
 
-import contextlib
-import mmap
-import os
-import re
-import secrets
 import socket
+import time
 
-import numpy as np
 import torch
 
 from psgd.core import codec
-from psgd.core.errors import Code, ShardError
-from psgd.ps import auth
+from psgd.ps import bell, wire
 from psgd.ps import framing as fr
+from psgd.ps.segment import (  # noqa: F401 - the
+    PUSH_SPIN_S,
+    REPLY_SPIN_S,
+    ROOT,
+    Segment,
+    refused,
+    serve_attach,
+    spin_for,  # shm API, one import
+)
 from psgd.ps.tcp_transport import TcpTransport
-
-ROOT = "/dev/shm"
-# Spin-then-block (psgd/ps/framing.py `await_readable`): how long each side of a shm connection
-# polls before it sleeps, when the run's processes fit this host's cores (`spin_for`). The worker
-# waits for a reply (the shard's update: ~0.3 ms for a small model); the shard for the next push
-# (the worker's step: 1.2 ms for the 256-wide MLP here); longer waits end in a blocking read.
-REPLY_SPIN_S = 0.002
-PUSH_SPIN_S = 0.003
-NAME = re.compile(r"psgd-\d+-[0-9a-f]{16}")
-PAGE = mmap.PAGESIZE
-
-
-class Segment:
-    """One mapped file of /dev/shm: `u8`, its bytes as a numpy array, and `t`, the same as a tensor."""
-
-    def __init__(self, name: str, fd: int, size: int) -> None:
-        self.name, self.size = name, size
-        try:
-            self.mm = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)  # the mapping keeps the memory; the descriptor is not needed
-        self.u8 = np.frombuffer(self.mm, dtype=np.uint8)
-        self.t = torch.from_numpy(self.u8)
-        # The segment as each wire dtype, made once: a slice and a view per request cost ~5 us more.
-        self.views = {name: self.t.view(dt) for name, dt in codec.WIRE_DTYPES.items()}
-
-    @classmethod
-    def create(cls, nbytes: int) -> Segment:
-        """A new segment of at least `nbytes` (a worker's), private to this user (mode 0600)."""
-        size = max(PAGE, -(-nbytes // PAGE) * PAGE)
-        name = f"psgd-{os.getpid()}-{secrets.token_hex(8)}"
-        fd = os.open(os.path.join(ROOT, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        try:
-            os.ftruncate(fd, size)
-        except OSError:
-            os.close(fd)
-            os.unlink(os.path.join(ROOT, name))
-            raise
-        return cls(name, fd, size)
-
-    @classmethod
-    def attach(cls, name: str, max_bytes: int) -> Segment:
-        """Map the segment a worker named (a shard's side); ValueError says why it will not."""
-        if not NAME.fullmatch(name):
-            raise ValueError(f"{name!r} is not a psgd segment name")
-        try:
-            fd = os.open(os.path.join(ROOT, name), os.O_RDWR | os.O_NOFOLLOW)
-        except OSError as e:
-            raise ValueError(f"cannot open {ROOT}/{name}: {e.strerror} (is the shard on another host?)") from None
-        size = os.fstat(fd).st_size
-        if not 0 < size <= max_bytes + PAGE:
-            os.close(fd)
-            raise ValueError(f"a segment of {size} bytes; this shard's largest payload is {max_bytes}")
-        return cls(name, fd, size)
-
-    def unlink(self) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(ROOT, self.name))
-
-    def put(self, payload) -> None:
-        """Copy `payload` (bytes-like) to the segment's start."""
-        src = np.frombuffer(payload, dtype=np.uint8)
-        self.u8[:len(src)] = src
-
-    def put_tensor(self, values: torch.Tensor, dtype: str) -> int:
-        """Write fp32 `values` in wire dtype `dtype` (narrowed as codec.encode does); returns bytes.
-        A segment too small for them (a worker that sized it wrong) is the request's error."""
-        n = values.numel() * codec.itemsize(dtype)
-        if n > self.size:
-            raise ShardError(Code.INVALID_ARGUMENT, f"a reply of {n} bytes into a {self.size}-byte segment")
-        self.views[dtype][:values.numel()].copy_(values.reshape(-1))
-        return n
-
-    def get_tensor(self, out: torch.Tensor, dtype: str) -> int:
-        """Fill fp32 `out` from the segment's `out.numel()` elements in wire dtype `dtype`; returns bytes."""
-        out.view(-1).copy_(self.views[dtype][:out.numel()])
-        return out.numel() * codec.itemsize(dtype)
-
-    def get_bytes(self, nbytes: int) -> bytearray:
-        return bytearray(self.u8[:nbytes].tobytes())
-
-    def close(self) -> None:
-        self.u8 = self.t = self.views = None  # the views first: an mmap with views exported cannot close
-        with contextlib.suppress(BufferError):
-            self.mm.close()
-
-
-def spin_for(processes: int, seconds: float) -> float:
-    """`seconds` when `processes` (a run's workers and shards, all on this host) fit the cores
-    this process may use, else 0: never spin where a spinning process would take a core from one
-    that computes."""
-    return seconds if processes <= len(os.sched_getaffinity(0)) else 0.0
-
-
-def loopback(sock: socket.socket) -> bool:
-    """Whether the connection's peer is on this host's loopback (where /dev/shm is shared)."""
-    try:
-        host = sock.getpeername()[0]
-    except OSError:
-        return False
-    return auth.is_loopback(host.removeprefix("::ffff:"))  # an IPv4 peer of a dual-stack socket
+from psgd.ps.transfer import Events
 
 
 class ShmTransport(TcpTransport):
@@ -157,6 +60,9 @@ class ShmTransport(TcpTransport):
         super().__init__(addresses, timeout, token, tls_ca)
         self._segments: dict[socket.socket, Segment] = {}
         self._spin_s = 0.0  # set by `info`, once the shards said how many processes the run has
+        self._lanes: dict[int, socket.socket] = {}  # `push_pull_direct`'s connections, shard -> socket
+        self._replied_at = 0.0
+        self._mark = Events(replied=self._replied)
 
     def info(self, shards):
         infos = super().info(shards)
@@ -164,9 +70,12 @@ class ShmTransport(TcpTransport):
             self._spin_s = spin_for(infos[0].num_workers + infos[0].num_shards, REPLY_SPIN_S)
         return infos
 
-    def _reply(self, sock, k: int, what: str, expected_op: int) -> tuple[bytes, int]:
+    def _recv_head(self, sock):
+        seg = self._segments.get(sock)
+        if seg is not None and seg.bell is not None:
+            return seg.bell.recv_head(self.timeout)
         fr.await_readable(sock, self._spin_s)
-        return super()._reply(sock, k, what, expected_op)
+        return fr.recv_head(sock)
 
     def _send(self, sock, op: int, header: bytes, payload=None, on_chunk=None, reply_bytes: int = 0) -> None:
         size = 0 if payload is None else len(payload)
@@ -175,7 +84,10 @@ class ShmTransport(TcpTransport):
             seg.put(payload)
             if on_chunk:
                 on_chunk(size)
-        fr.send_frame(sock, op, header, None, length=size)
+        if seg.bell is not None:
+            seg.bell.send(op, header, size)
+        else:
+            fr.send_frame(sock, op, header, None, length=size)
 
     def _recv_tensor(self, sock, out: torch.Tensor, dtype: str, on_chunk=None) -> int:
         n = self._segments[sock].get_tensor(out, dtype)
@@ -183,26 +95,81 @@ class ShmTransport(TcpTransport):
             on_chunk(n, out.numel())
         return n
 
+    def push_pull_direct(self, shards, headers, grads, outs, on_sent=None) -> tuple[list, float]:
+        """PushPull with the tensors themselves (dense, unpaced: PSClient's fast path), each shard on a
+        connection of its own that this transport keeps (a lane). Each gradient slice goes into its
+        segment in the wire dtype (narrowed as codec.encode does), each reply's values straight into
+        `outs[k]`; `on_sent()` once every request is out. Returns `push_pull`'s replies and the
+        perf_counter at which the last reply's header came in. A failure closes the lane."""
+        what = "push-pull with"
+        k = shards[0]
+        try:
+            socks = []
+            for k in shards:
+                socks.append(self._lanes.get(k) or self._lane(k, what))
+                self._guarded(k, what, lambda sock, k: self._send_direct(sock, headers[k], grads[k], outs[k]),
+                              socks[-1])
+            if on_sent is not None:
+                on_sent()
+            return [self._guarded(k, what, lambda sock, k: self._receive_pulled(sock, k, what, headers[k].dtype,
+                                                                                outs[k], self._mark), sock)
+                    for k, sock in zip(shards, socks, strict=True)], self._replied_at
+        except BaseException:
+            self._drop_lane(k)
+            raise
+
+    def _lane(self, k: int, what: str) -> socket.socket:
+        sock = self._lanes[k] = self._checkout(k, what)
+        return sock
+
+    def _drop_lane(self, k: int) -> None:
+        sock = self._lanes.pop(k, None)
+        if sock is not None:
+            self._checkin(k, sock, ok=False)
+
+    def _send_direct(self, sock, header, grad: torch.Tensor, out: torch.Tensor) -> None:
+        dtype = wire.DTYPE_NAMES[header.dtype]
+        seg = self._segment(sock, max(grad.numel(), out.numel()) * codec.itemsize(dtype))
+        n = seg.put_tensor(grad, dtype)
+        if seg.bell is not None:
+            return seg.bell.send(fr.PUSHPULL, header.SerializeToString(), n)
+        fr.send_frame(sock, fr.PUSHPULL, header.SerializeToString(), None, length=n)
+
+    def _replied(self, k: int, header) -> None:
+        self._replied_at = time.perf_counter()
+
     def _segment(self, sock: socket.socket, nbytes: int) -> Segment:
         """This connection's segment, attached (again, bigger) when it cannot hold `nbytes`."""
         seg = self._segments.get(sock)
         if seg is not None and seg.size >= nbytes:
             return seg
-        new = Segment.create(nbytes)
-        try:
-            fr.send_frame(sock, fr.ATTACH, new.name.encode())
-            head = fr.recv_head(sock)
+        belled = bell.available()
+        new = Segment.create(nbytes, belled)
+        try:  # asked on the connection as it is now: on its socket, or in the old segment's doorbell
+            op, name = fr.BELL if belled else fr.ATTACH, new.name.encode()
+            if seg is not None and seg.bell is not None:
+                seg.bell.send(op, name, 0)
+            else:
+                fr.send_frame(sock, op, name)
+            head = self._recv_head(sock)
         finally:
             new.unlink()  # mapped by the shard now, or refused: either way no file stays behind
         if head is None or head[0] != fr.WELCOME:
             new.close()
             why = "the connection closed" if head is None else head[1].decode(errors="replace")
             raise fr.FrameError(f"the shard did not map shared memory: {why}")
+        if belled:
+            new.ring(sock, worker=True, spin_s=self._spin_s)
         with self._lock:
             old, self._segments[sock] = self._segments.get(sock), new
         if old is not None:
             old.close()
         return new
+
+    def close(self) -> None:
+        for k in list(self._lanes):
+            self._drop_lane(k)
+        super().close()
 
     def _discard(self, sock: socket.socket) -> None:
         with self._lock:
@@ -210,24 +177,3 @@ class ShmTransport(TcpTransport):
         if seg is not None:
             seg.close()
         super()._discard(sock)
-
-
-def serve_attach(sock: socket.socket, header: bytes, tls: bool, max_bytes: int) -> Segment:
-    """A shard's side of ATTACH: the segment the header names, mapped; ValueError("STATUS: why") if not."""
-    why = refused(sock, tls)
-    if why is not None:
-        raise ValueError(why)
-    try:
-        return Segment.attach(header.decode(errors="replace"), max_bytes)
-    except ValueError as e:
-        raise ValueError(f"FAILED_PRECONDITION: {e}") from None
-
-
-def refused(sock: socket.socket, tls: bool) -> str | None:
-    """Why a shard will not map a segment for this connection, or None."""
-    if tls:
-        return "FAILED_PRECONDITION: shared memory would bypass TLS: use --transport tcp"
-    if not loopback(sock):
-        return "FAILED_PRECONDITION: --transport shm needs the worker on the shard's host (a loopback peer)"
-    return None
-

@@ -1,10 +1,10 @@
 """The raw-TCP data plane of one shard (`--transport tcp`): pushes and pulls on plain sockets.
 
 Why it exists: gRPC Python moves a 64 MiB tensor at about 0.4x (push) and 0.55x (pull) of a raw
-loopback socket (`psgd bench transport`); ps-lite and BytePS move tensors on transports of their
-own (ZeroMQ, RDMA) for the same reason. Every shard listens here too (a port of its own that
-`Info` reports as `data_port`); Init and Info stay on gRPC. The frames are psgd/ps/framing.py's;
-with --transport shm a connection's payloads are in shared memory (psgd/ps/shm.py, `_attach`).
+loopback socket (`psgd bench transport`); ps-lite and BytePS have transports of their own for the
+same reason. Every shard listens here too (a port `Info` reports as `data_port`); Init and Info
+stay on gRPC. The frames are psgd/ps/framing.py's; with --transport shm a connection's payloads are
+in shared memory (psgd/ps/shm.py, `_attach`), and with its doorbell the frames too (psgd/ps/bell.py).
 
 A thin adapter like the gRPC one (psgd/ps/grpc_server.py): each frame is parsed, handed to the
 same transport-free core (psgd/ps/shard.py), and answered; one schema, one set of checks, one
@@ -38,7 +38,7 @@ import threading
 from psgd._proto import parameter_server_pb2 as pb
 from psgd.core import codec, sparsify
 from psgd.core.errors import Code, ShardError
-from psgd.ps import auth, shm, wire
+from psgd.ps import auth, segment, wire
 from psgd.ps import framing as fr
 from psgd.ps.shard import Shard
 
@@ -62,7 +62,7 @@ class DataServer(socketserver.ThreadingTCPServer):
         # --transport shm: a connection's wait for its next push spins first (psgd/ps/shm.py), with
         # one worker only: one connection thread per shard then waits at a time, where N spinning
         # threads would take the GIL from the one that serves a push.
-        self.spin_s = shm.spin_for(shard.workers + shard.options.num_shards, shm.PUSH_SPIN_S) \
+        self.spin_s = segment.spin_for(shard.workers + shard.options.num_shards, segment.PUSH_SPIN_S) \
             if shard.workers == 1 else 0.0
         self.connections: set[socket.socket] = set()
         self.lock = threading.Lock()  # guards connections and stopping
@@ -98,7 +98,7 @@ class DataServer(socketserver.ThreadingTCPServer):
         self.thread.join()
 
 
-class _Connection(socketserver.BaseRequestHandler):
+class _Connection(segment.SegmentFrames, socketserver.BaseRequestHandler):
     server: DataServer
 
     def setup(self) -> None:
@@ -107,7 +107,7 @@ class _Connection(socketserver.BaseRequestHandler):
         self.request.settimeout(FIRST_FRAME_S)
         self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.full = False
-        self.segment: shm.Segment | None = None  # --transport shm: where this connection's payloads are
+        self.segment: segment.Segment | None = None  # --transport shm: where this connection's payloads are
         with self.server.lock:
             if self.server.stopping:
                 with contextlib.suppress(OSError):
@@ -133,10 +133,7 @@ class _Connection(socketserver.BaseRequestHandler):
         first = True
         while True:
             try:
-                sock.settimeout(FIRST_FRAME_S if first else None)  # between frames a worker may compute
-                if self.segment is not None:
-                    fr.await_readable(sock, self.server.spin_s)
-                head = fr.recv_head(sock, lambda: sock.settimeout(self.server.shard.options.rpc_timeout))
+                head = self._next_frame(first)
                 if head is None:
                     return
                 first = False
@@ -145,13 +142,13 @@ class _Connection(socketserver.BaseRequestHandler):
                     if payload_len or not auth.accepts(self.server.token, header):
                         return self._refuse("UNAUTHENTICATED: wrong psgd token (--token-file / PSGD_TOKEN)")
                     trusted = True
-                    fr.send_frame(sock, fr.WELCOME, b"")
+                    self._send_frame(fr.WELCOME, b"")
                     continue
                 if not trusted:
                     return self._refuse("UNAUTHENTICATED: this shard needs a token: send HELLO first "
                                         "(--token-file / PSGD_TOKEN)")
-                if op == fr.ATTACH:
-                    self._attach(header, payload_len)
+                if op in (fr.ATTACH, fr.BELL):
+                    self._attach(header, payload_len, op == fr.BELL)
                     continue
                 handler = {fr.PUSH: self._push, fr.PULL: self._pull, fr.PUSHPULL: self._push_pull}.get(op)
                 if handler is None:
@@ -169,28 +166,25 @@ class _Connection(socketserver.BaseRequestHandler):
                     self._error(e)
             except fr.FrameError as e:  # the stream cannot be trusted any more: say why, close it
                 with contextlib.suppress(OSError):
-                    fr.send_frame(sock, fr.ERROR, f"INVALID_ARGUMENT: {e}".encode())
+                    self._send_frame(fr.ERROR, f"INVALID_ARGUMENT: {e}".encode())
                 return
             except OSError:  # the worker went away, stalled past its deadline, failed the TLS handshake,
                 return       # or the server is stopping (ssl.SSLError is an OSError)
 
+    def _next_frame(self, first: bool) -> tuple[int, bytes, int] | None:
+        """The next frame's head: from a belled segment's doorbell (psgd/ps/bell.py), else the socket."""
+        sock = self.request
+        if self.segment is not None and self.segment.bell is not None:
+            return self.segment.bell.recv_head()
+        sock.settimeout(FIRST_FRAME_S if first else None)  # between frames a worker may compute
+        if self.segment is not None:
+            fr.await_readable(sock, self.server.spin_s)
+        return fr.recv_head(sock, lambda: sock.settimeout(self.server.shard.options.rpc_timeout))
+
     def _refuse(self, message: str) -> None:
         """An ERROR frame saying why; the caller decides whether the connection stays open (a refused
         request) or closes (handle() returns: no token, no room)."""
-        fr.send_frame(self.request, fr.ERROR, message.encode())
-
-    def _attach(self, header: bytes, payload_len: int) -> None:
-        """--transport shm: map the segment the worker named (psgd/ps/shm.py), or say why not."""
-        if payload_len:
-            raise fr.FrameError("an ATTACH frame carries no payload")
-        try:
-            segment = shm.serve_attach(self.request, header, self.server.tls is not None, self.server.shard.max_payload)
-        except ValueError as e:
-            return self._refuse(str(e))
-        if self.segment is not None:
-            self.segment.close()
-        self.segment = segment
-        fr.send_frame(self.request, fr.WELCOME, b"")
+        self._send_frame(fr.ERROR, message.encode())
 
     def _received_push(self, header: bytes, payload_len: int) -> tuple[pb.TensorHeader, object]:
         """Read a push's frame and hand it to the shard: (header, PushOutcome), or (header, None)
@@ -247,7 +241,7 @@ class _Connection(socketserver.BaseRequestHandler):
     def _push(self, header: bytes, payload_len: int) -> None:
         _, o = self._received_push(header, payload_len)
         if o is not None:
-            fr.send_frame(self.request, fr.PUSHED, wire.push_reply(o).SerializeToString())
+            self._send_frame(fr.PUSHED, wire.push_reply(o).SerializeToString())
 
     def _push_pull(self, header: bytes, payload_len: int) -> None:
         h, o = self._received_push(header, payload_len)
@@ -280,10 +274,10 @@ class _Connection(socketserver.BaseRequestHandler):
             length = self.segment.put_tensor(p.values, wire.dtype_name(dtype_enum))
             if pace:
                 pace(length)
-            fr.send_frame(self.request, fr.PULLED, reply, None, length=length)
+            self._send_frame(fr.PULLED, reply, None, length=length)
             return
         payload = None if p.values is None else codec.encode(p.values, wire.dtype_name(dtype_enum))  # a view
-        fr.send_frame(self.request, fr.PULLED, reply, payload, pace)
+        self._send_frame(fr.PULLED, reply, payload, pace)
 
     def _error(self, e: ShardError) -> None:
         self._refuse(f"{e.code.name}: {e.message}")

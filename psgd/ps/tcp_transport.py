@@ -187,6 +187,16 @@ class TcpTransport:
     def _connection(self, k: int, what: str):
         """A connection to shard k's data plane, from the pool or new. It goes back to the pool
         only when the request and its reply completed; on any failure it is closed."""
+        sock = self._checkout(k, what)
+        try:
+            yield sock
+        except BaseException:
+            self._checkin(k, sock, ok=False)
+            raise
+        self._checkin(k, sock, ok=True)
+
+    def _checkout(self, k: int, what: str) -> socket.socket:
+        """An idle connection to shard k, or a new one; busy until `_checkin`."""
         if self._data[k] is None:
             self.info([k])
         with self._lock:
@@ -204,16 +214,16 @@ class TcpTransport:
                 self._guarded(k, what, lambda s, _: self._hello(s, k, what), sock)
         with self._lock:
             self._busy.add(sock)
-        try:
-            yield sock
-        except BaseException:
-            with self._lock:
-                self._busy.discard(sock)
-            self._discard(sock)
-            raise
+        return sock
+
+    def _checkin(self, k: int, sock: socket.socket, ok: bool) -> None:
+        """Back to the pool after a complete request (`ok`), else closed for good."""
         with self._lock:
             self._busy.discard(sock)
-            self._idle[k].append(sock)
+            if ok:
+                self._idle[k].append(sock)
+        if not ok:
+            self._discard(sock)
 
     def _hello(self, sock: socket.socket, k: int, what: str) -> None:
         try:
@@ -223,8 +233,11 @@ class TcpTransport:
             _close(sock)
             raise
 
+    def _recv_head(self, sock: socket.socket):
+        return fr.recv_head(sock)
+
     def _reply(self, sock: socket.socket, k: int, what: str, expected_op: int) -> tuple[bytes, int]:
-        head = fr.recv_head(sock)
+        head = self._recv_head(sock)
         if head is None:
             raise ConnectionError("the shard closed the connection")
         op, header, payload_len = head

@@ -181,12 +181,7 @@ def _wait_workers(workers: list[Child], servers: list[Child], cfg: RunConfig | N
         else:
             # Block until some child is exitable, without reaping it (Popen reaps below).
             os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOWAIT)
-        for c in servers:
-            # A server that ended by itself with 0 saw every worker leave: the workers end next.
-            if c.proc.poll() not in (None, 0):
-                rc = c.proc.returncode
-                how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
-                raise ShardDied(_index(c), how, f"{c.name} died with {how}: {c.last_error()}")
+        _check_servers(servers)
         for c in list(pending):
             rc = c.proc.poll()
             if rc is None:
@@ -195,6 +190,8 @@ def _wait_workers(workers: list[Child], servers: list[Child], cfg: RunConfig | N
             if rc != 0:
                 how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
                 rank = _index(c)
+                if "UNAVAILABLE" in c.last_error():
+                    _settle(servers)  # it lost a shard: if the shard died, that is the run's fault to handle
                 if cfg is not None and SPLIT in c.last_error():
                     _split(cfg, c)  # raises: a restart at one clock cannot fit shards at two
                 if restarts_left > 0:
@@ -212,6 +209,31 @@ def _wait_workers(workers: list[Child], servers: list[Child], cfg: RunConfig | N
                       file=sys.stderr, flush=True)
                 _event(cfg, event="worker_lost", rank=rank, how=how)
                 _tell_lost(servers, rank)
+
+
+SETTLE_S = 2.0  # how long a worker's lost connection waits for its shard's exit to show
+
+
+def _settle(servers: list[Child], seconds: float = SETTLE_S) -> None:
+    """A worker died of a lost connection: give a shard that died first up to `seconds` for its own
+    exit to be seen (ShardDied, which --restart-servers recovers), before the worker's death fails
+    the run. Why: a SIGKILLed shard's sockets close a moment before its exit is reported, and on a
+    loaded host the worker can see EOF, exit and be reaped in that moment. A bounded poll: a healthy
+    shard costs the failing run `seconds`, no more."""
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        _check_servers(servers)
+        time.sleep(0.01)
+
+
+def _check_servers(servers: list[Child]) -> None:
+    """ShardDied for the first server that failed. (One that ended by itself with 0 saw every worker
+    leave: the workers end next.)"""
+    for c in servers:
+        if c.proc.poll() not in (None, 0):
+            rc = c.proc.returncode
+            how = f"signal {signal.Signals(-rc).name}" if rc < 0 else f"exit code {rc}"
+            raise ShardDied(_index(c), how, f"{c.name} died with {how}: {c.last_error()}")
 
 
 # What a (restarted) worker's setup says when its shards hold it at different clocks (psgd/ps/exchange.py).

@@ -1,0 +1,125 @@
+"""`--transport shm`'s doorbell: a connection's frames in the segment's last page, not on its socket.
+
+Why: with payloads in shared memory (psgd/ps/shm.py) a small model's round trip is still two
+loopback TCP messages, and each costs its sender a pass through the kernel's TCP stack (~26 us in
+`sendmsg` on this project's 2-core VMs) and its receiver a poll loop of syscalls: together ~100 us
+of a 0.9 ms step of the 256-wide MLP (tools/roundtrip_phases.py). Here a frame's prefix and header
+go in a mailbox in memory both processes map, and a counter says a new one is there: when the
+reader is awake (spinning, psgd/ps/shm.py `spin_for`) no syscall is made at all. The socket stays,
+for what only a socket does: waking a reader that went to sleep, and telling it the peer is gone
+(EOF). `psgd bench roundtrip`'s floor-spin arm is this design's bound.
+
+The page, at the end of the segment (so that payloads stay at its start, as on a plain shm
+connection): two mailboxes of 2 KiB, one per direction (worker -> shard, shard -> worker). A
+mailbox: int64 `seq` (frames written so far), `op`, `header length`, `payload length`; at byte 64
+the reader's `asleep` flag (its own cache line: the reader writes it, the writer reads it); the
+header's bytes from byte 128.
+
+    writer: header, op, lengths; then seq += 1; fence; if asleep: one byte on the socket
+    reader: spin until seq moves (up to its spin time); else asleep = 1; fence; while seq has not
+            moved: wait for a byte on the socket (EOF: the peer is gone); asleep = 0
+
+Ordering: the payload and the mailbox's fields are written before `seq`, and the reader reads `seq`
+before them; x86's memory model (TSO) keeps stores in order and loads in order, so a reader that
+sees the new `seq` sees the whole frame. That is why the doorbell is used on x86-64 only
+(`available()`); elsewhere a shm connection keeps its frames on the socket. The two `fence`s are an
+uncontended lock's acquire and release (a locked instruction, a full barrier on x86): without them
+a writer's load of `asleep` could pass its store of `seq` while the reader's load of `seq` passed
+its store of `asleep`, and both would miss (the classic store-buffer race). A sleeping reader also
+looks at `seq` again every SLEEP_CHECK_S whatever happens, so no wake-up can be lost for longer.
+
+A mailbox holds one frame: as on the socket, a connection carries one request at a time and its
+reply before the next, so a writer never finds its last frame unread. A header longer than the
+mailbox holds (an error's message) is cut to fit; psgd's request headers are under 100 bytes.
+"""
+
+from __future__ import annotations
+
+import platform
+import select
+import socket
+import threading
+import time
+
+import numpy as np
+
+PAGE_BYTES = 4096
+BOX_BYTES = PAGE_BYTES // 2
+SEQ, OP, HLEN, PLEN, ASLEEP = 0, 1, 2, 3, 8  # int64 indices in a mailbox (ASLEEP: byte 64)
+HEADER_AT = 128
+MAX_HEADER = BOX_BYTES - HEADER_AT
+SLEEP_CHECK_S = 0.05  # a sleeping reader's longest wait between two looks at `seq`
+
+
+def available() -> bool:
+    """Whether this CPU keeps stores in order for another core to see (see the module docstring)."""
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
+class Bell:
+    """One end of a belled connection: `send` frames into one mailbox, `recv_head` them from the other.
+
+    `page`: the segment's last PAGE_BYTES (a new file's: zeroed), a writable buffer both processes map; `worker`: which
+    end this is (the worker writes the first mailbox and reads the second); `spin_s`: how long a
+    read spins before it sleeps on `sock`."""
+
+    def __init__(self, page, sock: socket.socket, worker: bool, spin_s: float) -> None:
+        u8 = np.frombuffer(page, dtype=np.uint8, count=PAGE_BYTES)
+        boxes = [u8[:BOX_BYTES], u8[BOX_BYTES:]]
+        out, inn = boxes if worker else boxes[::-1]
+        self._out, self._out_hdr = out.view(np.int64), out[HEADER_AT:]
+        self._in, self._in_hdr = inn.view(np.int64), inn[HEADER_AT:]
+        self.sock, self.spin_s = sock, spin_s
+        # Counted from 0, not read from the page: the peer may ring before this end is made.
+        self._sent = self._seen = 0
+        self._fence_lock = threading.Lock()
+        self._poller = select.poll()
+        self._poller.register(sock, select.POLLIN)
+
+    def _fence(self) -> None:
+        with self._fence_lock:
+            pass
+
+    def send(self, op: int, header: bytes, length: int) -> None:
+        """One frame: `op`, `header`, and a payload of `length` bytes already in the segment."""
+        n = min(len(header), MAX_HEADER)
+        box = self._out
+        if n:
+            self._out_hdr[:n] = np.frombuffer(header, dtype=np.uint8, count=n)
+        box[OP], box[HLEN], box[PLEN] = op, n, length
+        self._sent += 1
+        box[SEQ] = self._sent
+        self._fence()
+        if box[ASLEEP]:
+            self.sock.send(b"\x01")
+
+    def recv_head(self, timeout: float | None = None) -> tuple[int, bytes, int] | None:
+        """(op, header, payload length) of the next frame; None when the peer closed the socket.
+        TimeoutError after `timeout` s without one (None: wait as long as it takes)."""
+        box = self._in
+        if box[SEQ] == self._seen:
+            end = time.perf_counter() + self.spin_s
+            while box[SEQ] == self._seen and time.perf_counter() < end:
+                pass
+            if box[SEQ] == self._seen and not self._sleep(timeout):
+                return None
+        self._seen += 1
+        n = int(box[HLEN])
+        return int(box[OP]), self._in_hdr[:n].tobytes(), int(box[PLEN])
+
+    def _sleep(self, timeout: float | None) -> bool:
+        """Wait on the socket until `seq` moves: True, or False at EOF; TimeoutError after `timeout`."""
+        box = self._in
+        deadline = None if timeout is None else time.monotonic() + timeout
+        box[ASLEEP] = 1
+        self._fence()
+        try:
+            while box[SEQ] == self._seen:
+                wait = SLEEP_CHECK_S if deadline is None else min(SLEEP_CHECK_S, deadline - time.monotonic())
+                if wait <= 0:
+                    raise TimeoutError("no frame within the deadline")
+                if self._poller.poll(wait * 1000) and not self.sock.recv(64):
+                    return box[SEQ] != self._seen  # EOF: a frame written before the close is still read
+            return True
+        finally:
+            box[ASLEEP] = 0

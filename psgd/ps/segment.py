@@ -1,0 +1,191 @@
+"""A /dev/shm segment that a worker and a shard both map (`--transport shm`, psgd/ps/shm.py).
+
+`Segment.create(nbytes)` (the worker's side) makes one private to this user; `Segment.attach(name,
+max_bytes)` (the shard's, through `serve_attach`) maps the one a worker named, within bounds: a
+psgd name (`psgd-PID-HEX`, nothing else under /dev/shm), at most the largest payload any request to
+this shard can carry rounded to a page, a loopback peer that is not on TLS. A belled segment
+(psgd/ps/bell.py) has one more page at its end, its doorbell's. `spin_for` says whether a run's
+processes fit this host's cores, so that a waiting side may spin instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import re
+import secrets
+import socket
+
+import numpy as np
+import torch
+
+from psgd.core import codec
+from psgd.core.errors import Code, ShardError
+from psgd.ps import auth, bell
+from psgd.ps import framing as fr
+
+ROOT = "/dev/shm"
+# Spin-then-block (psgd/ps/framing.py `await_readable`): how long each side of a shm connection
+# polls before it sleeps, when the run's processes fit this host's cores (`spin_for`). The worker
+# waits for a reply (the shard's update: ~0.3 ms for a small model); the shard for the next push
+# (the worker's step: 1.2 ms for the 256-wide MLP here); longer waits end in a blocking read.
+REPLY_SPIN_S = 0.002
+PUSH_SPIN_S = 0.003
+NAME = re.compile(r"psgd-\d+-[0-9a-f]{16}")
+PAGE = mmap.PAGESIZE
+
+
+class Segment:
+    """One mapped file of /dev/shm: `u8`, its bytes as a numpy array, and `t`, the same as a tensor.
+    `size`: the bytes a payload may take. A belled segment's last page is its doorbell's
+    (psgd/ps/bell.py: `page`, and `bell` once a connection rings it), after those bytes."""
+
+    def __init__(self, name: str, fd: int, size: int, belled: bool = False) -> None:
+        self.name, self.size = name, size - (bell.PAGE_BYTES if belled else 0)
+        try:
+            self.mm = mmap.mmap(fd, size)
+        finally:
+            os.close(fd)  # the mapping keeps the memory; the descriptor is not needed
+        self.u8 = np.frombuffer(self.mm, dtype=np.uint8)
+        self.page = self.u8[self.size:] if belled else None
+        self.bell: bell.Bell | None = None
+        self.t = torch.from_numpy(self.u8)
+        # The segment as each wire dtype, made once: a slice and a view per request cost ~5 us more.
+        self.views = {name: self.t.view(dt) for name, dt in codec.WIRE_DTYPES.items()}
+
+    @classmethod
+    def create(cls, nbytes: int, belled: bool = False) -> Segment:
+        """A new segment for payloads of at least `nbytes` (a worker's), private to this user (mode 0600)."""
+        size = max(PAGE, -(-nbytes // PAGE) * PAGE) + (bell.PAGE_BYTES if belled else 0)
+        name = f"psgd-{os.getpid()}-{secrets.token_hex(8)}"
+        fd = os.open(os.path.join(ROOT, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            os.ftruncate(fd, size)
+        except OSError:
+            os.close(fd)
+            os.unlink(os.path.join(ROOT, name))
+            raise
+        return cls(name, fd, size, belled)
+
+    @classmethod
+    def attach(cls, name: str, max_bytes: int, belled: bool = False) -> Segment:
+        """Map the segment a worker named (a shard's side); ValueError says why it will not."""
+        if not NAME.fullmatch(name):
+            raise ValueError(f"{name!r} is not a psgd segment name")
+        try:
+            fd = os.open(os.path.join(ROOT, name), os.O_RDWR | os.O_NOFOLLOW)
+        except OSError as e:
+            raise ValueError(f"cannot open {ROOT}/{name}: {e.strerror} (is the shard on another host?)") from None
+        size, page = os.fstat(fd).st_size, bell.PAGE_BYTES if belled else 0
+        if not page < size <= max_bytes + PAGE + page:
+            os.close(fd)
+            raise ValueError(f"a segment of {size} bytes; this shard's largest payload is {max_bytes}")
+        return cls(name, fd, size, belled)
+
+    def unlink(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(ROOT, self.name))
+
+    def put(self, payload) -> None:
+        """Copy `payload` (bytes-like) to the segment's start."""
+        src = np.frombuffer(payload, dtype=np.uint8)
+        self.u8[:len(src)] = src
+
+    def put_tensor(self, values: torch.Tensor, dtype: str) -> int:
+        """Write fp32 `values` in wire dtype `dtype` (narrowed as codec.encode does); returns bytes.
+        A segment too small for them (a worker that sized it wrong) is the request's error."""
+        n = values.numel() * codec.itemsize(dtype)
+        if n > self.size:
+            raise ShardError(Code.INVALID_ARGUMENT, f"a reply of {n} bytes into a {self.size}-byte segment")
+        self.views[dtype][:values.numel()].copy_(values.reshape(-1))
+        return n
+
+    def get_tensor(self, out: torch.Tensor, dtype: str) -> int:
+        """Fill fp32 `out` from the segment's `out.numel()` elements in wire dtype `dtype`; returns bytes."""
+        out.view(-1).copy_(self.views[dtype][:out.numel()])
+        return out.numel() * codec.itemsize(dtype)
+
+    def get_bytes(self, nbytes: int) -> bytearray:
+        return bytearray(self.u8[:nbytes].tobytes())
+
+    def ring(self, sock: socket.socket, worker: bool, spin_s: float) -> None:
+        """From now on this connection's frames go through the doorbell (psgd/ps/bell.py)."""
+        self.bell = bell.Bell(self.page, sock, worker, spin_s)
+
+    def close(self) -> None:
+        # The views first: an mmap with views exported cannot close.
+        self.u8 = self.t = self.views = self.page = self.bell = None
+        with contextlib.suppress(BufferError):
+            self.mm.close()
+
+
+def spin_for(processes: int, seconds: float) -> float:
+    """`seconds` when `processes` (a run's workers and shards, all on this host) fit the cores
+    this process may use, else 0: never spin where a spinning process would take a core from one
+    that computes."""
+    return seconds if processes <= len(os.sched_getaffinity(0)) else 0.0
+
+
+def loopback(sock: socket.socket) -> bool:
+    """Whether the connection's peer is on this host's loopback (where /dev/shm is shared)."""
+    try:
+        host = sock.getpeername()[0]
+    except OSError:
+        return False
+    return auth.is_loopback(host.removeprefix("::ffff:"))  # an IPv4 peer of a dual-stack socket
+
+
+def serve_attach(sock: socket.socket, header: bytes, tls: bool, max_bytes: int, belled: bool = False) -> Segment:
+    """A shard's side of ATTACH (BELL: `belled`): the segment the header names, mapped;
+    ValueError("STATUS: why") if not."""
+    why = refused(sock, tls)
+    if why is None and belled and not bell.available():
+        why = f"FAILED_PRECONDITION: no shared-memory doorbell on {bell.platform.machine()}: use ATTACH"
+    if why is not None:
+        raise ValueError(why)
+    try:
+        return Segment.attach(header.decode(errors="replace"), max_bytes, belled)
+    except ValueError as e:
+        raise ValueError(f"FAILED_PRECONDITION: {e}") from None
+
+
+def refused(sock: socket.socket, tls: bool) -> str | None:
+    """Why a shard will not map a segment for this connection, or None."""
+    if tls:
+        return "FAILED_PRECONDITION: shared memory would bypass TLS: use --transport tcp"
+    if not loopback(sock):
+        return "FAILED_PRECONDITION: --transport shm needs the worker on the shard's host (a loopback peer)"
+    return None
+
+
+class SegmentFrames:
+    """How a shard's data-plane connection (psgd/ps/tcp_server.py `_Connection`, which mixes this in)
+    sends frames and maps segments: into a belled segment's doorbell, else on its socket."""
+
+    request: socket.socket
+    segment: Segment | None
+    server: object  # the DataServer: its spin_s, tls and shard
+
+    def _send_frame(self, op: int, header: bytes, payload=None, on_chunk=None, length: int | None = None) -> None:
+        """One frame to the worker: into a belled segment's doorbell (payload in the segment), else on the socket."""
+        if self.segment is not None and self.segment.bell is not None:
+            return self.segment.bell.send(op, header, length or 0)
+        fr.send_frame(self.request, op, header, payload, on_chunk, length)
+
+    def _attach(self, header: bytes, payload_len: int, belled: bool) -> None:
+        """--transport shm: map the segment the worker named (psgd/ps/shm.py), or say why not; answered
+        the way the request came (an old segment's doorbell, or the socket), then the new one is used."""
+        if payload_len:
+            raise fr.FrameError("an ATTACH frame carries no payload")
+        try:
+            mapped = serve_attach(self.request, header, self.server.tls is not None,
+                                  self.server.shard.max_payload, belled)
+        except ValueError as e:
+            return self._send_frame(fr.ERROR, str(e).encode())  # a refusal: the connection stays
+        self._send_frame(fr.WELCOME, b"")
+        if self.segment is not None:
+            self.segment.close()
+        self.segment = mapped
+        if belled:
+            mapped.ring(self.request, worker=False, spin_s=self.server.spin_s)
