@@ -109,3 +109,67 @@ def test_a_refused_push_pull_is_one_line_and_the_next_one_works(shards):
         assert torch.equal(out, torch.full((4,), -0.05))  # lr 0.05 x one gradient of ones
     finally:
         client.close()
+
+
+def test_a_one_shard_worker_is_homed_in_its_segment_and_pushes_without_a_copy(shards):
+    from psgd.train import models
+
+    model = torch.nn.Linear(3, 2)
+    flat = models.FlatParams(model)
+    before = flat.params.clone()
+    addresses, cores = shards(RunConfig(mode="async", workers=1, servers=1, steps=100))
+    client = make_client("shm", addresses, 0, flat.params.numel())
+    try:
+        client.wait_ready()
+        assert client.home(flat)
+        seg = client.transport._segments[client.transport._lanes[0]]
+        assert seg.reply_at > 0 and flat.grads.data_ptr() == seg.region("fp32", 0, 1).data_ptr()
+        assert flat.params.data_ptr() == seg.region("fp32", seg.reply_at, 1).data_ptr()
+        assert torch.equal(flat.params, before) and model.weight.data_ptr() == flat.params.data_ptr()
+        client.init(flat.params)
+        out = torch.empty_like(flat.params)
+        client.pull(0, out)
+        model(torch.ones(1, 3)).sum().backward()  # into the segment
+        client.push_pull(0, flat.grads, flat.params)
+        assert torch.equal(flat.params, before - 0.05 * flat.grads)  # lr 0.05, the reply in place
+        assert torch.equal(cores[0].param, flat.params)
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize("n,kw", [(10, {"wire_dtype": "fp16"}), (10, {"topk": 0.5})])
+def test_only_a_dense_fp32_one_shard_worker_is_homed(shards, n, kw):
+    from psgd.train import models
+
+    flat = models.FlatParams(torch.nn.Linear(3, 2))
+    client = make_client("shm", shards(RunConfig(mode="async", workers=1, servers=1))[0], 0, 8, **kw)
+    try:
+        client.wait_ready()
+        assert not client.home(flat)
+    finally:
+        client.close()
+    two = make_client("shm", shards(RunConfig(mode="async", workers=1, servers=2))[0], 0, 8)
+    try:
+        two.wait_ready()
+        assert not two.home(flat)
+    finally:
+        two.close()
+
+
+def test_a_reply_offset_must_be_aligned_and_inside_the_segment(shard_servers):
+    from psgd.ps import framing as fr
+    from psgd.ps import segment
+
+    (server,) = shard_servers(RunConfig(mode="async", workers=1, servers=1))
+    seg = segment.Segment.create(4096, belled=True)
+    try:
+        with socket.create_connection(("127.0.0.1", server.data_port), timeout=10) as sock:
+            for at in ("x", "3", "65536"):
+                fr.send_frame(sock, fr.BELL, f"{seg.name}@{at}".encode())
+                op, body, _ = fr.recv_head(sock)
+                assert op == fr.ERROR and body.startswith(b"INVALID_ARGUMENT: a reply offset"), body
+            fr.send_frame(sock, fr.BELL, f"{seg.name}@64".encode())
+            assert fr.recv_head(sock)[0] == fr.WELCOME
+    finally:
+        seg.unlink()
+        seg.close()

@@ -120,9 +120,11 @@ def test_only_a_loopback_peer_without_tls_may_attach():
     assert "TLS" in segment.refused(Peer("127.0.0.1"), tls=True)
 
 
-def test_a_sync_run_over_shm_has_the_hash_of_tcp(tmp_path):
-    args = ["--mode", "sync", "--workers", "2", "--servers", "2", "--steps", "12", "--dataset", "synthetic",
-            "--num-samples", "1000", "--model", "mlp"]
+@pytest.mark.parametrize("mode,workers,servers", [("sync", 2, 2), ("sync", 2, 1), ("async", 1, 1)])
+def test_a_run_over_shm_has_the_hash_of_tcp(tmp_path, mode, workers, servers):
+    """With one shard the workers' buffers are homed in their segments (psgd/ps/shm.py `home`)."""
+    args = ["--mode", mode, "--workers", str(workers), "--servers", str(servers), "--steps", "12", "--dataset",
+            "synthetic", "--num-samples", "1000", "--model", "mlp"]
     hashes = {}
     for t in ("tcp", "shm"):
         r = psgd_main("run", *args, "--transport", t, "--out", str(tmp_path / t))

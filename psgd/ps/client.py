@@ -114,6 +114,12 @@ class PSClient:
             return codec.encode(self._slice(grad, k), self.dtype)
         return self.sparsifier.compress(k, self._slice(grad, k), self.dtype, clock)
 
+    def home(self, flat) -> bool:
+        """Let the transport hold the worker's flat buffers where its replies land (shm, one shard,
+        dense fp32: psgd/ps/shm.py `home`); whether it did."""
+        home = getattr(self.transport, "home", None)
+        return home is not None and self.sparsifier is None and self.dtype == "fp32" and home(flat)
+
     def _slices(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Every shard's slice of `flat`, cut once per buffer (a tensor slice costs ~5 us): the cache
         holds the slices, so no other live tensor can be at the same address."""

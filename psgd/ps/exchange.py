@@ -82,6 +82,7 @@ class PSExchange:
         self._next = None  # the PushPull's pull, which the next before_compute hands to the loop
         self.start_clock = 0  # the loop's first step: 0, or a restored run's (setup learns it)
         self._overlap = None
+        self.homed = False  # the flat buffers live in the transport's shared memory (`setup`)
         self._local = None  # local SGD: optim.build
         self.stage = stage  # host staging (psgd/ps/staging.py): None = when the model is on a GPU
         self.staging: HostStaging | None = None
@@ -107,6 +108,9 @@ class PSExchange:
                                 "process died between its pushes to them, or they were restored from checkpoints "
                                 "of different steps")
         self.start_clock = starts.pop()
+        # A one-shard shm worker's buffers move into its segment: no copy on its side of a PushPull.
+        self.homed = (self.combined and self.local_steps == 1 and not self.stage and flat.params.device.type == "cpu"
+                      and self.client.home(flat))
         self.staging = HostStaging(flat.params, flat.grads, self.stage)
         # Every worker offers its seeded initial parameters (all build the same model): the first Init
         # wins and the others only check its length, so no one worker's loss before Init can stall
@@ -172,7 +176,9 @@ class PSExchange:
         if self.combined:
             # The gradient is zeroed for the next step while the shards answer (on the CPU: a
             # 17 MB memset is ~1.3 ms of a 4.3M-parameter step otherwise spent before compute).
-            zero = flat.zero_grad if flat.grads.device.type == "cpu" else None
+            # Homed (shm): the shard reads the gradient where it lies until it answers, so the loop
+            # zeroes it before the next backward instead.
+            zero = flat.zero_grad if flat.grads.device.type == "cpu" and not self.homed else None
             waiting = self.while_waiting
             on_sent = zero if waiting is None else (waiting if zero is None else lambda: (zero(), waiting()))
             o = self.client.push_pull(clock // self.local_steps, pushed, self.staging.host_params(), on_sent=on_sent)

@@ -90,7 +90,8 @@ class ShmTransport(TcpTransport):
             fr.send_frame(sock, op, header, None, length=size)
 
     def _recv_tensor(self, sock, out: torch.Tensor, dtype: str, on_chunk=None) -> int:
-        n = self._segments[sock].get_tensor(out, dtype)
+        seg = self._segments[sock]
+        n = seg.get_tensor(out, dtype, seg.reply_at)
         if on_chunk:
             on_chunk(n, out.numel())
         return n
@@ -138,15 +139,33 @@ class ShmTransport(TcpTransport):
     def _replied(self, k: int, header) -> None:
         self._replied_at = time.perf_counter()
 
-    def _segment(self, sock: socket.socket, nbytes: int) -> Segment:
-        """This connection's segment, attached (again, bigger) when it cannot hold `nbytes`."""
+    def home(self, flat) -> bool:
+        """Move a one-shard worker's flat parameters and gradients (models.FlatParams) into its lane's
+        segment, gradients at its start and parameters after them, where the shard writes its replies:
+        then a PushPull copies nothing on the worker's side (the shard reads the gradient where
+        backward wrote it and writes the parameters where forward reads them). False, nothing
+        moved, with several shards (one flat buffer cannot lie in several segments) or no doorbell."""
+        if len(self.addresses) != 1 or not bell.available():
+            return False
+        n = flat.params.numel()
+        at = -(-4 * n // 64) * 64
+        seg = self._segment(self._lanes.get(0) or self._lane(0, "home with"), at + 4 * n, reply_at=at)
+        flat.rehome(seg.region("fp32", at, n), seg.region("fp32", 0, n))
+        return True
+
+    def _segment(self, sock: socket.socket, nbytes: int, reply_at: int = 0) -> Segment:
+        """This connection's segment, attached (again, bigger) when it cannot hold `nbytes`; a reply's
+        payload at byte `reply_at` of a new one (`home`)."""
         seg = self._segments.get(sock)
         if seg is not None and seg.size >= nbytes:
             return seg
         belled = bell.available()
         new = Segment.create(nbytes, belled)
+        new.reply_at = reply_at if belled else 0
         try:  # asked on the connection as it is now: on its socket, or in the old segment's doorbell
             op, name = fr.BELL if belled else fr.ATTACH, new.name.encode()
+            if new.reply_at:
+                name += b"@%d" % new.reply_at
             if seg is not None and seg.bell is not None:
                 seg.bell.send(op, name, 0)
             else:

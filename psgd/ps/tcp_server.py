@@ -210,7 +210,7 @@ class _Connection(segment.SegmentFrames, socketserver.BaseRequestHandler):
             # again only after the reply).
             if pace:
                 pace(payload_len)
-            return h, self._hand_over(h, self.segment.views["fp32"][:h.num_elements], dtype, payload_len)
+            return h, self._hand_over(h, self.segment.region("fp32", 0, h.num_elements), dtype, payload_len)
         with shard.receive_buffer() as buf:
             try:
                 if self.segment is not None:  # --transport shm, sparse or narrowed: the bytes are here already
@@ -271,7 +271,7 @@ class _Connection(segment.SegmentFrames, socketserver.BaseRequestHandler):
                               wait_s=p.wait_s, clock_gap=p.clock_gap, pushed=pushed).SerializeToString()
         pace = _pacer(self.server.shard.link_out)
         if self.segment is not None and p.values is not None:  # --transport shm: the values go in the segment
-            length = self.segment.put_tensor(p.values, wire.dtype_name(dtype_enum))
+            length = self.segment.put_tensor(p.values, wire.dtype_name(dtype_enum), self.segment.reply_at)
             if pace:
                 pace(length)
             self._send_frame(fr.PULLED, reply, None, length=length)

@@ -137,7 +137,7 @@ class FlatParams:
     """One flat buffer for all parameters (`.params`) and one for their gradients (`.grads`)."""
 
     def __init__(self, model: nn.Module) -> None:
-        params = list(model.parameters())
+        params = self.model_params = list(model.parameters())
         device = params[0].device
         n = sum(p.numel() for p in params)
         self.params = torch.empty(n, dtype=torch.float32, device=device)
@@ -151,6 +151,20 @@ class FlatParams:
             # Autograd accumulates into an existing .grad in place, so backward writes here.
             p.grad = self.grads[offset:offset + k].view_as(p)
             offset += k
+
+    def rehome(self, params: torch.Tensor, grads: torch.Tensor) -> None:
+        """Move both buffers into `params` and `grads` (flat, this length; e.g. shared memory a
+        transport maps, psgd/ps/shm.py `home`): the values are copied, every parameter and its
+        gradient become views of the new buffers. Before any optimizer holds the old ones."""
+        params.copy_(self.params)
+        grads.copy_(self.grads)
+        offset = 0
+        for p in self.model_params:
+            k = p.numel()
+            p.data = params[offset:offset + k].view_as(p)
+            p.grad = grads[offset:offset + k].view_as(p)
+            offset += k
+        self.params, self.grads = params, grads
 
     def zero_grad(self) -> None:
         self.grads.zero_()
