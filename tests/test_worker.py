@@ -167,3 +167,19 @@ def test_a_worker_stopped_by_sigterm_writes_its_deferred_line_and_dies_of_the_si
     r = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=120)
     assert r.returncode == -signal.SIGTERM, r.stderr
     assert [(e["event"], e["clock"]) for e in read_events(path)] == [("step", 5)]
+
+
+def test_the_next_batch_fetched_ahead_is_the_batch_that_step_would_gather():
+    x, y = torch.randn(64, 3), torch.randint(0, 2, (64,))
+    batches = worker.Batches(x, y, data.BatchPlan(y, 2, 4, seed=1), rank=1)
+    ahead = worker.Ahead(batches, accumulate=2)
+    alone = [(a.clone(), b.clone()) for a, b in batches.micro(5, 2)]
+    ahead.next = 5
+    ahead.fetch()  # while the shards answer step 4's push
+    got = ahead.take(5)
+    assert len(got) == 2
+    assert all(torch.equal(a, c) and torch.equal(b, d) for (a, b), (c, d) in zip(got, alone, strict=True))
+    ahead.next = 6
+    ahead.fetch()
+    assert all(torch.equal(a, c) for (a, _), (c, _) in zip(ahead.take(7), batches.micro(7, 2), strict=True))
+    assert all(torch.equal(a, c) for (a, _), (c, _) in zip(ahead.take(6), batches.micro(6, 2), strict=True))

@@ -3,8 +3,9 @@
     .venv/bin/python tools/roundtrip_phases.py [--steps 4000] [--width 256] [--transport shm]
 
 Runs psgd bench roundtrip's `shm` arm (async, one worker, one shard; --transport picks another)
-for longer, with a sitecustomize that wraps psgd/ps/framing.py's `send_frame` and `recv_head` in
-every process of the run: each process appends (event, op, perf_counter) rows to a file of its own.
+for longer, with a sitecustomize that wraps psgd/ps/framing.py's `send_frame` and `recv_head`, and
+the shm doorbell's `Bell.send` and `Bell.recv_head` (psgd/ps/bell.py), in every process of the
+run: each process appends (event, op, perf_counter) rows to a file of its own.
 Then, from the steady state (the first 200 steps and the last few left out), the medians per step
 of: the worker's send to the shard's read of that frame, the shard's work until it starts its
 reply, the reply's start to the worker's read of it, the worker's own work from the reply to its
@@ -45,6 +46,20 @@ def recv_head(sock, started=None):
     return head
 
 fr.send_frame, fr.recv_head = send_frame, recv_head
+
+import psgd.ps.bell as bl  # a belled shm connection's frames go through its doorbell instead
+_bsend, _brecv = bl.Bell.send, bl.Bell.recv_head
+
+def bell_send(self, op, header, length):
+    _add(("s", op, time.perf_counter()))
+    return _bsend(self, op, header, length)
+
+def bell_recv(self, timeout=None):
+    head = _brecv(self, timeout)
+    _add(("R", head[0] if head else -1, time.perf_counter()))
+    return head
+
+bl.Bell.send, bl.Bell.recv_head = bell_send, bell_recv
 '''
 
 RUN = '''

@@ -104,7 +104,7 @@ class Bell:
             if box[SEQ] == self._seen and not self._sleep(timeout):
                 return None
         self._seen += 1
-        n = int(box[HLEN])
+        n = min(max(int(box[HLEN]), 0), MAX_HEADER)  # the peer's word: never past the mailbox
         return int(box[OP]), self._in_hdr[:n].tobytes(), int(box[PLEN])
 
     def _sleep(self, timeout: float | None) -> bool:

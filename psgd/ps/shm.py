@@ -1,30 +1,37 @@
-"""`--transport shm`: the TCP data plane's frames, with their payloads in shared memory.
+"""`--transport shm`: the TCP data plane's frames, with their payloads (and on x86-64 the frames
+themselves) in shared memory.
 
 Why: on one host a push's bytes need not cross the kernel's TCP stack at all. A 316 kB gradient
 takes about 0.15 ms each way on loopback TCP (psgd bench transport: about 2 GB/s for a raw
 socket), as long as a small MLP's whole step; a copy into memory both processes map is a memcpy.
-BytePS moves tensors between the co-located processes of a machine the same way. What stays on
-the socket is everything else: the frames' prefixes and headers, their order, the errors, and the
-wake-ups (a blocking read is the cheapest way for one process to wait for another).
+BytePS moves tensors between the co-located processes of a machine the same way.
 
-The contract, per data-plane connection (psgd/ps/framing.py's frames, one more op):
+The contract, per data-plane connection (psgd/ps/framing.py's frames, two more ops):
 
     ATTACH  the name of a file in /dev/shm the worker created  ->  WELCOME, or ERROR and nothing changes
+    BELL    the same, optionally "NAME@AT"                     ->  as ATTACH; then the doorbell
 
 After a WELCOME every frame on that connection carries its payload in the segment instead of on
-the socket: the prefix still says how many bytes, and they are at the segment's start. A request's
-payload is read in full before its reply is written, so one region serves both ways. The worker
-sizes the segment for the larger of a request's payload and its expected reply, and attaches a
-bigger one when a request needs more. It unlinks the file as soon as the shard mapped it: both
-processes hold the memory, nothing is left in /dev/shm when either dies.
+the socket: the prefix still says how many bytes, and they are at the segment's start (a reply's at
+byte AT when BELL named one). A request's payload is read in full before its reply is written, so
+one region can serve both ways. The worker sizes the segment for the larger of a request's payload
+and its expected reply, and attaches a bigger one when a request needs more. It unlinks the file as
+soon as the shard mapped it: both processes hold the memory, nothing is left in /dev/shm when either
+dies. After BELL's WELCOME the frames' prefixes and headers go through the segment's last page too
+(psgd/ps/bell.py, x86-64 only): the socket is left to wake a peer that sleeps and to say EOF. The
+segment's mapping and its bounds are psgd/ps/segment.py's.
 
-Bounds: a shard maps a segment only for a loopback peer that is not on TLS (shared memory would
-bypass what TLS protects), named as a worker names one (`psgd-PID-HEX`, nothing else under
-/dev/shm), and at most the largest payload any request to this shard can carry, rounded to a page.
-A worker's --transport shm to a shard on another host is refused with one line.
-
-`ShmTransport` is the worker's side (a `TcpTransport`, psgd/ps/tcp_transport.py, whose payload
-moves it overrides); psgd/ps/tcp_server.py holds a `Segment` per connection for the shard's side.
+The worker's side, `ShmTransport` (a `TcpTransport`, psgd/ps/tcp_transport.py, whose payload moves
+it overrides), has two fast paths for the common case of one worker step, PushPull (dense, unpaced):
+- `push_pull_direct`: the gradient's slices go from the tensor into each segment (narrowed to the
+  wire dtype there), the replies' values straight into the parameters, on connections it keeps
+  (one lane per shard), without the generic path's per-call objects;
+- `home`: with one shard and fp32, the worker's flat parameters and gradients (models.FlatParams)
+  move into its lane's segment, gradients at its start and parameters at AT, where the shard
+  writes its replies: a PushPull then copies nothing on the worker's side, as the floor arm of
+  `psgd bench roundtrip` does (psgd/bench/floor.py). The worker then zeroes its gradient before
+  the next backward, not while the shard reads it.
+The shard's side is psgd/ps/tcp_server.py, with segment.py's `SegmentFrames`.
 """
 
 from __future__ import annotations

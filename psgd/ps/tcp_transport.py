@@ -172,16 +172,15 @@ class TcpTransport:
 
     def _guarded(self, k: int, what: str, fn, sock: socket.socket):
         """fn(sock, k); a socket or framing failure becomes one line that names shard k."""
-        where = f"{what} shard {k} at {self.addresses[k]}"
         try:
             return fn(sock, k)
         except fr.FrameError as e:
-            raise ExchangeError(f"{where}: {e}") from None
+            raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: {e}") from None
         except TimeoutError:
-            raise ExchangeError(f"{where}: DEADLINE_EXCEEDED: no answer within {self.timeout:g}s",
-                                "DEADLINE_EXCEEDED") from None
+            raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: DEADLINE_EXCEEDED: no answer within "
+                                f"{self.timeout:g}s", "DEADLINE_EXCEEDED") from None
         except OSError as e:
-            raise ExchangeError(f"{where}: UNAVAILABLE: {e}", "UNAVAILABLE") from None
+            raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: UNAVAILABLE: {e}", "UNAVAILABLE") from None
 
     @contextlib.contextmanager
     def _connection(self, k: int, what: str):
