@@ -68,6 +68,30 @@ def test_a_header_longer_than_the_mailbox_is_cut(ends):
     assert op == 0xFF and header == b"e" * bell.MAX_HEADER
 
 
+def test_consumed_calls_the_waiting_worker_once_awake_or_asleep(ends):
+    worker, shard, page = ends
+    calls = []
+    worker.send(3, b"push", 8)
+    assert shard.recv_head() == (3, b"push", 8)
+    with pytest.raises(TimeoutError):  # no word from the shard yet: no call
+        worker.recv_head(timeout=0.01, on_consumed=lambda: calls.append(1))
+    assert calls == []
+    shard.consumed()  # the worker sleeps (spin 0): ASLEEP is down between its waits, so no ring here
+    shard.send(0x82, b"", 8)
+    assert worker.recv_head(timeout=5, on_consumed=lambda: calls.append(2)) == (0x82, b"", 8)
+    assert calls == []  # the reply was there at once: the worker zeroes before its next backward instead
+    worker.send(3, b"again", 8)
+    assert shard.recv_head() == (3, b"again", 8)
+    box = page[bell.BOX_BYTES:].view(np.int64)
+    box[bell.ASLEEP] = 1  # as if the worker slept in its wait: consumed rings the socket
+    shard.consumed()
+    assert worker.sock.recv(8) == b"\x02"
+    box[bell.ASLEEP] = 0
+    with pytest.raises(TimeoutError):
+        worker.recv_head(timeout=0.01, on_consumed=lambda: calls.append(3))
+    assert calls == [3]  # called once, and the wait for the reply went on
+
+
 def exchange(addresses, n, dtype, combined):
     client = make_client("shm" if combined != "tcp" else "tcp", addresses, 0, n, wire_dtype=dtype)
     try:
@@ -130,8 +154,10 @@ def test_a_one_shard_worker_is_homed_in_its_segment_and_pushes_without_a_copy(sh
         out = torch.empty_like(flat.params)
         client.pull(0, out)
         model(torch.ones(1, 3)).sum().backward()  # into the segment
-        client.push_pull(0, flat.grads, flat.params)
-        assert torch.equal(flat.params, before - 0.05 * flat.grads)  # lr 0.05, the reply in place
+        grad, zeroed = flat.grads.clone(), []
+        client.push_pull(0, flat.grads, flat.params, on_consumed=lambda: zeroed.append(flat.grads.zero_()))
+        assert torch.equal(flat.params, before - 0.05 * grad)  # lr 0.05, the reply in place
+        assert torch.equal(flat.grads, torch.zeros_like(grad) if zeroed else grad)
         assert torch.equal(cores[0].param, flat.params)
     finally:
         client.close()

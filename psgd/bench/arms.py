@@ -29,7 +29,11 @@ from psgd.core.config import RunConfig, from_dict, to_argv, to_dict
 FLOOR_WAIT = {"floor": "block", "floor-spin": "spin"}  # psgd bench roundtrip's floor arms (psgd/bench/floor.py)
 # The children run transformer.py's name for `child` (the same command line, so the same `command`
 # in every memory row as before this module was split out of transformer.py).
-RUNNER = "import sys; from psgd.bench.transformer import child; sys.exit(child(sys.argv[1:]))"
+# The arm's process ends with os._exit once its result is written: torch's DDP on gloo can abort in the
+# interpreter's teardown ("terminate called without an active exception", SIGABRT; seen once in 45
+# DDP arms of a 5-round roundtrip bench) after the work and its result are done.
+RUNNER = ("import os, sys; from psgd.bench.transformer import child; rc = child(sys.argv[1:]); "
+          "sys.stdout.flush(); sys.stderr.flush(); os._exit(rc)")
 TAG = "PSGD_BENCH_TRANSFORMER"  # in every process of an arm (inherited): how the memory poll finds them
 
 

@@ -11,7 +11,8 @@ for what only a socket does: waking a reader that went to sleep, and telling it 
 
 The page, at the end of the segment (so that payloads stay at its start, as on a plain shm
 connection): two mailboxes of 2 KiB, one per direction (worker -> shard, shard -> worker). A
-mailbox: int64 `seq` (frames written so far), `op`, `header length`, `payload length`; at byte 64
+mailbox: int64 `seq` (frames written so far), `op`, `header length`, `payload length`, `done` (the
+shard's mailbox only: the last request whose payload it reads no more, `consumed`); at byte 64
 the reader's `asleep` flag (its own cache line: the reader writes it, the writer reads it); the
 header's bytes from byte 128.
 
@@ -45,7 +46,7 @@ import numpy as np
 
 PAGE_BYTES = 4096
 BOX_BYTES = PAGE_BYTES // 2
-SEQ, OP, HLEN, PLEN, ASLEEP = 0, 1, 2, 3, 8  # int64 indices in a mailbox (ASLEEP: byte 64)
+SEQ, OP, HLEN, PLEN, DONE, ASLEEP = 0, 1, 2, 3, 4, 8  # int64 indices in a mailbox (ASLEEP: byte 64)
 HEADER_AT = 128
 MAX_HEADER = BOX_BYTES - HEADER_AT
 SLEEP_CHECK_S = 0.05  # a sleeping reader's longest wait between two looks at `seq`
@@ -93,21 +94,33 @@ class Bell:
         if box[ASLEEP]:
             self.sock.send(b"\x01")
 
-    def recv_head(self, timeout: float | None = None) -> tuple[int, bytes, int] | None:
+    def consumed(self) -> None:
+        """The shard's word that it reads the last request's payload no more (before its reply: the
+        worker may then reuse that memory, `recv_head`'s `on_consumed`)."""
+        box = self._out
+        box[DONE] = self._seen
+        self._fence()
+        if box[ASLEEP]:
+            self.sock.send(b"\x02")
+
+    def recv_head(self, timeout: float | None = None, on_consumed=None) -> tuple[int, bytes, int] | None:
         """(op, header, payload length) of the next frame; None when the peer closed the socket.
-        TimeoutError after `timeout` s without one (None: wait as long as it takes)."""
+        TimeoutError after `timeout` s without one (None: wait as long as it takes). `on_consumed()`
+        is called once if the peer says `consumed` of this end's last frame while it is awaited."""
         box = self._in
         if box[SEQ] == self._seen:
             end = time.perf_counter() + self.spin_s
             while box[SEQ] == self._seen and time.perf_counter() < end:
-                pass
-            if box[SEQ] == self._seen and not self._sleep(timeout):
+                if on_consumed is not None and box[DONE] == self._sent:
+                    on_consumed()
+                    on_consumed = None
+            if box[SEQ] == self._seen and not self._sleep(timeout, on_consumed):
                 return None
         self._seen += 1
         n = min(max(int(box[HLEN]), 0), MAX_HEADER)  # the peer's word: never past the mailbox
         return int(box[OP]), self._in_hdr[:n].tobytes(), int(box[PLEN])
 
-    def _sleep(self, timeout: float | None) -> bool:
+    def _sleep(self, timeout: float | None, on_consumed=None) -> bool:
         """Wait on the socket until `seq` moves: True, or False at EOF; TimeoutError after `timeout`."""
         box = self._in
         deadline = None if timeout is None else time.monotonic() + timeout
@@ -115,6 +128,10 @@ class Bell:
         self._fence()
         try:
             while box[SEQ] == self._seen:
+                if on_consumed is not None and box[DONE] == self._sent:
+                    on_consumed()
+                    on_consumed = None
+                    continue
                 wait = SLEEP_CHECK_S if deadline is None else min(SLEEP_CHECK_S, deadline - time.monotonic())
                 if wait <= 0:
                     raise TimeoutError("no frame within the deadline")

@@ -199,18 +199,20 @@ class PSClient:
             sent = sum((stop - start) * codec.itemsize(self.dtype) for start, stop in self.ranges)
         return self.over([r.done for r in replies]), self.over([r.refused for r in replies]), sent
 
-    def push_pull(self, clock: int, grad: torch.Tensor, out: torch.Tensor,
-                  on_sent: Callable[[], None] | None = None) -> PushPulled:
+    def push_pull(self, clock: int, grad: torch.Tensor, out: torch.Tensor, on_sent: Callable[[], None] | None = None,
+                  on_consumed: Callable[[], None] | None = None) -> PushPulled:
         """Push `grad` of `clock` and pull clock + 1 into `out`, one round trip per shard.
         `on_sent()` runs once every shard's push is out, while the replies are awaited (from a
-        transport thread): `grad` may be reused from then on."""
+        transport thread): `grad` may be reused from then on, unless the transport reads it in
+        place (a homed shm worker's: `home`); then `on_consumed()` runs when the shard has read it,
+        if that comes before the reply (else never)."""
         direct = getattr(self.transport, "push_pull_direct", None)
         if direct is not None and self.sparsifier is None and grad.device.type == "cpu":
             # --transport shm: the tensors go to the segments, the headers are reused (~8 us each to build)
             for k, h in enumerate(self._headers):
                 h.clock, h.base_version = clock, self.versions[k]
             results, replied_at = direct(self.shards, self._headers, self._slices(grad.detach()), self._slices(out),
-                                         on_sent)
+                                         on_sent, on_consumed)
             done, refused, sent = self.push_outcome([h.pushed for h, _ in results])
             pulled = self.pull_result(results)
             return PushPulled(done or pulled.done, refused, sent, pulled, replied_at)

@@ -69,6 +69,7 @@ class ShmTransport(TcpTransport):
         self._spin_s = 0.0  # set by `info`, once the shards said how many processes the run has
         self._lanes: dict[int, socket.socket] = {}  # `push_pull_direct`'s connections, shard -> socket
         self._replied_at = 0.0
+        self._on_consumed = None  # `push_pull_direct`'s, while it awaits the reply
         self._mark = Events(replied=self._replied)
 
     def info(self, shards):
@@ -80,7 +81,7 @@ class ShmTransport(TcpTransport):
     def _recv_head(self, sock):
         seg = self._segments.get(sock)
         if seg is not None and seg.bell is not None:
-            return seg.bell.recv_head(self.timeout)
+            return seg.bell.recv_head(self.timeout, self._on_consumed)
         fr.await_readable(sock, self._spin_s)
         return fr.recv_head(sock)
 
@@ -103,12 +104,14 @@ class ShmTransport(TcpTransport):
             on_chunk(n, out.numel())
         return n
 
-    def push_pull_direct(self, shards, headers, grads, outs, on_sent=None) -> tuple[list, float]:
+    def push_pull_direct(self, shards, headers, grads, outs, on_sent=None, on_consumed=None) -> tuple[list, float]:
         """PushPull with the tensors themselves (dense, unpaced: PSClient's fast path), each shard on a
         connection of its own that this transport keeps (a lane). Each gradient slice goes into its
         segment in the wire dtype (narrowed as codec.encode does), each reply's values straight into
-        `outs[k]`; `on_sent()` once every request is out. Returns `push_pull`'s replies and the
-        perf_counter at which the last reply's header came in. A failure closes the lane."""
+        `outs[k]`; `on_sent()` once every request is out; with one shard, `on_consumed()` once the
+        shard says it reads the gradient no more, if that comes before its reply (a homed worker
+        zeroes its gradient there: `home`). Returns `push_pull`'s replies and the perf_counter at
+        which the last reply's header came in. A failure closes the lane."""
         what = "push-pull with"
         k = shards[0]
         try:
@@ -119,12 +122,15 @@ class ShmTransport(TcpTransport):
                               socks[-1])
             if on_sent is not None:
                 on_sent()
+            self._on_consumed = on_consumed if len(shards) == 1 else None
             return [self._guarded(k, what, lambda sock, k: self._receive_pulled(sock, k, what, headers[k].dtype,
                                                                                 outs[k], self._mark), sock)
                     for k, sock in zip(shards, socks, strict=True)], self._replied_at
         except BaseException:
             self._drop_lane(k)
             raise
+        finally:
+            self._on_consumed = None
 
     def _lane(self, k: int, what: str) -> socket.socket:
         sock = self._lanes[k] = self._checkout(k, what)

@@ -210,7 +210,10 @@ class _Connection(segment.SegmentFrames, socketserver.BaseRequestHandler):
             # again only after the reply).
             if pace:
                 pace(payload_len)
-            return h, self._hand_over(h, self.segment.region("fp32", 0, h.num_elements), dtype, payload_len)
+            o = self._hand_over(h, self.segment.region("fp32", 0, h.num_elements), dtype, payload_len)
+            if o is not None and self.segment.bell is not None:
+                self.segment.bell.consumed()  # a homed worker may zero its gradient now (psgd/ps/shm.py)
+            return h, o
         with shard.receive_buffer() as buf:
             try:
                 if self.segment is not None:  # --transport shm, sparse or narrowed: the bytes are here already
