@@ -54,8 +54,8 @@ def bell_send(self, op, header, length):
     _add(("s", op, time.perf_counter()))
     return _bsend(self, op, header, length)
 
-def bell_recv(self, timeout=None):
-    head = _brecv(self, timeout)
+def bell_recv(self, *args, **kwargs):
+    head = _brecv(self, *args, **kwargs)
     _add(("R", head[0] if head else -1, time.perf_counter()))
     return head
 
