@@ -45,7 +45,10 @@ def slurm():
 
 
 def submit(slurm, out, *flags, marker):
-    env = {**ENV, "PSGD": f"{sys.executable} -m psgd", MARK: marker}
+    """sbatch the job exactly as docs/deploy.md shows it: `psgd` on PATH (as in an activated venv), and no
+    variable the docs do not set (PSGD itself is left to the script's default)."""
+    env = {k: v for k, v in ENV.items() if k != "PSGD"}
+    env.update({"PATH": f"{Path(sys.executable).parent}:{env.get('PATH', '')}", MARK: marker})
     return slurm.sbatch("--nodes", "2", "--ntasks", "3", "--output", f"{out}.log", JOB, str(out), *flags,
                         env=env, cwd=str(REPO))
 
