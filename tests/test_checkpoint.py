@@ -3,6 +3,9 @@ whose damage is detected, and a restored shard that goes on exactly as the unint
 
 from __future__ import annotations
 
+import errno
+import os
+
 import pytest
 import torch
 
@@ -35,6 +38,21 @@ def test_damaged_checkpoints_are_skipped_never_loaded(tmp_path):
     assert "checksum mismatch" in warnings[0] and "truncated" in warnings[1]
     assert checkpoint.newest(folder, 0, warn=warnings.append, upto=1) is None
     assert checkpoint.versions(folder, 0) == [2]
+
+
+def test_a_write_that_fills_the_disk_leaves_no_partial_file_and_says_so(tmp_path, monkeypatch):
+    folder = tmp_path / "ckpt"
+    checkpoint.write(folder, 0, 1, {"version": 1}, keep=3)
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(checkpoint.os, "fsync", full)  # the disk fills as the payload is flushed
+    with pytest.raises(OSError, match="No space left on device"):
+        checkpoint.write(folder, 0, 2, {"version": 2, "param": torch.zeros(1000)}, keep=3)
+    monkeypatch.undo()
+    assert sorted(p.name for p in folder.iterdir()) == [checkpoint.path_of(folder, 0, 1).name]  # no .tmp
+    assert checkpoint.versions(folder, 0) == [1]
 
 
 def test_a_restored_shard_goes_on_exactly_as_the_uninterrupted_one(tmp_path):

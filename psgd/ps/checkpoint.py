@@ -5,7 +5,8 @@ Contract:
   state (a dict of tensors and plain values, `torch.save`d) after a fixed preamble that holds a
   magic string, the payload's length and its SHA-256. It goes to a temporary file first, is
   fsync'd, renamed into place and the folder fsync'd: a crash leaves the old checkpoint or the new
-  one, never half of one. Then all but the newest `keep` of this shard's checkpoints are deleted.
+  one, never half of one; a write that fails (ENOSPC, say) removes its temporary file and raises
+  its OSError. Then all but the newest `keep` of this shard's checkpoints are deleted.
 - `newest(folder, shard, upto=V)` returns (state, path) of the newest checkpoint (of a version
   <= V, when given: the shards of a sync run resume at one common version) of that shard whose
   preamble, length and checksum all hold, or None; each one skipped (truncated, bit-flipped, not a
@@ -53,6 +54,20 @@ def write(folder: Path, shard: int, version: int, state: dict, keep: int = 3) ->
     folder.mkdir(parents=True, exist_ok=True)
     final = path_of(folder, shard, version)
     tmp = final.with_name(f".{final.name}.{os.getpid()}.tmp")
+    try:
+        _write_tmp(tmp, payload)
+        os.replace(tmp, final)
+    except BaseException:
+        # A failed write (a full disk, an interrupt) leaves no partial file to hold the last of the space.
+        tmp.unlink(missing_ok=True)
+        raise
+    _fsync_dir(folder)
+    for _, old in _listed(folder, shard)[keep:]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def _write_tmp(tmp: Path, payload: memoryview) -> None:
     with open(tmp, "wb") as f:
         f.write(PREAMBLE.pack(MAGIC, len(payload), hashlib.sha256(payload).digest()))
         half = len(payload) // 2
@@ -65,11 +80,6 @@ def write(folder: Path, shard: int, version: int, state: dict, keep: int = 3) ->
             f.write(payload)
         f.flush()
         os.fsync(f.fileno())
-    os.replace(tmp, final)
-    _fsync_dir(folder)
-    for _, old in _listed(folder, shard)[keep:]:
-        old.unlink(missing_ok=True)
-    return final
 
 
 def newest(folder: Path, shard: int, warn: Callable[[str], None] = print,
