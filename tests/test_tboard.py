@@ -15,6 +15,7 @@ import urllib.request
 
 import pytest
 
+from psgd.train import tboard
 from tests.helpers import ENV, psgd_main, summary
 
 # The runs this file makes in this process fork from one warm parent (tests/warm.py).
@@ -35,8 +36,9 @@ def test_a_run_writes_its_curves_and_summarize_writes_them_again(tmp_path):
                   "synthetic", "--num-samples", "600", "--batch-size", "8", "--out", str(out), "--quiet",
                   "--tensorboard", str(tb))
     assert r.returncode == 0, r.stderr
-    assert [p.name for p in tb.iterdir()] == ["run"], "DIR/<run folder name>"
-    got = scalars(tb / "run")
+    assert [p.name for p in tb.iterdir()] == [tboard.run_dir(tb, out).name], "DIR/<run folder name>-<hash>"
+    assert tboard.run_dir(tb, out).name.startswith("run-")
+    got = scalars(tboard.run_dir(tb, out))
     assert {"train/loss", "eval/test_loss", "eval/test_accuracy", "step/compute_ms", "run/staleness_mean",
             "run/samples_per_s"} <= set(got)
     assert [step for step, _ in got["train/loss"]] == list(range(30)), "one point per clock"
@@ -45,7 +47,7 @@ def test_a_run_writes_its_curves_and_summarize_writes_them_again(tmp_path):
     assert got["eval/test_loss"][-1][1] == pytest.approx(s["final_test_loss"], rel=1e-6)
     again = tmp_path / "tb2"
     assert psgd_main("summarize", str(out), "--quiet", "--tensorboard", str(again)).returncode == 0
-    assert scalars(again / "run")["train/loss"] == got["train/loss"]
+    assert scalars(tboard.run_dir(again, out))["train/loss"] == got["train/loss"]
 
 
 def test_without_tensorboard_it_is_one_line_and_exit_2(tmp_path, monkeypatch):
@@ -102,13 +104,15 @@ def _stop(p: subprocess.Popen, sig: int) -> None:
 def test_tensorboard_shows_a_run_while_it_trains(tmp_path):
     """TensorBoard's own server, on 127.0.0.1, serves psgd's points before the run has ended."""
     out, tb = tmp_path / "live", tmp_path / "tb"
+    name = tboard.run_dir(tb, out).name  # TensorBoard's name for the run: the folder under tb
     run = subprocess.Popen([sys.executable, "-m", "psgd", "run", "--mode", "async", "--workers", "2", "--steps",
                             "1000000", "--dataset", "synthetic", "--num-samples", "600", "--batch-size", "8", "--out",
                             str(out), "--quiet", "--tensorboard", str(tb)], env=ENV, stdout=subprocess.DEVNULL,
                            stderr=subprocess.PIPE, text=True, start_new_session=True)
     board = None
     try:
-        _poll("the run's event file", lambda: list((tb / "live").glob("events.out.tfevents.*")), run)
+        _poll("the run's event file", lambda: list(tboard.run_dir(tb, out).glob("events.out.tfevents.*")),
+              run)
         # Port 0: TensorBoard binds a free port itself and prints it.
         board = subprocess.Popen([sys.executable, "-m", "tensorboard.main", "--logdir", str(tb), "--host", "127.0.0.1",
                                   "--port", "0", "--load_fast", "false", "--reload_interval", "1"], env=ENV,
@@ -122,13 +126,13 @@ def test_tensorboard_shows_a_run_while_it_trains(tmp_path):
         assert url, "TensorBoard printed no address"
         threading.Thread(target=board.stdout.read, daemon=True).start()  # its log never fills the pipe
         tags = _poll("psgd's tags in TensorBoard", lambda: ((_get(f"{url}/data/plugin/scalars/tags") or {})
-                                                            .get("live", {}).get("train/loss") is not None
+                                                            .get(name, {}).get("train/loss") is not None
                                                             and _get(f"{url}/data/plugin/scalars/tags")), run, board)
         assert {"train/loss", "step/compute_ms", "step/push_ms", "step/pull_ms", "step/wait_ms",
-                "step/clock_gap"} <= set(tags["live"])
+                "step/clock_gap"} <= set(tags[name])
 
         def points():
-            got = _get(f"{url}/data/plugin/scalars/scalars?run=live&tag=train/loss") or []
+            got = _get(f"{url}/data/plugin/scalars/scalars?run={name}&tag=train/loss") or []
             return got if len(got) >= 20 else None
 
         got = _poll("20 points of train/loss", points, run, board)
@@ -148,7 +152,7 @@ def test_fit_writes_its_curves_into_a_run_folder_of_their_own(tmp_path):
 
     tb = tmp_path / "tb"
     r = psgd.fit(steps=12, workers=2, out=str(tmp_path / "fitrun"), tensorboard=tb)
-    got = scalars(tb / "fitrun")
+    got = scalars(tboard.run_dir(tb, tmp_path / "fitrun"))
     assert [step for step, _ in got["train/loss"]] == list(range(12))
     assert got["run/samples_per_s"][0][1] == pytest.approx(r.summary["samples_per_s"], rel=1e-6)
 
@@ -156,8 +160,6 @@ def test_fit_writes_its_curves_into_a_run_folder_of_their_own(tmp_path):
 def test_a_workers_end_read_before_anothers_last_step_does_not_emit_that_clock_twice():
     """Worker 0's worker_end can reach metrics.jsonl before worker 1's last step line (seen on a
     loaded machine): clock 1 is then emitted once, when worker 1's row arrives, over both rows."""
-    from psgd.train import tboard
-
     class File:
         def __init__(self):
             self.points = []
@@ -176,3 +178,51 @@ def test_a_workers_end_read_before_anothers_last_step_does_not_emit_that_clock_t
         sc.add(e)
     sc.finish(None)
     assert [(step, v["train/loss"]) for step, v in f.points] == [(0, 2.0), (1, 3.0)]
+
+
+class Points:
+    """An EventFile's stand-in that keeps what it is given."""
+
+    def __init__(self):
+        self.points = []
+
+    def scalars(self, step, values, wall=None):
+        self.points.append((step, values))
+
+    def flush(self):
+        pass
+
+
+def test_async_workers_far_apart_write_each_step_once_and_x_only_grows():
+    """Async workers drift any number of clocks apart (worker 1 here 2 * MAX_PENDING behind): each
+    step line is one point, x the updates seen, never written twice or backwards."""
+    f = Points()
+    sc = tboard.Scalars(f, workers=2, per_update=True)
+    lag = 2 * tboard.MAX_PENDING
+    events = [dict(event="step", rank=0, clock=c, loss=1.0) for c in range(lag)]
+    events += [dict(event="step", rank=1, clock=c, loss=2.0) for c in range(lag)]
+    for e in events + [dict(event="worker_end", rank=0), dict(event="worker_end", rank=1)]:
+        sc.add(e)
+    sc.finish(None)
+    steps = [step for step, v in f.points if "train/loss" in v]
+    assert steps == list(range(2 * lag)), "one point per step line, x strictly growing"
+
+
+def test_a_clock_written_before_its_late_row_is_not_written_again():
+    """Sync with a late joiner: MAX_PENDING clocks behind clock 0 force it out; worker 1's row of
+    clock 0 that comes after is left out (counted), never written at x = 0 again."""
+    f = Points()
+    sc = tboard.Scalars(f, workers=2)
+    for c in range(tboard.MAX_PENDING + 2):
+        sc.add(dict(event="step", rank=0, clock=c, loss=1.0))
+    sc.add(dict(event="step", rank=1, clock=0, loss=9.0))
+    sc.finish(None)
+    steps = [step for step, v in f.points if "train/loss" in v]
+    assert steps == sorted(set(steps)) and sc.late == 1
+
+
+def test_two_run_folders_of_one_name_are_two_tensorboard_runs(tmp_path):
+    tb = tmp_path / "tb"
+    a, b = tboard.run_dir(tb, tmp_path / "a" / "tbA"), tboard.run_dir(tb, tmp_path / "b" / "tbA")
+    assert a != b and a.name.startswith("tbA-") and b.name.startswith("tbA-")
+    assert tboard.run_dir(tmp_path / "tb", tmp_path / "a" / "tbA") == a  # the same folder again: the same run

@@ -7,14 +7,18 @@ Contract:
   already append to, and writes each scalar into `logdir` as it appears: `tensorboard --logdir
   DIR` shows a run's curves growing while it trains. `close()` reads what is left, writes the
   end-of-run scalars from summary.json, and closes the file.
-- One TensorBoard run per psgd run: `run_dir(DIR, out)` is DIR/<the run folder's name> (the
-  SummaryWriter runs/ convention), so runs given one DIR sit side by side (the suite names its
-  own: DIR/<experiment>/<label>-<phase>-lr<lr>-s<seed>).
-- The scalars:
-  - `train/loss` per update (the mean over the workers' steps of that clock), x = the clock;
-    a clock is written once every worker still running has reported it (in clock order), or
-    when `MAX_PENDING` later clocks wait behind it (a worker that joins late, --elastic), or at
-    the end;
+- One TensorBoard run per psgd run: `run_dir(DIR, out)` is DIR/<the run folder's name>-<a hash of its
+  full path> (the SummaryWriter runs/ convention, made unique: `--out a/r` and `--out b/r` are two
+  runs, and one folder run again is the same run), so runs given one DIR sit side by side (the
+  suite names its own: DIR/<experiment>/<label>-<phase>-lr<lr>-s<seed>).
+- The scalars, one point per x and x only growing:
+  - `train/loss` per update. Sync and SSP (clocks at most s apart): the mean over the workers'
+    steps of that clock, x = the clock; a clock is written once every worker still running has
+    reported it (in clock order), or when `MAX_PENDING` later clocks wait behind it (a worker that
+    joins late, --elastic); a row that comes after its clock was written is left out of the curve
+    (`Scalars.late` counts them). Async (`per_update`, from config.json's mode): each worker step
+    is an update of its own, x = the updates seen so far in the file's order, so workers any
+    number of clocks apart never write a step twice;
   - `step/{compute,push,pull,wait}_ms` per update (mean over workers), `step/clock_gap` (the
     widest gap between a worker and the slowest, the staleness SSP bounds), with the loss;
   - `eval/{test,val,train}_{loss,accuracy}` at every snapshot, x = training samples (the suite's
@@ -23,7 +27,7 @@ Contract:
     (once, at the last update, from summary.json: the shards count staleness when they stop).
 - Without slowing the workers: the follower is a thread of the launcher (which only waits while
   the children train), at a lower CPU priority than they are (nice +10, per thread on Linux), and
-  it imports neither torch nor TensorFlow: `EventFile` writes TensorBoard's file format (TFRecord
+  it imports neither torch nor TensorFlow: `EventFile` (tfevents.py) writes TensorBoard's file format (TFRecord
   framing of its Event protos, from the tensorboard package) itself, about 40 ms of imports.
   Each clock is one record holding all its scalars, flushed at every read of the file.
 - `write(out, logdir)`: the same scalars from a finished run's files, after the fact (`psgd
@@ -36,18 +40,17 @@ stay matplotlib's.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
-import socket
-import struct
 import sys
 import threading
-import time
 from collections import defaultdict
 from pathlib import Path
 
 from psgd.core.errors import UsageError
 from psgd.train.metrics import read_events
+from psgd.train.tfevents import EventFile
 
 POLL_S = 0.25       # how often the follower reads the metrics file for new lines
 MAX_PENDING = 256   # clocks waiting behind an incomplete one before it is written as it is
@@ -65,84 +68,34 @@ def require() -> None:
 
 
 def run_dir(logdir: Path, out: Path) -> Path:
-    """Where run `out`'s curves go under `--tensorboard DIR`: DIR/<the run folder's name>."""
-    return Path(logdir) / Path(out).resolve().name
-
-
-# -- the file format: TFRecord framing of Event protos ---------------------------------------------
-def _crc32c_table() -> list[int]:
-    table = []
-    for n in range(256):
-        c = n
-        for _ in range(8):
-            c = (c >> 1) ^ 0x82F63B78 if c & 1 else c >> 1
-        table.append(c)
-    return table
-
-
-_TABLE = _crc32c_table()
-
-
-def crc32c(data: bytes) -> int:
-    c = 0xFFFFFFFF
-    table = _TABLE
-    for b in data:
-        c = table[(c ^ b) & 0xFF] ^ (c >> 8)
-    return c ^ 0xFFFFFFFF
-
-
-def _masked(data: bytes) -> int:
-    c = crc32c(data)
-    return (((c >> 15) | (c << 17)) + 0xA282EAD8) & 0xFFFFFFFF
-
-
-class EventFile:
-    """One TensorBoard event file in `logdir` (what SummaryWriter writes, without torch or TF)."""
-
-    def __init__(self, logdir: Path) -> None:
-        from tensorboard.compat.proto import event_pb2, summary_pb2  # noqa: PLC0415 - optional extra
-
-        self._event, self._summary = event_pb2.Event, summary_pb2.Summary
-        logdir.mkdir(parents=True, exist_ok=True)
-        self.path = logdir / f"events.out.tfevents.{time.time():.6f}.{socket.gethostname()}.{os.getpid()}.psgd"
-        self._f = open(self.path, "ab")  # noqa: SIM115 - closed by close()
-        self._record(self._event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
-        self.flush()
-
-    def _record(self, data: bytes) -> None:
-        header = struct.pack("<Q", len(data))
-        self._f.write(header + struct.pack("<I", _masked(header)) + data + struct.pack("<I", _masked(data)))
-
-    def scalars(self, step: int, values: dict[str, float], wall_time: float | None = None) -> None:
-        """One record: every (tag, value) of `values` at `step`."""
-        if not values:
-            return
-        summary = self._summary(value=[self._summary.Value(tag=t, simple_value=float(v)) for t, v in values.items()])
-        self._record(self._event(wall_time=wall_time or time.time(), step=int(step), summary=summary)
-                     .SerializeToString())
-
-    def flush(self) -> None:
-        self._f.flush()
-
-    def close(self) -> None:
-        self._f.close()
+    """Where run `out`'s curves go under `--tensorboard DIR`: DIR/<the run folder's name>-<8 hex digits
+    of its absolute path's SHA-1>, so two folders of one name are two TensorBoard runs."""
+    full = Path(out).resolve()
+    return Path(logdir) / f"{full.name}-{hashlib.sha1(str(full).encode()).hexdigest()[:8]}"
 
 
 # -- from metrics.jsonl's events to scalars ---------------------------------------------------------
 class Scalars:
     """Turns the run's events, in file order, into scalars on an EventFile (see the module docstring)."""
 
-    def __init__(self, file: EventFile, workers: int) -> None:
-        self.file, self.workers = file, workers
+    def __init__(self, file: EventFile, workers: int, per_update: bool = False) -> None:
+        self.file, self.workers, self.per_update = file, workers, per_update
         self.rows: dict[int, list[dict]] = defaultdict(list)
         self.gone: set[int] = set()  # ranks that ended or were lost: no more steps from them
-        self.last_clock = 0
+        self.last_clock = -1  # the last x written to the train/ and step/ curves
+        self.late = 0  # rows whose clock was already written (left out of the curve)
         self.points = 0  # scalars written (tests, and the report of how live it was)
 
     def add(self, e: dict) -> None:
         kind = e.get("event")
-        if kind == "step":
-            self.rows[int(e["clock"])].append(e)
+        if kind == "step" and self.per_update:
+            self._write_rows(self.last_clock + 1, [e])
+        elif kind == "step":
+            clock = int(e["clock"])
+            if clock <= self.last_clock:
+                self.late += 1
+                return
+            self.rows[clock].append(e)
             self._emit_ready()
         elif kind in ("worker_end", "worker_lost"):
             self.gone.add(e.get("rank"))
@@ -165,7 +118,9 @@ class Scalars:
             self._emit(first)
 
     def _emit(self, clock: int) -> None:
-        rows = self.rows.pop(clock)
+        self._write_rows(clock, self.rows.pop(clock))
+
+    def _write_rows(self, clock: int, rows: list[dict]) -> None:
         n = len(rows)
         values = {"train/loss": sum(r["loss"] for r in rows) / n}
         for part in PARTS:
@@ -188,7 +143,7 @@ class Scalars:
             for key in ("samples_per_s", "updates_per_s", "bytes_per_step"):
                 if summary.get(key) is not None:
                     values[f"run/{key}"] = summary[key]
-            self.file.scalars(self.last_clock, values)
+            self.file.scalars(max(self.last_clock, 0), values)
             self.points += len(values)
         self.file.flush()
 
@@ -200,18 +155,29 @@ def _summary(out: Path) -> dict | None:
         return None
 
 
+def _config(out: Path) -> dict:
+    try:
+        config = json.loads((out / "config.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _scalars(file: EventFile, out: Path, workers: int | None) -> Scalars:
+    """The Scalars of run `out`: its worker count (unless given) and its mode from config.json."""
+    config = _config(out)
+    if workers is None:
+        workers = int(config.get("workers", 1) or 1)
+    return Scalars(file, workers, per_update=config.get("mode") == "async")
+
+
 def write(out: Path, logdir: Path, workers: int | None = None) -> Path:
     """Write finished run `out`'s scalars into `logdir` (see the module docstring); returns `logdir`."""
     require()
     out = Path(out)
-    if workers is None:
-        try:
-            workers = int(json.loads((out / "config.json").read_text()).get("workers", 1))
-        except (OSError, ValueError, AttributeError):
-            workers = 1
     file = EventFile(Path(logdir))
     try:
-        scalars = Scalars(file, workers)
+        scalars = _scalars(file, out, workers)
         for e in read_events(out / "metrics.jsonl"):
             scalars.add(e)
         scalars.finish(_summary(out))
@@ -227,7 +193,7 @@ class Follower:
         require()
         self.out, self.path = Path(out), Path(out) / "metrics.jsonl"
         self.file = EventFile(Path(logdir))
-        self.scalars = Scalars(self.file, workers)
+        self.scalars = _scalars(self.file, self.out, workers)
         self._stop = threading.Event()
         self._ino: int | None = None
         self._offset, self._partial = 0, b""
