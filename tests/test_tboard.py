@@ -157,29 +157,6 @@ def test_fit_writes_its_curves_into_a_run_folder_of_their_own(tmp_path):
     assert got["run/samples_per_s"][0][1] == pytest.approx(r.summary["samples_per_s"], rel=1e-6)
 
 
-def test_a_workers_end_read_before_anothers_last_step_does_not_emit_that_clock_twice():
-    """Worker 0's worker_end can reach metrics.jsonl before worker 1's last step line (seen on a
-    loaded machine): clock 1 is then emitted once, when worker 1's row arrives, over both rows."""
-    class File:
-        def __init__(self):
-            self.points = []
-
-        def scalars(self, step, values, wall=None):
-            self.points.append((step, values))
-
-        def flush(self):
-            pass
-
-    f = File()
-    sc = tboard.Scalars(f, workers=2)
-    for e in [dict(event="step", rank=0, clock=0, loss=1.0), dict(event="step", rank=1, clock=0, loss=3.0),
-              dict(event="step", rank=0, clock=1, loss=1.0), dict(event="worker_end", rank=0),
-              dict(event="step", rank=1, clock=1, loss=5.0), dict(event="worker_end", rank=1)]:
-        sc.add(e)
-    sc.finish(None)
-    assert [(step, v["train/loss"]) for step, v in f.points] == [(0, 2.0), (1, 3.0)]
-
-
 class Points:
     """An EventFile's stand-in that keeps what it is given."""
 
@@ -191,6 +168,19 @@ class Points:
 
     def flush(self):
         pass
+
+
+def test_a_workers_end_read_before_anothers_last_step_does_not_emit_that_clock_twice():
+    """Worker 0's worker_end can reach metrics.jsonl before worker 1's last step line (seen on a
+    loaded machine): clock 1 is then emitted once, when worker 1's row arrives, over both rows."""
+    f = Points()
+    sc = tboard.Scalars(f, workers=2)
+    for e in [dict(event="step", rank=0, clock=0, loss=1.0), dict(event="step", rank=1, clock=0, loss=3.0),
+              dict(event="step", rank=0, clock=1, loss=1.0), dict(event="worker_end", rank=0),
+              dict(event="step", rank=1, clock=1, loss=5.0), dict(event="worker_end", rank=1)]:
+        sc.add(e)
+    sc.finish(None)
+    assert [(step, v["train/loss"]) for step, v in f.points] == [(0, 2.0), (1, 3.0)]
 
 
 def test_async_workers_far_apart_write_each_step_once_and_x_only_grows():
