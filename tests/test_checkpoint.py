@@ -103,3 +103,31 @@ def test_a_killed_shard_is_restarted_from_its_checkpoint_and_the_run_ends_bit_fo
     # `psgd run --resume OUT` is the same path (launch.run(resume=True)), started by hand.
     r = psgd_main("run", "--resume", str(out), "--steps", "3")
     assert r.returncode == 2 and "give no other flags" in r.stderr
+
+
+def test_a_torn_last_metrics_line_is_left_out_and_resume_goes_on_from_the_newest_checkpoint(tmp_path):
+    """A write cut short (a full disk) leaves metrics.jsonl's last line without its end: `--resume`
+    reads past it and continues from checkpoint 10 to the calm run's parameters (it failed with
+    "Expecting value" before)."""
+    out = tmp_path / "run"
+    r = psgd_main("run", *TRAIN, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    calm = summary(out)["params_sha256"]
+    lines = (out / "metrics.jsonl").read_bytes()
+    (out / "metrics.jsonl").write_bytes(lines[:-20])  # the last line loses its end
+    r = psgd_main("run", "--resume", str(out))
+    assert r.returncode == 0, r.stderr
+    s = summary(out)
+    assert s["resumed_from"] == 10 and s["global_updates"] == 12 and s["params_sha256"] == calm
+
+
+def test_metrics_end_a_torn_line_before_their_own_and_reading_leaves_it_out(tmp_path):
+    from psgd.train.metrics import Metrics, read_events
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"event":"step","clock":0}\n{"event":"step","clo')
+    m = Metrics(path)
+    m.write(event="launch")
+    m.close()
+    assert path.read_bytes().splitlines()[1] == b'{"event":"step","clo'  # the torn line stays, ended
+    assert [e["event"] for e in read_events(path)] == ["step", "launch"]

@@ -5,6 +5,9 @@ Contract:
   `os.write` on an O_APPEND descriptor, so the lines of concurrent processes never interleave.
   `defer(**fields)` keeps one line, timed then, for the next `flush` (or write, defer, close): the
   worker's step lines, written while the shards answer the next push.
+- A torn line (a write cut short by a full disk, the file cut by hand) never takes the run with it:
+  `read_events` leaves out a line that is not a JSON object, and a `Metrics` that opens a file
+  whose last line has no newline ends it first, so a resumed run's lines start on lines of their own.
 - `summarize(out, cfg, evals, final)` builds summary.json from the workers' `worker_end`
   events, the shards' `shard-K.json` stats and the offline evaluation (psgd/train/evaluate.py);
   `final_val_loss` / `final_val_accuracy` are None without a validation split (--val-fraction).
@@ -77,7 +80,10 @@ class Metrics:
     def _write(self, fields: dict) -> None:
         if self.fd is None:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self.fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+            size = os.fstat(self.fd).st_size
+            if size and os.pread(self.fd, 1, size - 1) != b"\n":
+                os.write(self.fd, b"\n")  # a torn last line ends here, not inside this process's first line
         fields.setdefault("time", time.time())
         os.write(self.fd, (json.dumps(fields, separators=(",", ":")) + "\n").encode())
 
@@ -89,10 +95,19 @@ class Metrics:
 
 
 def read_events(path: str | Path) -> list[dict]:
+    """The events of a metrics file, in its order; a torn line (not a JSON object) is left out."""
     p = Path(path)
     if not p.exists():
         return []
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+    events = []
+    for line in p.read_text(errors="replace").splitlines():
+        try:
+            e = json.loads(line) if line.strip() else None
+        except ValueError:
+            continue
+        if isinstance(e, dict):
+            events.append(e)
+    return events
 
 
 def hist_stats(hist: Counter) -> dict:
