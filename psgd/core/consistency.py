@@ -105,23 +105,18 @@ class SSP(Policy):
                  staleness: int, budget: int | None = None, start_barrier: bool = False,
                  adjust: Adjust | None = None, members: int | None = None) -> None:
         super().__init__(num_workers, rules.SSP(staleness), apply, budget, start_barrier, adjust, members)
-        self.staleness_bound = staleness
 
 
 def make_policy(mode: str, num_workers: int, apply: Callable[[torch.Tensor], None],
                 staleness: int = 0, budget: int | None = None, start_barrier: bool = False,
                 adjust: Adjust | None = None, backup: int = 0, members: int | None = None) -> Policy:
-    """The policy for a run mode: 'sync' (with `backup` backup workers), 'async' or 'ssp' (`adjust`:
-    async and SSP only)."""
-    if backup and mode != "sync":
-        raise ValueError(f"backup workers are a rule of sync mode, not of {mode}")
-    if mode == "sync":
-        assert adjust is None, "sync applies the mean of fresh gradients: nothing to adjust"
-        return Sync(num_workers, apply, budget, start_barrier, backup, members)
-    if mode == "async":
-        return Async(num_workers, apply, budget, start_barrier, adjust, members)
-    if mode == "ssp":
-        return SSP(num_workers, apply, staleness, budget, start_barrier, adjust, members)
-    if mode in rules.RULES:  # a plugged-in mode (rules.RULES): a rule applied on arrival
-        return Policy(num_workers, rules.make(mode, staleness), apply, budget, start_barrier, adjust, members)
-    raise ValueError(f"unknown parameter-server mode {mode!r}; choose one of {', '.join(rules.RULES)}")
+    """The policy of a registered mode (psgd/core/rules.py `RULES`; `staleness`: the setting its rule
+    may take): a rule applied on arrival runs in `Policy` as it is (`adjust`: the remedies, for those
+    alone), a buffering one in `Sync`, with its quorum and `backup` backup workers."""
+    rule = rules.make(mode, staleness=staleness)
+    if rule.on_arrival:
+        if backup:
+            raise ValueError(f"backup workers are a rule of sync mode, not of {mode}")
+        return Policy(num_workers, rule, apply, budget, start_barrier, adjust, members)
+    assert adjust is None, "sync applies the mean of fresh gradients: nothing to adjust"
+    return Sync(num_workers, apply, budget, start_barrier, backup, members, rule=rule)

@@ -4,7 +4,8 @@ The state machine every mode shares: versions, clocks, a budget, the start barri
 collaborator, psgd/core/roster.py). Async and SSP are this class with their rule; Sync adds the
 step's sum, its quorum and backup workers (psgd/core/sync.py).
 - push: checks clock and version, measures staleness, lets the remedies `adjust` the gradient, then
-  the mode takes it (`_on_gradient`); never blocks. `turn`: may a push's data be read now (Sync).
+  the rule's `on_arrival` says whether it is applied now or gathered into the step's sum (Sync's
+  `_gather`); never blocks. `turn`: may a push's data be read now (Sync).
 - pull: waits until the rule allows the read (start barrier down, a joiner admitted), then read().
 - expire / lose / depart / admit / cancel: membership; `membership_state` carries it in checkpoints.
 No math, no I/O: `apply(grad)` and `read()` are the shard's callbacks, called under `self.cond`,
@@ -29,7 +30,7 @@ Adjust = Callable[[torch.Tensor, int, int], torch.Tensor | None]   # (grad, work
 
 
 class Policy:
-    """The shared state machine around one `Rule`; Sync overrides the `_on_*` hooks."""
+    """The shared state machine around one `Rule`; Sync overrides `_gather` and the `_on_*` hooks."""
 
     rejoins = True  # a lost worker that asks again at its clock (a restarted process) is back in
 
@@ -66,16 +67,23 @@ class Policy:
 
     # -- a mode's own part (cond held); Async and SSP take these as they are -------------------
     def _pull_ready(self, worker: int, clock: int) -> bool:
-        return self.rule.may_read(self.version, clock + self.roster.offset[worker], self.roster.slowest(self.clocks))
+        return self.rule.may_read(self.version, self._step(worker, clock), self.roster.slowest(self.clocks))
 
-    def _on_gradient(self, worker: int, clock: int, grad: torch.Tensor | None,
-                     keep: bool) -> tuple[bool, bool, torch.Tensor | None]:
-        """Take one arrived gradient (None = skipped): (applied now, kept `grad`, the spare given back)."""
-        assert self.rule.on_arrival, f"{self.name}: a buffering rule needs its own policy (psgd/core/sync.py)"
+    def _step(self, worker: int, clock: int) -> int:
+        """The clock the rule judges a pull by: a joiner's clock counts from the slowest's (its offset)."""
+        return clock + self.roster.offset[worker]
+
+    def _arrive(self, grad: torch.Tensor | None) -> tuple[bool, bool, torch.Tensor | None]:
+        """A gradient of an on-arrival rule (None = skipped): applied now. (applied, kept, spare)."""
         if grad is None:
             return False, False, None
         self._commit(grad)
         return True, False, None
+
+    def _gather(self, worker: int, clock: int, grad: torch.Tensor | None,
+                keep: bool) -> tuple[bool, bool, torch.Tensor | None]:
+        """A gradient of a buffering rule: into the step's sum, applied with its quorum (Sync's)."""
+        raise AssertionError(f"{self.name}: a buffering rule needs a step and its quorum (psgd/core/sync.py)")
 
     def _late(self, worker: int, base_version: int) -> bool:
         return False  # True: taken but never applied (only Sync with backup workers)
@@ -130,7 +138,8 @@ class Policy:
                 grad = adjusted
             self.pushing = (worker, clock)  # for apply(): the clocks once this push is counted (checkpoints)
             try:
-                applied, kept, spare = self._on_gradient(worker, clock, grad, keep)
+                applied, kept, spare = (self._arrive(grad) if self.rule.on_arrival
+                                        else self._gather(worker, clock, grad, keep))
             finally:
                 self.pushing = None
             self.clocks[worker] = clock + 1

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import time
 
+from psgd.core import rules
 from psgd.core.outcomes import PolicyError, Stats
 
 
@@ -43,10 +44,9 @@ class Roster:
         return self.stats.lost.keys() | self.stats.departed.keys() | self.absent | self.pending.keys()
 
     def slowest(self, clocks: list[int]) -> int:
-        """The slowest live worker's clock (offsets counted); a lost or departed worker holds nobody back."""
-        gone = self.gone()
-        live = [c + self.offset[w] for w, c in enumerate(clocks) if w not in gone]
-        return min(live) if live else max(c + o for c, o in zip(clocks, self.offset, strict=True))
+        """The rules' `slowest` (psgd/core/rules.py) over this run's workers: the gone ones left out,
+        joiners' offsets counted."""
+        return rules.slowest(clocks, self.gone(), self.offset)
 
     def check_live(self, worker: int) -> None:
         """Refuse a lost, departed or absent worker; note when a live one was last heard from."""

@@ -64,10 +64,12 @@ class Sync(Policy):
 
     def __init__(self, num_workers: int, apply: Callable[[torch.Tensor], None],
                  budget: int | None = None, start_barrier: bool = False, backup: int = 0,
-                 members: int | None = None) -> None:
+                 members: int | None = None, rule: rules.Rule | None = None) -> None:
         if not 0 <= backup < num_workers:
             raise ValueError(f"backup workers must be in 0..{num_workers - 1} (N - 1), got {backup}")
-        super().__init__(num_workers, rules.Sync(), apply, budget, start_barrier, members=members)
+        rule = rules.Sync() if rule is None else rule
+        assert not rule.on_arrival, f"{rule.name} applies on arrival: it has no step to gather (policy.py)"
+        super().__init__(num_workers, rule, apply, budget, start_barrier, members=members)
         if backup and self.members < num_workers:
             raise ValueError("backup workers and elastic membership exclude each other")
         self.backup = backup
@@ -79,10 +81,10 @@ class Sync(Policy):
         self._future: dict[int, int] = {}  # admitted workers whose first step is still to come -> that step
         self.quorum_lr = False  # scale each update with its quorum (`--quorum-lr`; set by the assembler)
 
-    def _pull_ready(self, worker: int, clock: int) -> bool:
-        if self.backup:
-            return self.version > self.last_step[worker]  # its last step's update is applied
-        return self.rule.may_read(self.version, clock, 0)  # step `clock` starts after `clock` updates
+    def _step(self, worker: int, clock: int) -> int:
+        # With backup workers a worker's next step is the one after the step it last pushed for, not
+        # its clock: the rule serves a late worker at once, with the newest parameters (it catches up).
+        return self.last_step[worker] + 1 if self.backup else clock
 
     def _late(self, worker: int, base_version: int) -> bool:
         if not self.backup:
@@ -93,8 +95,8 @@ class Sync(Policy):
         self.last_step[worker] = base_version
         return base_version < self.version
 
-    def _on_gradient(self, worker: int, clock: int, grad: torch.Tensor | None,
-                     keep: bool) -> tuple[bool, bool, torch.Tensor | None]:
+    def _gather(self, worker: int, clock: int, grad: torch.Tensor | None,
+                keep: bool) -> tuple[bool, bool, torch.Tensor | None]:
         if not self.backup and clock != self.version:
             raise PolicyError(f"sync: worker {worker} pushed for step {clock} while the shard is at step "
                               f"{self.version}")
