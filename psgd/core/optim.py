@@ -1,28 +1,26 @@
 """The optimizers every update in psgd takes: torch's SGD update (here) or AdamW's (adamw.py), with a linear warmup.
 
-`build(param, cfg, fused)` makes the one `--optimizer` names, looked up in `OPTIMIZERS` (name -> a
-loader returning the class, so that AdamW's module is imported only by a run that takes it);
-`check_state(cfg, state)` asks the same class. A ValueError names the choices for an unknown name.
+`build(param, cfg, fused)` makes the one `--optimizer` names, looked up in `OPTIMIZERS`
+(psgd/core/sections.py: name -> the class, or "module:Class" imported only by a run that takes it,
+so that AdamW's module is imported by AdamW runs alone); `check_state(cfg, state)` asks the same
+class. A ValueError names the choices for an unknown name.
 
-The interface, all a shard, a replica or a local worker calls: `Class(param, cfg, fused)` over one
-tensor; `step()` with the gradient in `param.grad`; `lr` (the next step's rate) and `updates` (steps
+The interface, all a shard, a replica, a local worker or the textbook calls: `Class(param, cfg, fused)`
+over one tensor; `step()` with the gradient in `param.grad`; `lr` (the next step's rate) and `updates` (steps
 taken); `state_dict()`, a static `check_state(state)` (ValueError unless this class wrote it) and
 `load_state_dict(state)` for checkpoints; and a `param` attribute the shard may reassign (it moves
 its parameters to a fresh buffer while a pull still holds the old one: psgd/ps/snapshots.py), so
 `step` reads `self.param` each time.
 
-A new optimizer is one file: its class, registered with `OPTIMIZERS[name] = lambda: Class`; a run
-built from a `RunConfig` naming it (psgd.fit, psgd/train/assemble.py) then steps it everywhere
-(tests/test_optim.py plugs in a sign-SGD from the test file alone). For `--optimizer` and
-`config.validate` its name must also be in psgd/core/sections.py's `OPTIMIZERS` tuple (the flag's
-static choices: that module stays stdlib-only, so it cannot read this registry), and a built-in one
-gets its loader line here; its settings, if new, go in OptimConfig. tests/test_optim.py checks that
-the tuple and this registry name the same optimizers.
+A new optimizer is its class and one line in `OPTIMIZERS`, the one list of them: the --optimizer
+choices, `config.validate` and every run built from a `RunConfig` (psgd.fit, psgd/train/assemble.py)
+read it; its settings, if new, go in OptimConfig. tests/test_optim.py plugs in a sign-SGD from the
+test file alone and counts what it touched.
 
 A shard server (psgd/ps/shard.py) steps it on its slice of the parameters, an all-reduce
-replica (psgd/allreduce/collective.py) and a local-SGD worker (psgd/ps/exchange.py) on their
-whole flat parameter buffer: the same arithmetic everywhere, so a sync PS run, an all-reduce
-run and a single-process torch loop agree step for step.
+replica (psgd/allreduce/collective.py), a local-SGD worker (psgd/ps/exchange.py) and the
+textbook (psgd/core/textbook.py) on their whole flat parameter buffer: the same arithmetic
+everywhere, so a sync PS run, an all-reduce run and a single-process torch loop agree step for step.
 
 The update is `torch.optim.sgd.sgd`, the function `torch.optim.SGD.step` calls (momentum, weight
 decay), called directly on the one tensor: the same arithmetic as the class (with `fused=True`,
@@ -40,35 +38,29 @@ Warmup: psgd/core/schedule.py (Goyal et al. 2017's linear ramp), shared with Ada
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
 
 import torch
 from torch.optim.sgd import sgd
 
 from psgd.core.config import OptimConfig
 from psgd.core.schedule import FUSED_DEVICES, warmup_factor
+from psgd.core.sections import OPTIMIZERS
 
 __all__ = ["FUSED_DEVICES", "OPTIMIZERS", "SGD", "build", "check_state", "optimizer_class", "warmup_factor"]
 
 
-def _adamw() -> type:
-    from psgd.core.adamw import AdamW  # noqa: PLC0415 - only an AdamW run needs it (its import costs)
-
-    return AdamW
-
-
-# name -> a loader of the class: a loader, not the class, so that a registered optimizer's module
-# is imported by the run that takes it and by no other.
-OPTIMIZERS: dict[str, Callable[[], type]] = {"sgd": lambda: SGD, "adamw": _adamw}
-
-
 def optimizer_class(name: str) -> type:
-    """The class registered as `name`; ValueError, with the choices, for a name not registered."""
+    """The class registered as `name` (imported now if registered by its path); ValueError, with the
+    choices, for a name not registered."""
     try:
-        load = OPTIMIZERS[name]
+        entry = OPTIMIZERS[name]
     except KeyError:
         raise ValueError(f"unknown optimizer {name!r}; choose {' or '.join(OPTIMIZERS)}") from None
-    return load()
+    if isinstance(entry, str):  # "module:Class": imported by the run that takes it and by no other
+        module, _, attr = entry.partition(":")
+        return getattr(importlib.import_module(module), attr)
+    return entry
 
 
 def build(param: torch.Tensor, cfg: OptimConfig, fused: bool = False):

@@ -2,9 +2,10 @@
 follows from it (`updates`, `eval_interval`, `with_epochs_resolved`).
 
 The sections are psgd/core/sections.py, the flag machinery psgd/core/flags.py, the checks
-`validate` (psgd/core/config.py, which re-exports everything here). The mode lists are named once
-here, so that a check that concerns "every parameter-server mode" names the list and a new mode
-is not left out of it. Stdlib only, and nothing above psgd/core.
+`validate` (psgd/core/config.py, which re-exports everything here). The mode lists are read from
+the rules' registry (psgd/core/rules.py `RULES`), so that a check that concerns "every
+parameter-server mode" names the list and a new mode is not left out of it. Stdlib only, and
+nothing above psgd/core.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from psgd.core import elastic
+from psgd.core import elastic, rules
 from psgd.core.flags import Pairs, opt, parse_servers, shard_count
 from psgd.core.sections import DataConfig, ModelConfig, OptimConfig
 
-PS_MODES = ("sync", "async", "ssp")
+PS_MODES = tuple(rules.RULES)  # every registered rule (psgd/core/rules.py): the modes are named there once
 MODES = PS_MODES + ("allreduce",)
-STALE_MODES = ("async", "ssp")                    # a version per gradient; gradients may be stale
+STALE_MODES = tuple(n for n, rule in rules.RULES.items() if rule.on_arrival)  # an update per gradient, maybe stale
 LOCAL_SGD_MODES = ("sync", "allreduce", "async")  # --local-steps H > 1 (ssp has no rounds)
 WIRE_DTYPES = ("fp32", "fp16", "bf16")
 ALLREDUCE_IMPLS = ("library", "ring")
