@@ -7,6 +7,16 @@ tests/test_textbook.py checks it bit for bit. The rest of this file is what a re
 around that rule: who makes the quorum when workers join (`--elastic`), leave or are lost, and
 Chen et al.'s backup workers (see `Sync`).
 
+Membership (psgd/core/roster.py has who is in): a worker lost or departed before the budget is
+spent shrinks the quorum at once (if it pushed for the current step already, once that step is
+applied), the step it held up is applied from the others, the budget loses the steps it will not
+push (the run still ends at `--steps` updates), and it cannot rejoin. A worker admitted from
+step `at` (`--elastic`) computes step `at` first (its clock starts there) and the quorum grows by
+one at that step boundary; the budget grows by the steps it will push, and `at` must not be a
+step already applied. The update stays the mean of the step's gradients: with a fixed per-worker
+batch the effective batch follows the quorum and the rate does not; `quorum_lr` divides the sum by
+the starting workers instead (the rate scales with the quorum, Goyal et al. 2017's linear rule).
+
 Memory: the step is folded in worker order as it comes (stepsum.py), and the shard asks `turn`
 before reading a push's data, so a push waits in its worker until every lower-ranked worker of the
 step has pushed or is gone: a shard holds the running sum and the one gradient being received,
