@@ -26,9 +26,8 @@ The update is `torch.optim.sgd.sgd`, the function `torch.optim.SGD.step` calls (
 decay), called directly on the one tensor: the same arithmetic as the class (with `fused=True`,
 the fused kernel that function calls, called as it calls it). Not the class
 itself, because constructing any `torch.optim.Optimizer` imports torch._dynamo (its
-`add_param_group` is wrapped to disable the compiler), which costs about 0.9 s of CPU in every
-shard and replica process at start-up (measured with `python -X importtime`), on 2 cores shared
-by all of a run's processes.
+`add_param_group` is wrapped to disable the compiler), a cost every shard and replica process
+would pay at start-up, on the cores all of a run's processes share (docs/measure.md has the figure).
 
 Warmup: psgd/core/schedule.py (Goyal et al. 2017's linear ramp), shared with AdamW.
 
@@ -76,8 +75,8 @@ def check_state(cfg: OptimConfig, state: dict) -> None:
 class SGD:
     """SGD over one tensor (its .grad), with the warmup schedule; for one thread.
 
-    `fused=True` takes torch's fused kernel where it has one (one pass over the memory: 14 vs
-    22 ms for 16M elements on this machine), the same update up to float rounding.
+    `fused=True` takes torch's fused kernel where it has one (one pass over the memory instead of
+    several: docs/architecture.md has the time), the same update up to float rounding.
     """
 
     def __init__(self, param: torch.Tensor, cfg: OptimConfig, fused: bool = False) -> None:
@@ -113,8 +112,8 @@ class SGD:
     def _fused_step(self, grad: torch.Tensor) -> None:
         """torch's fused kernel on the one tensor, called as `sgd(..., fused=True)` calls it: the
         same update, bit for bit, without that function's grouping by device and dtype, which has
-        nothing to group here and cost a shard ~25 us per update (a 79k-element shard's whole
-        kernel takes ~16 us). The first step with momentum makes the buffer (is_first_step)."""
+        nothing to group here and cost a small shard more than the kernel itself (docs/architecture.md).
+        The first step with momentum makes the buffer (is_first_step)."""
         c = self.cfg
         first = c.momentum != 0 and self.momentum_buffer is None
         buffers = [] if c.momentum == 0 else [torch.empty_like(grad) if first else self.momentum_buffer]

@@ -209,7 +209,7 @@ def eval_interval(cfg: RunConfig) -> int:
     """The snapshot interval the shards and all-reduce rank 0 use: --eval-every N as given, or by
     default (auto) every 20 updates, every updates/15 in a run longer than 300 updates, so that a
     long run is evaluated about 16 times (at 0, every interval, and at the end), not once per 20
-    updates (the transformer's 1,500 steps: 76 evaluations, a minute and a half after 88 s of training)."""
+    updates (76 times in the transformer's 1,500 steps, about as long as its training took)."""
     if cfg.eval_every != AUTO:
         return cfg.eval_every
     return max(EVAL_EVERY_MIN, math.ceil(updates(cfg) / EVALS))
