@@ -269,21 +269,25 @@ class Strict:
     staleness: int = 1  # the run's --staleness, by name: SSP's bound counted with the reader itself
     name: typing.ClassVar[str] = "strict"
     on_arrival: typing.ClassVar[bool] = True
+    help: typing.ClassVar[str] = ("SSP's bound with the reader counted: a worker --staleness steps ahead\\n"
+                                  "of the slowest waits.")
 
     def may_read(self, version, clock, slowest):
         return clock - slowest < self.staleness
 """
 
-# Everything that names modes, reached after the registration alone: the flags and validate, the run's
-# budget, assemble's shard with its policy, and the textbook.
+# Everything that names modes, reached after the registration alone: -h's modes, the flags and
+# validate, the run's budget, assemble's shard with its policy, and the textbook.
 PLUGGED_MODE_CHECK = """
 import argparse, sys
 import torch
 from psgd.core import config, textbook
 from psgd.core.errors import ShardError
 from psgd.train import assemble
+from psgd.train.roles import MODES_HELP
 from tests.helpers import open_start_barrier
 
+assert "  strict     SSP's bound with the reader counted" in MODES_HELP and "             of the slowest" in MODES_HELP
 parser = argparse.ArgumentParser()
 config.add_flags(parser)
 args = parser.parse_args(["--mode", "strict", "--staleness", "1", "--workers", "2", "--steps", "3", "--device", "cpu",
@@ -327,7 +331,7 @@ print("ok")
 def test_a_mode_with_a_parameter_is_one_class_registered_in_rules():
     """The plug-in test for a mode: touch count 1 (a class in psgd/core/rules.py and its
     `@register`). Run in a fresh interpreter where the class is registered before anything reads
-    the registry, as it is when it is written in rules.py: the --mode flag, validate, the budget,
+    the registry, as it is when it is written in rules.py: -h, the --mode flag, validate, the budget,
     the production shard's policy and the textbook all take it, and its parameter (--staleness)."""
     import subprocess
     import sys

@@ -45,6 +45,7 @@ from typing import ClassVar, Protocol
 class Rule(Protocol):
     name: ClassVar[str]
     on_arrival: ClassVar[bool]
+    help: ClassVar[str]  # its lines under "modes:" in `psgd run -h` (psgd/train/roles.py)
 
     def may_read(self, version: int, clock: int, slowest: int) -> bool: ...
 
@@ -64,6 +65,8 @@ def register(cls: type) -> type:
 class Sync:
     name: ClassVar[str] = "sync"
     on_arrival: ClassVar[bool] = False  # buffered: the step's mean is applied once its quorum arrived
+    help: ClassVar[str] = ("Bulk synchronous (BSP): each shard waits for one gradient from every worker,\n"
+                           "applies their mean once; nobody starts step t+1 before all finished step t.")
 
     def may_read(self, version: int, clock: int, slowest: int) -> bool:
         # Step `clock` starts on the parameters of `clock` updates. The version never passes the
@@ -76,6 +79,8 @@ class Sync:
 class Async:
     name: ClassVar[str] = "async"
     on_arrival: ClassVar[bool] = True
+    help: ClassVar[str] = ("Every gradient is applied the moment it arrives; nobody ever waits, but a\n"
+                           "gradient is computed on parameters about N-1 updates old (stale).")
 
     def may_read(self, version: int, clock: int, slowest: int) -> bool:
         return True  # never wait, whatever the others do
@@ -87,6 +92,8 @@ class SSP:
     staleness: int = 0  # s: how many clocks the fastest may be ahead of the slowest (--staleness)
     name: ClassVar[str] = "ssp"
     on_arrival: ClassVar[bool] = True
+    help: ClassVar[str] = ("Stale synchronous parallel (Ho et al. 2013): applied on arrival like async, but a\n"
+                           "worker more than --staleness steps ahead of the slowest blocks until it catches up.")
 
     def __post_init__(self) -> None:
         if self.staleness < 0:
