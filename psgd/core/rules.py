@@ -28,7 +28,8 @@ The three classic modes:
   makes every worker wait for every other after each step.
 
 A new mode is one class here, decorated `@register`: its `name` is its key in `RULES`, the one
-list of parameter-server modes (the `--mode` choices, psgd/core/schema.py, are read from it). Its
+list of parameter-server modes (the `--mode` choices, psgd/core/schema.py, and -h's lines, its
+`help`, psgd/train/roles.py, are read from it). Its
 parameters are dataclass fields named after the run's setting they take (SSP's `staleness`, the
 `--staleness` flag): `make` fills each from the setting of that name. tests/test_textbook.py plugs
 one in from the test file and counts what it touched. Stdlib only: the config schema imports it.
