@@ -15,7 +15,7 @@ from psgd.cli import build_parser, config_from_args
 from psgd.core import config as C
 from psgd.core.config import DataConfig, RunConfig, from_dict, to_argv, to_dict, validate, with_epochs_resolved
 from psgd.core.errors import UsageError
-from psgd.lab import experiment
+from psgd.lab import settings
 from psgd.train import data
 from psgd.train.roles import not_read
 
@@ -55,7 +55,7 @@ def test_every_field_round_trips_through_flags_json_and_toml(monkeypatch):
     assert C.from_namespace(parser.parse_args(["run", *to_argv(cfg)])) == cfg
     assert from_dict(json.loads(json.dumps(to_dict(cfg)))) == cfg
     monkeypatch.setattr(C, "validate", lambda c: c)  # the sample values need not make a valid run
-    assert experiment.config_from_settings({k: _toml(v) for k, v in flat.items()}, "test") == cfg
+    assert settings.config_from_settings({k: _toml(v) for k, v in flat.items()}, "test") == cfg
     # ... and the defaults are the dataclass defaults everywhere.
     assert C.from_namespace(parser.parse_args(["run"])) == RunConfig() == from_dict({})
 

@@ -50,22 +50,12 @@ from pathlib import Path
 from tqdm import tqdm
 
 from psgd.lab.articles import Article, suite_articles
-from psgd.lab.experiment import (
-    PROFILES,
-    Experiment,
-    RunSpec,
-    SuiteError,
-    choose,
-    config_from_settings,
-    known_keys,
-    load_experiment,
-    load_suite,
-    run_digest,
-    score,
-)
+from psgd.lab.experiment import PROFILES, Experiment, RunSpec, SuiteError, choose, run_digest, score
+from psgd.lab.loader import load_experiment, load_suite
 from psgd.lab.provenance import code_version, run_code_version
 from psgd.lab.runcache import is_cached, reference_summary
 from psgd.lab.runner import WARM, Runner, estimate_s, pin_cpu_kernels
+from psgd.lab.settings import config_from_settings, known_keys
 
 __all__ = ["PROFILES", "Experiment", "RunSpec", "SuiteError", "choose", "config_from_settings", "known_keys",
            "load_experiment", "load_suite", "run_digest", "score", "tuning_of", "is_cached", "made_by", "run_suite",
