@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from psgd.core.config import OptimConfig, RunConfig, to_dict
-from psgd.lab import analyses, experiment, loader, power, report, results, stats
+from psgd.lab import analyses, experiment, loader, power, readme, report, results, stats
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -81,10 +81,10 @@ def test_a_claim_whose_halves_contradict_each_other_is_unstable(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["claims"][0]["stability"] == "unstable" and summary["claims"][0]["split_half"]["unstable"]
     # The README's table, made from summary.json, marks it too; an older summary without the field renders as before.
-    assert "unstable (seeds 0, 1: confirmed; seeds 3, 4: refuted)" in report.readme_block(summary)
+    assert "unstable (seeds 0, 1: confirmed; seeds 3, 4: refuted)" in readme.readme_block(summary)
     old = {**summary, "claims": [{k: v for k, v in summary["claims"][0].items() if k in ("id", "title", "verdict",
                                                                                           "headline", "key")}]}
-    assert "unstable" not in report.readme_block(old)
+    assert "unstable" not in readme.readme_block(old)
 
 
 def test_the_report_states_seeds_run_seeds_asked_and_whether_three_decide(tmp_path):

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from psgd.core import config as C
-from psgd.lab import report as report_mod
+from psgd.lab import readme as readme_mod
 from psgd.lab import runcache, suite, verdicts
 from tests.helpers import processes_mentioning, psgd_main
 
@@ -345,10 +345,10 @@ def test_tiny_quick_suite_tunes_runs_and_reports(tmp_path):
     assert f"- Re-analysed by `{again['reanalysed']['command']}`" in (results / "REPORT.md").read_text()
     assert [c["verdict"] for c in again["claims"]] == [c["verdict"] for c in ran["claims"]]
     # The README table is generated from summary.json.
-    readme = write(tmp_path, "README.md", f"intro\n{report_mod.README_BEGIN}\nold\n{report_mod.README_END}\nrest\n")
-    assert report_mod.update_readme(readme, results / "summary.json")
+    readme = write(tmp_path, "README.md", f"intro\n{readme_mod.README_BEGIN}\nold\n{readme_mod.README_END}\nrest\n")
+    assert readme_mod.update_readme(readme, results / "summary.json")
     assert "| [M](results/REPORT.md#m)" in readme.read_text() and readme.read_text().endswith("rest\n")
-    assert not report_mod.update_readme(readme, results / "summary.json")
+    assert not readme_mod.update_readme(readme, results / "summary.json")
     # Without the runs (a fresh clone: runs are not in git) a partial call would drop what the report
     # holds. --report refuses in one line, exit 2; --only W makes W's runs (4 of M's 6) and keeps the
     # report and summary as they were, saying so: M's runs are still not there.
@@ -375,7 +375,7 @@ def test_readme_verdict_table_is_current(folder):
     reference = "results/reference" if folder == "results" else f"{folder}-reference"
     folder = reference if (ROOT / reference / "summary.json").exists() else folder
     summary = json.loads((ROOT / folder / "summary.json").read_text())
-    block = report_mod.readme_block(summary, f"{folder}/REPORT.md", f"../{folder}/REPORT.md")
+    block = readme_mod.readme_block(summary, f"{folder}/REPORT.md", f"../{folder}/REPORT.md")
     assert block in (ROOT / "docs/results.md").read_text(), "docs/results.md is stale: run `make readme`"
 
 
