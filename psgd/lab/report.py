@@ -48,7 +48,7 @@ def machine() -> str:
     except OSError:
         pass
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
-    # The kernels the runs used: the suite pins them (psgd/lab/suite.py pin_cpu_kernels).
+    # The kernels the runs used: the suite pins them (psgd/lab/runner.py pin_cpu_kernels).
     kernels = os.environ.get("ATEN_CPU_CAPABILITY") or torch.backends.cpu.get_cpu_capability().lower()
     return (f"{cpu}, {os.cpu_count()} cores, CPU kernels {kernels}, {gpu}; "
             f"Python {platform.python_version()}, torch {torch.__version__}, "
