@@ -57,3 +57,34 @@ def test_an_empty_new_folder_is_taken(tmp_path):
         (tmp_path / "other").mkdir()
         (tmp_path / "other" / "x").write_text("")
         rundir.prepare_out(tmp_path / "other")
+
+
+@pytest.mark.usefixtures("warm_runs")
+def test_a_fresh_run_prepares_its_folder_once_in_the_cli_and_in_fit(tmp_path, monkeypatch):
+    """The pre-flight (psgd/train/preflight.py) prepares a fresh run's folder, and the first attempt
+    takes it as it is: `psgd run` and `psgd.fit` each empty the folder once (before, the CLI and the
+    launcher's attempt both did, and a fit too)."""
+    import psgd
+
+    prepared = []
+    real = rundir.prepare_out
+    monkeypatch.setattr(rundir, "prepare_out", lambda out, keep=(): (prepared.append(out), real(out, keep))[1])
+    r = psgd_main("run", "--steps", "2", "--workers", "1", "--quiet", "--out", str(tmp_path / "cli"))
+    assert r.returncode == 0, r.stderr
+    psgd.fit(steps=2, workers=1, out=str(tmp_path / "fit"))
+    assert prepared == [tmp_path / "cli", tmp_path / "fit"]
+
+
+def test_psgd_run_and_fit_share_one_pre_flight(tmp_path, monkeypatch):
+    """Both go through psgd/train/preflight.py `prepare`: what it refuses, both refuse, before any process."""
+    import psgd
+    from psgd.train import preflight
+
+    def refuse(cfg, **_):
+        raise UsageError(f"pre-flight saw {cfg.mode}")
+    monkeypatch.setattr(preflight, "prepare", refuse)
+    r = psgd_main("run", "--mode", "ssp", "--steps", "2", "--out", str(tmp_path / "cli"))
+    assert r.returncode == 2 and r.stderr.strip() == "psgd run: error: pre-flight saw ssp", r.stderr
+    with pytest.raises(ValueError, match="pre-flight saw async"):
+        psgd.fit(mode="async", steps=2, out=str(tmp_path / "fit"))
+    assert not (tmp_path / "cli").exists() and not (tmp_path / "fit").exists()
