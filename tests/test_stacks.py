@@ -86,7 +86,8 @@ def test_the_launcher_and_a_shard_hold_at_most_12_psgd_frames_mid_run(tmp_path, 
     env = dict(ENV, PSGD_TEST_STACKS=str(stacks), PYTHONPATH=os.pathsep.join(filter(None, [
         str(site), str(Path(PSGD).parent), ENV.get("PYTHONPATH", "")])))
     argv = [sys.executable, "-m", "psgd", "run", "--mode", "sync", "--workers", "1", "--servers", "1",
-            "--steps", "1000000", "--eval-every", "0", "--quiet", "--out", str(out)] + (["--cold-start"] if cold else [])
+            "--steps", "1000000", "--eval-every", "0", "--quiet", "--out", str(out)]
+    argv += ["--cold-start"] if cold else []
     launcher = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline, seen = time.monotonic() + 120, ([], [])
