@@ -45,39 +45,13 @@ afterwards `psgd summarize OUT`. See psgd/train/node.py."""
 
 
 
-def check_device(cfg: C.RunConfig) -> None:
-    """Refuse a CUDA --device this host does not have (no CUDA device, or cuda:N beyond its count):
-    at once, before any process starts, rather than as each worker's failure. Here and not in
-    psgd/core, which imports no torch; the servers skip it (they keep their shard on the CPU
-    whatever --device says). Every worker checks its own host again (psgd/core/devices.py)."""
-    from psgd.core.devices import parse_device
-
-    if parse_device(cfg.device)[0] == "cuda":  # importing torch costs about a second: only then
-        worker_device_of(cfg, rank=0)
-
-
 def build_parser() -> Parser:
     top = Parser(prog="psgd", description="Parameter-server and all-reduce SGD lab.",
                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=MODES_HELP)
     sub = top.add_subparsers(dest="command", required=True, parser_class=Parser)
     fmt = argparse.RawDescriptionHelpFormatter
 
-    p = sub.add_parser("run", help="start servers and workers, train, evaluate, write OUT/summary.json",
-                       description="Train one model with N workers and K parameter shards (or all-reduce).",
-                       epilog=MODES_HELP, formatter_class=fmt)
-    C.add_flags(p)
-    p.add_argument("--quiet", action="store_true", help="print only the summary line")
-    p.add_argument("--resume", metavar="OUT", default="",
-                   help="continue the stopped run in OUT from its shards' checkpoints (--checkpoint-every), "
-                        "with its own config.json (give no other flags)")
-    p.add_argument("--tensorboard", metavar="DIR", default="",
-                   help="while it trains, write its curves (training loss per update, evaluations, step times, "
-                        "staleness, throughput) as TensorBoard event files into DIR/<run folder name> (pip install "
-                        "'psgd[tensorboard]')")
-    p.add_argument("--cold-start", action="store_true",
-                   help="start every shard and worker as a fresh `python -m psgd` process instead of forking "
-                        "them from the run's warm parent, which imports torch once (psgd/train/zygote.py); "
-                        "for debugging: the same results, slower start-up")
+    _add_run(sub)
 
     p = sub.add_parser("certs", help="make a lab CA and a shard certificate for --tls-cert / --tls-ca",
                        description="Write DIR/ca.pem, DIR/ca-key.pem, DIR/server.pem and DIR/server-key.pem: a "
@@ -95,11 +69,42 @@ def build_parser() -> Parser:
     p.add_argument("--tensorboard", metavar="DIR", default="",
                    help="also write the run's curves as TensorBoard event files into DIR/<run folder name> "
                         "(psgd/train/tboard.py)")
-    p.add_argument("--of-run", metavar="CONFIG_JSON", default="", help=argparse.SUPPRESS)  # launch._finish's child
+    p.add_argument("--of-run", metavar="CONFIG_JSON", default="", help=argparse.SUPPRESS)  # finish.in_fork's child
 
     serve.add_parser(sub, MODES_HELP)
     work.add_parser(sub, MODES_HELP)
 
+    _add_node(sub)
+
+    # These commands own their flags (each module builds its own Parser); the CLI only routes.
+    for name, helptext in DELEGATED.items():
+        p = sub.add_parser(name, help=helptext, add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+    return top
+
+
+def _add_run(sub) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    p = sub.add_parser("run", help="start servers and workers, train, evaluate, write OUT/summary.json",
+                       description="Train one model with N workers and K parameter shards (or all-reduce).",
+                       epilog=MODES_HELP, formatter_class=fmt)
+    C.add_flags(p)
+    p.add_argument("--quiet", action="store_true", help="print only the summary line")
+    p.add_argument("--resume", metavar="OUT", default="",
+                   help="continue the stopped run in OUT from its shards' checkpoints (--checkpoint-every), "
+                        "with its own config.json (give no other flags)")
+    p.add_argument("--tensorboard", metavar="DIR", default="",
+                   help="while it trains, write its curves (training loss per update, evaluations, step times, "
+                        "staleness, throughput) as TensorBoard event files into DIR/<run folder name> (pip install "
+                        "'psgd[tensorboard]')")
+    p.add_argument("--cold-start", action="store_true",
+                   help="start every shard and worker as a fresh `python -m psgd` process instead of forking "
+                        "them from the run's warm parent, which imports torch once (psgd/train/zygote.py); "
+                        "for debugging: the same results, slower start-up")
+
+
+def _add_node(sub) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser("node", help="one process of a PS run under torchrun: a shard or a worker, by $RANK",
                        description=NODE_DESCRIPTION, epilog=MODES_HELP, formatter_class=fmt)
     C.add_flags(p)
@@ -117,12 +122,6 @@ def build_parser() -> Parser:
     p.add_argument("--shards-timeout", type=float, default=300.0, metavar="S",
                    help="how long a worker waits for torchrun's store and the shards' addresses in it "
                         "(default: 300)")
-
-    # These commands own their flags (each module builds its own Parser); the CLI only routes.
-    for name, helptext in DELEGATED.items():
-        p = sub.add_parser(name, help=helptext, add_help=False)
-        p.add_argument("rest", nargs=argparse.REMAINDER)
-    return top
 
 
 # command -> one-line help; `psgd NAME ...` calls psgd.NAME.main(argv) (bench: psgd.bench).
@@ -206,20 +205,34 @@ def cmd_certs(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    """`psgd run`; Ctrl-C in any phase (start-up, training, evaluation, the summary) is one line and
-    exit 130, like any interrupted command: the launcher has stopped every child by then (on its
-    way out of the phase it was in, psgd/train/launch.py), so nothing is left to say."""
-    from psgd.train import launch
+    """`psgd run`: the pre-flight (psgd/train/preflight.py, shared with psgd.fit), the live line,
+    the run (psgd/train/launch.py), the summary line. Ctrl-C in any phase (start-up, training,
+    evaluation, the summary) is one line and exit 130, like any interrupted command: the launcher
+    has stopped every child by then (on its way out of the phase it was in), so nothing is left to say."""
+    from psgd.train import launch, preflight, progress, tboard  # no torch: the launcher imports it after training
+    from psgd.train.supervise import INTERRUPTED, Interrupted, RunFailed
 
     try:
-        return _run(args)
-    except (KeyboardInterrupt, launch.Interrupted):
-        print(f"psgd run: failed: {launch.INTERRUPTED}", file=sys.stderr, flush=True)
+        cfg = preflight.prepare(_run_config(args), tensorboard=bool(args.tensorboard), resume=bool(args.resume))
+        with progress.live(Path(cfg.out), cfg.budget, f"psgd run {cfg.mode}", enabled=not args.quiet):
+            tb = tboard.run_dir(Path(args.tensorboard), Path(cfg.out)) if args.tensorboard else None
+            summary = launch.run(cfg, resume=bool(args.resume), cold_start=args.cold_start, tensorboard=tb,
+                                 prepared=True)
+    except (KeyboardInterrupt, Interrupted):
+        print(f"psgd run: failed: {INTERRUPTED}", file=sys.stderr, flush=True)
         return 130
+    except UsageError:
+        raise  # e.g. --backend nccl without a GPU per worker: exit 2 like any usage error
+    except (RunFailed, FileNotFoundError, ValueError) as e:
+        print(f"psgd run: failed: {e}", file=sys.stderr)
+        return 1
+    print_summary(summary, cfg.out, args.quiet)
+    return 0
 
 
-def _run(args: argparse.Namespace) -> int:
-    from psgd.train import hosts, launch, progress, tboard  # no torch: the launcher imports it after training
+def _run_config(args: argparse.Namespace) -> C.RunConfig:
+    """`psgd run`'s flags as a RunConfig; with --resume OUT (and no other flag) that run's own."""
+    from psgd.train import restart
 
     if not isinstance(args.servers, int):
         raise UsageError("psgd run starts its own shards: give --servers a count, not addresses")
@@ -227,52 +240,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.resume:
         if C.to_dict(cfg) != C.to_dict(C.RunConfig()):
             raise UsageError("--resume OUT continues the run with its own OUT/config.json: give no other flags")
-        cfg = launch.resumable(Path(args.resume))
-    check_device(cfg)
-    check_data(cfg)  # --dataset mnist's files, where --data-dir says: before anything starts
-    check_workload(cfg)  # your own model / data / loss: one line and exit 2 before anything starts
-    if cfg.cpu_quota > 0:
-        from psgd.train import cpulimit
-
-        reason = cpulimit.unavailable()
-        if reason:
-            raise UsageError(reason)
-    if args.tensorboard:
-        from psgd.train import tboard
-
-        tboard.require()
-    hosts.seats(cfg)  # --hosts: the cluster is up and large enough, before a run folder is made
-    try:
-        if cfg.epochs > 0:
-            from psgd.train import data
-
-            cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
-        if not args.resume:
-            cfg = launch.with_out_resolved(cfg)
-            launch.prepare_out(Path(cfg.out))  # before the live line starts reading the folder
-        with progress.live(Path(cfg.out), cfg.budget, f"psgd run {cfg.mode}", enabled=not args.quiet):
-            tb = tboard.run_dir(Path(args.tensorboard), Path(cfg.out)) if args.tensorboard else None
-            summary = launch.run(cfg, resume=bool(args.resume), cold_start=args.cold_start, tensorboard=tb)
-    except (UsageError, launch.Interrupted):
-        raise  # e.g. --backend nccl without a GPU per worker: exit 2 like any usage error
-    except (launch.RunFailed, FileNotFoundError, ValueError) as e:
-        print(f"psgd run: failed: {e}", file=sys.stderr)
-        return 1
-    print_summary(summary, cfg.out, args.quiet)
-    return 0
-
-
-def check_workload(cfg: C.RunConfig) -> None:
-    """The user's --model / --dataset / --loss specs work on one batch (psgd/train/workload.py)."""
-    if not any(C.is_spec(n) for n in (cfg.model.model, cfg.data.dataset, cfg.model.loss)):
-        return  # built-in names: nothing to import here (the launcher stays free of torch)
-    from psgd.train import workload
-    from psgd.train.userspec import SpecError
-
-    try:
-        workload.check(cfg)
-    except SpecError as e:
-        raise UsageError(str(e)) from None
+        cfg = restart.resumable(Path(args.resume))
+    return cfg
 
 
 def print_summary(summary: dict, out: str, quiet: bool) -> None:
@@ -306,21 +275,22 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
         tboard.require()
 
-    from psgd.train import data, launch
+    from psgd.train import data, finish, rundir
+    from psgd.train.supervise import RunFailed
 
     out = Path(args.out)
-    if args.of_run:  # psgd run's evaluation, forked by its warm parent (launch._finish): its config, no output
+    if args.of_run:  # psgd run's evaluation, forked by its warm parent (finish.in_fork): its config, no output
         return _finish_of_run(out, C.from_dict(json.loads(args.of_run)))
-    if not (out / launch.MARKER).exists() or not (out / "config.json").is_file():
-        raise UsageError(f"{out} is not a psgd run folder (no {launch.MARKER} and config.json in it)")
+    if not (out / rundir.MARKER).exists() or not (out / "config.json").is_file():
+        raise UsageError(f"{out} is not a psgd run folder (no {rundir.MARKER} and config.json in it)")
     try:
         cfg = C.from_dict(json.loads((out / "config.json").read_text()))
     except (ValueError, TypeError) as e:
         raise UsageError(f"{out}/config.json: {e}") from None
     cfg = dataclasses.replace(cfg, out=str(out))  # the folder may have moved since the run
     try:
-        summary = launch.finish(cfg, data.load(cfg.data))
-    except (launch.RunFailed, FileNotFoundError) as e:
+        summary = finish.finish(cfg, data.load(cfg.data))
+    except (RunFailed, FileNotFoundError) as e:
         print(f"psgd summarize: failed: {e}", file=sys.stderr)
         return 1
     if args.tensorboard:
@@ -332,15 +302,16 @@ def cmd_summarize(args: argparse.Namespace) -> int:
 
 
 def _finish_of_run(out, cfg: C.RunConfig) -> int:
-    """`launch.finish` for psgd run: `evaluating K N` lines on stdout, its failure as one line."""
-    from psgd.train import launch
+    """`finish.finish` for psgd run: `evaluating K N` lines on stdout, its failure as one line."""
+    from psgd.train import finish
+    from psgd.train.supervise import RunFailed
 
     def said(k: int, n: int) -> None:
-        print(f"{launch.EVAL_LINE} {k} {n}", flush=True)
+        print(f"{finish.EVAL_LINE} {k} {n}", flush=True)
 
     try:
-        launch.finish(cfg, on_eval=said)
-    except (launch.RunFailed, FileNotFoundError) as e:
+        finish.finish(cfg, on_eval=said)
+    except (RunFailed, FileNotFoundError) as e:
         print(f"psgd summarize: failed: {e}", file=sys.stderr)
         return 1
     return 0

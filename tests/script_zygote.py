@@ -40,9 +40,11 @@ def _run_script(*_args, **_kwargs) -> None:
         atexit._run_exitfuncs()  # ... then run the atexit handlers
 
 
-# The zygote's child runs anything but a shard or a worker through runpy.run_module (psgd/train/zygote.py _child).
+# The zygote's child runs anything but a shard or a worker through runpy.run_module (psgd/train/zygote.py run_child).
 zygote.runpy = types.SimpleNamespace(run_module=_run_script)
 
 if __name__ == "__main__":
-    zygote.main()
+    forked = zygote.main()
+    if forked is not None:
+        zygote.run_child(forked)  # never returns
     os._exit(0)

@@ -24,15 +24,15 @@ def start(request, tmp_path):
     launcher: nothing kills it, nothing marks it psgd run's), forked from this test process's warm
     parent (tests/warm.py: no interpreter and torch import each, as psgd run's children); its stdout
     a pipe (the READY line), its stderr a log. Any still running at the end is killed."""
-    from psgd.train import launch
+    from psgd.train import supervise
 
     warm = request.getfixturevalue("warm_parent")
-    started: list[launch.Child] = []
+    started: list[supervise.Child] = []
     logs = tmp_path / "by-hand-logs"
     logs.mkdir()
 
-    def start_one(*args: str, env: dict = ENV) -> launch.Child:
-        child = launch.Child(args[0], [sys.executable, "-m", "psgd", *args], logs / f"{len(started)}.log", env,
+    def start_one(*args: str, env: dict = ENV) -> supervise.Child:
+        child = supervise.Child(args[0], [sys.executable, "-m", "psgd", *args], logs / f"{len(started)}.log", env,
                              capture_stdout=True, zygote=warm.get())
         started.append(child)
         return child
@@ -112,29 +112,29 @@ def test_by_hand_ps_run_ends_by_itself_and_summarize_writes_the_summary(tmp_path
 def test_the_first_process_of_a_by_hand_run_prepares_its_folder(tmp_path, monkeypatch):
     """Shard 0 (all-reduce rank 0) clears an earlier run's files, so two runs' metrics never mix;
     under `psgd run` ($PSGD_LAUNCHED) it leaves the folder to the launcher."""
-    from psgd.train import launch
+    from psgd.train import rundir
 
     out = tmp_path / "again"
     cfg = RunConfig(mode="async", workers=1, servers=1, out=str(out))
-    monkeypatch.delenv(launch.LAUNCHED, raising=False)
-    launch.prepare_by_hand(cfg)
+    monkeypatch.delenv(rundir.LAUNCHED, raising=False)
+    rundir.prepare_by_hand(cfg)
     (out / "metrics.jsonl").write_text('{"event":"worker_end"}\n')   # an earlier run's line
     (out / "rendezvous").write_text("in use")                         # another process may hold it
-    launch.prepare_by_hand(cfg)
+    rundir.prepare_by_hand(cfg)
     assert [e["event"] for e in events(out)] == ["launch"] and events(out)[0]["by"] == "hand"
     assert (out / "rendezvous").exists() and json.loads((out / "config.json").read_text())["mode"] == "async"
 
     (out / "metrics.jsonl").write_text('{"event":"launch","by":"psgd run"}\n')
-    monkeypatch.setenv(launch.LAUNCHED, "1")
-    launch.prepare_by_hand(cfg)
+    monkeypatch.setenv(rundir.LAUNCHED, "1")
+    rundir.prepare_by_hand(cfg)
     assert [e["by"] for e in events(out)] == ["psgd run"]
 
     foreign = tmp_path / "foreign"
     foreign.mkdir()
     (foreign / "notes.txt").write_text("mine")
-    monkeypatch.delenv(launch.LAUNCHED)
+    monkeypatch.delenv(rundir.LAUNCHED)
     with pytest.raises(UsageError, match="psgd did not write"):
-        launch.prepare_by_hand(RunConfig(mode="async", workers=1, servers=1, out=str(foreign)))
+        rundir.prepare_by_hand(RunConfig(mode="async", workers=1, servers=1, out=str(foreign)))
 
 
 def test_allreduce_workers_as_torchrun_starts_them_then_summarize(tmp_path, start):

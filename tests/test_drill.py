@@ -17,7 +17,7 @@ import torch
 
 from psgd.core.config import RunConfig
 from psgd.ps import checkpoint
-from psgd.train import drill, launch, zygote
+from psgd.train import drill, supervise, warm
 from tests.helpers import ENV, processes_mentioning, psgd_main, summary
 from tests.warm import fork_runs_from
 
@@ -90,7 +90,7 @@ def test_an_async_storm_completes_its_budget_and_counts_what_it_lost(tmp_path):
 
 def test_a_zygote_killed_while_loading_is_started_again_within_its_budget(tmp_path):
     seen = []
-    z = zygote.Zygote.start(f"drill-test-{tmp_path.name}", dict(ENV), reloads=1, on_reload=seen.append)
+    z = warm.Zygote.start(f"drill-test-{tmp_path.name}", dict(ENV), reloads=1, on_reload=seen.append)
     try:
         z.proc.kill()  # before it could say ready: it dies while loading
         with open(tmp_path / "a.log", "wb") as log:
@@ -100,10 +100,10 @@ def test_a_zygote_killed_while_loading_is_started_again_within_its_budget(tmp_pa
         z.proc.kill()
     finally:
         z.close()
-    z = zygote.Zygote.start(f"drill-test-{tmp_path.name}", dict(ENV))  # no budget: one line naming it
+    z = warm.Zygote.start(f"drill-test-{tmp_path.name}", dict(ENV))  # no budget: one line naming it
     try:
         z.proc.kill()
-        with pytest.raises(zygote.ZygoteError, match=r"the zygote \(pid \d+\) died with signal SIGKILL while loading"):
+        with pytest.raises(warm.ZygoteError, match=r"the zygote \(pid \d+\) died with signal SIGKILL while loading"):
             z.spawn(["summarize", "x"], dict(ENV), 0, 1, 2)
     finally:
         z.close()
@@ -114,10 +114,10 @@ SPLIT_LINE = ("psgd worker 0: error: the shards hold worker 0 at different clock
 
 
 def _children(tmp_path: Path):
-    worker = launch.Child("worker 0/3", [sys.executable, "-c", f"import sys; print({SPLIT_LINE!r}, file=sys.stderr); "
-                                         "sys.exit(1)"], tmp_path / "w.log")
-    shard = launch.Child("shard 0/2", [sys.executable, "-c", "import sys; sys.stdin.read()"], tmp_path / "s.log",
-                         stdin_pipe=True)
+    says = f"import sys; print({SPLIT_LINE!r}, file=sys.stderr); sys.exit(1)"
+    worker = supervise.Child("worker 0/3", [sys.executable, "-c", says], tmp_path / "w.log")
+    shard = supervise.Child("shard 0/2", [sys.executable, "-c", "import sys; sys.stdin.read()"], tmp_path / "s.log",
+                            stdin_pipe=True)
     return worker, shard
 
 
@@ -126,15 +126,15 @@ def test_a_worker_split_between_shards_rolls_a_sync_run_back_and_fails_the_other
     worker, shard = _children(tmp_path)
     cfg = RunConfig(mode=mode, workers=3, servers=2, out=str(tmp_path))
     try:
-        with pytest.raises(launch.RunFailed) as e:
-            launch._wait_workers([worker], [shard], cfg)
+        with pytest.raises(supervise.RunFailed) as e:
+            supervise.wait_workers([worker], [shard], cfg)
     finally:
-        launch._stop([worker, shard], signal.SIGKILL)
+        supervise.stop([worker, shard], signal.SIGKILL)
     if mode == "sync":  # run() restarts it from the newest common checkpoint (a ShardDied)
-        assert isinstance(e.value, launch.ClocksSplit) and "[675, 676]" in str(e.value)
+        assert isinstance(e.value, supervise.ClocksSplit) and "[675, 676]" in str(e.value)
         assert "no restart is left" in str(e.value.final()) and "\n" not in str(e.value.final())
     else:
-        assert not isinstance(e.value, launch.ShardDied) and "cannot bring them together" in str(e.value)
+        assert not isinstance(e.value, supervise.ShardDied) and "cannot bring them together" in str(e.value)
 
 
 LOST_LINE = ("psgd worker 0: error: push-pull with shard 0 at 127.0.0.1:1: UNAVAILABLE: the shard closed the "
@@ -154,15 +154,15 @@ os.kill(os.getpid(), signal.SIGKILL)
 
 
 def test_a_worker_that_lost_its_shard_waits_for_the_shards_exit_so_the_shard_is_restarted(tmp_path):
-    worker = launch.Child("worker 0/1", [sys.executable, "-c", f"import sys; print({LOST_LINE!r}, file=sys.stderr); "
-                                         "sys.exit(1)"], tmp_path / "w.log")
-    shard = launch.Child("shard 0/1", [sys.executable, "-c", AFTER_THE_WORKER, str(worker.proc.pid)],
-                         tmp_path / "s.log")
+    says = f"import sys; print({LOST_LINE!r}, file=sys.stderr); sys.exit(1)"
+    worker = supervise.Child("worker 0/1", [sys.executable, "-c", says], tmp_path / "w.log")
+    shard = supervise.Child("shard 0/1", [sys.executable, "-c", AFTER_THE_WORKER, str(worker.proc.pid)],
+                            tmp_path / "s.log")
     try:
-        with pytest.raises(launch.ShardDied, match="shard 0/1 died with signal SIGKILL"):
-            launch._wait_workers([worker], [shard], RunConfig(mode="sync", workers=1, servers=1, out=str(tmp_path)))
+        with pytest.raises(supervise.ShardDied, match="shard 0/1 died with signal SIGKILL"):
+            supervise.wait_workers([worker], [shard], RunConfig(mode="sync", workers=1, servers=1, out=str(tmp_path)))
     finally:
-        launch._stop([worker, shard], signal.SIGKILL)
+        supervise.stop([worker, shard], signal.SIGKILL)
 
 
 def test_a_shard_killed_in_the_middle_of_a_checkpoint_write_leaves_only_intact_ones(tmp_path):

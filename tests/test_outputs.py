@@ -8,7 +8,7 @@ import pytest
 
 from psgd.core.config import RunConfig
 from psgd.core.errors import UsageError
-from psgd.train import launch
+from psgd.train import rundir
 from tests.helpers import psgd_main
 
 
@@ -32,28 +32,59 @@ def test_a_file_as_out_is_refused(tmp_path):
 
 
 def test_a_rerun_replaces_psgd_files_only(tmp_path):
-    launch.prepare_out(tmp_path)  # an empty folder is taken, and marked
+    rundir.prepare_out(tmp_path)  # an empty folder is taken, and marked
     for name in ("metrics.jsonl", "summary.json", "shard-0.pt", "logs/server-0.log", "notes.md", "logs/mine.txt"):
         (tmp_path / name).write_text("old")
-    launch.prepare_out(tmp_path)
+    rundir.prepare_out(tmp_path)
     left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
-    assert left == [launch.MARKER, "logs", "logs/mine.txt", "notes.md"]
+    assert left == [rundir.MARKER, "logs", "logs/mine.txt", "notes.md"]
 
 
 def test_without_out_every_run_gets_a_new_folder_and_latest_follows(tmp_path):
-    first = launch.with_out_resolved(RunConfig(mode="ssp"), runs=tmp_path)
-    second = launch.with_out_resolved(RunConfig(mode="ssp"), runs=tmp_path)
+    first = rundir.with_out_resolved(RunConfig(mode="ssp"), runs=tmp_path)
+    second = rundir.with_out_resolved(RunConfig(mode="ssp"), runs=tmp_path)
     assert first.out != second.out
     assert os.path.basename(first.out).startswith("ssp-")
     assert (tmp_path / "latest").resolve() == (tmp_path / os.path.basename(second.out)).resolve()
-    launch.prepare_out(tmp_path / os.path.basename(second.out))  # psgd's own, empty: taken
-    assert launch.with_out_resolved(RunConfig(out="given"), runs=tmp_path).out == "given"
+    rundir.prepare_out(tmp_path / os.path.basename(second.out))  # psgd's own, empty: taken
+    assert rundir.with_out_resolved(RunConfig(out="given"), runs=tmp_path).out == "given"
 
 
 def test_an_empty_new_folder_is_taken(tmp_path):
-    launch.prepare_out(tmp_path / "new" / "run")
-    assert (tmp_path / "new" / "run" / launch.MARKER).exists()
+    rundir.prepare_out(tmp_path / "new" / "run")
+    assert (tmp_path / "new" / "run" / rundir.MARKER).exists()
     with pytest.raises(UsageError):
         (tmp_path / "other").mkdir()
         (tmp_path / "other" / "x").write_text("")
-        launch.prepare_out(tmp_path / "other")
+        rundir.prepare_out(tmp_path / "other")
+
+
+@pytest.mark.usefixtures("warm_runs")
+def test_a_fresh_run_prepares_its_folder_once_in_the_cli_and_in_fit(tmp_path, monkeypatch):
+    """The pre-flight (psgd/train/preflight.py) prepares a fresh run's folder, and the first attempt
+    takes it as it is: `psgd run` and `psgd.fit` each empty the folder once (before, the CLI and the
+    launcher's attempt both did, and a fit too)."""
+    import psgd
+
+    prepared = []
+    real = rundir.prepare_out
+    monkeypatch.setattr(rundir, "prepare_out", lambda out, keep=(): (prepared.append(out), real(out, keep))[1])
+    r = psgd_main("run", "--steps", "2", "--workers", "1", "--quiet", "--out", str(tmp_path / "cli"))
+    assert r.returncode == 0, r.stderr
+    psgd.fit(steps=2, workers=1, out=str(tmp_path / "fit"))
+    assert prepared == [tmp_path / "cli", tmp_path / "fit"]
+
+
+def test_psgd_run_and_fit_share_one_pre_flight(tmp_path, monkeypatch):
+    """Both go through psgd/train/preflight.py `prepare`: what it refuses, both refuse, before any process."""
+    import psgd
+    from psgd.train import preflight
+
+    def refuse(cfg, **_):
+        raise UsageError(f"pre-flight saw {cfg.mode}")
+    monkeypatch.setattr(preflight, "prepare", refuse)
+    r = psgd_main("run", "--mode", "ssp", "--steps", "2", "--out", str(tmp_path / "cli"))
+    assert r.returncode == 2 and r.stderr.strip() == "psgd run: error: pre-flight saw ssp", r.stderr
+    with pytest.raises(ValueError, match="pre-flight saw async"):
+        psgd.fit(mode="async", steps=2, out=str(tmp_path / "fit"))
+    assert not (tmp_path / "cli").exists() and not (tmp_path / "fit").exists()

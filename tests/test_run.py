@@ -192,8 +192,8 @@ def test_device_cuda_without_cuda_is_refused_before_anything_starts(tmp_path, mo
 
 
 def test_device_cuda_is_accepted_where_torch_sees_one(monkeypatch):
-    from psgd.cli import check_device
     from psgd.core.config import RunConfig
+    from psgd.train.preflight import check_device
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
@@ -265,7 +265,7 @@ def test_a_child_whose_launcher_is_gone_exits_at_once(tmp_path):
 
 def test_the_thread_budget_shares_the_cores_once():
     from psgd.core.config import RunConfig
-    from psgd.train.launch import thread_budget
+    from psgd.train.threads import thread_budget
 
     assert thread_budget(RunConfig(mode="async", workers=4, servers=2), cores=2) == 1     # never 0
     assert thread_budget(RunConfig(mode="ssp", workers=2, servers=2), cores=16) == 4

@@ -10,18 +10,19 @@ import sys
 
 import pytest
 
-from psgd.train import launch, zygote
+from psgd.train import supervise, zygote
+from psgd.train.warm import Forked, Zygote, ZygoteError
 from tests.helpers import ENV, processes_mentioning, psgd_main, summary
 
 
 @pytest.fixture
 def warm(tmp_path):
-    z = zygote.Zygote.start(f"zygote-test-{tmp_path.name}", dict(ENV))
+    z = Zygote.start(f"zygote-test-{tmp_path.name}", dict(ENV))
     yield z
     z.close()
 
 
-def spawn(z: zygote.Zygote, log, *args: str) -> zygote.Forked:
+def spawn(z: Zygote, log, *args: str) -> Forked:
     with open(log, "wb") as f:
         return z.spawn(list(args), dict(ENV), os.open(os.devnull, os.O_RDONLY), f.fileno(), f.fileno())
 
@@ -44,7 +45,7 @@ def test_a_killed_child_is_reported_with_its_signal_and_the_zygote_serves_on(war
 
 def test_children_die_with_the_zygote(tmp_path):
     tag = f"zygote-orphans-{tmp_path.name}"
-    z = zygote.Zygote.start(tag, dict(ENV))
+    z = Zygote.start(tag, dict(ENV))
     r, w = os.pipe()  # the child blocks reading stdin for ever: it ends only if killed
     child = z.spawn(["worker", "--rank", "0", "--servers-on-stdin", "--servers", "1"], dict(ENV), r, w, w)
     os.close(r)
@@ -88,8 +89,8 @@ def test_the_zygote_refuses_to_fork_once_grpc_or_cuda_is_loaded():
 
 
 def test_a_refusing_zygote_fails_the_run_in_one_line(tmp_path):
-    z = zygote.Zygote(*_fake_start(tmp_path))
-    with pytest.raises(zygote.ZygoteError, match="grpc is loaded in the zygote"):
+    z = Zygote(*_fake_start(tmp_path))
+    with pytest.raises(ZygoteError, match="grpc is loaded in the zygote"):
         z.spawn(["summarize", "x"], dict(ENV), 0, 1, 2)
     z.close()
 
@@ -118,7 +119,7 @@ def test_warm_and_cold_start_give_the_same_run_bit_for_bit(tmp_path):
     assert warm_run.returncode == 0 and cold_run.returncode == 0, warm_run.stderr + cold_run.stderr
     assert summary(tmp_path / "warm")["params_sha256"] == summary(tmp_path / "cold")["params_sha256"]
     assert processes_mentioning(str(tmp_path)) == []
-    assert launch.Child  # the launcher's one way to start a child, forked or exec'd
+    assert supervise.Child  # the launcher's one way to start a child, forked or exec'd
 
 
 def test_an_exit_read_by_a_poll_still_wakes_the_next_wait(warm, tmp_path):
@@ -131,7 +132,7 @@ def test_an_exit_read_by_a_poll_still_wakes_the_next_wait(warm, tmp_path):
 
 
 def test_a_dead_zygote_reports_its_children_killed_instead_of_raising(tmp_path):
-    z = zygote.Zygote.start(f"zygote-dead-{tmp_path.name}", dict(ENV))
+    z = Zygote.start(f"zygote-dead-{tmp_path.name}", dict(ENV))
     r, w = os.pipe()
     child = z.spawn(["worker", "--rank", "0", "--servers-on-stdin", "--servers", "1"], dict(ENV), r, w, w)
     os.close(r)
@@ -146,7 +147,7 @@ def test_a_dead_zygote_reports_its_children_killed_instead_of_raising(tmp_path):
         os.kill(child.pid, signal.SIGKILL)
     os.close(pidfd)
     assert gone, "the child outlived its zygote"
-    with pytest.raises(zygote.ZygoteError, match="the zygote is gone"):
+    with pytest.raises(ZygoteError, match="the zygote is gone"):
         spawn(z, tmp_path / "after.log", "summarize", "x")
     z.close()
 
@@ -157,7 +158,8 @@ def test_a_torn_report_stream_falls_back_to_asking_the_kernel(monkeypatch):
     Ctrl-C, about one full make test in six, before)."""
     import subprocess as sp
 
-    from psgd.train import zygote as z
+    from psgd.train import warm as z
+    from psgd.train import zygote as wire
 
     ours, theirs = __import__("socket").socketpair()
     handle = z.Zygote(sp.Popen(["true"]), ours)
@@ -168,7 +170,7 @@ def test_a_torn_report_stream_falls_back_to_asking_the_kernel(monkeypatch):
 
     def interrupted(sock):
         raise KeyboardInterrupt
-    monkeypatch.setattr(z, "_recv", interrupted)
+    monkeypatch.setattr(wire, "recv", interrupted)
     theirs.send(b"\0\0")  # half a frame's length: the read is under way when Ctrl-C comes
     with pytest.raises(KeyboardInterrupt):
         handle.wait_any()

@@ -87,12 +87,12 @@ class _ScriptParent(WarmParent):
 
     def get(self):
         from psgd.train import lifeline
-        from psgd.train.zygote import Zygote
+        from psgd.train.warm import Zygote
 
         if self.zygote is None or self.zygote.gone:
             self.close()
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-            try:   # as psgd/train/zygote.py _launch, with the script zygote's module
+            try:   # as psgd/train/warm.py _launch, with the script zygote's module
                 proc = subprocess.Popen([sys.executable, "-m", "tests.script_zygote", self.tag, str(theirs.fileno())],
                                         pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
                                         env=dict(os.environ, **lifeline.env_for_children()),  # dies with us

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from psgd.core import config as C
-from psgd.core.errors import UsageError
 
 if TYPE_CHECKING:
     from torch import nn
@@ -115,27 +114,15 @@ def fit(model: Any = "mlp", data: Any = "synthetic", loss: Any = "cross_entropy"
     with another `fit` writing the same `out`; two fits with their own folders may run at once.
     """
     from psgd.train import data as data_mod  # noqa: PLC0415 - psgd imports nothing heavy on its own
-    from psgd.train import launch, models, workload  # noqa: PLC0415
+    from psgd.train import launch, models, preflight, tboard  # noqa: PLC0415
     from psgd.train import progress as live  # noqa: PLC0415
 
     cfg = config(model=model, data=data, loss=loss, mode=mode, workers=workers, servers=servers, steps=steps,
                  epochs=epochs, optimizer=optimizer, out=out, **flags)
-    _check_device(cfg)
-    workload.check(cfg)
-    if tensorboard:
-        from psgd.train import tboard  # noqa: PLC0415
-
-        try:
-            tboard.require()
-        except UsageError as e:
-            raise ValueError(str(e)) from None
-    if cfg.epochs > 0:
-        cfg = C.with_epochs_resolved(cfg, data_mod.train_size(cfg.data))
-    cfg = launch.with_out_resolved(cfg)
-    launch.prepare_out(Path(cfg.out))
+    cfg = preflight.prepare(cfg, tensorboard=bool(tensorboard))  # `psgd run`'s; its UsageError is a ValueError
     with live.live(Path(cfg.out), cfg.budget, f"psgd.fit {cfg.mode}", enabled=progress):
         tb = tboard.run_dir(Path(tensorboard), Path(cfg.out)) if tensorboard else None
-        summary = launch.run(cfg, tensorboard=tb)
+        summary = launch.run(cfg, tensorboard=tb, prepared=True)
     import torch  # noqa: PLC0415
 
     ds = data_mod.load(cfg.data)
@@ -143,18 +130,6 @@ def fit(model: Any = "mlp", data: Any = "synthetic", loss: Any = "cross_entropy"
     final = torch.load(Path(cfg.out) / "final_params.pt", weights_only=True)
     torch.nn.utils.vector_to_parameters(final, trained.parameters())
     return FitResult(Path(cfg.out), summary, trained, cfg)
-
-
-def _check_device(cfg: C.RunConfig) -> None:
-    from psgd.core.devices import DeviceError, parse_device, pick_device  # noqa: PLC0415
-
-    if parse_device(cfg.device)[0] == "cuda":
-        import torch  # noqa: PLC0415
-
-        try:
-            pick_device(cfg.device, 0, None, torch.cuda.device_count() if torch.cuda.is_available() else 0)
-        except DeviceError as e:
-            raise ValueError(str(e)) from None
 
 
 def summary_of(out: str | Path) -> dict:

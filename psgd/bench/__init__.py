@@ -29,7 +29,7 @@ BENCHMARKS = {
 }
 NAMES = tuple(BENCHMARKS)
 
-# A warm parent (psgd/train/zygote.py `Zygote`, psgd/train/launch.py `warm_parent`) for the psgd
+# A warm parent (psgd/train/warm.py `Zygote`, psgd/train/launch.py `warm_parent`) for the psgd
 # processes the benchmarks start, or None (the default): each benchmark starts them as it always has,
 # every shard server a `python -m psgd server` process and every run a `python -m psgd run` process
 # (which forks its children from a warm parent of its own). Given one, the shard servers

@@ -62,9 +62,9 @@ def torch_loop(cfg: RunConfig, rank: int, ddp_store: str = "") -> dict:
     import torch
     from torch import distributed as dist
 
-    from psgd.train import assemble, launch
+    from psgd.train import assemble, threads
 
-    torch.set_num_threads(launch.thread_budget(cfg))
+    torch.set_num_threads(threads.thread_budget(cfg))
     parts = assemble.worker_parts(cfg, rank, torch.device("cpu"))
     model, loss_fn = parts.model, parts.loss
     # psgd's worker warms up the same way before its clock starts (psgd/train/worker.py warm_up).
@@ -205,9 +205,9 @@ class MemoryPoll:
 
 def run_processes(argvs: list[list[str]], logs: list[Path], tag: str, timeout: float) -> dict:
     """Run the processes to their end under the memory poll; RunFailed-like RuntimeError on a failure."""
-    from psgd.train import launch
+    from psgd.train import supervise
 
-    env = dict(launch.child_env(), **{TAG: tag})
+    env = dict(supervise.child_env(), **{TAG: tag})
     procs = []
     for argv, log in zip(argvs, logs, strict=True):
         with open(log, "wb") as f:
@@ -306,9 +306,9 @@ def run_arm(arm: str, cfg: RunConfig, skip: int, timeout: float = 600.0) -> dict
         s = json.loads((out / "summary.json").read_text())
         measured = rate_of(psgd_rank_ends(out), skip, cfg.batch_size)
         split = {k: v / (s["worker_steps"] / cfg.workers) * 1e3 for k, v in s["time_breakdown_s"].items()}
-        from psgd.train import launch
+        from psgd.train import threads
 
-        extra = {"threads": launch.thread_budget(cfg), "final_train_loss": s["final_train_loss"],
+        extra = {"threads": threads.thread_budget(cfg), "final_train_loss": s["final_train_loss"],
                  "compute_ms": split["compute"], "exchange_ms": split["push"] + split["pull"] + split["wait"]}
         for pt in out.glob("*.pt"):
             pt.unlink()  # the snapshots: only the timings and metrics are kept

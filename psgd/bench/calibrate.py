@@ -91,7 +91,7 @@ def measure_compute(width: int, batches: tuple[int, ...] = (8, 32, 64), repeat: 
     from psgd.core.config import DataConfig, ModelConfig
     from psgd.train import data, models
 
-    torch.set_num_threads(1)  # a worker process runs with OMP_NUM_THREADS=1 (launch.child_env)
+    torch.set_num_threads(1)  # a worker process runs with OMP_NUM_THREADS=1 (supervise.child_env)
     ds = data.load(DataConfig())
     model = models.build(ModelConfig(model="wide_mlp", width=width), ds.input_dim, ds.num_classes, seed=0)
     models.FlatParams(model)

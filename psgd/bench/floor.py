@@ -46,11 +46,11 @@ def floor_loop(cfg: RunConfig, make_optimizer: Callable, wait: str = "block") ->
     `wait`: "block" or "spin" (see the module docstring)."""
     import torch
 
-    from psgd.train import assemble, launch, models, worker
+    from psgd.train import assemble, models, threads, worker
 
     if wait not in ("block", "spin"):
         raise ValueError(f"wait is block or spin, not {wait!r}")
-    torch.set_num_threads(launch.thread_budget(cfg))
+    torch.set_num_threads(threads.thread_budget(cfg))
     parts = assemble.worker_parts(cfg, 0, torch.device("cpu"))
     model, loss_fn = parts.model, parts.loss
     # psgd's worker layout (parameters and gradients as views of two flat buffers), the buffers moved

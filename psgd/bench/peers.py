@@ -46,7 +46,7 @@ import torch
 from psgd.bench import ray_peer, rpc_peer
 from psgd.core import palette
 from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig, to_dict
-from psgd.train import launch
+from psgd.train import launch, supervise
 from psgd.train.metrics import read_events
 
 CONFIGS = {"async1": ("async", 1), "sync2": ("sync", 2), "async2": ("async", 2)}
@@ -92,20 +92,20 @@ def run_peer(system: str, cfg: RunConfig, tensorpipe: str = "uv") -> dict:
     (out / "config.json").write_text(json.dumps(to_dict(cfg), indent=1))
     # Loopback only: TensorPipe's sockets (TP_SOCKET_IFNAME) and the gloo group init_rpc makes
     # (GLOO_SOCKET_IFNAME, set by child_env) bind to lo; the rendezvous is a file.
-    env = dict(launch.child_env(), TP_SOCKET_IFNAME="lo")
+    env = dict(supervise.child_env(), TP_SOCKET_IFNAME="lo")
     argv = [sys.executable, "-c", RUNNER.format(f"{system}_peer"), "--config", str(out / "config.json")]
-    children: list[launch.Child] = []
+    children: list[supervise.Child] = []
     try:
         if system == "rpc":
             for r in range(cfg.workers + 1):
-                children.append(launch.Child(f"rpc rank {r}", argv + ["--rank", str(r), "--tensorpipe", tensorpipe],
-                                             out / "logs" / f"rank-{r}.log", env))
+                children.append(supervise.Child(f"rpc rank {r}", argv + ["--rank", str(r), "--tensorpipe", tensorpipe],
+                                                out / "logs" / f"rank-{r}.log", env))
         else:
-            children.append(launch.Child("ray driver", ray_peer.ISOLATE + argv, out / "logs" / "driver.log",
-                                         dict(env, **ray_peer.ENV)))
-        launch._wait_workers(children, [])  # returns when all exited 0, raises RunFailed on the first failure
+            children.append(supervise.Child("ray driver", ray_peer.ISOLATE + argv, out / "logs" / "driver.log",
+                                            dict(env, **ray_peer.ENV)))
+        supervise.wait_workers(children, [])  # returns when all exited 0, raises RunFailed on the first failure
     except BaseException:
-        launch._stop(children, signal.SIGKILL)
+        supervise.stop(children, signal.SIGKILL)
         raise
     r = json.loads((out / "result.json").read_text())
     per_worker = r["worker_steps"] / cfg.workers

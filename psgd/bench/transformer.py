@@ -13,8 +13,8 @@ and no arm always first):
 - `allreduce`: `psgd run --mode allreduce --workers 2 --backend gloo`.
 - `ddp`: torch's DistributedDataParallel, 2 processes, gloo, the same model and batches (worker
   r of 2), torch.optim.AdamW; rendezvous through a file (no TCP store), GLOO_SOCKET_IFNAME=lo
-  (launch.child_env), so every socket is on 127.0.0.1.
-Every arm's processes take psgd's own thread budget (psgd/train/launch.py `thread_budget`): the
+  (supervise.child_env), so every socket is on 127.0.0.1.
+Every arm's processes take psgd's own thread budget (psgd/train/threads.py `thread_budget`): the
 plain loop the cores a lone psgd worker gets, each DDP rank what an all-reduce rank gets; or
 `--threads` each, in every arm.
 

@@ -43,7 +43,7 @@ import torch
 import psgd.bench as bench
 from psgd.bench.bare import BARE_SERVICE, serve_bare  # noqa: F401 - serve_bare: transport's, as before
 from psgd.core.config import RunConfig
-from psgd.train import hosts, launch, roles
+from psgd.train import hosts, roles, supervise
 
 MIB = 1 << 20
 LOOPBACK = hosts.Seat()  # a server on 127.0.0.1, as always
@@ -112,16 +112,16 @@ def shard_servers(num_shards: int, out: Path, workers: int = 1, mode: str = "asy
     exe = [*seat.prefix, sys.executable, "-m", "psgd", "server", *roles.flags_for(cfg, "shard"), *(extra or [])]
     exe += ["--bind", seat.bind] if seat.bind else []
     (out / "logs").mkdir(parents=True, exist_ok=True)
-    children: list[launch.Child] = []
+    children: list[supervise.Child] = []
     try:
-        env = {**launch.child_env(), **dict(seat.env)}
+        env = {**supervise.child_env(), **dict(seat.env)}
         for k in range(num_shards):
-            children.append(launch.Child(f"server {k}", exe + ["--shard", str(k), "--port", "0"],
-                                         out / "logs" / f"server-{k}.log", env, capture_stdout=True,
-                                         zygote=bench.ZYGOTE))  # forked from it if set (on loopback)
-        yield [launch._read_ready(c, launch.READY_TIMEOUT_S) for c in children]
+            children.append(supervise.Child(f"server {k}", exe + ["--shard", str(k), "--port", "0"],
+                                            out / "logs" / f"server-{k}.log", env, capture_stdout=True,
+                                            zygote=bench.ZYGOTE))  # forked from it if set (on loopback)
+        yield [supervise.read_ready(c) for c in children]
     finally:
-        launch._stop(children)
+        supervise.stop(children)
 
 
 def shard_stats(out: Path, num_shards: int) -> list[dict]:
@@ -221,7 +221,7 @@ def bare_servers(count: int) -> Iterator[list]:
                 # psgd/bench/bare.py: gRPC alone, without torch (CHANNEL_OPTIONS travel as JSON).
                 [sys.executable, "-c", "import json, sys; from psgd.bench.bare import serve_bare; "
                  "serve_bare(json.loads(sys.argv[1]))", json.dumps(CHANNEL_OPTIONS)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=launch.child_env()))
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=supervise.child_env()))
         calls = []
         for proc in procs:
             channels.append(grpc.insecure_channel(f"127.0.0.1:{int(proc.stdout.readline())}", CHANNEL_OPTIONS))
@@ -273,7 +273,7 @@ def measure_bare(nbytes: int, repeat: int, small_bytes: int, small_repeat: int) 
 
 def run(size_mb: float, shards: list[int], repeat: int, small_params: int, small_repeat: int,
         transports: tuple[str, ...] = ("grpc", "tcp"), device: str = "cpu") -> dict:
-    torch.set_num_threads(1)  # like a worker process (launch.child_env sets OMP_NUM_THREADS=1)
+    torch.set_num_threads(1)  # like a worker process (supervise.child_env sets OMP_NUM_THREADS=1)
     num_elements = int(size_mb * MIB) // 4
     nbytes = num_elements * 4
     raw_samples: list[float] = []

@@ -129,10 +129,12 @@ def check_data(cfg: C.RunConfig) -> None:
 
 def room_main(command: str, add_parser, cmd, argv: list[str]) -> int:
     """`psgd COMMAND ARGV` as one room's process main, what psgd/cli.py `main` does for it: the
-    zygote's forks call it directly (psgd/train/zygote.py), so `psgd run` reaches a serving shard
-    in three hops (launch, zygote, this room). Dies with its launcher, enters --cpu-quota's
-    cgroup before any work, parses the room's flags (`add_parser(subparsers, MODES_HELP)`),
-    names the process, runs `cmd(args)`; a UsageError is one line and exit 2."""
+    zygote's forks call it directly (psgd/train/zygote.py `run_child`), so `psgd run` reaches a
+    serving shard through three processes (the launcher, the zygote, this room), and a shard's stack
+    is the zygote module's top, `run_child`, the room's `main`, this and `cmd`. Dies with its
+    launcher, enters --cpu-quota's cgroup before any work, parses the room's flags
+    (`add_parser(subparsers, MODES_HELP)`), names the process, runs `cmd(args)`; a UsageError is one
+    line and exit 2."""
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")  # gRPC's C core logs multi-line errors of its own
     from psgd.core.errors import Parser
     from psgd.train import cpulimit, lifeline, proctitle

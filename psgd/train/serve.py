@@ -20,7 +20,7 @@ import threading
 from psgd.core import config as C
 from psgd.core.errors import UsageError
 from psgd.core.shorthelp import add_short_help
-from psgd.train import roles
+from psgd.train import roles, rundir, threads
 from psgd.train.roles import by_hand, config_from_args, not_read
 from psgd.train.roles import token as token_
 
@@ -74,26 +74,34 @@ def add_parser(sub, epilog: str) -> None:
 
 def cmd_server(args: argparse.Namespace, on_ready=None) -> int:
     """Serve until every worker left or a stop signal came; on the way out write the shard's files.
+    `on_ready(port)` (psgd node's Publisher) runs once the shard listens; its NodeError stops it.
 
     First of all, before torch is even imported, block the stop signals in this thread: every
     thread started later inherits the mask (gRPC's, and torch's intra-op pool, which importing
     torch may start: one thread not blocking SIGTERM would take the launcher's and kill the
-    process unsaved). `_serve` takes them synchronously. Called in a process that goes on (a test),
-    a refusal gives the mask back."""
+    process unsaved). The wait for them is here, a sigwait in this frame. Called in a process that
+    goes on (a test), a refusal gives the mask back."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
-        return _serve(args, on_ready)
+        cfg, srv = _listen(args, on_ready)
+        if srv is None:
+            return 1
+        # Stop on a signal, or when every worker has left (a run started by hand ends by itself): the
+        # watcher turns the latter into a SIGTERM for this thread, so one sigwait serves both.
+        main = threading.get_ident()
+        threading.Thread(target=lambda: (srv.shard.finished.wait(), signal.pthread_kill(main, signal.SIGTERM)),
+                         name="psgd-finished", daemon=True).start()
+        signal.sigwait(STOP_SIGNALS)
+        _leave(args, cfg, srv)
     finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old)  # reached only when _serve did not os._exit
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)  # reached only when _leave did not os._exit
+    return 0
 
 
-def _serve(args: argparse.Namespace, on_ready=None) -> int:
-    """`on_ready(port)` (psgd node's Publisher) runs once the shard listens; its NodeError stops it."""
-    from pathlib import Path
-
-    from psgd.ps import auth, server, tls
-    from psgd.train import assemble, data, launch, models
-    from psgd.train.metrics import Metrics, process_start_time
+def _config(args: argparse.Namespace) -> C.RunConfig:
+    """The shard's validated config, its epochs resolved; a bad flag is a UsageError (exit 2)."""
+    from psgd.ps import auth
+    from psgd.train import data
 
     if not isinstance(args.servers, int):
         raise UsageError("psgd server takes --num-shards K (a count)")
@@ -104,38 +112,54 @@ def _serve(args: argparse.Namespace, on_ready=None) -> int:
         raise UsageError(f"--port must be in 0..65535, got {args.port}")
     if cfg.mode == "allreduce":
         raise UsageError("--mode allreduce has no parameter servers")
-    cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
-    token = token_(cfg)
-    if token is None and not args.insecure and not auth.is_loopback(args.bind):
+    if token_(cfg) is None and not args.insecure and not auth.is_loopback(args.bind):
         raise UsageError(f"refusing to serve on {args.bind} without a token: anyone who reaches it could push "
                          "gradients and read the parameters; give --token-file FILE (or PSGD_TOKEN), or --insecure")
     if args.params < 0:
         raise UsageError(f"--params must be >= 0, got {args.params}")
+    return C.with_epochs_resolved(cfg, data.train_size(cfg.data))
+
+
+def _restored(args: argparse.Namespace, cfg: C.RunConfig) -> dict | None:
+    """--restore's checkpoint of this shard (None without it); by hand, shard 0 prepares the folder."""
+    from pathlib import Path
+
+    if not args.restore:
+        if args.shard == 0:
+            rundir.prepare_by_hand(cfg)  # by hand, shard 0 is the run's first process (workers need it up)
+        return None
+    from psgd.ps import checkpoint
+
+    found = checkpoint.newest(Path(args.restore), args.shard, upto=args.restore_upto,
+                              warn=lambda w: print(f"psgd server: warning: {w}", file=sys.stderr, flush=True))
+    if found is None:
+        raise UsageError(f"--restore {args.restore}: no intact checkpoint of shard {args.shard}"
+                         + (f" at version <= {args.restore_upto}" if args.restore_upto is not None else ""))
+    restored, path = found
+    print(f"shard {args.shard}: restored version {restored['version']} from {path}", file=sys.stderr, flush=True)
+    return restored
+
+
+def _listen(args: argparse.Namespace, on_ready):
+    """Build the shard (psgd/train/assemble.py `shard`), restore it, serve it (psgd/ps/server.py
+    `start`) and say READY; returns (cfg, server), or (cfg, None) when it could not listen (exit 1)."""
+    from psgd.ps import server, tls
+    from psgd.train import assemble, data, models
+
+    cfg = _config(args)
     # The model's size, to check every Init against; the user's own model (or data) is sized by the
     # first Init instead, so a shard never imports the user's code.
     own = C.is_spec(cfg.model.model) or C.is_spec(cfg.data.dataset)
     num_params = args.params or (None if own else models.count(cfg.model, *data.SHAPES[cfg.data.dataset]))
-    restored = None
-    if args.restore:
-        from psgd.ps import checkpoint
-
-        found = checkpoint.newest(Path(args.restore), args.shard, upto=args.restore_upto,
-                                  warn=lambda w: print(f"psgd server: warning: {w}", file=sys.stderr, flush=True))
-        if found is None:
-            raise UsageError(f"--restore {args.restore}: no intact checkpoint of shard {args.shard}"
-                             + (f" at version <= {args.restore_upto}" if args.restore_upto is not None else ""))
-        restored, path = found
-        print(f"shard {args.shard}: restored version {restored['version']} from {path}", file=sys.stderr, flush=True)
-    elif args.shard == 0:
-        launch.prepare_by_hand(cfg)  # by hand, shard 0 is the run's first process (workers need it up)
-    launch.set_threads(cfg, role="server")
+    restored = _restored(args, cfg)
+    threads.set_threads(cfg, role="server")
     if dict(cfg.fail_shard_at).get(args.shard) == 0:
         os.kill(os.getpid(), signal.SIGKILL)  # fault injection (--fail-shard-at K=0): die while starting
     try:
         core = assemble.shard(cfg, args.shard, num_params)  # the kernel and its collaborators (psgd/ps/shard.py)
         if restored is not None:
             core.restore(restored)  # before anything listens: no worker ever sees the shard uninitialised
-        srv = server.start(core, args.bind, args.port, token=token, tls_cert=cfg.tls_cert, tls_key=cfg.tls_key,
+        srv = server.start(core, args.bind, args.port, token=token_(cfg), tls_cert=cfg.tls_cert, tls_key=cfg.tls_key,
                            worker_lease=cfg.worker_lease)
     except tls.TlsError as e:
         raise UsageError(str(e)) from None
@@ -143,7 +167,7 @@ def _serve(args: argparse.Namespace, on_ready=None) -> int:
         raise UsageError(f"--restore {args.restore}: {e}") from None
     except OSError as e:
         print(f"psgd server: error: {e}", file=sys.stderr)
-        return 1
+        return cfg, None
     print(f"READY {args.bind}:{srv.port}", flush=True)
     if on_ready is not None:
         from psgd.train.node import NodeError
@@ -153,28 +177,30 @@ def _serve(args: argparse.Namespace, on_ready=None) -> int:
         except NodeError as e:
             srv.stop(grace=0)
             print(f"psgd node: shard {args.shard}: error: {e}", file=sys.stderr, flush=True)
-            return 1
+            return cfg, None
     print(f"shard {args.shard}/{cfg.servers} ({cfg.mode}) listening on {args.bind}:{srv.port}", file=sys.stderr,
           flush=True)
     if getattr(args, "lost_on_stdin", False):  # (psgd node's arguments have none: torchrun starts it)
         threading.Thread(target=_read_losses, args=(srv.shard,), name="psgd-losses", daemon=True).start()
-    # Stop on a signal, or when every worker has left (a run started by hand ends by itself): the
-    # watcher turns the latter into a SIGTERM for this thread, so one sigwait serves both.
-    main = threading.get_ident()
-    threading.Thread(target=lambda: (srv.shard.finished.wait(), signal.pthread_kill(main, signal.SIGTERM)),
-                     name="psgd-finished", daemon=True).start()
-    signal.sigwait(STOP_SIGNALS)
+    return cfg, srv
+
+
+def _leave(args: argparse.Namespace, cfg: C.RunConfig, srv) -> None:
+    """Stopped: write the shard's snapshots, stats and `shard_end`, and leave without the
+    interpreter's teardown of torch and gRPC (on every run's critical path)."""
+    from pathlib import Path
+
+    from psgd.train.metrics import Metrics, process_start_time
+
     srv.stop()
     out = Path(cfg.out)
     srv.shard.save(out)
     m = Metrics(out / "metrics.jsonl")
     m.write(event="shard_end", process_start=process_start_time(), **srv.shard.stats())
     m.close()
-    if srv.shard.finished.is_set() and args.shard == 0 and not os.environ.get(launch.LAUNCHED):
+    if srv.shard.finished.is_set() and args.shard == 0 and not os.environ.get(rundir.LAUNCHED):
         print(f"all {cfg.workers} workers finished; `psgd summarize {out}` writes its summary.json", file=sys.stderr,
               flush=True)
-    # Everything is written and closed: leave without the interpreter's teardown of torch and
-    # gRPC (about half a second on 2 cores, on every run's critical path).
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)

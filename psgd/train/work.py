@@ -105,7 +105,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from psgd.core.errors import ExchangeError
-    from psgd.train import assemble, data, launch
+    from psgd.train import assemble, data, rundir, threads
     from psgd.train.metrics import Metrics
     from psgd.train.userspec import SpecError
 
@@ -119,12 +119,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
     device = worker_device_of(cfg, rank)
     # `psgd run` resolved --epochs already; by hand or under torchrun the worker is the first to know.
     cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
-    launch.set_threads(cfg)
+    threads.set_threads(cfg)
     if cfg.mode == "allreduce":
         from psgd.allreduce.collective import CollectiveError
 
         if rank == 0:
-            launch.prepare_by_hand(cfg)  # under torchrun rank 0 prepares; the others write after the barrier
+            rundir.prepare_by_hand(cfg)  # under torchrun rank 0 prepares; the others write after the barrier
 
         exchange = assemble.collective_exchange(cfg, rank, init_method=args.rendezvous)
         errors = (CollectiveError,)
@@ -142,7 +142,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
             raise UsageError("psgd worker needs --servers HOST:PORT,... (the running shards, in shard order)")
         exchange, errors = assemble.ps_exchange(cfg, addresses), (ExchangeError,)
         if rank == 0:
-            launch.record_worker_settings(cfg, OWN)  # by hand: shard 0's config.json lacks a worker's settings
+            rundir.record_worker_settings(cfg, OWN)  # by hand: shard 0's config.json lacks a worker's settings
     metrics = Metrics(Path(cfg.out) / "metrics.jsonl")
     # The launcher stops a run's workers with SIGTERM (a shard died, say). The step line a worker
     # defers is written while its next push is answered (psgd/train/metrics.py `defer`): dying
@@ -161,7 +161,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         code = 130
     finally:
         metrics.close()
-    if code == 0 and rank == 0 and cfg.mode == "allreduce" and not os.environ.get(launch.LAUNCHED):
+    if code == 0 and rank == 0 and cfg.mode == "allreduce" and not os.environ.get(rundir.LAUNCHED):
         print(f"done; `psgd summarize {cfg.out}` writes its summary.json", file=sys.stderr, flush=True)
     # Leave without the interpreter's teardown: the metrics (and the all-reduce replica files) are
     # written and closed. After a gloo group has run, C++ destructors at exit sometimes meet one of
