@@ -39,7 +39,7 @@ def is_cached(spec: RunSpec, same_link: bool = True) -> bool:
         recorded = json.loads((out / "config.json").read_text())
         made_by = json.loads((out / "provenance.json").read_text())
         # Compare through JSON: tuples in the dataclass are lists in the file.
-        from psgd.train.launch import config_record  # noqa: PLC0415 - the config and the user's files' hashes
+        from psgd.train.rundir import config_record  # noqa: PLC0415 - the config and the user's files' hashes
 
         # `out` aside: a reference run copied from the default profile's folder names where it was made.
         return ((out / "summary.json").exists()

@@ -112,7 +112,7 @@ def execute(spec: RunSpec, fresh: bool, position: str, tensorboard: Path | None 
     """Run one spec (or reuse its cached result); returns its summary. With `tensorboard`, the
     run's curves go to TENSORBOARD/<experiment>/<label>-<phase>-lr<lr>-s<seed> as it trains (a cached
     run's from its files: psgd/train/tboard.py)."""
-    from psgd.train import data, launch, progress
+    from psgd.train import data, launch, progress, rundir
 
     cached = not fresh and is_cached(spec)
     linked = not fresh and not cached and reuse_twin(spec)
@@ -127,7 +127,7 @@ def execute(spec: RunSpec, fresh: bool, position: str, tensorboard: Path | None 
         summary = launch.run(cfg, zygote=WARM.get(), tensorboard=_tensorboard_dir(spec, tensorboard))
     # Record the config as specified (before --epochs was resolved), so the cache check matches.
     out = Path(cfg.out)
-    (out / "config.json").write_text(json.dumps(launch.config_record(spec.cfg), indent=1))
+    (out / "config.json").write_text(json.dumps(rundir.config_record(spec.cfg), indent=1))
     (out / "provenance.json").write_text(json.dumps({"code_version": spec.version, "command": spec.command,
                                                      "made_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
                                                      "cpu_kernels": os.environ.get("ATEN_CPU_CAPABILITY", "")},

@@ -42,7 +42,7 @@ import random
 from pathlib import Path
 
 from psgd.core.config import RunConfig, validate
-from psgd.train import launch
+from psgd.train import launch, rundir
 from psgd.train import storm as storm_mod
 from psgd.train.storm import Fault, Storm
 
@@ -128,13 +128,13 @@ def gap_of(cfg: RunConfig, count: int) -> int:
 
 def drill(cfg: RunConfig, seed: int, count: int, quiet: bool = True) -> dict:
     """Run `cfg` under the storm of `plan(seed, count)`; the summary with its "faults" (module docstring)."""
-    cfg = with_budgets(launch.with_out_resolved(cfg), count)
+    cfg = with_budgets(rundir.with_out_resolved(cfg), count)
     cfg = dataclasses.replace(cfg, out=str(Path(cfg.out).resolve()))
     episodes = plan(seed, count, cfg)
     rng = random.Random(seed + 1)
     gaps = [rng.randint(1, gap_of(cfg, count)) for _ in episodes]
     out = Path(cfg.out)
-    launch.prepare_out(out)
+    cfg = rundir.fresh(cfg)  # prepared once here: launch.run takes the folder as it is
     hold = out / "drill"
     hold.mkdir(exist_ok=True)
     for p in hold.iterdir():
@@ -147,7 +147,7 @@ def drill(cfg: RunConfig, seed: int, count: int, quiet: bool = True) -> dict:
     storm = Storm(cfg, episodes, gaps, hold)
     storm.start()
     try:
-        summary = launch.run(cfg)
+        summary = launch.run(cfg, prepared=True)
     finally:
         storm.stop.set()
         storm.join()

@@ -41,9 +41,7 @@ from psgd.core.config import RunConfig
 from psgd.core.errors import UsageError
 from psgd.train import cpulimit, finish, hosts, proctitle, restart, roles, rundir, supervise
 
-# What `run` raises, for its callers to catch; and the run folder's names the drill and the suite
-# reach through the launcher (psgd/train/rundir.py).
-from psgd.train.rundir import config_record, prepare_out, with_out_resolved  # noqa: F401
+# What `run` raises, for its callers to catch.
 from psgd.train.supervise import Child, Interrupted, RunFailed, ShardDied  # noqa: F401
 from psgd.train.warm import Zygote
 
