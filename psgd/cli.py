@@ -249,8 +249,13 @@ def print_summary(summary: dict, out: str, quiet: bool) -> None:
     `sync, 4 workers: 12,345 samples/s, 1,087 gradients/s, mean staleness 0.00, start-up 0.5 s,
     training 1.4 s, test accuracy 0.875 -> OUT/summary.json`. Samples/s and gradients/s compare
     the modes on equal terms (a sync update is N gradients, an async one is one); staleness is the
-    price async pays for them (all-reduce has none: left out). `quiet` prints the same line."""
+    price async pays for them (all-reduce has none: left out). `quiet` prints the same line. A
+    training loss that rose at the end (summary.json's `loss_rose`) adds its warning on stderr."""
     print(summary_line(summary, out))
+    if summary.get("loss_rose"):
+        from psgd.train.divergence import Rise  # noqa: PLC0415
+
+        print(Rise(**summary["loss_rose"]).message(), file=sys.stderr)
 
 
 def summary_line(summary: dict, out: str) -> str:

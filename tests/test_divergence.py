@@ -26,3 +26,21 @@ def test_a_converging_or_plateaued_noisy_loss_is_not():
 def test_a_rise_below_the_absolute_floor_or_a_short_run_is_not_judged():
     assert rise(_curve(30000, lambda t: 0.01 + 0.03 * t, noise=0.0)) is None  # 3x, but only 0.03 above
     assert rise([0.1] * (MIN_STEPS // 2) + [5.0] * (MIN_STEPS // 2 - 1)) is None
+
+
+def test_the_summary_records_a_rise_and_psgd_run_prints_its_warning(tmp_path, capsys):
+    from psgd.cli import print_summary
+    from psgd.train import finish
+    from psgd.train.metrics import Metrics
+
+    m = Metrics(tmp_path / "metrics.jsonl")
+    for i, loss in enumerate([1.0] * 1000 + [0.1] * 1000 + [2.0] * 200):
+        m.write(event="step", rank=i % 2, clock=i // 2, loss=loss)
+    m.write(event="worker_end", rank=0)
+    m.close()
+    rose = finish._loss_rise(tmp_path)
+    assert rose["at"] == 0.5 and rose["last"] == 2.0 and abs(rose["low"] - 0.1) < 1e-9
+    print_summary({"mode": "async", "workers": 2, "loss_rose": rose}, str(tmp_path), quiet=False)
+    assert "warning: training loss rose from 0.100 (50% into the run) to 2.000" in capsys.readouterr().err
+    (tmp_path / "metrics.jsonl").unlink()
+    assert finish._loss_rise(tmp_path) is None

@@ -12,10 +12,13 @@ Contract:
   child reports `evaluating K N` (EVAL_LINE) on stdout before snapshot K of N, for the live line;
   its failure is the run's, in the same words. Without a warm parent (--cold-start, cluster hosts)
   the launcher evaluates itself.
+- summary.json's `loss_rose` ({low, at, last}) is there when the training loss rose at the end of
+  the run (psgd/train/divergence.py); `psgd run` prints its warning after the summary line.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -103,6 +106,14 @@ def finish(cfg: RunConfig, ds: data_mod.Dataset | None = None, on_eval=None) -> 
     return summarize(out, cfg, evals + [final_eval], models.num_params(model), sha, shard_stats, _extra(cfg, sha))
 
 
+def _loss_rise(out: Path) -> dict | None:
+    """summary.json's `loss_rose`: the training loss's rise at the end of the run (divergence.py), or None."""
+    from psgd.train.divergence import rise  # noqa: PLC0415 - read once, at the end
+
+    found = rise([e["loss"] for e in read_events(out / "metrics.jsonl") if e.get("event") == "step" and "loss" in e])
+    return None if found is None else dataclasses.asdict(found)
+
+
 def _ended(cfg: RunConfig, out: Path) -> list[dict]:
     """The workers' `worker_end` lines, once the run has ended (RunFailed naming what is missing
     otherwise); an earlier call's eval lines are dropped, so that this one's replace them."""
@@ -150,6 +161,9 @@ def _extra(cfg: RunConfig, sha: str) -> dict | None:
         extra = summary_extra(Path(cfg.out), sha)
     if (Path(cfg.out) / "cluster.json").exists():  # the hosts and the link a --hosts run used (psgd/train/hosts.py)
         extra = dict(extra or {}, cluster=json.loads((Path(cfg.out) / "cluster.json").read_text()))
+    rose = _loss_rise(Path(cfg.out))
+    if rose is not None:
+        extra = dict(extra or {}, loss_rose=rose)
     return extra
 
 
