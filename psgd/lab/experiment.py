@@ -14,7 +14,9 @@ Contract:
   (and of `seeds`, `tune`, `params`; `runs` in a profile are added; the reference profile sets only
   `seeds`, sized by the power rule: psgd/lab/power.py). Optional per-claim metadata, which changes
   no run: `margin_why` (why the verdict's margin is the smallest effect of interest, printed beside
-  the seeds the power rule asks for) and `scoring` ("end", the default: each run's final figure is
+  the seeds the power rule asks for), `[margin]` (that smallest effect of interest per unit,
+  `accuracy`, `ratio`, `nats`, `share`: fixed here, at the top level only, so the same at every
+  profile and n; the analysis's rule must weigh its parts against it) and `scoring` ("end", the default: each run's final figure is
   the mean of its last evaluations; "best_val": the test figure at the evaluation of its best
   validation metric, `[tune] metric`, as early stopping reads it; needs a validation split). A
   suite file's `[base]` and profile tables sit under the experiment's own. A benchmark experiment
@@ -54,7 +56,7 @@ from psgd.train.metrics import read_events, samples_per_update
 
 EXPERIMENT_KEYS = {"id", "title", "claim", "quote", "quote_en", "quote_source", "analysis", "why", "seeds", "base",
                    "runs", "profiles", "params", "bench", "bench_args", "tune", "margin_why", "scoring", "suite",
-                   "by_construction"}
+                   "by_construction", "margin"}
 RUN_KEYS = {"label", "lr_from", "lr_factor", "tune_lr", "tune", "eval_samples"}  # besides RunConfig fields
 TUNE_KEYS = {"lr", "seeds", "last_k", "metric"}
 TUNE_METRICS = ("val_accuracy", "val_loss")  # what tuning scores (higher accuracy, or lower loss, wins)
@@ -117,6 +119,7 @@ class Experiment:
     margin_why: str = ""              # why the claim's margin is its smallest effect of interest
     scoring: str = "end"              # SCORINGS: at the budget's end, or at the best validation point
     by_construction: str = ""         # why the configuration fixes the outcome ("": a finding that can go either way)
+    margins: dict = field(default_factory=dict)   # [margin]: verdict unit -> the smallest effect of interest
 
     @property
     def tuned(self) -> bool:
@@ -317,6 +320,16 @@ def _check_header(doc: dict, path: Path) -> None:
         raise SuiteError(f"{path}: key 'profiles' may only have tables {', '.join(PROFILES[1:])}")
 
 
+def _margins(table: object, path: Path) -> dict:
+    """The file's `[margin]` table (psgd/lab/verdict_checks.py): top level only, so no profile moves it."""
+    from psgd.lab.verdict_checks import parse_margins  # noqa: PLC0415 - the lab's checks, not a loading concern
+
+    try:
+        return parse_margins(table, str(path))
+    except ValueError as e:
+        raise SuiteError(str(e)) from None
+
+
 def _bench_argv(args: dict, folder: Path) -> tuple[str, ...]:
     """A benchmark's [bench_args] as flags: true = a bare flag, false = none, a list = comma-joined."""
     argv = []
@@ -419,7 +432,8 @@ def load_experiment(path: Path, profile: str, results: Path, version: str = "",
                   why=" ".join(str(doc.get("why", "")).split()), analysis=doc["analysis"], path=path,
                   margin_why=" ".join(str(doc.get("margin_why", "")).split()), scoring=scoring,
                   by_construction=" ".join(str(doc.get("by_construction", "")).split()),
-                  params=params, results=results, version=version, seeds=tuple(seeds))
+                  params=params, results=results, version=version, seeds=tuple(seeds),
+                  margins=_margins(doc.get("margin", {}), path))
     if "bench" in doc:
         argv = _bench_argv({**doc.get("bench_args", {}), **bench_override}, results / exp_id)
         if scoring != "end":
