@@ -13,7 +13,8 @@ Split-half stability (`split_half`): every claim with seeds is judged again on e
 both), by the same analysis and rule, where each half has at least 4 seeds (rule.HALF_SEEDS); a
 claim whose halves come out confirmed and refuted is "unstable", and the report and summary.json
 say so with both readings. Every verdict is checked and read at both scorings
-(psgd/lab/readings.py). Power (psgd/lab/power.py): the seeds the power rule asks for, from the parts' margins and the spread measured.
+(psgd/lab/readings.py). Power (psgd/lab/power.py): the seeds the power rule asks for, from the
+parts' margins and the spread measured.
 """
 
 from __future__ import annotations

@@ -17,8 +17,9 @@ Contract:
   the seeds the power rule asks for), `[margin]` (that smallest effect of interest per unit,
   `accuracy`, `ratio`, `nats`, `share`: fixed here, at the top level only, so the same at every
   profile and n; the analysis's rule must weigh its parts against it) and `scoring` ("end", the
-  default: each run's final figure is the mean of its last evaluations; "best_val": the test figure at the evaluation of its best
-  validation metric, `[tune] metric`, as early stopping reads it; needs a validation split). A
+  default: each run's final figure is the mean of its last evaluations; "best_val": the test
+  figure at the evaluation of its best validation metric, `[tune] metric`, as early stopping reads
+  it; needs a validation split). A
   suite file's `[base]` and profile tables sit under the experiment's own. A benchmark experiment
   has `bench = "NAME"` and `[bench_args]` (flags; true = a bare flag, "{out}" = the experiment's
   results folder) instead of runs.
