@@ -169,6 +169,10 @@ def test_every_claim_says_why_its_margin_and_the_reference_profile_only_adds_see
     reference = experiment.load_suite(ROOT / "experiments" / name, "reference", results=Path("/nonexistent"))
     for d, r in zip(default, reference, strict=True):
         assert d.margin_why, f"{d.path}: margin_why"
+        # Issue 57: the margin is fixed in the file, the same at every profile (E5's factor is a threshold).
+        assert d.margins or d.id == "E5", f"{d.path}: [margin]"
+        quick = experiment.load_suite(ROOT / "experiments" / name, "quick", results=Path("/nonexistent"))
+        assert r.margins == d.margins == next(q for q in quick if q.id == d.id).margins
         assert r.seeds[:len(d.seeds)] == d.seeds and (len(r.seeds) >= 8 or r.seeds == d.seeds)
         assert r.templates == d.templates and r.tune_seeds == d.tune_seeds
         # A benchmark's replicates are its rounds: the reference may add rounds, and change nothing else.
@@ -234,6 +238,11 @@ def test_best_validation_scoring_can_change_the_verdict_and_the_report_says_whic
     ('scoring = "best"', "must be one of end, best_val"),
     ('scoring = "best_val"', "has no validation split"),
     ("margin_why = 3", "'margin_why' must be a string"),
+    ("margin = { accuracy = 0 }", r"\[margin\] accuracy must be a positive number"),
+    ("margin = { acc = 0.01 }", "unknown key 'acc' in \\[margin\\]"),
+    ("margin = 0.01", r"\[margin\] must be a table"),
+    ('margin = { accuracy = 0.01 }\n[profiles.quick]\nmargin = { accuracy = 0.05 }',
+     "profiles.quick.*unknown key 'margin'"),
 ])
 def test_bad_scoring_and_margin_why_name_file_and_key(tmp_path, extra, message):
     path = tmp_path / "e.toml"
@@ -241,7 +250,7 @@ def test_bad_scoring_and_margin_why_name_file_and_key(tmp_path, extra, message):
                     '[base]\ndataset = "synthetic"\nnum_samples = 400\nmodel = "logreg"\nsteps = 4\n'
                     '[[runs]]\nlabel = "sync"\nmode = "sync"\n')
     with pytest.raises(experiment.SuiteError, match=message):
-        experiment.load_experiment(path, "default", tmp_path)
+        experiment.load_experiment(path, "quick", tmp_path)
 
 
 def test_best_val_loads_where_every_run_has_a_validation_split(tmp_path):
