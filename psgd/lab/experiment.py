@@ -30,8 +30,9 @@ Contract:
 - `eval_samples` (in base or a run) puts every run on one grid of training samples: each run's
   `--eval-every` becomes eval_samples / (samples per update of that run).
 - `[tune] lr = [...]`: every run without an explicit `lr` is swept over the grid (seeds
-  `[tune] seeds`, kept apart from the evaluation seeds) and scored on the validation split
-  (`val_fraction`); `choose` picks the best mean of the last `last_k` validation accuracies
+  `[tune] seeds`, at least 3, default 100-102, kept apart from the evaluation seeds) and scored on
+  the validation split (`val_fraction`); a pick at an end of its grid grows the grid past that end
+  (psgd/lab/tuning.py); `choose` picks the best mean over seeds of the last `last_k` validation accuracies
   (`[tune] metric = "val_loss"`: the lowest mean validation loss, for a language model) (ties:
   the smaller rate). A run may name its own grid (`tune_lr = [...]`), take another label's chosen
   rate (`lr_from = "sync"`, optionally times `lr_factor`), or opt out (`tune = false`).
@@ -60,6 +61,7 @@ EXPERIMENT_KEYS = {"id", "title", "claim", "quote", "quote_en", "quote_source", 
                    "by_construction", "margin"}
 RUN_KEYS = {"label", "lr_from", "lr_factor", "tune_lr", "tune", "eval_samples"}  # besides RunConfig fields
 TUNE_KEYS = {"lr", "seeds", "last_k", "metric"}
+TUNE_MIN_SEEDS = 3   # tuning scores the mean over at least this many seeds (psgd/lab/tuning.py)
 TUNE_METRICS = ("val_accuracy", "val_loss")  # what tuning scores (higher accuracy, or lower loss, wins)
 PROFILES = ("default", "quick", "full", "reference")
 # How a run's final figure is read (results.py): "end", the mean of its last evaluations (the budget's
@@ -107,7 +109,7 @@ class Experiment:
     why: str = ""
     seeds: tuple[int, ...] = (0,)
     templates: tuple[RunTemplate, ...] = ()
-    tune_seeds: tuple[int, ...] = (100,)
+    tune_seeds: tuple[int, ...] = (100, 101, 102)
     tune_last_k: int = 3
     tune_metric: str = "val_accuracy"
     results: Path = Path("results")
@@ -121,6 +123,7 @@ class Experiment:
     scoring: str = "end"              # SCORINGS: at the budget's end, or at the best validation point
     by_construction: str = ""         # why the configuration fixes the outcome ("": a finding that can go either way)
     margins: dict = field(default_factory=dict)   # [margin]: verdict unit -> the smallest effect of interest
+    tune_added: dict = field(default_factory=dict)  # label -> rates the sweep added past its grid (tuning.py)
 
     @property
     def tuned(self) -> bool:
@@ -350,7 +353,10 @@ def _tune_settings(tune: dict, path: Path) -> tuple[tuple[float, ...], tuple[int
         raise SuiteError(f"{path}: unknown key {sorted(set(tune) - TUNE_KEYS)[0]!r} in [tune] "
                          f"(known: {', '.join(sorted(TUNE_KEYS))})")
     grid = _number_list(tune["lr"], "tune.lr", str(path)) if "lr" in tune else ()
-    tune_seeds = _number_list(tune.get("seeds", [100]), "tune.seeds", str(path), int)
+    tune_seeds = _number_list(tune.get("seeds", [100, 101, 102]), "tune.seeds", str(path), int)
+    if len(set(tune_seeds)) < TUNE_MIN_SEEDS:
+        raise SuiteError(f"{path}: key 'tune.seeds' needs at least {TUNE_MIN_SEEDS} different seeds (a rate is "
+                         f"chosen on the mean validation result over seeds), got {list(tune_seeds)}")
     last_k = tune.get("last_k", 3)
     if not isinstance(last_k, int) or last_k < 1:
         raise SuiteError(f"{path}: key 'tune.last_k' must be an integer >= 1")
