@@ -144,9 +144,9 @@ TUNED = ('id = "T"\ntitle = "t"\nclaim = "c"\nanalysis = "modes"\nseeds = [0, 1]
 def test_tuning_plan_choice_and_derived_rates(tmp_path):
     exp = suite.load_experiment(write(tmp_path, "t.toml", TUNED), "default", tmp_path, version="v1")
     tune = exp.tune_specs()
-    # Two tuned labels x two rates x one tuning seed; "half" and "fixed" are not swept.
+    # Two tuned labels x two rates x three tuning seeds; "half" and "fixed" are not swept.
     assert sorted((s.label, s.cfg.optim.lr, s.seed) for s in tune) == [
-        ("async", 0.1, 7), ("async", 0.3, 7), ("sync", 0.1, 7), ("sync", 0.3, 7)]
+        (label, lr, seed) for label in ("async", "sync") for lr in (0.1, 0.3) for seed in (7, 8, 9)]
     assert all(s.cfg.data.val_fraction == 0.25 and s.phase == "tune" for s in tune)
     # The best mean validation score wins; a tie goes to the smaller rate; nan (diverged) never wins.
     chosen = suite.choose(exp, {("sync", 0.1): [0.5], ("sync", 0.3): [0.7],
