@@ -109,7 +109,7 @@ README_SUMMARIES = $(firstword $(wildcard results/reference/summary.json) result
 	$(firstword $(wildcard results/transformer-reference/summary.json) results/transformer/summary.json) \
 	$(firstword $(wildcard results/papers-reference/summary.json) results/papers/summary.json)
 readme: install
-	$(BIN)/python -m psgd.lab.report readme docs/results.md $(README_SUMMARIES)
+	$(BIN)/python -m psgd.lab.readme docs/results.md $(README_SUMMARIES)
 
 proto: install
 	$(BIN)/python tools/gen_proto.py

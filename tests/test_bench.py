@@ -114,24 +114,25 @@ def test_bench_help_lists_every_benchmark_with_a_line_each():
 
 
 def test_cluster_bench_names_its_clusters_and_predicts_the_higher_floor():
-    """psgd bench cluster's pure parts: a cluster name per rate, and the model's step on the cluster as
-    the higher of its two floors: the wire (cluster form) and the shared cores (one-host form)."""
-    from psgd.bench import cluster
+    """psgd bench cluster's pure parts (and psgd/bench/shaped.py's): a cluster name per rate, and the
+    model's step on the cluster as the higher of its two floors: the wire (cluster form) and the
+    shared cores (one-host form)."""
+    from psgd.bench import cluster, shaped
     from psgd.core import costmodel as cm
 
-    assert [cluster.cluster_name("bc", r) for r in ("1gbit", "2.5gbit", "veth")] == ["bc1gbit", "bc2p5gbit", "bcveth"]
+    assert [shaped.cluster_name("bc", r) for r in ("1gbit", "2.5gbit", "veth")] == ["bc1gbit", "bc2p5gbit", "bcveth"]
     with pytest.raises(ValueError, match="not a cluster name"):
-        cluster.cluster_name("b-c", "1gbit")
+        shaped.cluster_name("b-c", "1gbit")
     across = {"machine": {"alpha_s": 1e-4, "beta_s_per_byte": 8e-9, "apply_s_per_byte": 1e-10}}   # a 1 Gbit/s link
     host = {"machine": {"alpha_s": 1e-4, "beta_s_per_byte": 1e-9, "apply_s_per_byte": 1e-10, "cores": 2,
                         "ring_alpha_s": 2e-4, "ring_beta_s_per_byte": 1e-9}}
-    ms = cluster.machines(across, host, 200e-6, 1e9)
+    ms = shaped.machines(across, host, 200e-6, 1e9)
     assert ms["ring"].latency_s == 0 and ms["ps"].latency_s == 200e-6 and ms["ring"].ring_beta_s_per_byte == 8e-9
-    burst = cluster.machines({"machine": dict(across["machine"], beta_s_per_byte=6e-9)}, host, 0.0, 1e9)
+    burst = shaped.machines({"machine": dict(across["machine"], beta_s_per_byte=6e-9)}, host, 0.0, 1e9)
     assert burst["ps"].beta_s_per_byte == 8e-9   # a fit faster than the link's own stream saw tbf's burst
     from psgd.cluster import plan
 
-    sizes = {r: cluster.calibration_sizes(argparse.Namespace(sizes_mb="auto"), plan.describe("x", 2, r))
+    sizes = {r: shaped.calibration_sizes(argparse.Namespace(sizes_mb="auto"), plan.describe("x", 2, r))
              for r in ("1gbit", "10gbit")}
     assert sizes == {"1gbit": "2,8", "10gbit": "10,40"}   # 10gbit's bucket: 2.5 MB
     work = cm.Workload(params=2_000_000, batch=32, compute_s_fixed=0.01, compute_s_per_sample=0.0)
@@ -141,7 +142,7 @@ def test_cluster_bench_names_its_clusters_and_predicts_the_higher_floor():
     assert p["bound"] == "wire" and p["predicted_s"] == p["predicted_wire_s"] > p["predicted_cpu_s"]
     # 4 workers push 8 MB each through the shard's 1 Gbit/s link, and pull as much: 2 x 4 x 64 ms.
     assert p["predicted_wire_s"] == pytest.approx(0.01 + 2 * 4 * 8e6 * 8e-9, rel=0.02)
-    fast = cluster.machines({"machine": dict(across["machine"], beta_s_per_byte=1e-11)}, host, 0.0, 1e12)
+    fast = shaped.machines({"machine": dict(across["machine"], beta_s_per_byte=1e-11)}, host, 0.0, 1e12)
     assert cluster.predict(dict(row, mode="ring", shards=0), fast, work, 30)["bound"] == "CPU"
     e10 = cluster.predict(dict(row, experiment="E10"), ms, work, 30)
     assert e10["predicted_wire_s"] == pytest.approx(p["predicted_wire_s"] + 0.030)   # a sleep: added, not shared

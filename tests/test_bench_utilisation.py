@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from psgd.bench import cluster, utilisation
+from psgd.bench import record, utilisation
 from psgd.core import costmodel as cm
 from psgd.core.config import validate
 from psgd.core.errors import UsageError
 
-# A 1 Gbit/s link (the wire form) and two shared cores (the one-host form), as cluster.machines builds them.
+# A 1 Gbit/s link (the wire form) and two shared cores (the one-host form), as shaped.machines builds them.
 PS = cm.Machine(latency_s=200e-6, alpha_s=1e-4, beta_s_per_byte=8e-9, apply_s_per_byte=1e-10, cores=0)
 MS = {"ps": PS, "ring": cm.Machine(alpha_s=1e-4, beta_s_per_byte=8e-9, ring_alpha_s=2e-4, ring_beta_s_per_byte=8e-9,
                                     apply_s_per_byte=1e-10, cores=0),
@@ -110,7 +110,7 @@ def test_the_table_has_a_row_per_method_and_h_and_a_column_per_rate_measured_bes
     assert "| sync PS, 1 shard | 1 | 320.0 (400.0, wire) | 95.0 (118.8, wire) |" in lines
     assert "Measured / model utilisation: 1.25 to 1.25 over 11 points" in md
     assert "| 10gbit | 9553 | 8886 |" in lines and "load average 1.5 at its start, 3.0 at its end" in md
-    cluster.write_csv(tmp_path / "u.csv", rows, utilisation.FIELDS)
+    record.write_csv(tmp_path / "u.csv", rows, utilisation.FIELDS)
     back = list(csv.DictReader(Path(tmp_path / "u.csv").open()))
     assert len(back) == 12 and list(back[0]) == utilisation.FIELDS
     assert float(back[0]["utilisation"]) == pytest.approx(0.0625) and back[-1]["status"].startswith("failed")

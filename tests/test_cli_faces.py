@@ -45,8 +45,8 @@ def test_an_unknown_or_abbreviated_flag_is_one_line_naming_the_closest_real_one(
 
 # -- Ctrl-C ------------------------------------------------------------------------------------------
 def _descendants(pid: int) -> set[int]:
-    """Every live descendant of `pid`, from /proc (the drill's own walk, psgd/train/drill.py)."""
-    from psgd.train.drill import descendants
+    """Every live descendant of `pid`, from /proc (the drill's own walk, psgd/train/storm.py)."""
+    from psgd.train.storm import descendants
 
     return set(descendants(pid))
 

@@ -15,8 +15,8 @@ from psgd.cli import build_parser, config_from_args
 from psgd.core import config as C
 from psgd.core.config import DataConfig, RunConfig, from_dict, to_argv, to_dict, validate, with_epochs_resolved
 from psgd.core.errors import UsageError
-from psgd.lab import experiment
-from psgd.train import data
+from psgd.lab import settings
+from psgd.train import batches, data
 from psgd.train.roles import not_read
 
 
@@ -55,7 +55,7 @@ def test_every_field_round_trips_through_flags_json_and_toml(monkeypatch):
     assert C.from_namespace(parser.parse_args(["run", *to_argv(cfg)])) == cfg
     assert from_dict(json.loads(json.dumps(to_dict(cfg)))) == cfg
     monkeypatch.setattr(C, "validate", lambda c: c)  # the sample values need not make a valid run
-    assert experiment.config_from_settings({k: _toml(v) for k, v in flat.items()}, "test") == cfg
+    assert settings.config_from_settings({k: _toml(v) for k, v in flat.items()}, "test") == cfg
     # ... and the defaults are the dataclass defaults everywhere.
     assert C.from_namespace(parser.parse_args(["run"])) == RunConfig() == from_dict({})
 
@@ -260,15 +260,15 @@ def test_dirichlet_alpha_sets_the_label_skew():
 
 def test_dirichlet_parts_partition_the_data_and_each_holds_a_batch():
     labels = torch.arange(600) % 3
-    parts = data.dirichlet_parts(labels, 5, alpha=0.01, seed=4, min_size=32)  # few classes: top-ups needed
+    parts = batches.dirichlet_parts(labels, 5, alpha=0.01, seed=4, min_size=32)  # few classes: top-ups needed
     assert all(len(p) >= 32 for p in parts)
     assert torch.equal(torch.cat(parts).sort().values, torch.arange(600))
-    again = data.dirichlet_parts(labels, 5, alpha=0.01, seed=4, min_size=32)
+    again = batches.dirichlet_parts(labels, 5, alpha=0.01, seed=4, min_size=32)
     assert all(torch.equal(a, b) for a, b in zip(parts, again, strict=True))
-    assert not all(torch.equal(a, b) for a, b in zip(parts, data.dirichlet_parts(labels, 5, 0.01, seed=5,
+    assert not all(torch.equal(a, b) for a, b in zip(parts, batches.dirichlet_parts(labels, 5, 0.01, seed=5,
                                                                                 min_size=32), strict=True))
     with pytest.raises(ValueError, match="cannot give 5 workers a batch of 200"):
-        data.dirichlet_parts(labels, 5, alpha=1.0, seed=0, min_size=200)
+        batches.dirichlet_parts(labels, 5, alpha=1.0, seed=0, min_size=200)
 
 
 def test_dirichlet_plan_cycles_each_worker_through_its_own_part():
@@ -289,14 +289,14 @@ def test_dirichlet_plan_cycles_each_worker_through_its_own_part():
 
 def test_dirichlet_equal_parts_are_one_size_skewed_and_a_partition():
     labels = torch.arange(10).repeat_interleave(40)[torch.randperm(400, generator=torch.Generator().manual_seed(0))]
-    parts = data.dirichlet_equal_parts(labels, 4, alpha=0.1, seed=3, min_size=8)
+    parts = batches.dirichlet_equal_parts(labels, 4, alpha=0.1, seed=3, min_size=8)
     assert [len(p) for p in parts] == [100] * 4
     assert len(torch.cat(parts).unique()) == 400                      # every sample once: a partition
-    assert all(torch.equal(a, b) for a, b in zip(parts, data.dirichlet_equal_parts(labels, 4, 0.1, 3, 8),
+    assert all(torch.equal(a, b) for a, b in zip(parts, batches.dirichlet_equal_parts(labels, 4, 0.1, 3, 8),
                                                   strict=True))       # a pure function of its inputs
     first = torch.bincount(labels[parts[0]], minlength=10)
     assert int((first > 0).sum()) <= 5, first                          # Dir(0.1): a few classes, not all ten
     plan = data.BatchPlan(labels, 4, 8, seed=3, dirichlet_alpha=0.1, equal=True)
     assert all(len(p) == 100 for p in plan.parts)
     with pytest.raises(ValueError, match="cannot give"):
-        data.dirichlet_equal_parts(labels, 4, 0.1, 3, min_size=101)
+        batches.dirichlet_equal_parts(labels, 4, 0.1, 3, min_size=101)

@@ -188,8 +188,16 @@ def test_without_the_start_barrier_a_single_worker_pulls():
     assert Async(3, Param().apply).pull(0, 0, lambda: "go").value == "go"
 
 
-def test_make_policy():
-    assert isinstance(make_policy("ssp", 2, Param().apply, staleness=1), SSP)
+def test_make_policy_runs_a_rule_by_its_on_arrival():
+    from psgd.core import rules
+    from psgd.core.policy import Policy
+
+    ssp = make_policy("ssp", 2, Param().apply, staleness=1)  # applied on arrival: the shared state machine
+    assert type(ssp) is Policy and ssp.rule == rules.SSP(staleness=1)
+    sync = make_policy("sync", 2, Param().apply, backup=1)  # buffering: Sync's step and quorum
+    assert type(sync) is Sync and sync.rule == rules.Sync() and sync.quorum == 1
+    with pytest.raises(ValueError, match="backup workers are a rule of sync"):
+        make_policy("async", 2, Param().apply, backup=1)
     with pytest.raises(ValueError):
         make_policy("bogus", 2, Param().apply)
     with pytest.raises(ValueError):

@@ -42,11 +42,11 @@ def test_a_suite_run_keeps_the_interval_it_was_made_with(tmp_path):
     """E1 read alone (without the suite's eval_samples) relies on the default: it stays 20."""
     from pathlib import Path
 
-    from psgd.lab import experiment
+    from psgd.lab import loader
 
     source = (Path(__file__).resolve().parent.parent / "experiments" / "e01_modes.toml").read_text()
     (tmp_path / "e.toml").write_text(source.replace("\n[params]", "\n[base]\nval_fraction = 0.2\n\n[params]", 1))
-    ex = experiment.load_experiment(tmp_path / "e.toml", "default", tmp_path)
+    ex = loader.load_experiment(tmp_path / "e.toml", "default", tmp_path)
     assert {s.cfg.eval_every for s in ex.planned_specs()} == {C.EVAL_EVERY_MIN}
 
 

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 
 from psgd.core.config import OptimConfig, RunConfig, to_dict
-from psgd.lab import analyses, experiment, power, report, results, stats
+from psgd.lab import analyses, experiment, loader, power, readme, report, results, stats
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -89,10 +89,10 @@ def test_a_claim_whose_halves_contradict_each_other_is_unstable(tmp_path):
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["claims"][0]["stability"] == "unstable" and summary["claims"][0]["split_half"]["unstable"]
     # The README's table, made from summary.json, marks it too; an older summary without the field renders as before.
-    assert "unstable (seeds 0, 1, 2, 3: confirmed; seeds 5, 6, 7, 8: refuted)" in report.readme_block(summary)
+    assert "unstable (seeds 0, 1, 2, 3: confirmed; seeds 5, 6, 7, 8: refuted)" in readme.readme_block(summary)
     old = {**summary, "claims": [{k: v for k, v in summary["claims"][0].items() if k in ("id", "title", "verdict",
                                                                                           "headline", "key")}]}
-    assert "unstable" not in report.readme_block(old)
+    assert "unstable" not in readme.readme_block(old)
 
 
 def test_the_report_states_seeds_run_seeds_asked_and_whether_three_decide(tmp_path):
@@ -165,13 +165,13 @@ def without_rounds(argv: tuple[str, ...]) -> tuple[str, ...]:
 
 @pytest.mark.parametrize("name", ["default.toml", "transformer.toml", "papers.toml"])
 def test_every_claim_says_why_its_margin_and_the_reference_profile_only_adds_seeds(name):
-    default = experiment.load_suite(ROOT / "experiments" / name, "default", results=Path("/nonexistent"))
-    reference = experiment.load_suite(ROOT / "experiments" / name, "reference", results=Path("/nonexistent"))
+    default = loader.load_suite(ROOT / "experiments" / name, "default", results=Path("/nonexistent"))
+    reference = loader.load_suite(ROOT / "experiments" / name, "reference", results=Path("/nonexistent"))
+    quick = loader.load_suite(ROOT / "experiments" / name, "quick", results=Path("/nonexistent"))
     for d, r in zip(default, reference, strict=True):
         assert d.margin_why, f"{d.path}: margin_why"
         # Issue 57: the margin is fixed in the file, the same at every profile (E5's factor is a threshold).
         assert d.margins or d.id == "E5", f"{d.path}: [margin]"
-        quick = experiment.load_suite(ROOT / "experiments" / name, "quick", results=Path("/nonexistent"))
         assert r.margins == d.margins == next(q for q in quick if q.id == d.id).margins
         assert r.seeds[:len(d.seeds)] == d.seeds and (len(r.seeds) >= 8 or r.seeds == d.seeds)
         assert r.templates == d.templates and r.tune_seeds == d.tune_seeds
@@ -250,7 +250,7 @@ def test_bad_scoring_and_margin_why_name_file_and_key(tmp_path, extra, message):
                     '[base]\ndataset = "synthetic"\nnum_samples = 400\nmodel = "logreg"\nsteps = 4\n'
                     '[[runs]]\nlabel = "sync"\nmode = "sync"\n')
     with pytest.raises(experiment.SuiteError, match=message):
-        experiment.load_experiment(path, "quick", tmp_path)
+        loader.load_experiment(path, "quick", tmp_path)
 
 
 def test_best_val_loads_where_every_run_has_a_validation_split(tmp_path):
@@ -258,7 +258,7 @@ def test_best_val_loads_where_every_run_has_a_validation_split(tmp_path):
     path.write_text('id = "X"\ntitle = "t"\nclaim = "c"\nanalysis = "modes"\nscoring = "best_val"\n'
                     'margin_why = "a point"\n[base]\ndataset = "synthetic"\nnum_samples = 400\nmodel = "logreg"\n'
                     'steps = 4\nval_fraction = 0.2\n[[runs]]\nlabel = "sync"\nmode = "sync"\n')
-    exp = experiment.load_experiment(path, "default", tmp_path)
+    exp = loader.load_experiment(path, "default", tmp_path)
     assert exp.scoring == "best_val" and exp.margin_why == "a point"
 
 

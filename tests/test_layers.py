@@ -1,6 +1,7 @@
 """The package's import graph, read from the source: no cycles, and arrows point down only.
 
-Layers, bottom to top (docs/architecture.md draws them):
+Layers, bottom to top (docs/architecture.md draws them and lists every arrow between them, a list
+the last tests here hold to the code's):
 
     _proto, core        the wire messages; pure cores: policies, sharding, codec, link, optimizer,
                         cost model, config schema, errors, the step types, the palette
@@ -125,6 +126,29 @@ def test_commands_the_cli_imports_by_name_point_down_too():
     here = LAYER["cli"]
     assert all(layer(target)[1] < here for target in cli.MODULES.values())
     assert all(target in modules() for target in cli.MODULES.values())
+
+
+def drawn_arrows() -> tuple[set[tuple[str, str]], set[tuple[str, str]]]:
+    """docs/architecture.md's list of every arrow between layers: (imported, by name)."""
+    doc = (ROOT.parent / "docs" / "architecture.md").read_text()
+    block = doc.split("Every arrow between layers", 1)[1].split("```", 2)[1]
+    imported, by_name = set(), set()
+    for line in block.strip().splitlines():
+        source, _, rest = line.partition("->")
+        targets, _, named = rest.partition("(by name:")
+        imported |= {(source.strip(), t.strip()) for t in targets.split(",")}
+        by_name |= {(source.strip(), t.strip(" )")) for t in named.split(",") if t.strip(" )")}
+    return imported, by_name
+
+
+def test_the_drawing_in_architecture_md_is_the_codes_arrows():
+    from psgd import cli
+
+    code = {(layer(m)[0], layer(d)[0]) for m, deps in graph().items() for d in deps
+            if layer(m) and layer(d) and layer(m)[0] != layer(d)[0]}
+    imported, by_name = drawn_arrows()
+    assert imported == code, f"drawn, not in the code: {imported - code}; in the code, not drawn: {code - imported}"
+    assert by_name == {("cli", layer(t)[0]) for t in cli.MODULES.values()}
 
 
 def test_the_launcher_leaves_torch_to_its_children_and_optim_leaves_dynamo_out():

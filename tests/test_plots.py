@@ -171,6 +171,7 @@ def test_the_forest_plot_has_a_row_per_effect_a_panel_per_unit_and_its_csv(tmp_p
 def test_the_forest_draws_ratios_and_differences_of_ratios_on_axes_of_their_own(tmp_path):
     """Issue 57: E20's time ratios (null 1) sat on an axis labelled "difference of ratios" beside E2's."""
     from psgd.lab import verdicts as V
+    from psgd.lab.forest import UNIT_AXES
     from psgd.lab.stats import Interval
 
     claims = [("E2", V.CONFIRMED, list(V.straggler_hurts_sync_more(Interval(3.0, 2.0, 4.0, 3)).effects)),
@@ -178,7 +179,7 @@ def test_the_forest_draws_ratios_and_differences_of_ratios_on_axes_of_their_own(
                                            null=1.0)])]
     fig = plots.forest(claims, tmp_path / "forest.png", "t")
     assert [ax.get_xlabel() for ax in fig.axes] == ["difference of two ratios (x)", "ratio (x)"]
-    assert "scoring" in plots.UNIT_AXES["accuracy"]
+    assert "scoring" in UNIT_AXES["accuracy"]
 
 
 def test_dot_plots_span_the_data_and_leave_out_what_was_not_measured(tmp_path):

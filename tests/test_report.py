@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from psgd.lab import analyses_remedies, analysis_kit, report, stats, suite
+from psgd.lab import analyses_remedies, analysis_kit, readme, report, stats, suite
 from psgd.lab import articles as articles_mod
 from psgd.lab import verdicts as V
 from psgd.lab.results import Section
@@ -254,7 +254,7 @@ def test_a_claim_its_configuration_decides_is_labelled_by_construction_everywher
     assert record["by_construction"] == s.by_construction
     summary = {"command": "c", "code_version": "v", "machine": "m", "wall_s": 60.0, "claims": [
         {"id": "E2", "title": "t", "verdict": "confirmed", "headline": "h", **record}]}
-    assert "**confirmed** (by construction)" in report.readme_block(json.loads(json.dumps(summary)))
+    assert "**confirmed** (by construction)" in readme.readme_block(json.loads(json.dumps(summary)))
     # The suite's claims that say so: E2, E6, E10, E11, and E7 for its every-step part (issue 57).
     marked = {e.id for e in suite.load_suite(SUITE, "default") if e.by_construction}
     assert marked == {"E2", "E6", "E7", "E10", "E11"}

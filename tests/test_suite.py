@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from psgd.core import config as C
-from psgd.lab import report as report_mod
-from psgd.lab import suite, verdicts
+from psgd.lab import readme as readme_mod
+from psgd.lab import runcache, suite, verdicts
 from tests.helpers import processes_mentioning, psgd_main
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -222,11 +222,11 @@ def test_the_cache_refuses_a_run_from_another_code_version(tmp_path):
     (out / "summary.json").write_text("{}")
     (out / "config.json").write_text(json.dumps(C.to_dict(spec.cfg)))
     (out / "provenance.json").write_text(json.dumps({"code_version": "v1"}))
-    assert suite.is_cached(spec)
+    assert runcache.is_cached(spec)
     (out / "provenance.json").write_text(json.dumps({"code_version": "v0"}))   # made by other code
-    assert not suite.is_cached(spec)
+    assert not runcache.is_cached(spec)
     (out / "provenance.json").unlink()
-    assert not suite.is_cached(spec)
+    assert not runcache.is_cached(spec)
 
 
 def test_a_reference_run_takes_the_default_profiles_finished_run_of_its_config(tmp_path):
@@ -238,25 +238,25 @@ def test_a_reference_run_takes_the_default_profiles_finished_run_of_its_config(t
     made = suite.load_experiment(path, "default", tmp_path / "papers", version="v1").final_specs(rates)[0]
     spec = suite.load_experiment(path, "default", tmp_path / "papers-reference", version="v1").final_specs(rates)[0]
     assert Path(spec.cfg.out).name == Path(made.cfg.out).name and spec.cfg.out != made.cfg.out
-    assert suite.default_folder(tmp_path / "reference") == tmp_path
-    assert suite.default_folder(tmp_path / "papers") is None   # a default profile has no twin to take
+    assert runcache.default_folder(tmp_path / "reference") == tmp_path
+    assert runcache.default_folder(tmp_path / "papers") is None   # a default profile has no twin to take
     out = Path(made.cfg.out)
     out.mkdir(parents=True)
     (out / "summary.json").write_text('{"final": 1}')
     (out / "config.json").write_text(json.dumps(C.to_dict(made.cfg)))
     (out / "provenance.json").write_text(json.dumps({"code_version": "v0"}))   # made by other training code
-    assert not suite.reuse_twin(spec) and not Path(spec.cfg.out).exists()
+    assert not runcache.reuse_twin(spec) and not Path(spec.cfg.out).exists()
     (out / "provenance.json").write_text(json.dumps({"code_version": "v1"}))
-    assert suite.reuse_twin(spec) and suite.is_cached(spec)
+    assert runcache.reuse_twin(spec) and runcache.is_cached(spec)
     there = Path(spec.cfg.out)
     assert (there / "summary.json").read_text() == '{"final": 1}'
     assert json.loads((there / "config.json").read_text())["out"] == made.cfg.out   # where it was made
-    assert not suite.reuse_twin(spec)   # once linked in, it is the reference's own (cached)
+    assert not runcache.reuse_twin(spec)   # once linked in, it is the reference's own (cached)
 
 
 def test_a_cluster_run_is_reused_only_on_the_link_it_ran_on(tmp_path, monkeypatch):
     """The config names the cluster (--hosts, --cluster), not its link: a cluster made again under the
-    same name with another link must not reuse the runs of the first (psgd/lab/suite.py is_cached)."""
+    same name with another link must not reuse the runs of the first (psgd/lab/runcache.py is_cached)."""
     from psgd.cluster import netns, plan
     from psgd.train import hosts
 
@@ -271,15 +271,15 @@ def test_a_cluster_run_is_reused_only_on_the_link_it_ran_on(tmp_path, monkeypatc
     (out / "summary.json").write_text(json.dumps({"cluster": {"name": "lab", **hosts.link_record(ran_on, "sync")}}))
     (out / "config.json").write_text(json.dumps(C.to_dict(spec.cfg)))
     (out / "provenance.json").write_text(json.dumps({"code_version": "v1"}))
-    assert not suite.is_cached(spec)                   # no cluster named lab is up: its link is unknown
-    assert suite.is_cached(spec, same_link=False)      # ... but the run is finished (the report reads it)
+    assert not runcache.is_cached(spec)                   # no cluster named lab is up: its link is unknown
+    assert runcache.is_cached(spec, same_link=False)      # ... but the run is finished (the report reads it)
     up["lab"] = ran_on
-    assert suite.is_cached(spec)
+    assert runcache.is_cached(spec)
     for other in ("200mbit,200us", "1gbit", "1gbit,1ms"):
         up["lab"] = dataclasses.replace(plan.describe("lab", 2, other), complete=True)
-        assert not suite.is_cached(spec), other
+        assert not runcache.is_cached(spec), other
     up["lab"] = dataclasses.replace(ran_on, latency_by="netem")   # the same link, the latency by the kernel
-    assert not suite.is_cached(spec)
+    assert not runcache.is_cached(spec)
 
 
 def test_tiny_quick_suite_tunes_runs_and_reports(tmp_path):
@@ -350,10 +350,10 @@ def test_tiny_quick_suite_tunes_runs_and_reports(tmp_path):
     assert f"- Re-analysed by `{again['reanalysed']['command']}`" in (results / "REPORT.md").read_text()
     assert [c["verdict"] for c in again["claims"]] == [c["verdict"] for c in ran["claims"]]
     # The README table is generated from summary.json.
-    readme = write(tmp_path, "README.md", f"intro\n{report_mod.README_BEGIN}\nold\n{report_mod.README_END}\nrest\n")
-    assert report_mod.update_readme(readme, results / "summary.json")
+    readme = write(tmp_path, "README.md", f"intro\n{readme_mod.README_BEGIN}\nold\n{readme_mod.README_END}\nrest\n")
+    assert readme_mod.update_readme(readme, results / "summary.json")
     assert "| [M](results/REPORT.md#m)" in readme.read_text() and readme.read_text().endswith("rest\n")
-    assert not report_mod.update_readme(readme, results / "summary.json")
+    assert not readme_mod.update_readme(readme, results / "summary.json")
     # Without the runs (a fresh clone: runs are not in git) a partial call would drop what the report
     # holds. --report refuses in one line, exit 2; --only W makes W's runs (all but M's async and fixed) and keeps the
     # report and summary as they were, saying so: M's runs are still not there.
@@ -380,7 +380,7 @@ def test_readme_verdict_table_is_current(folder):
     reference = "results/reference" if folder == "results" else f"{folder}-reference"
     folder = reference if (ROOT / reference / "summary.json").exists() else folder
     summary = json.loads((ROOT / folder / "summary.json").read_text())
-    block = report_mod.readme_block(summary, f"{folder}/REPORT.md", f"../{folder}/REPORT.md")
+    block = readme_mod.readme_block(summary, f"{folder}/REPORT.md", f"../{folder}/REPORT.md")
     assert block in (ROOT / "docs/results.md").read_text(), "docs/results.md is stale: run `make readme`"
 
 

@@ -15,7 +15,6 @@ import threading
 import pytest
 import torch
 
-from psgd.core import rules
 from psgd.core.config import RunConfig
 from psgd.core.errors import Code, ShardError
 from psgd.ps.shard import Shard
@@ -75,11 +74,14 @@ def run_step(s: Shard, clock: int, grads: list[torch.Tensor], order: list[int]) 
 
 
 def reference(grads: list[list[torch.Tensor]]) -> torch.Tensor:
-    """The same shard config's parameters after each step's worker-order sum (rules.step_sum)."""
+    """The same shard config's parameters after each step's worker-order sum, ((g0 + g1) + g2) + ..."""
     ref = sync_shard()
     for step in grads:
+        total = step[0].clone()
+        for g in step[1:]:
+            total.add_(g)
         with ref.lock:
-            ref.policy._commit(rules.step_sum(dict(enumerate(step))).div_(N))
+            ref.policy._commit(total.div_(N))
     return ref.param
 
 

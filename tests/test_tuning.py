@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from psgd.lab import experiment, tuning
+from psgd.lab import experiment, loader, tuning
 
 TOML = """id = "T"
 title = "t"
@@ -42,7 +42,7 @@ def load(tmp_path: Path, tune_extra: str = "") -> experiment.Experiment:
     tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "t.toml"
     path.write_text(TOML.format(tune_extra=tune_extra))
-    return experiment.load_experiment(path, "default", tmp_path / "results")
+    return loader.load_experiment(path, "default", tmp_path / "results")
 
 
 def maker(val):

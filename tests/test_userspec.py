@@ -224,7 +224,7 @@ def test_by_hand_server_and_worker_take_your_model_and_the_suite_takes_specs(tmp
     import subprocess
     import sys
 
-    from psgd.lab.experiment import config_from_settings
+    from psgd.lab.settings import config_from_settings
     from tests.helpers import ENV
 
     in_process_runs(monkeypatch)  # summarize runs in this process

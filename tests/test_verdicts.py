@@ -7,6 +7,7 @@ import pytest
 
 from psgd.lab import stats
 from psgd.lab import verdicts as V
+from psgd.lab import verdicts_remedies as VR
 from psgd.lab.stats import Interval
 
 
@@ -227,18 +228,18 @@ GAP = iv(0.3, 0.25, 0.35)   # sync far ahead of plain async
     ([GOOD, UNSURE], V.INCONCLUSIVE),
 ])
 def test_e12_remedies(gains, outcome):
-    cells = [V.RemedyCell(r, 4, 0.1, GAP, g) for r, g in zip(("staleness-aware rate", "DC-ASGD"), gains, strict=True)]
-    assert V.remedies_close_the_gap(cells).outcome == outcome
+    cells = [VR.RemedyCell(r, 4, 0.1, GAP, g) for r, g in zip(("staleness-aware rate", "DC-ASGD"), gains, strict=True)]
+    assert VR.remedies_close_the_gap(cells).outcome == outcome
 
 
 def test_e12_no_gap_no_verdict():
     # Plain async as good as sync wherever a remedy ran: whatever the remedies gain, nothing to close.
-    cells = [V.RemedyCell("DC-ASGD", 4, 0.03, iv(0.0, -0.02, 0.02), GOOD)]
-    v = V.remedies_close_the_gap(cells)
+    cells = [VR.RemedyCell("DC-ASGD", 4, 0.03, iv(0.0, -0.02, 0.02), GOOD)]
+    v = VR.remedies_close_the_gap(cells)
     assert v.outcome == V.INCONCLUSIVE and "no gap to close" in v.reason
     # A remedy that helps at one degraded rate and not at another: the rate decides.
-    mixed = [V.RemedyCell("DC-ASGD", 4, lr, GAP, g) for lr, g in ((0.1, GOOD), (0.3, NONE))]
-    assert V.remedies_close_the_gap(mixed).outcome == V.DEPENDS
+    mixed = [VR.RemedyCell("DC-ASGD", 4, lr, GAP, g) for lr, g in ((0.1, GOOD), (0.3, NONE))]
+    assert VR.remedies_close_the_gap(mixed).outcome == V.DEPENDS
 
 
 def test_recovered_share_of_a_loss():
@@ -269,7 +270,7 @@ def test_avoided_share_is_measured_from_the_remedys_own_footing():
     (iv(0.0, -0.1, 0.1), iv(0.9, 0.8, 1.0), iv(0.0, -0.005, 0.005), V.INCONCLUSIVE),
 ])
 def test_backup_recovers_reaches_every_outcome(loss, recovered, cost, outcome):
-    assert V.backup_recovers(loss, recovered, cost).outcome == outcome
+    assert VR.backup_recovers(loss, recovered, cost).outcome == outcome
 
 
 LOSS = iv(-0.1, -0.15, -0.05)
@@ -284,7 +285,7 @@ LOSS = iv(-0.1, -0.15, -0.05)
     ({"top 1%": NONE, "top 10%": NONE}, {"top 1%": GOOD, "top 10%": UNSURE}, V.INCONCLUSIVE),
 ])
 def test_e13_error_feedback(ef, without, outcome):
-    v = V.error_feedback_keeps_accuracy(ef, without)
+    v = VR.error_feedback_keeps_accuracy(ef, without)
     assert v.outcome == outcome
     assert ("keep" in v.reason) == (outcome == V.DEPENDS)
 
@@ -297,7 +298,7 @@ def test_every_rule_records_the_numbers_it_weighed_with_their_margins():
         ("CNN - MLP", NONE, 0.02, "effect", V.ACCURACY, V.REFUTED)]
     assert [e.test for e in V.keeps_accuracy({"fp16": NONE}).effects] == ["no_worse"]
     assert V.sync_beats_async(GOOD, label="one worker - async").effects[0].label == "one worker - async"
-    share, cost = V.backup_recovers(iv(0.8, 0.7, 0.9), iv(0.9, 0.8, 1.0), NONE).effects
+    share, cost = VR.backup_recovers(iv(0.8, 0.7, 0.9), iv(0.9, 0.8, 1.0), NONE).effects
     assert (share.null, share.margin, share.unit, share.outcome) == (0.5, 0.0, V.SHARE, V.CONFIRMED)
     assert cost.outcome == V.CONFIRMED
     assert V.straggler_hurts_sync_more(iv(2, 1, 3)).effects[0].unit == V.RATIO
@@ -341,7 +342,7 @@ def test_a_margin_is_the_one_its_experiment_file_declares():
     with pytest.raises(ValueError, match="which \\[margin\\] does not declare"):
         checks.check_margins(V.straggler_hurts_sync_more(GOOD), {V.ACCURACY: 0.01}, "e02.toml")
     # A threshold alone (margin 0: E11's share above one half) is not a margin.
-    checks.check_margins(V.backup_recovers(iv(0.8, 0.7, 0.9), iv(0.9, 0.8, 1.0), NONE), {V.ACCURACY: 0.01}, "e11")
+    checks.check_margins(VR.backup_recovers(iv(0.8, 0.7, 0.9), iv(0.9, 0.8, 1.0), NONE), {V.ACCURACY: 0.01}, "e11")
     assert checks.parse_margins({"accuracy": 0.01, "ratio": 0.2}, "f") == {V.ACCURACY: 0.01, V.RATIO: 0.2}
     for bad in ({"acc": 0.01}, {"accuracy": 0}, {"accuracy": True}, 0.01):
         with pytest.raises(ValueError, match="f: "):

@@ -1,7 +1,7 @@
 """One warm parent per test process for the `psgd run`s a test makes in this process.
 
-`psgd suite` forks every run's shards and workers from one warm parent (psgd/lab/suite.py
-`_WarmParent`, psgd/train/launch.py `warm_parent`): torch is imported once, not once per run (about
+`psgd suite` forks every run's shards and workers from one warm parent (psgd/lab/runner.py
+`WarmParent`, psgd/train/launch.py `warm_parent`): torch is imported once, not once per run (about
 1.5 s of CPU per run here). Tests that run many `psgd run` commands in this process (psgd_main) and
 do not test the run's own zygote use the fixture `warm_runs`: while the test runs, `launch.run`
 gets this process's warm parent (started by the first such test, replaced if it died, closed when
@@ -26,13 +26,13 @@ from pathlib import Path
 
 import pytest
 
-from psgd.lab.suite import _WarmParent
+from psgd.lab.runner import WarmParent
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-class _Warm(_WarmParent):
-    """The suite's warm parent (psgd/lab/suite.py), started from the repository's root, as `python -m
+class _Warm(WarmParent):
+    """The suite's warm parent (psgd/lab/runner.py), started from the repository's root, as `python -m
     psgd` from `make test`: the forks import module specs such as tests.user_workload:make_model from there."""
 
     def get(self):
@@ -80,7 +80,7 @@ def warm_benches(warm_parent, monkeypatch):
 
 
 # -- scripts: `python SCRIPT ARGS` forked from a warm parent ---------------------------------------------
-class _ScriptParent(_WarmParent):
+class _ScriptParent(WarmParent):
     """A warm parent whose forks run Python scripts (tests/script_zygote.py), started from the
     repository's root like the other, at its first use (by a test, on the main thread); it dies with
     this process (PR_SET_PDEATHSIG) and is closed when the session ends."""

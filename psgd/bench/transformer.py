@@ -254,7 +254,7 @@ def _machine() -> str:
     try:
         commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                                 timeout=10).stdout.strip() or "?"
-        from psgd.bench.cluster import BENCH_CODE  # noqa: PLC0415 - results/ written meanwhile is no code change
+        from psgd.bench.record import BENCH_CODE  # noqa: PLC0415 - results/ written meanwhile is no code change
 
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *BENCH_CODE],
                                capture_output=True, text=True, timeout=10).stdout.strip()

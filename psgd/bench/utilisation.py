@@ -2,7 +2,7 @@
 
 Contract: the table of diloco-measured (2026; DDP, local SGD and DiLoCo at several H on tc-shaped
 links) for psgd's methods: for each rate in `--rates` a cluster of its own (`psgd bench cluster`'s:
-`shaped`, `cluster_name`, `calibration` and `machines` are imported from psgd/bench/cluster.py, and
+`shaped`, `cluster_name`, `calibration` and `machines`, from psgd/bench/shaped.py, and
 the cluster is always taken down, also on a failure, Ctrl-C or SIGTERM), N = `--workers` workers
 on it, and with `psgd run --hosts` (the shard on h0, worker r on h(r+1); all-reduce rank r on h r):
 - sync PS, one shard (H = 1: one push and pull per step);
@@ -40,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-from psgd.bench import cluster, scaling
+from psgd.bench import record, scaling, shaped
 from psgd.bench.transport import parse_int_list
 from psgd.cluster import netns, probe
 from psgd.core import costmodel as cm
@@ -154,13 +154,13 @@ def report(rows: list[dict], links: list[dict], a: argparse.Namespace, loads: tu
 def run_rate(a: argparse.Namespace, rate: str, host: dict, out: Path, runs: Path, rows: list[dict],
              links: list[dict], save) -> None:
     lk = f"{rate},{a.latency}"
-    with cluster.shaped(cluster.cluster_name(a.name, rate), a.workers + 1, lk) as c:
+    with shaped.shaped(shaped.cluster_name(a.name, rate), a.workers + 1, lk) as c:
         bits = link_mod.parse(rate).bits_per_s
         got, seconds = probe.goodput(c, "h1", "h0", max(16 << 20, int(bits / 8 * a.probe_s)) & ~((1 << 20) - 1))
-        cal = cluster.calibration(out / f"calibration-{rate}.json", a, c)
+        cal = shaped.calibration(out / f"calibration-{rate}.json", a, c)
         links.append({"rate": rate, "goodput_bits": got * 8 / seconds,
                       "psgd_bits": 8 / cal["machine"]["beta_s_per_byte"]})
-        ms = cluster.machines(cal, host, link_mod.parse(lk).latency_s, got * 8 / seconds)
+        ms = shaped.machines(cal, host, link_mod.parse(lk).latency_s, got * 8 / seconds)
         work = dataclasses.replace(cm.workload_from_dict(cal["workload"]), batch=a.batch_size)
         for method, h, cfg in plans(a, c.name, runs / rate):
             row = {"rate": rate, "method": method, "local_steps": h, "workers": a.workers,
@@ -190,14 +190,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--compute-ms", type=int, default=20, help="emulated compute per step on every worker (ms)")
     p.add_argument("--width", type=int, default=1024, help="wide_mlp width (1024: about 2.1M parameters)")
     p.add_argument("--batch-size", type=int, default=8, help="samples per worker per step")
-    cluster.add_cluster_flags(p, name="ut", repeat=3)
+    shaped.add_cluster_flags(p, name="ut", repeat=3)
     p.add_argument("--out", default="results/bench/utilisation", help="folder for the CSV, table and command")
     p.add_argument("--runs", default="results/runs/bench-utilisation", help="folder for the runs themselves")
     a = p.parse_args(argv)
     a.local_steps = parse_int_list(a.local_steps, "--local-steps")
     a.rates = [r.strip().lower() for r in a.rates.split(",") if r.strip()]
     try:
-        cluster.check_rates(a.rates, a.latency, a.name)
+        shaped.check_rates(a.rates, a.latency, a.name)
     except ValueError as e:
         raise UsageError(str(e)) from None
     if (not a.rates or a.workers < 2 or min(a.local_steps) < 2 or a.rounds < 2 or a.steps < 3 or a.compute_ms < 0
@@ -207,19 +207,19 @@ def main(argv: list[str]) -> int:
     netns.need_privileges()
     out, runs = Path(a.out), Path(a.runs)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "command.txt").write_text(cluster.provenance(argv, "utilisation"))
+    (out / "command.txt").write_text(record.provenance(argv, "utilisation"))
     start_load = os.getloadavg()[0]
     rows: list[dict] = []
     links: list[dict] = []
 
     def save() -> None:
-        cluster.write_csv(out / "utilisation.csv", rows, FIELDS)
+        record.write_csv(out / "utilisation.csv", rows, FIELDS)
 
     try:
-        host = cluster.host_calibration(out, a)
+        host = shaped.host_calibration(out, a)
         for rate in a.rates:
             run_rate(a, rate, host, out, runs, rows, links, save)
-    except (cluster.BenchFailed, probe.ProbeFailed) as e:
+    except (shaped.BenchFailed, probe.ProbeFailed) as e:
         print(f"psgd bench utilisation: failed: {e}", file=sys.stderr)
         return 1
     finally:

@@ -7,7 +7,7 @@ all-reduce replica or a local worker takes either through `optim.build(param, cf
 The update is `torch.optim.adam.adam(..., decoupled_weight_decay=True)`, the function
 `torch.optim.AdamW.step` calls, on the one tensor: bit for bit the class's update
 (tests/test_optim.py), without constructing a `torch.optim.Optimizer` (that imports
-torch._dynamo: about 0.9 s of CPU per process, see psgd/core/optim.py). Decoupled weight decay:
+torch._dynamo at every process's start-up, see psgd/core/optim.py). Decoupled weight decay:
 p <- p - lr x weight_decay x p, then the Adam step with bias-corrected moments; the warmup
 multiplies lr as it does for SGD (Goyal et al. 2017's linear ramp).
 

@@ -13,9 +13,9 @@ Contract:
 - A wrong total length raises ValueError (the server maps it to INVALID_ARGUMENT); the server
   assembles into a scratch buffer, so no state is touched.
 
-Why raw bytes in ~1 MiB chunks: on the reference machine one 64 MiB protobuf message moved at
-0.39 GB/s and took 169 ms just to serialise, while 1 MiB chunks streamed at 1.1 GB/s
-(docs/architecture.md). `repeated float` would be slower still. Why hand-built frames: building
+Why raw bytes in ~1 MiB chunks: one 64 MiB protobuf message moves several times slower than the
+same bytes streamed in 1 MiB chunks, most of it spent serialising (docs/architecture.md has the
+figures). `repeated float` would be slower still. Why hand-built frames: building
 a protobuf message copies the payload into it and serialising copies it again; the frame is the
 same bytes on the wire with one copy (tensor -> bytes), and on receipt protobuf would copy the
 payload out once more, where `data_view` copies nothing. Pure module: no gRPC here.

@@ -22,7 +22,7 @@ import argparse
 import dataclasses
 import functools
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,14 +34,14 @@ Pairs = tuple[tuple[int, int], ...]   # (rank, n) pairs: a repeatable `--flag RA
 class Flag:
     """What a config field needs besides its type and default to be a command-line flag."""
     help: str
-    choices: tuple[str, ...] = ()
+    choices: Collection[str] = ()                       # a registry (a dict) stays live: later names count
     metavar: str | None = None
     aliases: tuple[str, ...] = ()                       # more option strings (`--num-shards`)
     parse: Callable[[str], Any] | None = None           # text -> value, ValueError if bad (default: the type)
     from_arg: Callable[[Any], Any] | None = None        # parsed value -> field value (default: as is)
 
 
-def opt(default: Any, help: str, *, choices: tuple[str, ...] = (), metavar: str | None = None,
+def opt(default: Any, help: str, *, choices: Collection[str] = (), metavar: str | None = None,
         aliases: tuple[str, ...] = (), parse: Callable[[str], Any] | None = None,
         from_arg: Callable[[Any], Any] | None = None) -> Any:
     """A config field that is also a flag: `lr: float = opt(0.05, "learning rate")`."""

@@ -1,36 +1,33 @@
 """The optimizers every update in psgd takes: torch's SGD update (here) or AdamW's (adamw.py), with a linear warmup.
 
-`build(param, cfg, fused)` makes the one `--optimizer` names, looked up in `OPTIMIZERS` (name -> a
-loader returning the class, so that AdamW's module is imported only by a run that takes it);
-`check_state(cfg, state)` asks the same class. A ValueError names the choices for an unknown name.
+`build(param, cfg, fused)` makes the one `--optimizer` names, looked up in `OPTIMIZERS`
+(psgd/core/sections.py: name -> the class, or "module:Class" imported only by a run that takes it,
+so that AdamW's module is imported by AdamW runs alone); `check_state(cfg, state)` asks the same
+class. A ValueError names the choices for an unknown name.
 
-The interface, all a shard, a replica or a local worker calls: `Class(param, cfg, fused)` over one
-tensor; `step()` with the gradient in `param.grad`; `lr` (the next step's rate) and `updates` (steps
+The interface, all a shard, a replica, a local worker or the textbook calls: `Class(param, cfg, fused)`
+over one tensor; `step()` with the gradient in `param.grad`; `lr` (the next step's rate) and `updates` (steps
 taken); `state_dict()`, a static `check_state(state)` (ValueError unless this class wrote it) and
 `load_state_dict(state)` for checkpoints; and a `param` attribute the shard may reassign (it moves
 its parameters to a fresh buffer while a pull still holds the old one: psgd/ps/snapshots.py), so
 `step` reads `self.param` each time.
 
-A new optimizer is one file: its class, registered with `OPTIMIZERS[name] = lambda: Class`; a run
-built from a `RunConfig` naming it (psgd.fit, psgd/train/assemble.py) then steps it everywhere
-(tests/test_optim.py plugs in a sign-SGD from the test file alone). For `--optimizer` and
-`config.validate` its name must also be in psgd/core/sections.py's `OPTIMIZERS` tuple (the flag's
-static choices: that module stays stdlib-only, so it cannot read this registry), and a built-in one
-gets its loader line here; its settings, if new, go in OptimConfig. tests/test_optim.py checks that
-the tuple and this registry name the same optimizers.
+A new optimizer is its class and one line in `OPTIMIZERS`, the one list of them: the --optimizer
+choices, `config.validate` and every run built from a `RunConfig` (psgd.fit, psgd/train/assemble.py)
+read it; its settings, if new, go in OptimConfig. tests/test_optim.py plugs in a sign-SGD from the
+test file alone and counts what it touched.
 
 A shard server (psgd/ps/shard.py) steps it on its slice of the parameters, an all-reduce
-replica (psgd/allreduce/collective.py) and a local-SGD worker (psgd/ps/exchange.py) on their
-whole flat parameter buffer: the same arithmetic everywhere, so a sync PS run, an all-reduce
-run and a single-process torch loop agree step for step.
+replica (psgd/allreduce/collective.py), a local-SGD worker (psgd/ps/exchange.py) and the
+textbook (psgd/core/textbook.py) on their whole flat parameter buffer: the same arithmetic
+everywhere, so a sync PS run, an all-reduce run and a single-process torch loop agree step for step.
 
 The update is `torch.optim.sgd.sgd`, the function `torch.optim.SGD.step` calls (momentum, weight
 decay), called directly on the one tensor: the same arithmetic as the class (with `fused=True`,
 the fused kernel that function calls, called as it calls it). Not the class
 itself, because constructing any `torch.optim.Optimizer` imports torch._dynamo (its
-`add_param_group` is wrapped to disable the compiler), which costs about 0.9 s of CPU in every
-shard and replica process at start-up (measured with `python -X importtime`), on 2 cores shared
-by all of a run's processes.
+`add_param_group` is wrapped to disable the compiler), a cost every shard and replica process
+would pay at start-up, on the cores all of a run's processes share (docs/measure.md has the figure).
 
 Warmup: psgd/core/schedule.py (Goyal et al. 2017's linear ramp), shared with AdamW.
 
@@ -40,35 +37,29 @@ Warmup: psgd/core/schedule.py (Goyal et al. 2017's linear ramp), shared with Ada
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import importlib
 
 import torch
 from torch.optim.sgd import sgd
 
 from psgd.core.config import OptimConfig
 from psgd.core.schedule import FUSED_DEVICES, warmup_factor
+from psgd.core.sections import OPTIMIZERS
 
 __all__ = ["FUSED_DEVICES", "OPTIMIZERS", "SGD", "build", "check_state", "optimizer_class", "warmup_factor"]
 
 
-def _adamw() -> type:
-    from psgd.core.adamw import AdamW  # noqa: PLC0415 - only an AdamW run needs it (its import costs)
-
-    return AdamW
-
-
-# name -> a loader of the class: a loader, not the class, so that a registered optimizer's module
-# is imported by the run that takes it and by no other.
-OPTIMIZERS: dict[str, Callable[[], type]] = {"sgd": lambda: SGD, "adamw": _adamw}
-
-
 def optimizer_class(name: str) -> type:
-    """The class registered as `name`; ValueError, with the choices, for a name not registered."""
+    """The class registered as `name` (imported now if registered by its path); ValueError, with the
+    choices, for a name not registered."""
     try:
-        load = OPTIMIZERS[name]
+        entry = OPTIMIZERS[name]
     except KeyError:
         raise ValueError(f"unknown optimizer {name!r}; choose {' or '.join(OPTIMIZERS)}") from None
-    return load()
+    if isinstance(entry, str):  # "module:Class": imported by the run that takes it and by no other
+        module, _, attr = entry.partition(":")
+        return getattr(importlib.import_module(module), attr)
+    return entry
 
 
 def build(param: torch.Tensor, cfg: OptimConfig, fused: bool = False):
@@ -84,8 +75,8 @@ def check_state(cfg: OptimConfig, state: dict) -> None:
 class SGD:
     """SGD over one tensor (its .grad), with the warmup schedule; for one thread.
 
-    `fused=True` takes torch's fused kernel where it has one (one pass over the memory: 14 vs
-    22 ms for 16M elements on this machine), the same update up to float rounding.
+    `fused=True` takes torch's fused kernel where it has one (one pass over the memory instead of
+    several: docs/architecture.md has the time), the same update up to float rounding.
     """
 
     def __init__(self, param: torch.Tensor, cfg: OptimConfig, fused: bool = False) -> None:
@@ -121,8 +112,8 @@ class SGD:
     def _fused_step(self, grad: torch.Tensor) -> None:
         """torch's fused kernel on the one tensor, called as `sgd(..., fused=True)` calls it: the
         same update, bit for bit, without that function's grouping by device and dtype, which has
-        nothing to group here and cost a shard ~25 us per update (a 79k-element shard's whole
-        kernel takes ~16 us). The first step with momentum makes the buffer (is_first_step)."""
+        nothing to group here and cost a small shard more than the kernel itself (docs/architecture.md).
+        The first step with momentum makes the buffer (is_first_step)."""
         c = self.cfg
         first = c.momentum != 0 and self.momentum_buffer is None
         buffers = [] if c.momentum == 0 else [torch.empty_like(grad) if first else self.momentum_buffer]

@@ -1,14 +1,27 @@
 """A consistency policy: a mode's rule (psgd/core/rules.py) with production's bookkeeping around it.
 
-The state machine every mode shares: versions, clocks, a budget, the start barrier, membership (its
-collaborator, psgd/core/roster.py). Async and SSP are this class with their rule; Sync adds the
-step's sum, its quorum and backup workers (psgd/core/sync.py).
+The state machine every mode shares: versions, clocks, a budget (gradients to accept; then every
+pull and push is answered done), the start barrier and membership (psgd/core/roster.py). A rule
+applied on arrival (async, SSP, a registered one) runs in this class as it is; a buffering rule
+(sync) in Sync, which adds the step's sum, its quorum and backup workers (psgd/core/sync.py).
+
 - push: checks clock and version, measures staleness, lets the remedies `adjust` the gradient, then
-  the mode takes it (`_on_gradient`); never blocks. `turn`: may a push's data be read now (Sync).
-- pull: waits until the rule allows the read (start barrier down, a joiner admitted), then read().
-- expire / lose / depart / admit / cancel: membership; `membership_state` carries it in checkpoints.
-No math, no I/O: `apply(grad)` and `read()` are the shard's callbacks, called under `self.cond`,
-which guards every field here and in the roster.
+  the rule's `on_arrival` says whether it is applied now or gathered into the step's sum (Sync's
+  `_gather`); never blocks. `turn`: may a push's data be read now (Sync's worker order).
+- pull: waits until the rule's `may_read` allows the read (start barrier down, a joiner
+  admitted), then read(); PullTimeout after its deadline, state untouched.
+- expire / lose / depart / admit / cancel: membership (roster.py); `membership_state` carries it
+  in checkpoints.
+
+No math and no I/O. The shard (psgd/ps/shard.py) hands over `apply(grad)`, its optimizer step,
+which the policy calls under its lock after counting the update (so `version` is then the
+version that update makes; if apply raises, the count is taken back), and `read()`, which copies
+the parameters under the same lock. An optional `adjust(grad, worker, staleness)` (the remedies for
+stale gradients, psgd/ps/remedies.py) returns the gradient to take instead of an arriving one
+(None: skip it, counted like a non-finite gradient): called under the lock once the push is
+accepted, before the gradient is buffered or applied, with the staleness the policy measured, so
+it sees the version the update is applied to; if it raises, the push is refused, state unchanged.
+Thread-safe: `self.cond` guards every field here and in the roster.
 """
 
 from __future__ import annotations
@@ -21,15 +34,15 @@ from typing import TypeVar
 import torch
 
 from psgd.core.outcomes import PolicyError, PullOutcome, PullTimeout, PushOutcome, Stats
-from psgd.core.roster import Roster
+from psgd.core.roster import Membership, Roster
 from psgd.core.rules import Rule
 
 T = TypeVar("T")
 Adjust = Callable[[torch.Tensor, int, int], torch.Tensor | None]   # (grad, worker, staleness) -> what to take
 
 
-class Policy:
-    """The shared state machine around one `Rule`; Sync overrides the `_on_*` hooks."""
+class Policy(Membership):
+    """The shared state machine around one `Rule`; Sync overrides `_gather` and the `_on_*` hooks."""
 
     rejoins = True  # a lost worker that asks again at its clock (a restarted process) is back in
 
@@ -66,34 +79,26 @@ class Policy:
 
     # -- a mode's own part (cond held); Async and SSP take these as they are -------------------
     def _pull_ready(self, worker: int, clock: int) -> bool:
-        return self.rule.may_read(self.version, clock + self.roster.offset[worker], self.roster.slowest(self.clocks))
+        return self.rule.may_read(self.version, self._step(worker, clock), self.roster.slowest(self.clocks))
 
-    def _on_gradient(self, worker: int, clock: int, grad: torch.Tensor | None,
-                     keep: bool) -> tuple[bool, bool, torch.Tensor | None]:
-        """Take one arrived gradient (None = skipped): (applied now, kept `grad`, the spare given back)."""
-        assert self.rule.on_arrival, f"{self.name}: a buffering rule needs its own policy (psgd/core/sync.py)"
+    def _step(self, worker: int, clock: int) -> int:
+        """The clock the rule judges a pull by: a joiner's clock counts from the slowest's (its offset)."""
+        return clock + self.roster.offset[worker]
+
+    def _arrive(self, grad: torch.Tensor | None) -> tuple[bool, bool, torch.Tensor | None]:
+        """A gradient of an on-arrival rule (None = skipped): applied now. (applied, kept, spare)."""
         if grad is None:
             return False, False, None
         self._commit(grad)
         return True, False, None
 
+    def _gather(self, worker: int, clock: int, grad: torch.Tensor | None,
+                keep: bool) -> tuple[bool, bool, torch.Tensor | None]:
+        """A gradient of a buffering rule: into the step's sum, applied with its quorum (Sync's)."""
+        raise AssertionError(f"{self.name}: a buffering rule needs a step and its quorum (psgd/core/sync.py)")
+
     def _late(self, worker: int, base_version: int) -> bool:
         return False  # True: taken but never applied (only Sync with backup workers)
-
-    def _on_lost(self, worker: int) -> None: ...    # a live worker was declared lost
-    def _on_depart(self, worker: int) -> None: ...  # a worker left before the budget was spent
-
-    def _on_admit(self, worker: int, at: int | None) -> int:
-        """Async / SSP hold the admitted worker's first pull until update `at` (None: not at all)."""
-        self.roster.pending[worker] = self.version if at is None else at
-        self.clocks[worker] = 0
-        return 0
-
-    def _on_cancel(self, worker: int) -> bool:
-        return self.roster.pending.pop(worker, None) is not None
-
-    def _awaits(self, worker: int) -> int | None:
-        return self.roster.pending.get(worker)
 
     # -- the protocol ---------------------------------------------------------------------------
     def push(self, worker: int, clock: int, base_version: int,
@@ -130,7 +135,8 @@ class Policy:
                 grad = adjusted
             self.pushing = (worker, clock)  # for apply(): the clocks once this push is counted (checkpoints)
             try:
-                applied, kept, spare = self._on_gradient(worker, clock, grad, keep)
+                applied, kept, spare = (self._arrive(grad) if self.rule.on_arrival
+                                        else self._gather(worker, clock, grad, keep))
             finally:
                 self.pushing = None
             self.clocks[worker] = clock + 1
@@ -206,94 +212,8 @@ class Policy:
             self.version -= 1
             raise
 
-    # -- membership (the roster keeps who is in; the mode adjusts its quorum) ------------------
-    def expire(self, lease: float, now: float | None = None) -> list[tuple[int, int]]:
-        """Declare lost the workers silent for over `lease` s whose pull is not held (`Roster.silent`),
-        never once the run is done; returns them with their clocks. `now`: time.monotonic, for tests."""
-        now = time.monotonic() if now is None else now
-        with self.cond:
-            if self.done:
-                return []
-            gone = self.roster.silent(now, lease)
-            self._declare_lost(gone)
-            return [(w, self.stats.lost[w]) for w in gone]
-
-    def lose(self, worker: int) -> int | None:
-        """Declare `worker` lost now, as `expire` would after its lease: psgd run saw its process die.
-        Returns its clock; None when it is gone already (lost, departed, absent) or the run is done."""
-        self._check_worker(worker)
-        with self.cond:
-            if self.done or worker in self.stats.lost.keys() | self.stats.departed.keys() | self.roster.absent:
-                return None
-            self._declare_lost([worker])
-            return self.stats.lost[worker]
-
-    def _declare_lost(self, gone: list[int]) -> None:
-        for w in gone:
-            self.roster.lose(w, self.clocks[w], self.version)
-            self._on_lost(w)
-        if gone:
-            self.roster.recount()
-            self.cond.notify_all()  # SSP's slowest clock and the start barrier may have moved
-
-    def depart(self, worker: int) -> None:
-        """`worker` sends nothing more: nobody waits for it. Idempotent; no-op once done."""
-        self._check_worker(worker)
-        with self.cond:
-            if self.done or worker in self.stats.departed or worker in self.stats.lost:
-                return
-            self.roster.depart(worker, self.clocks[worker], self.version)
-            self._on_depart(worker)
-            self.roster.recount()
-            self.cond.notify_all()
-
-    def admit(self, worker: int | None, at: int | None) -> tuple[int, int]:
-        """Take absent slot `worker` (None: the lowest absent one) into the run from update `at` (None:
-        the next safe one); returns (the slot, its first clock). PolicyError, state unchanged, when
-        the run is done, full, the slot is taken, or (sync) step `at` is applied already."""
-        if worker is not None:
-            self._check_worker(worker)
-        with self.cond:
-            if self.done:
-                raise PolicyError("the run has finished (its budget is spent): nothing to join")
-            worker = self.roster.admit(worker)
-            clock = self._on_admit(worker, at)
-            self.roster.admitted(worker)
-            self.cond.notify_all()
-            return worker, clock
-
-    def admission(self, worker: int) -> int | None:
-        """The update an admitted worker's first pull waits for while it waits, else None."""
-        with self.cond:
-            return self._awaits(worker)
-
-    def cancel(self, worker: int) -> None:
-        """Undo an admission whose worker has not begun (another shard refused the join); PolicyError
-        when it has begun (then it Leaves)."""
-        self._check_worker(worker)
-        with self.cond:
-            if worker in self.roster.absent or not self._on_cancel(worker):
-                raise PolicyError(f"worker slot {worker} has no admission to cancel (it is absent, or it has begun: "
-                                  "it must leave instead)")
-            self.roster.cancel(worker)
-            self.clocks[worker] = 0
-            self.cond.notify_all()
-
-    def membership_state(self) -> dict:
-        """Who is in the run, for a checkpoint (cond held; `restore_membership` takes it back)."""
-        return {**self.roster.state(), "budget": self.budget}
-
-    def restore_membership(self, state: dict) -> None:
-        with self.cond:
-            self.roster.restore(state)
-            self.budget = state["budget"]
-
     def close(self) -> None:
         """Wake every blocked pull (they return done) and refuse further pushes."""
         with self.cond:
             self.closed = True
             self.cond.notify_all()
-
-    def _check_worker(self, worker: int) -> None:
-        if not 0 <= worker < self.num_workers:
-            raise PolicyError(f"worker id {worker} out of range 0..{self.num_workers - 1}")

@@ -1,25 +1,52 @@
-"""Who is in the run: the membership collaborator of a consistency policy (psgd/core/policy.py).
+"""Who is in the run: the membership of a consistency policy (psgd/core/policy.py), in two parts.
 
-The rules (psgd/core/rules.py) speak of "the slowest worker still in the run"; the roster says who
-that is. It keeps, for the policy's `num_workers` slots:
+`Roster`, the bookkeeping: for the policy's `num_workers` slots, who is absent (not yet admitted:
+`--elastic`, `--max-workers`), pending (an admitted async / SSP joiner whose first pull is not
+served yet, with the update it waits for), each joiner's clock offset (it counts its clocks from 0
+but starts at the slowest live worker's clock), the lost and departed workers (in the run's
+`Stats`, which the shard reports) and the membership log (the update, the worker, joined / left /
+lost), when each worker was last heard from and which pulls the policy holds now (a held worker is
+not silent: the policy is keeping it waiting). `gone()` is what the rules need: the workers
+`slowest` leaves out (psgd/core/rules.py). It knows nothing of steps, quorums or budgets.
 
-- absent: slots not (yet) admitted (`--elastic`, `--max-workers`); pending: admitted async / SSP
-  joiners whose first pull is not served yet, with the update it waits for; offset: a joiner's
-  clock lead (it counts its clocks from 0, but starts at the slowest live worker's clock);
-- lost and departed workers (in the run's `Stats`, which the shard reports), and how often a lost
-  one rejoined; the membership log (the update, the worker, joined / left / lost);
-- when each worker was last heard from, and which pulls the policy holds now (a held worker is not
-  silent: the policy is keeping it waiting), for leases (`silent`);
-- the start barrier: who asked for its first pull (clock 0), and whether the barrier is down.
+`Membership`, the policy's side (a mixin of `Policy`; Sync adjusts its quorum in the `_on_*`
+hooks, psgd/core/sync.py):
 
-Every method is called with the policy's lock held: the roster has no lock of its own. It knows
-nothing of steps, quorums or budgets (those are the policy's); `gone()` is what the rules need.
+- Start barrier (opt-in, `start_barrier=True`; the shard server always sets it): every worker's
+  first pull (clock 0) is held until all N workers have asked for theirs, so nobody trains before
+  the last one has started up, and the run's clock starts at the same instant for all. It only
+  ever holds clock-0 pulls, and once down it stays down; `close()` releases it, a pull deadline
+  ends the wait with PullTimeout as usual. Off, a unit test may drive any subset.
+- Lost workers (async and SSP: the shard calls `expire(lease)` now and then, psgd/ps/server.py):
+  a worker that sent no push or pull for `lease` seconds, and whose pull the policy is not
+  holding, is declared lost at its clock. It leaves the clock bookkeeping (SSP waits on the live
+  workers only, the start barrier counts it as arrived), its later requests are refused, and the
+  run's budget is spent by the others; a worker that pulls again at the clock it was lost at (a
+  restarted process) rejoins there. In sync a lost worker departs instead: the quorum shrinks at
+  once, the step it held up is applied from the others, and it cannot rejoin.
+- Departed workers (`depart(worker)`, on a worker's Leave): one that finished before the run's
+  budget was spent (a user's loop ran out of batches, psgd.connect) sends nothing more, and nobody
+  waits for it: SSP's slowest clock and the start barrier skip it, and Sync takes a step's update
+  from the workers still in the run, its budget dropping by the steps the departed one will not
+  push. A worker that leaves once the budget is spent (every worker of `psgd run`) changes nothing.
+- Elastic membership (`members` < `num_workers`, and `admit(worker, at)`; psgd/core/elastic.py
+  has the schedules): the first `members` slots are in the run from the start, the others count
+  as gone until admitted. Async / SSP: a joiner's first pull is held until the shard's version
+  reaches `at`; served, it is in, at the slowest live worker's clock (its offset), so SSP's bound
+  neither stalls the others for it nor lets it run ahead; the budget (gradients in all) is
+  unchanged. Sync: its quorum grows at step `at` (psgd/core/sync.py). `admission(worker)` is that
+  update while the first pull waits for it; `stats.membership` logs every change;
+  `Roster.admit(None)` takes the lowest absent slot (psgd worker --join).
+
+Every method runs with the policy's lock (`cond`) held or takes it: no lock of its own.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 
+from psgd.core import rules
 from psgd.core.outcomes import PolicyError, Stats
 
 
@@ -43,10 +70,9 @@ class Roster:
         return self.stats.lost.keys() | self.stats.departed.keys() | self.absent | self.pending.keys()
 
     def slowest(self, clocks: list[int]) -> int:
-        """The slowest live worker's clock (offsets counted); a lost or departed worker holds nobody back."""
-        gone = self.gone()
-        live = [c + self.offset[w] for w, c in enumerate(clocks) if w not in gone]
-        return min(live) if live else max(c + o for c, o in zip(clocks, self.offset, strict=True))
+        """The rules' `slowest` (psgd/core/rules.py) over this run's workers: the gone ones left out,
+        joiners' offsets counted."""
+        return rules.slowest(clocks, self.gone(), self.offset)
 
     def check_live(self, worker: int) -> None:
         """Refuse a lost, departed or absent worker; note when a live one was last heard from."""
@@ -141,3 +167,119 @@ class Roster:
         self.stats.departed = {int(w): c for w, c in state["departed"].items()}
         self.stats.lost = {int(w): c for w, c in state["lost"].items()}
         self.stats.membership = list(state["log"])
+
+
+class Membership:
+    """The policy's membership protocol (a mixin of psgd/core/policy.py `Policy`, whose fields it
+    reads: cond, roster, clocks, version, stats, budget, done); the `_on_*` hooks are a mode's own
+    part, Async's and SSP's here, Sync's in psgd/core/sync.py."""
+
+    cond: threading.Condition
+    roster: Roster
+    clocks: list[int]
+    version: int
+    num_workers: int
+    stats: Stats
+    budget: int | None
+    done: bool
+
+    def _check_worker(self, worker: int) -> None:
+        if not 0 <= worker < self.num_workers:
+            raise PolicyError(f"worker id {worker} out of range 0..{self.num_workers - 1}")
+
+    def _on_lost(self, worker: int) -> None: ...    # a live worker was declared lost
+    def _on_depart(self, worker: int) -> None: ...  # a worker left before the budget was spent
+
+    def _on_admit(self, worker: int, at: int | None) -> int:
+        """Async / SSP hold the admitted worker's first pull until update `at` (None: not at all)."""
+        self.roster.pending[worker] = self.version if at is None else at
+        self.clocks[worker] = 0
+        return 0
+
+    def _on_cancel(self, worker: int) -> bool:
+        return self.roster.pending.pop(worker, None) is not None
+
+    def _awaits(self, worker: int) -> int | None:
+        return self.roster.pending.get(worker)
+
+    # -- the protocol (the roster keeps who is in; the mode adjusts its quorum) ----------------
+    def expire(self, lease: float, now: float | None = None) -> list[tuple[int, int]]:
+        """Declare lost the workers silent for over `lease` s whose pull is not held (`Roster.silent`),
+        never once the run is done; returns them with their clocks. `now`: time.monotonic, for tests."""
+        now = time.monotonic() if now is None else now
+        with self.cond:
+            if self.done:
+                return []
+            gone = self.roster.silent(now, lease)
+            self._declare_lost(gone)
+            return [(w, self.stats.lost[w]) for w in gone]
+
+    def lose(self, worker: int) -> int | None:
+        """Declare `worker` lost now, as `expire` would after its lease: psgd run saw its process die.
+        Returns its clock; None when it is gone already (lost, departed, absent) or the run is done."""
+        self._check_worker(worker)
+        with self.cond:
+            if self.done or worker in self.stats.lost.keys() | self.stats.departed.keys() | self.roster.absent:
+                return None
+            self._declare_lost([worker])
+            return self.stats.lost[worker]
+
+    def _declare_lost(self, gone: list[int]) -> None:
+        for w in gone:
+            self.roster.lose(w, self.clocks[w], self.version)
+            self._on_lost(w)
+        if gone:
+            self.roster.recount()
+            self.cond.notify_all()  # SSP's slowest clock and the start barrier may have moved
+
+    def depart(self, worker: int) -> None:
+        """`worker` sends nothing more: nobody waits for it. Idempotent; no-op once done."""
+        self._check_worker(worker)
+        with self.cond:
+            if self.done or worker in self.stats.departed or worker in self.stats.lost:
+                return
+            self.roster.depart(worker, self.clocks[worker], self.version)
+            self._on_depart(worker)
+            self.roster.recount()
+            self.cond.notify_all()
+
+    def admit(self, worker: int | None, at: int | None) -> tuple[int, int]:
+        """Take absent slot `worker` (None: the lowest absent one) into the run from update `at` (None:
+        the next safe one); returns (the slot, its first clock). PolicyError, state unchanged, when
+        the run is done, full, the slot is taken, or (sync) step `at` is applied already."""
+        if worker is not None:
+            self._check_worker(worker)
+        with self.cond:
+            if self.done:
+                raise PolicyError("the run has finished (its budget is spent): nothing to join")
+            worker = self.roster.admit(worker)
+            clock = self._on_admit(worker, at)
+            self.roster.admitted(worker)
+            self.cond.notify_all()
+            return worker, clock
+
+    def admission(self, worker: int) -> int | None:
+        """The update an admitted worker's first pull waits for while it waits, else None."""
+        with self.cond:
+            return self._awaits(worker)
+
+    def cancel(self, worker: int) -> None:
+        """Undo an admission whose worker has not begun (another shard refused the join); PolicyError
+        when it has begun (then it Leaves)."""
+        self._check_worker(worker)
+        with self.cond:
+            if worker in self.roster.absent or not self._on_cancel(worker):
+                raise PolicyError(f"worker slot {worker} has no admission to cancel (it is absent, or it has begun: "
+                                  "it must leave instead)")
+            self.roster.cancel(worker)
+            self.clocks[worker] = 0
+            self.cond.notify_all()
+
+    def membership_state(self) -> dict:
+        """Who is in the run, for a checkpoint (cond held; `restore_membership` takes it back)."""
+        return {**self.roster.state(), "budget": self.budget}
+
+    def restore_membership(self, state: dict) -> None:
+        with self.cond:
+            self.roster.restore(state)
+            self.budget = state["budget"]

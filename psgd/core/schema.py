@@ -2,9 +2,10 @@
 follows from it (`updates`, `eval_interval`, `with_epochs_resolved`).
 
 The sections are psgd/core/sections.py, the flag machinery psgd/core/flags.py, the checks
-`validate` (psgd/core/config.py, which re-exports everything here). The mode lists are named once
-here, so that a check that concerns "every parameter-server mode" names the list and a new mode
-is not left out of it. Stdlib only, and nothing above psgd/core.
+`validate` (psgd/core/config.py, which re-exports everything here). The mode lists are read from
+the rules' registry (psgd/core/rules.py `RULES`), so that a check that concerns "every
+parameter-server mode" names the list and a new mode is not left out of it. Stdlib only, and
+nothing above psgd/core.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from psgd.core import elastic
+from psgd.core import elastic, rules
 from psgd.core.flags import Pairs, opt, parse_servers, shard_count
 from psgd.core.sections import DataConfig, ModelConfig, OptimConfig
 
-PS_MODES = ("sync", "async", "ssp")
+PS_MODES = tuple(rules.RULES)  # every registered rule (psgd/core/rules.py): the modes are named there once
 MODES = PS_MODES + ("allreduce",)
-STALE_MODES = ("async", "ssp")                    # a version per gradient; gradients may be stale
+STALE_MODES = tuple(n for n, rule in rules.RULES.items() if rule.on_arrival)  # an update per gradient, maybe stale
 LOCAL_SGD_MODES = ("sync", "allreduce", "async")  # --local-steps H > 1 (ssp has no rounds)
 WIRE_DTYPES = ("fp32", "fp16", "bf16")
 ALLREDUCE_IMPLS = ("library", "ring")
@@ -208,7 +209,7 @@ def eval_interval(cfg: RunConfig) -> int:
     """The snapshot interval the shards and all-reduce rank 0 use: --eval-every N as given, or by
     default (auto) every 20 updates, every updates/15 in a run longer than 300 updates, so that a
     long run is evaluated about 16 times (at 0, every interval, and at the end), not once per 20
-    updates (the transformer's 1,500 steps: 76 evaluations, a minute and a half after 88 s of training)."""
+    updates (76 times in the transformer's 1,500 steps, about as long as its training took)."""
     if cfg.eval_every != AUTO:
         return cfg.eval_every
     return max(EVAL_EVERY_MIN, math.ceil(updates(cfg) / EVALS))

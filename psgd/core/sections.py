@@ -18,7 +18,11 @@ from psgd.core.flags import is_spec, opt
 DATASETS = ("synthetic", "mnist1d", "mnist", "text")
 MODELS = ("logreg", "mlp", "cnn", "wide_mlp", "gpt")
 LOSSES = ("cross_entropy", "mse")
-OPTIMIZERS = ("sgd", "adamw")
+# The optimizers by name, the one registry of them (psgd/core/optim.py builds from it): a class, or
+# "module:Class" for one imported only by a run that takes it. The --optimizer flag's choices are
+# this dict itself, so a name registered at run time is a choice too. Here, not in optim.py,
+# because this module is stdlib only (the flags are built without importing torch).
+OPTIMIZERS: dict[str, str | type] = {"sgd": "psgd.core.optim:SGD", "adamw": "psgd.core.adamw:AdamW"}
 OUTERS = ("sgd", "nesterov")
 SHARD_DATA = ("iid", "noniid", "dirichlet", "dirichlet-equal")
 

@@ -88,9 +88,9 @@ def select(x: torch.Tensor, k: int) -> torch.Tensor:
     """Indices (int64, strictly increasing) of the k entries of a 1-D tensor largest in magnitude;
     ties broken toward the lower index.
 
-    numpy's introselect finds the k-th largest magnitude in O(n): 5-12 ms for 2.1M elements here,
-    where torch.topk took 75-200 ms (one thread); one more pass takes everything above it and the
-    first of the entries equal to it, in index order, with no sort.
+    numpy's introselect finds the k-th largest magnitude in O(n), several times faster than
+    torch.topk (docs/architecture.md, "Sparsified pushes"); one more pass takes everything above it
+    and the first of the entries equal to it, in index order, with no sort.
     """
     n = x.numel()
     if k >= n:

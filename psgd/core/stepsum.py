@@ -1,8 +1,12 @@
-"""One sync step's gradients and their sum in worker order, folded as they come: Sync's collaborator.
+"""One sync step's gradients and their sum in worker order: the one step sum of psgd, which the
+textbook (psgd/core/textbook.py) and production's Sync (psgd/core/sync.py) both take.
 
-The arithmetic is psgd/core/rules.py `step_sum`: ((g0 + g1) + g2) + ..., in worker order (the same
-bits every run, whatever the arrival order). This class computes exactly that sum while holding
-as few buffers as it can, since at 4.3M parameters one buffer is 17 MB and N of them grow with N:
+The arithmetic: ((g0 + g1) + g2) + ..., in worker order, whatever order the gradients arrived in.
+Float addition is not associative, so with 3 or more workers the arrival order would change the
+sum's last bits and two identical runs would end apart; worker order is the same every run.
+Divided once by the count, it is within float rounding of one process computing the whole global
+batch. This class computes exactly that sum while holding as few buffers as it can, since at 4.3M
+parameters one buffer is 17 MB and N of them grow with N:
 
 - the running sum (`total`) is the sum of a prefix of the step's workers in worker order. A
   gradient whose every lower-ranked worker of the step has been folded or will not come (the
@@ -12,8 +16,8 @@ as few buffers as it can, since at 4.3M parameters one buffer is 17 MB and N of 
 - a gradient that comes ahead of its turn is held until its turn (in the caller's buffer when
   offered, else copied into a spare). Sync's shards make every push wait for its turn before
   its bytes are read (`Sync.turn`), so on that path nothing is ever held and a step costs the
-  sum and the one buffer being received; a caller that does not wait (the textbook comparison,
-  tests, backup workers) gets today's buffering;
+  sum and the one buffer being received; a caller that does not wait (the textbook, tests,
+  backup workers) has each gradient copied until the step is complete, then summed in order;
 - the gradient that completes the step is read in the sum and never kept;
 - the sum goes back to the spares for later steps (at most `keep` of them), and so does every
   held buffer once folded.
@@ -39,11 +43,13 @@ class StepSum:
         self.spares: list[torch.Tensor] = []           # buffers of earlier steps, reused
         self.allocated = 0
 
-    def add(self, worker: int, grad: torch.Tensor | None, completes: bool, offered: bool,
+    def add(self, worker: int, grad: torch.Tensor | None, completes: bool, offered: bool = False,
             upto: int = 0) -> tuple[bool, torch.Tensor | None]:
-        """Take `worker`'s gradient of this step (None: skipped); `upto`: every worker below it has
-        given its gradient of this step or will not (0: fold nothing before `apply`). Returns (kept
-        the caller's buffer, the spare it gets instead)."""
+        """Take `worker`'s gradient of this step (None: skipped); `completes`: it is the step's last
+        (`apply` comes next); `offered`: the caller gives up `grad`'s memory (else it is copied, or
+        read in the sum); `upto`: every worker below it has given its gradient of this step or will
+        not (0: fold nothing before `apply`). Returns (kept the caller's buffer, the spare it gets
+        instead)."""
         kept, spare = False, None
         if completes:  # `apply` folds everything left, this one in its place
             if grad is not None:

@@ -7,6 +7,16 @@ tests/test_textbook.py checks it bit for bit. The rest of this file is what a re
 around that rule: who makes the quorum when workers join (`--elastic`), leave or are lost, and
 Chen et al.'s backup workers (see `Sync`).
 
+Membership (psgd/core/roster.py has who is in): a worker lost or departed before the budget is
+spent shrinks the quorum at once (if it pushed for the current step already, once that step is
+applied), the step it held up is applied from the others, the budget loses the steps it will not
+push (the run still ends at `--steps` updates), and it cannot rejoin. A worker admitted from
+step `at` (`--elastic`) computes step `at` first (its clock starts there) and the quorum grows by
+one at that step boundary; the budget grows by the steps it will push, and `at` must not be a
+step already applied. The update stays the mean of the step's gradients: with a fixed per-worker
+batch the effective batch follows the quorum and the rate does not; `quorum_lr` divides the sum by
+the starting workers instead (the rate scales with the quorum, Goyal et al. 2017's linear rule).
+
 Memory: the step is folded in worker order as it comes (stepsum.py), and the shard asks `turn`
 before reading a push's data, so a push waits in its worker until every lower-ranked worker of the
 step has pushed or is gone: a shard holds the running sum and the one gradient being received,
@@ -64,10 +74,12 @@ class Sync(Policy):
 
     def __init__(self, num_workers: int, apply: Callable[[torch.Tensor], None],
                  budget: int | None = None, start_barrier: bool = False, backup: int = 0,
-                 members: int | None = None) -> None:
+                 members: int | None = None, rule: rules.Rule | None = None) -> None:
         if not 0 <= backup < num_workers:
             raise ValueError(f"backup workers must be in 0..{num_workers - 1} (N - 1), got {backup}")
-        super().__init__(num_workers, rules.Sync(), apply, budget, start_barrier, members=members)
+        rule = rules.Sync() if rule is None else rule
+        assert not rule.on_arrival, f"{rule.name} applies on arrival: it has no step to gather (policy.py)"
+        super().__init__(num_workers, rule, apply, budget, start_barrier, members=members)
         if backup and self.members < num_workers:
             raise ValueError("backup workers and elastic membership exclude each other")
         self.backup = backup
@@ -79,10 +91,10 @@ class Sync(Policy):
         self._future: dict[int, int] = {}  # admitted workers whose first step is still to come -> that step
         self.quorum_lr = False  # scale each update with its quorum (`--quorum-lr`; set by the assembler)
 
-    def _pull_ready(self, worker: int, clock: int) -> bool:
-        if self.backup:
-            return self.version > self.last_step[worker]  # its last step's update is applied
-        return self.rule.may_read(self.version, clock, 0)  # step `clock` starts after `clock` updates
+    def _step(self, worker: int, clock: int) -> int:
+        # With backup workers a worker's next step is the one after the step it last pushed for, not
+        # its clock: the rule serves a late worker at once, with the newest parameters (it catches up).
+        return self.last_step[worker] + 1 if self.backup else clock
 
     def _late(self, worker: int, base_version: int) -> bool:
         if not self.backup:
@@ -93,8 +105,8 @@ class Sync(Policy):
         self.last_step[worker] = base_version
         return base_version < self.version
 
-    def _on_gradient(self, worker: int, clock: int, grad: torch.Tensor | None,
-                     keep: bool) -> tuple[bool, bool, torch.Tensor | None]:
+    def _gather(self, worker: int, clock: int, grad: torch.Tensor | None,
+                keep: bool) -> tuple[bool, bool, torch.Tensor | None]:
         if not self.backup and clock != self.version:
             raise PolicyError(f"sync: worker {worker} pushed for step {clock} while the shard is at step "
                               f"{self.version}")

@@ -13,19 +13,19 @@ is applied:
 - async (Dean et al. 2012, Downpour SGD): each gradient is applied on arrival and no pull ever
   waits; a gradient may be computed on old parameters.
 - ssp(s) (Ho et al., NIPS 2013): applied on arrival, but a pull for clock c waits while
-  c - min(clocks) > s.
+  c - slowest > s (the slowest worker's clock).
 
-The rules themselves are psgd/core/rules.py: the very objects the production policy asks
-(psgd/core/consistency.py), so this file is the production kernel with nothing around it.
+The kernel is shared, not copied: the rules are psgd/core/rules.py (`may_read`, `on_arrival`,
+`slowest`), a sync step's sum is psgd/core/stepsum.py's `StepSum` (in worker order, whatever the
+arrival order), every update psgd/core/optim.py's `SGD` (torch.optim.SGD's arithmetic): the very
+objects the production shard runs (psgd/core/consistency.py, psgd/ps/shard.py), which adds the
+start barrier, budget, backup, lost and joining workers, remedies, snapshots and checkpoints
+around them. So this file is the production kernel with nothing around it; tests/test_textbook.py
+checks the two against each other (sync and one-worker async: the same parameters bit for bit;
+SSP: the same bounds hold).
 
-Every update is SGD: buf = grad at first, then momentum * buf + grad; params -= lr * buf (torch.optim.SGD's
-arithmetic). The shard counts each gradient's staleness (its version then - base_version) and each pull's
-clock gap (clock - min(clocks)). `train` runs N workers on it.
-
-It is psgd/core/consistency.py + psgd/ps/shard.py around the same rules, without transport,
-start barrier, budget, backup or lost workers, remedies, snapshots and checkpoints;
-tests/test_textbook.py checks the production path against it (sync and one-worker async: the same
-parameters bit for bit; SSP: the same bounds hold).
+The shard counts each gradient's staleness (its version then - base_version) and each pull's
+clock gap (clock - slowest). `train` runs N workers on it.
 
     python -m psgd.core.textbook      # 3 workers fit a line in each mode; prints what each saw
 """
@@ -40,8 +40,11 @@ from collections.abc import Callable, Sequence
 import torch
 
 from psgd.core import rules
+from psgd.core.optim import SGD
+from psgd.core.sections import OptimConfig
+from psgd.core.stepsum import StepSum
 
-MODES = rules.RULES  # the registry itself: a plugged-in mode is a mode here too
+MODES = rules.RULES  # the registry itself: a registered mode is a mode here too
 
 
 class TextbookShard:
@@ -49,20 +52,19 @@ class TextbookShard:
                  lr: float = 0.1, momentum: float = 0.0, timeout: float | None = 60.0) -> None:
         if mode not in MODES:
             raise ValueError(f"mode must be one of {tuple(MODES)}, got {mode!r}")
-        self.rule = rules.make(mode, staleness)  # when a pull may be served, what a gradient does
+        self.rule = rules.make(mode, staleness=staleness)  # when a pull may be served, what a gradient does
         self.params = params.detach().to(torch.float32).flatten().clone()  # the shard's own copy
-        self.num_workers, self.mode, self.s = num_workers, mode, staleness
-        self.lr, self.momentum, self.timeout = lr, momentum, timeout
-        self.buf: torch.Tensor | None = None  # momentum buffer, made by the first update
+        self.num_workers, self.mode, self.timeout = num_workers, mode, timeout
+        self.opt = SGD(self.params, OptimConfig(lr=lr, momentum=momentum))  # steps self.params with its .grad
         self.version = 0                       # updates applied so far
         self.clocks = [0] * num_workers        # gradients received from each worker
         self.cond = threading.Condition()      # guards every field; a held pull waits on it
-        self.step: dict[int, torch.Tensor] = {}  # sync: this step's gradients, by worker
+        self.step = StepSum()                  # sync: this step's gradients, summed in worker order
         self.staleness: Counter = Counter()    # staleness -> gradients taken
         self.gaps: Counter = Counter()         # clock gap -> pulls served
 
     def _may_read(self, clock: int) -> bool:
-        return self.rule.may_read(self.version, clock, min(self.clocks))
+        return self.rule.may_read(self.version, clock, rules.slowest(self.clocks))
 
     def pull(self, worker: int, clock: int) -> tuple[int, torch.Tensor]:
         """Wait until the mode lets `worker` read for `clock`; return (version, parameters)."""
@@ -71,7 +73,7 @@ class TextbookShard:
                 raise ValueError(f"worker {worker} pulled for clock {clock}, its next push is {self.clocks[worker]}")
             if not self.cond.wait_for(lambda: self._may_read(clock), self.timeout):
                 raise TimeoutError(f"{self.mode}: worker {worker} held at clock {clock}, clocks {self.clocks}")
-            self.gaps[clock - min(self.clocks)] += 1
+            self.gaps[clock - rules.slowest(self.clocks)] += 1
             return self.version, self.params.clone()  # a copy: later updates must not change it
 
     def push(self, worker: int, clock: int, base_version: int, grad: torch.Tensor) -> None:
@@ -83,22 +85,21 @@ class TextbookShard:
             self.staleness[self.version - base_version] += 1
             self.clocks[worker] += 1
             if self.rule.on_arrival:
-                self._sgd(grad)  # async and SSP: on arrival (SSP bounds staleness at pull time)
+                self._update(grad)  # async and SSP: on arrival (SSP bounds staleness at pull time)
             else:
                 # Sync: hold the step's gradients; once all N are in, apply their mean: what one
-                # process computing N x b samples would, up to float rounding (rules.step_sum).
-                self.step[worker] = grad.clone()
-                if len(self.step) == self.num_workers:
-                    self._sgd(rules.step_sum(self.step).div_(self.num_workers))
-                    self.step = {}
+                # process computing N x b samples would, up to float rounding.
+                last = self.step.arrived + 1 == self.num_workers
+                self.step.add(worker, grad, completes=last)
+                if last:
+                    self.step.apply(lambda total, count: self._update(total.div_(count)), keep=self.num_workers)
             self.cond.notify_all()  # a pull waiting for this version or this clock may go now
 
-    def _sgd(self, grad: torch.Tensor) -> None:
-        """One SGD update, cond held. Written out: what torch.optim.SGD does (no weight decay)."""
-        if self.momentum:
-            self.buf = grad.clone() if self.buf is None else self.buf.mul_(self.momentum).add_(grad)
-            grad = self.buf
-        self.params.add_(grad, alpha=-self.lr)
+    def _update(self, grad: torch.Tensor) -> None:
+        """One SGD update, cond held: buf = grad at first, then momentum * buf + grad; params -= lr * buf."""
+        self.params.grad = grad
+        self.opt.step()
+        self.params.grad = None  # the step's sum is StepSum's buffer, reused by the next step
         self.version += 1
 
 

@@ -20,7 +20,7 @@ import textwrap
 import numpy as np
 
 from psgd.lab import plots, stats
-from psgd.lab import verdicts as V
+from psgd.lab import verdicts_remedies as VR
 from psgd.lab.analyses_staleness_remedies import (  # noqa: F401  (re-exported: E12's names, read from here)
     CONTROL,
     LEVEL,
@@ -98,8 +98,8 @@ def backup_workers(ctx: Context):
         counted.append(per_update_share)
     # The verdict's share: the avoided one where b=1 ran without the straggler too (its fair
     # baseline), else the recovered one.
-    verdict = (V.backup_recovers(loss, avoided[b1], cost, measure="avoided") if b1 in avoided else
-               V.backup_recovers(loss, stats.recovered_ci(base_t, hurt_t, tput[(b1, "persistent straggler")]), cost))
+    verdict = (VR.backup_recovers(loss, avoided[b1], cost, measure="avoided") if b1 in avoided else
+               VR.backup_recovers(loss, stats.recovered_ci(base_t, hurt_t, tput[(b1, "persistent straggler")]), cost))
     per_update = float(np.mean([x.summary["bytes_pushed"] / x.summary["global_updates"] for x in hurt.runs]))
     headline = (f"one worker {_delay(ctx)} ms slower per step costs sync {100 * loss.estimate:.0f}% of its throughput; "
                 + "; ".join(lines) + f"; sync pushes {per_update / 1e3:.0f} kB per update; no memory beyond sync's own")
@@ -265,7 +265,7 @@ def topk(ctx: Context):
 
     ef_d = {f: diff(g, dense) for f, g in with_ef.items()}
     no_d = {f: diff(dense, g) for f, g in without.items()}
-    verdict = V.error_feedback_keeps_accuracy(ef_d, no_d, margin)
+    verdict = VR.error_feedback_keeps_accuracy(ef_d, no_d, margin)
     params = dense.runs[0].summary["params"]
     pushed = {f: g.mean("bytes_pushed") / dense.mean("bytes_pushed") for f, g in with_ef.items()}
     rising = [g.label for g in order if _rising(g)]

@@ -21,7 +21,8 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
-from psgd.lab.experiment import SuiteError, _read_toml
+from psgd.lab.loader import read_toml
+from psgd.lab.settings import SuiteError
 
 ARTICLE_KEYS = {"id", "title", "title_en", "claims"}
 CLAIM_KEYS = {"text", "tested_by", "not_tested"}
@@ -75,7 +76,7 @@ def _claim(table: object, ids: Collection[str] | None, where: str) -> Claim:
 
 def load_articles(path: Path, ids: Collection[str] | None = None) -> tuple[Article, ...]:
     """The articles of `path`, validated; `ids` (when given) are the experiment ids a claim may name."""
-    doc = _read_toml(path)
+    doc = read_toml(path)
     if set(doc) - {"articles"}:
         raise SuiteError(f"{path}: unknown key {sorted(set(doc) - {'articles'})[0]!r} (known: articles)")
     tables = doc.get("articles")
@@ -103,7 +104,7 @@ def load_articles(path: Path, ids: Collection[str] | None = None) -> tuple[Artic
 
 def suite_articles(suite_path: Path, ids: Collection[str] | None = None) -> tuple[Article, ...]:
     """The articles the suite file names (`[suite] articles = "FILE"`, relative to it), or ()."""
-    name = _read_toml(suite_path).get("suite", {}).get("articles")
+    name = read_toml(suite_path).get("suite", {}).get("articles")
     if name is None:
         return ()
     if not isinstance(name, str) or not name:

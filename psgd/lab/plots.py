@@ -9,9 +9,9 @@ Contract:
   whose zero means something: throughput, bytes), `dots(...)` (a value with its interval per
   category, on an axis that spans the data: accuracies), `lines(...)` (points with error bars for
   categories), `histograms(...)` (bars), `grid_map(...)`, `stacked(...)` and `forest(...)` (the
-  report's first figure) cover the rest. Every function returns the matplotlib
+  report's first figure, psgd/lab/forest.py) cover the rest. Every function returns the matplotlib
   Figure (tests inspect its content) and writes `path` (.png) and the same name with .csv
-  (`save`, which psgd/lab/trace.py's timeline uses too).
+  (psgd/lab/figure_kit.py `save`, with the look every figure shares: `Series`, styles, legends).
 - `psgd plot RUN... --view curves | staleness | time`: convergence curves (the default), each
   run's staleness histogram (summary.json `staleness.hist`), or where each run's worker time
   went (summary.json `time_breakdown_s`, stacked in loop order, wall time as a grey mark).
@@ -28,19 +28,14 @@ Contract:
 
 from __future__ import annotations
 
-import csv
 import textwrap
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import matplotlib
+import numpy as np
+from matplotlib.patches import Rectangle
 
-matplotlib.use("Agg")  # files only: no display needed, safe in CI
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from matplotlib.patches import Rectangle  # noqa: E402
-
-from psgd.core.palette import (  # noqa: E402
+from psgd.core.palette import (
     LINESTYLES,
     MODE_COLORS,
     MODE_MARKERS,
@@ -51,84 +46,22 @@ from psgd.core.palette import (  # noqa: E402
     color,
     marker,
 )
-from psgd.lab.results import RunData, load_run  # noqa: E402
+from psgd.lab import figure_kit as kit
+from psgd.lab.figure_kit import AXIS_LABELS, BAND, Series, plt, save
+from psgd.lab.forest import forest
+from psgd.lab.results import RunData, load_run
 
-__all__ = ["RunData", "load_run", "Series", "curves", "bars", "dots", "forest", "grid_map", "pooled", "lines",
+__all__ = ["RunData", "load_run", "Series", "BAND", "curves", "bars", "dots", "forest", "grid_map", "pooled", "lines",
            "histograms", "stacked", "save", "color", "marker", "LINESTYLES", "MODE_COLORS", "MODE_MARKERS",
            "REF_COLOR", "SEGMENT_COLORS", "VARIANT_COLORS", "VARIANT_MARKERS"]
-
-BAND = "band: min-max over seeds"
-AXIS_LABELS = {
-    "elapsed_s": "wall time (s)", "version": "global updates", "samples": "training samples processed",
-    "test_accuracy": "test accuracy", "test_loss": "test loss (cross-entropy)",
-    "train_loss": "train loss (cross-entropy)",
-}
-
-
-@dataclass
-class Series:
-    label: str
-    mode: str                 # a mode (coloured by MODE_COLORS), or "" with `variant` set
-    runs: list[RunData] = field(default_factory=list)
-    variant: int = -1         # index into VARIANT_COLORS for series that are not modes
-
-
-def _styles(series: list[Series]) -> list[str]:
-    seen: dict[str, int] = {}
-    styles = []
-    for s in series:
-        key = s.mode if s.variant < 0 else f"variant{s.variant}"
-        # All-reduce draws dashed: it coincides with sync by design, and both must stay visible.
-        first = "--" if s.mode == "allreduce" and s.variant < 0 else "-"
-        styles.append(first if seen.get(key, 0) == 0 else LINESTYLES[seen[key] % len(LINESTYLES)])
-        seen[key] = seen.get(key, 0) + 1
-    return styles
-
-
-def _refs(ax, refs: list[tuple[float, str]] | None, horizontal: bool = True) -> None:
-    for value, text in refs or []:
-        if horizontal:
-            ax.axhline(value, color=REF_COLOR, linestyle=":", linewidth=1.2, label=text)
-
-
-def _legend(ax, handles: list | None = None) -> None:
-    # Outside the axes, to the right: a legend never covers data (bbox_inches="tight" keeps it).
-    # `handles` (labelled artists) sets the order; by default, the order they were drawn in.
-    handles = handles if handles is not None else ax.get_legend_handles_labels()[0]
-    if handles:
-        ax.legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0)
-
-
-def _band(runs: list[RunData], x: str, y: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """Mean, min and max of y over runs on a common x grid (interpolated when seeds differ in x)."""
-    xs = [np.array([e[x] for e in r.evals], dtype=float) for r in runs]
-    ys = [np.array([e[y] for e in r.evals], dtype=float) for r in runs]
-    if len(runs) == 1 or all(len(a) == len(xs[0]) and np.allclose(a, xs[0]) for a in xs):
-        grid = xs[0]
-        stack = np.vstack([v[:len(grid)] for v in ys])
-    else:
-        lo, hi = max(a.min() for a in xs), min(a.max() for a in xs)
-        grid = np.linspace(lo, hi, 50)
-        stack = np.vstack([np.interp(grid, a, v) for a, v in zip(xs, ys, strict=True)])
-    return grid, stack.mean(0), stack.min(0), stack.max(0)
-
-
-def save(fig, path: Path, header: list[str], rows: list[list]) -> None:
-    """Write the figure to `path` (.png) and its numbers, `header` then `rows`, to the .csv beside it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
-    with open(path.with_suffix(".csv"), "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(header)
-        w.writerows(rows)
 
 
 def curves(series: list[Series], x: str, y: str, path: Path, title: str = "", logy: bool = False,
            refs: list[tuple[float, str]] | None = None):
     fig, ax = plt.subplots(figsize=(7.4, 4.2))
     rows = []
-    for s, style in zip(series, _styles(series), strict=True):
-        grid, mean, lo, hi = _band(s.runs, x, y)
+    for s, style in zip(series, kit.styles(series), strict=True):
+        grid, mean, lo, hi = kit.band(s.runs, x, y)
         n = len(s.runs)
         c = color(s.mode, s.variant)
         ax.plot(grid, mean, style, color=c, marker=marker(s.mode, s.variant), markersize=4,
@@ -137,14 +70,14 @@ def curves(series: list[Series], x: str, y: str, path: Path, title: str = "", lo
             ax.fill_between(grid, lo, hi, color=c, alpha=0.15, linewidth=0)
         rows += [[s.label, s.mode, float(g), float(m), float(a), float(b)] for g, m, a, b in zip(grid, mean, lo, hi,
                                                                                                  strict=True)]
-    _refs(ax, refs)
+    kit.refs(ax, refs)
     ax.set_xlabel(AXIS_LABELS.get(x, x))
     ax.set_ylabel(AXIS_LABELS.get(y, y))
     if logy:
         ax.set_yscale("log")
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    _legend(ax)
+    kit.legend(ax)
     save(fig, path, ["series", "mode", x, f"{y}_mean", f"{y}_min", f"{y}_max"], rows)
     plt.close(fig)
     return fig
@@ -178,13 +111,13 @@ def bars(groups: list[str], bars_: dict[str, tuple[str, list[float], list[float]
         ax.bar(pos[shown], [values[j] for j in shown], width, yerr=yerr, color=color(mode, variant), hatch=hatch,
                label=name, edgecolor="white", capsize=3)
         rows += [[name, mode, groups[j], values[j], (errors[j] if errors else "")] for j in shown]
-    _refs(ax, refs)
+    kit.refs(ax, refs)
     ax.set_xticks(np.arange(len(groups)), groups)
     ax.set_ylabel(ylabel)
     ax.set_xlabel(xlabel)
     ax.set_title(title)
     ax.grid(alpha=0.3, axis="y")
-    _legend(ax)
+    kit.legend(ax)
     save(fig, path, ["bar", "mode", "group", "value", "error"], rows)
     plt.close(fig)
     return fig
@@ -210,14 +143,14 @@ def dots(groups: list[str], series: dict[str, tuple[str, list[float], list[tuple
             ax.errorbar([j + nudge], [v], yerr=err, fmt=marker(mode, variant), color=c, markersize=7, capsize=4,
                         label=name if j == next(k for k, x in enumerate(values) if np.isfinite(x)) else None)
             rows.append([name, mode, groups[j], v, lo, hi])
-    _refs(ax, refs)
+    kit.refs(ax, refs)
     ax.set_xticks(range(len(groups)), [textwrap.fill(g, 16) for g in groups])
     ax.set_xlim(-0.6, len(groups) - 0.4)
     ax.set_ylabel(ylabel)
     ax.set_xlabel(xlabel)
     ax.set_title(title)
     ax.grid(alpha=0.3, axis="y")
-    _legend(ax)
+    kit.legend(ax)
     save(fig, path, ["series", "mode", "group", "value", "lo", "hi"], rows)
     plt.close(fig)
     return fig
@@ -276,7 +209,7 @@ def histograms(hists: dict[str, tuple[str, dict[str, int]]], path: Path, title: 
     ax.set_ylabel("fraction of applied gradients" + (" (log scale)" if logy else ""))
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    _legend(ax)
+    kit.legend(ax)
     save(fig, path, ["series", "mode", "value", "count", "fraction"], rows)
     plt.close(fig)
     return fig
@@ -296,7 +229,7 @@ def lines(xs: list[float], ys: dict[str, tuple], xlabel: str, ylabel: str, path:
     styled = [Series(n, v[0] if not v[0].startswith("variant:") else "", variant=int(v[0].split(":")[1])
                      if v[0].startswith("variant:") else -1) for n, v in ys.items()]
     drawn = [n for n, v in ys.items() if v[0] != "ideal"]
-    for (name, spec), st, style in zip(ys.items(), styled, _styles(styled), strict=True):
+    for (name, spec), st, style in zip(ys.items(), styled, kit.styles(styled), strict=True):
         mode, values = spec[0], spec[1]
         band = spec[2] if len(spec) > 2 else None
         c = color(st.mode, st.variant)
@@ -315,7 +248,7 @@ def lines(xs: list[float], ys: dict[str, tuple], xlabel: str, ylabel: str, path:
             if band is not None:
                 ax.fill_between(xs, [a for a, _ in band], [b for _, b in band], color=c, alpha=0.15, linewidth=0)
         rows += [[name, mode, x, v] for x, v in zip(xs, values, strict=True)]
-    _refs(ax, refs)
+    kit.refs(ax, refs)
     if logx:
         ax.set_xscale("log")
         ax.set_xticks(xs, [f"{x:g}" for x in xs])  # label the measured points, not powers of 10
@@ -332,7 +265,7 @@ def lines(xs: list[float], ys: dict[str, tuple], xlabel: str, ylabel: str, path:
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    _legend(ax)
+    kit.legend(ax)
     save(fig, path, ["series", "mode", "x", "y"], rows)
     plt.close(fig)
     return fig
@@ -408,7 +341,7 @@ def stacked(groups: list[str], parts: dict[str, list[float]], ylabel: str, path:
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     ax.grid(alpha=0.3, axis="y")
-    _legend(ax, handles)  # top down, as the stack shows its parts
+    kit.legend(ax, handles)  # top down, as the stack shows its parts
     save(fig, path, ["group", "part", "value"], rows)
     plt.close(fig)
     return fig
@@ -441,80 +374,5 @@ def grid_map(rows: list[str], cols: list[str], values: list[list[float]], texts:
     fig.colorbar(im, ax=ax, label=cbar, fraction=0.05)
     save(fig, path, ["row", "column", "value", "text"],
           [[r, c, data[i, j], texts[i][j]] for i, r in enumerate(rows) for j, c in enumerate(cols)])
-    plt.close(fig)
-    return fig
-
-
-# The verdicts' look on the forest plot: a colour (none of them a mode's) and a marker each, so a
-# verdict reads without colour too; inconclusive is hollow.
-VERDICT_STYLES = {"confirmed": ("#000000", "o", True), "refuted": ("#8C6D31", "X", True),
-                  "depends": ("#56B4E9", "D", True), "inconclusive": ("#777777", "o", False),
-                  "not testable here": ("#999999", "s", False)}
-UNIT_AXES = {"accuracy": "difference in test accuracy (each claim at its own scoring: end or best validation)",
-             "x": "difference of two ratios (x)", "x ratio": "ratio (x)",
-             "share": "share", "nats": "difference in test loss (nats per character, at each claim's scoring)"}
-
-
-def _panel(e) -> str:
-    """The forest's panel of an effect: its unit, with ratios (null above 0: E5's factor, E19's and E20's
-    time ratios) apart from differences of ratios (null 0: E2's, E4's, E10's), so each axis says what it draws."""
-    return "x ratio" if e.unit == "x" and e.null != 0 else e.unit
-
-
-def forest(claims: list[tuple[str, str, list]], path: Path, title: str = ""):
-    """The whole comparison on one figure: per claim (id, verdict, effects: psgd.lab.verdicts.Effect
-    each), one row per effect with its estimate and 95% interval, over a grey band null +- margin
-    (smaller than that does not matter, or cannot be told from the noise floor); a panel per unit,
-    the marker and colour the part's own outcome (a claim of parts that disagree reads "depends";
-    each part shows its side). A point of one replicate (n = 1, no interval) is a cross and says
-    "n=1". Claims with no effect (not testable here) are named under the plot. The CSV has one row
-    per effect."""
-    rows, units = [], []
-    for exp_id, verdict, effects in claims:
-        for e in effects:
-            rows.append((exp_id, verdict, e))
-            if _panel(e) not in units:
-                units.append(_panel(e))
-    bare = [f"{exp_id} ({verdict})" for exp_id, verdict, effects in claims if not effects]
-    counts = [sum(1 for _, _, e in rows if _panel(e) == u) for u in units] or [1]
-    fig, axes = plt.subplots(len(counts), 1, figsize=(8.4, 1.1 + 0.32 * sum(counts) + 0.5 * len(counts)),
-                             gridspec_kw={"height_ratios": counts}, squeeze=False)
-    seen: dict[str, object] = {}
-    for ax, unit in zip(axes[:, 0], units, strict=False):
-        mine = [(i, v, e) for i, v, e in rows if _panel(e) == unit]
-        for y, (_, _verdict, e) in enumerate(mine):
-            c, mk, filled = VERDICT_STYLES.get(e.outcome, (REF_COLOR, "o", False))
-            ax.add_patch(Rectangle((e.null - e.margin, y - 0.38), 2 * e.margin, 0.76,
-                                                      color="#DDDDDD", linewidth=0, zorder=0))
-            ax.plot([e.null, e.null], [y - 0.42, y + 0.42], color=REF_COLOR, linewidth=0.8, zorder=1)
-            est, lo, hi = e.ci.estimate, e.ci.lo, e.ci.hi
-            if not np.isfinite(est):
-                continue
-            if e.ci.n > 1 and np.isfinite(lo) and np.isfinite(hi):
-                ax.plot([lo, hi], [y, y], color=c, linewidth=1.6, zorder=2)
-            single = e.ci.n <= 1   # one replicate: no interval, so no zero-width bar that looks certain
-            h = ax.plot([est], [y], "X" if single else mk, color=c, markersize=7 if single else 6,
-                        markerfacecolor="white" if single or not filled else c, markeredgecolor=c, zorder=3,
-                        label=e.outcome)[0]
-            seen.setdefault(e.outcome, h)
-        ax.set_yticks(range(len(mine)), [f"{i}: {e.label}" + (" (no worse)" if e.test == "no_worse" else "")
-                                         + (" (n=1)" if e.ci.n <= 1 else "") for i, _, e in mine], fontsize=8)
-        ax.set_ylim(len(mine) - 0.5, -0.5)
-        ax.set_xlabel(UNIT_AXES.get(unit, unit), fontsize=9)
-        ax.grid(alpha=0.3, axis="x")
-    if title:
-        axes[0, 0].set_title(title)
-    order = [v for v in VERDICT_STYLES if v in seen]
-    if order:
-        axes[0, 0].legend(handles=[seen[v] for v in order], fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0),
-                          borderaxespad=0.0, title="part's outcome", title_fontsize=8)
-    if bare:
-        fig.text(0.01, 0.0, "No effect measured: " + ", ".join(bare), fontsize=8, ha="left", va="top")
-    fig.tight_layout()
-    save(fig, path, ["claim", "verdict", "effect", "unit", "test", "estimate", "lo", "hi", "seeds", "null", "margin",
-                     "part_outcome"],
-         [[i, v, e.label, e.unit, e.test, e.ci.estimate, e.ci.lo, e.ci.hi, e.ci.n, e.null, e.margin, e.outcome]
-          for i, v, e in rows] + [[i, v, "", "", "", "", "", "", "", "", "", ""]
-                                   for i, v, effects in claims if not effects])
     plt.close(fig)
     return fig

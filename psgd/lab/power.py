@@ -2,7 +2,7 @@
 
 Contract:
 - Each claim's smallest effect of interest is the margin its verdict rule holds each part against
-  (verdicts.Effect.margin: the rule's configured margin, raised to the noise floor for accuracy);
+  (verdicts.Effect.margin: the margin fixed in the experiment file, `[margin]`);
   its experiment file says why that margin (`margin_why = "..."`, experiment.py), and the report
   prints it beside the numbers.
 - `claim_power(effects, bench, margin_why)`: per part, the power rule of stats.seeds_for_margin (the
@@ -14,7 +14,7 @@ Contract:
   against a threshold) is listed as not sized.
 - `reference_plan(experiments, asked, cap_s)`: the reference profile's seeds per claim (0 .. n-1,
   so the default profile's seeds come first and are reused), all capped at the largest common
-  count for which the suite's own ETA (suite.estimate_s, every run made afresh) stays within
+  count for which the suite's own ETA (runner.estimate_s, every run made afresh) stays within
   `cap_s`; says where the cap binds.
 - `reference_rounds(asked)`: a benchmark's reference rounds, the rule's count raised to the seeds'
   floor (stats.POWER_FLOOR): a benchmark's replicates are its rounds, and a few rounds on a shared

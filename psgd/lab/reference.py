@@ -39,8 +39,8 @@ def main(argv: list[str]) -> int:
         print("usage: python -m psgd.lab.reference plan SUITE.toml FOREST.csv [--cap-min 60]", file=sys.stderr)
         return 2
     cap_min = float(argv[argv.index("--cap-min") + 1]) if "--cap-min" in argv else 60.0
-    from psgd.lab.experiment import load_suite
-    from psgd.lab.suite import estimate_s
+    from psgd.lab.loader import load_suite
+    from psgd.lab.runner import estimate_s
 
     experiments = load_suite(Path(argv[1]), "default", results=Path("/nonexistent-results"))
     asked = asked_from_forest(Path(argv[2]), [e.id for e in experiments if e.bench])

@@ -11,10 +11,11 @@ Contract:
   algorithms, `noise_floor = ["sync", "allreduce"]`: analysis_kit.noise_floor_of) is measured
   and every analysis runs with it as the least accuracy margin (psgd/lab/verdicts.py).
 - Runs go to `RESULTS/runs/<digest>/` (config + the training code's version,
-  psgd/lab/provenance.py): identical runs of different experiments are made once, a run made by other
-  training code is never reused, and a change to an analysis re-analyses finished runs. A
-  finished run (summary.json, matching config.json and provenance.json; a run on a `psgd
-  cluster`, only while the cluster of its name has the link it ran on) is reused unless
+  psgd/lab/provenance.py), made by psgd/lab/runner.py: identical runs of different experiments
+  are made once, a run made by other training code is never reused, and a change to an analysis
+  re-analyses finished runs. A finished run (psgd/lab/runcache.py: summary.json, matching
+  config.json and provenance.json; a run on a `psgd cluster`, only while the cluster of its name
+  has the link it ran on) is reused unless
   `--fresh`. Each experiment writes `RESULTS/<id>/` (PNG, CSV, `commands.txt` with the exact
   commands, tuning ones included) and the suite writes `RESULTS/REPORT.md` and
   `RESULTS/summary.json` (verdicts, key numbers, code version, wall time). A suite file may name
@@ -38,12 +39,9 @@ they were, saying so, for the whole suite to rewrite (it reuses those runs).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
 import json
-import os
 import shlex
-import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -51,25 +49,17 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from psgd.core import config as C
 from psgd.lab.articles import Article, suite_articles
-from psgd.lab.experiment import (
-    PROFILES,
-    Experiment,
-    RunSpec,
-    SuiteError,
-    choose,
-    config_from_settings,
-    known_keys,
-    load_experiment,
-    load_suite,
-    run_digest,
-    score,
-)
+from psgd.lab.experiment import PROFILES, Experiment, RunSpec, SuiteError, choose, run_digest, score
+from psgd.lab.loader import load_experiment, load_suite
 from psgd.lab.provenance import code_version, run_code_version
+from psgd.lab.runcache import is_cached, reference_summary
+from psgd.lab.runner import WARM, Runner, estimate_s, pin_cpu_kernels
+from psgd.lab.settings import config_from_settings, known_keys
 
 __all__ = ["PROFILES", "Experiment", "RunSpec", "SuiteError", "choose", "config_from_settings", "known_keys",
-           "load_experiment", "load_suite", "run_digest", "score", "tuning_of", "is_cached", "run_suite", "main"]
+           "load_experiment", "load_suite", "run_digest", "score", "tuning_of", "is_cached", "made_by", "run_suite",
+           "main"]
 
 
 # -- tuning -------------------------------------------------------------------------------------------
@@ -87,206 +77,6 @@ def _settled(exp: Experiment, make) -> tuple[Experiment, dict[str, float], dict[
 
     settled, chosen, scores, _ = tuning.settle(exp, make, lambda s: is_cached(s, same_link=False))
     return settled, chosen, scores
-
-
-# -- running --------------------------------------------------------------------------------------------
-# Only for the ETA, fitted to the reference runs on 2 cores (the default profile: 12.2 min for 211
-# runs and 2 benchmarks, mostly 96k-sample MLP runs; the transformer suite: 11.0 min for 68 runs):
-# start-up from the warm parent (0.46 s on average) plus the evaluation of an MLP run's snapshots,
-# and the training samples per second of a typical run.
-SECONDS_PER_RUN_START = 1.0
-SAMPLES_PER_S = 40000
-# The small transformer (E14, E17, E18, E22 at width 64): about 1,950 training samples (windows) per
-# second, and about 0.8 s per evaluation of a snapshot on the validation and test text (fitted on the
-# transformer suite of fe4506d: 28.0 min for 87 runs of 11 evaluations each, where 2.2 s per run had
-# predicted 18.1 min).
-SLOWER = {"gpt": (1950, 0.8)}
-
-
-def estimate_s(experiments: list[Experiment], fresh: bool = False) -> float:
-    """About how long the runs still to make take (all of them with `fresh`: none is reused)."""
-    from psgd.train import data
-
-    total, seen = 0.0, set()
-    for e in experiments:
-        if e.bench:
-            total += 60.0
-        specs = e.tune_specs() + e.planned_specs()
-        for r in specs:
-            if r.cfg.out in seen or (not fresh and (is_cached(r) or _twin(r) is not None)):
-                continue
-            seen.add(r.cfg.out)
-            cfg = C.with_epochs_resolved(r.cfg, data.train_size(r.cfg.data))
-            rate, per_eval = SLOWER.get(cfg.model.model, (SAMPLES_PER_S, 0.0))
-            # Evaluations: the start, one every eval_every updates, the end.
-            evals = 1 + (-(-C.updates(cfg) // cfg.eval_every) if cfg.eval_every > 0 else 1)
-            total += SECONDS_PER_RUN_START + per_eval * evals + cfg.steps * cfg.global_batch / rate
-    return total
-
-
-def is_cached(spec: RunSpec, same_link: bool = True) -> bool:
-    """Whether spec's folder holds its finished run: the same config, made by the same training code
-    and, for a run on a `psgd cluster` (--hosts), on the link of the cluster of that name up now
-    (`same_link`; no such cluster: not reusable). The config names the cluster, not its link, and
-    `psgd cluster up` may make the name again with another link. same_link=False: the run is
-    finished, whatever link it had (re-analysing finished runs)."""
-    out = Path(spec.cfg.out)
-    try:
-        recorded = json.loads((out / "config.json").read_text())
-        made_by = json.loads((out / "provenance.json").read_text())
-        # Compare through JSON: tuples in the dataclass are lists in the file.
-        from psgd.train.launch import config_record  # noqa: PLC0415 - the config and the user's files' hashes
-
-        # `out` aside: a reference run copied from the default profile's folder names where it was made.
-        return ((out / "summary.json").exists()
-                and _out_aside(recorded) == _out_aside(json.loads(json.dumps(config_record(spec.cfg))))
-                and made_by.get("code_version") == spec.version
-                and (not same_link or not spec.cfg.hosts or _on_the_same_link(spec.cfg, out)))
-    except (OSError, ValueError):
-        return False
-
-
-def _out_aside(record: dict) -> dict:
-    return {k: v for k, v in record.items() if k != "out"}
-
-
-def default_folder(results: Path) -> Path | None:
-    """The default profile's folder beside a reference profile's (results/reference/ -> results/,
-    results/transformer-reference/ -> results/transformer/): `reference_summary`'s inverse."""
-    if results.name == "reference":
-        return results.parent
-    if results.name.endswith("-reference"):
-        return results.parent / results.name.removesuffix("-reference")
-    return None
-
-
-def _twin(spec: RunSpec) -> RunSpec | None:
-    """The default profile's finished run of a reference run's config, where there is one: the same
-    folder name (psgd/lab/experiment.py `run_digest`: the config, `out` aside, and the training code)
-    under the default profile's runs/, made by the same training code. The reference profile's seeds
-    begin with the default profile's (psgd/lab/power.py), and their tuning runs are the same runs."""
-    out = Path(spec.cfg.out)
-    home = default_folder(out.parent.parent)
-    if home is None or out.exists():
-        return None
-    twin = dataclasses.replace(spec, cfg=dataclasses.replace(spec.cfg, out=str(home / "runs" / out.name)))
-    return twin if is_cached(twin) else None
-
-
-def reuse_twin(spec: RunSpec) -> bool:
-    """Take the default profile's finished run of this reference run's config (`_twin`) into the
-    reference's folder, by hard links (copies across file systems), rather than run it again; returns
-    whether it did. Its files are as they were made: config.json's `out` names the folder it ran in."""
-    twin = _twin(spec)
-    if twin is None:
-        return False
-
-    def link(src: str, dst: str) -> None:
-        try:
-            os.link(src, dst)
-        except OSError:
-            shutil.copy2(src, dst)
-    shutil.copytree(twin.cfg.out, spec.cfg.out, copy_function=link)
-    return True
-
-
-def _on_the_same_link(cfg: C.RunConfig, out: Path) -> bool:
-    from psgd.cluster import netns
-    from psgd.train import hosts
-
-    c = netns.load(cfg.cluster)
-    if c is None or not c.complete:
-        return False
-    now = hosts.link_record(c, cfg.mode)
-    then = json.loads((out / "summary.json").read_text()).get("cluster") or {}
-    return {k: then.get(k) for k in now} == now
-class _WarmParent:
-    """One warm parent for every run the suite makes (psgd/train/launch.py `warm_parent`): torch is
-    imported once per suite, not once per run (about 1.2 s of a run's start-up on 2 cores). Started
-    at the first run, replaced if it died, closed when the suite ends (and it dies with the suite's
-    process in any case: PR_SET_PDEATHSIG)."""
-
-    def __init__(self, tag: str = "psgd-suite") -> None:
-        self.zygote, self.tag = None, tag   # the tag names the warm parent in `ps` (tests: psgd-tests)
-
-    def get(self):
-        from psgd.train import launch
-
-        if self.zygote is None or self.zygote.gone:
-            self.close()
-            self.zygote = launch.warm_parent(self.tag)
-        return self.zygote
-
-    def close(self) -> None:
-        if self.zygote is not None:
-            self.zygote.close()
-            self.zygote = None
-
-
-WARM = _WarmParent()
-
-# torch picks its CPU kernels by the machine (AVX2, AVX-512, ...), and a run's last bits follow them:
-# the same sync run hashes differently on an AVX-512 machine than on an AVX2 one (measured: 537f4dc0...
-# against 41ce5e7b...). The suite pins AVX2, which every x86 machine since 2013 has, so that its runs
-# do not change with a machine's vector width; a value the caller set is kept. `machine()` in the
-# report and each run's provenance.json name it. It cannot pin everything: matrix products go to
-# MKL, which picks its kernels by CPU vendor (measured: one sync case, AMD EPYC and Intel Xeon
-# AVX-512, two hashes; tests/numerics.py), so a rerun's bits are the committed ones on the same
-# class of CPU; elsewhere a seed can end on other last bits.
-PINNED_KERNELS = "avx2"
-
-
-def pin_cpu_kernels() -> str:
-    """Set ATEN_CPU_CAPABILITY for the processes the suite starts (not this one); returns its value."""
-    import torch  # noqa: PLC0415
-
-    have = torch.backends.cpu.get_cpu_capability().lower()
-    if "ATEN_CPU_CAPABILITY" not in os.environ and have.startswith("avx"):
-        os.environ["ATEN_CPU_CAPABILITY"] = PINNED_KERNELS
-    return os.environ.get("ATEN_CPU_CAPABILITY", have)
-
-
-def execute(spec: RunSpec, fresh: bool, position: str, tensorboard: Path | None = None) -> dict:
-    """Run one spec (or reuse its cached result); returns its summary. With `tensorboard`, the
-    run's curves go to TENSORBOARD/<experiment>/<label>-<phase>-lr<lr>-s<seed> as it trains (a cached
-    run's from its files: psgd/train/tboard.py)."""
-    from psgd.train import data, launch, progress
-
-    cached = not fresh and is_cached(spec)
-    linked = not fresh and not cached and reuse_twin(spec)
-    if cached or linked:
-        said = "the default profile's run, linked in" if linked else "cached"
-        tqdm.write(f"{position} {spec.experiment} {spec.label} seed {spec.seed}: {said}", file=sys.stderr)
-        _tensorboard(spec, tensorboard)
-        return json.loads((Path(spec.cfg.out) / "summary.json").read_text())
-    cfg = C.with_epochs_resolved(spec.cfg, data.train_size(spec.cfg.data))
-    tag = f"{position} {spec.experiment} {spec.label}" + (f" lr={spec.cfg.optim.lr:g}" if spec.phase == "tune" else "")
-    with progress.live(Path(cfg.out), cfg.budget, f"{tag} s{spec.seed}"):
-        summary = launch.run(cfg, zygote=WARM.get(), tensorboard=_tensorboard_dir(spec, tensorboard))
-    # Record the config as specified (before --epochs was resolved), so the cache check matches.
-    out = Path(cfg.out)
-    (out / "config.json").write_text(json.dumps(launch.config_record(spec.cfg), indent=1))
-    (out / "provenance.json").write_text(json.dumps({"code_version": spec.version, "command": spec.command,
-                                                     "made_at": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-                                                     "cpu_kernels": os.environ.get("ATEN_CPU_CAPABILITY", "")},
-                                                    indent=1))
-    return summary
-
-
-def _tensorboard_dir(spec: RunSpec, tensorboard: Path | None) -> Path | None:
-    """TENSORBOARD/<experiment>/<label>-<phase>-lr<lr>-s<seed>: a run's curves, written as it trains."""
-    if tensorboard is None:
-        return None
-    name = f"{spec.label}-{spec.phase}-lr{spec.cfg.optim.lr:g}-s{spec.seed}".replace(" ", "_").replace("/", "_")
-    return tensorboard / spec.experiment / name
-
-
-def _tensorboard(spec: RunSpec, tensorboard: Path | None) -> None:
-    """A cached run's curves, from its files (psgd/train/tboard.py `write`)."""
-    if tensorboard is not None:
-        from psgd.train import tboard
-
-        tboard.write(Path(spec.cfg.out), _tensorboard_dir(spec, tensorboard))
 
 
 def _has_results(exp: Experiment) -> bool:
@@ -372,14 +162,6 @@ def _commands(exp: Experiment, tune_specs: list[RunSpec], finals: list[RunSpec],
     return head + "\n".join(lines) + "\n"
 
 
-def reference_summary(results: Path) -> dict | None:
-    """The reference profile's summary.json beside a default profile's folder (results/ ->
-    results/reference/, results/transformer/ -> results/transformer-reference/), or None."""
-    folder = results / "reference" if results.name == "results" else results.parent / f"{results.name}-reference"
-    path = folder / "summary.json"
-    return json.loads(path.read_text()) if path.exists() else None
-
-
 def _made_as(results: Path, profile: str) -> dict | None:
     """The summary.json of the invocation that ran this folder's runs (same profile), which a re-analysis
     keeps as the report's command, date, wall time and machine; None where there is none."""
@@ -405,31 +187,7 @@ def _announce(chosen_exps: list[Experiment], fresh: bool, profile: str, version:
     return n_tune + n_final + len(benches)
 
 
-class _Runner:
-    """A suite's runs on its progress bar: a run experiments share is made once; `reused` counts those found."""
-
-    def __init__(self, overall: tqdm, fresh: bool, tensorboard: Path | None) -> None:
-        self.overall, self.fresh, self.tensorboard = overall, fresh, tensorboard
-        self.reused, self.total_runs = 0, 0
-        self.done_outs: set[str] = set()   # the runs made (or reused) so far: a shared run is counted once
-
-    def run_all(self, specs: list[RunSpec]) -> list[tuple[RunSpec, dict]]:
-        """Run (or reuse) each spec in order; returns each with its summary."""
-        out = []
-        for spec in specs:
-            first = spec.cfg.out not in self.done_outs
-            if first:
-                self.reused += int(not self.fresh and (is_cached(spec) or _twin(spec) is not None))
-                self.total_runs += 1
-            out.append((spec, execute(spec, self.fresh and first, f"[{self.overall.n + 1}/{self.overall.total}]",
-                                      self.tensorboard)))
-            if first:
-                self.done_outs.add(spec.cfg.out)
-                self.overall.update(1)
-        return out
-
-
-def _run_experiment(exp: Experiment, out: Path, runner: _Runner, command: str) -> tuple[tuple, set[str]]:
+def _run_experiment(exp: Experiment, out: Path, runner: Runner, command: str) -> tuple[tuple, set[str]]:
     """Tune, run (or bench) one experiment and write its commands.txt; returns (entry to analyse, made_by)."""
     out.mkdir(parents=True, exist_ok=True)
     exp, chosen, scores = _settled(exp, runner.run_all)   # the sweep, grown where a pick sat at an edge
@@ -469,7 +227,7 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
     steps = _announce(chosen_exps, fresh, profile, version, run_version)
     started = time.time()
     overall = tqdm(total=steps, desc="suite", unit="run", dynamic_ncols=True, file=sys.stderr)
-    runner = _Runner(overall, fresh, tensorboard)
+    runner = Runner(overall, fresh, tensorboard)
     done: dict[str, tuple[tuple, set[str]] | None] = {}  # id -> (entry to analyse, made_by), None: no results
     try:
         for exp in chosen_exps:

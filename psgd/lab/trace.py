@@ -24,7 +24,7 @@ Contract:
   for the first Init before it, are outside the training time (summary.json's `startup_s`).
 - Output: the PNG (default RUN/trace.png) and a CSV beside it (rank, clock, segment, start_s,
   end_s; one row per segment, zero-length ones included), written as every psgd figure is
-  (psgd/lab/plots.py `save`). A missing folder, or one without step events, is a one-line
+  (psgd/lab/figure_kit.py `save`). A missing folder, or one without step events, is a one-line
   usage error (exit 2).
 
     psgd run --mode sync --workers 3 --straggler 2=20 --steps 60 --out results/runs/straggler
@@ -40,7 +40,7 @@ from pathlib import Path
 
 from psgd.core.errors import Parser, UsageError
 from psgd.core.palette import SEGMENT_COLORS
-from psgd.lab.plots import plt, save  # plots has chosen the file-only backend (Agg)
+from psgd.lab.figure_kit import plt, save  # figure_kit has chosen the file-only backend (Agg)
 from psgd.train.metrics import read_events
 
 KINDS = tuple(SEGMENT_COLORS)  # wait, pull, compute, push: loop order (psgd/train/worker.py), as the palette lists them

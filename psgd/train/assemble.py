@@ -23,9 +23,8 @@ forwards it to the processes it starts as flags) and returns objects that know n
   `train`): the model (seeded), the batches, the loss and the loop's options; `train_worker`
   runs that loop with a given exchange.
 
-A new consistency mode is a rule object and its line in psgd/core/rules.py `RULES` (and its name
-in core/schema.py's MODES for the command line); a new optimizer is a file in psgd/core and its
-line in `optim.OPTIMIZERS`; nothing here changes for either.
+A new consistency mode is a rule class registered in psgd/core/rules.py; a new optimizer is a file
+in psgd/core and its line in core/sections.py's `OPTIMIZERS`; nothing here changes for either.
 """
 
 from __future__ import annotations

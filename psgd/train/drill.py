@@ -20,10 +20,11 @@ Contract:
   Only kinds the run can survive are drawn: shards and the zygote mid-run need --restart-servers
   (sync, or one shard, with --checkpoint-every), workers --restart-workers; `drill` fills in both
   budgets (2 x COUNT + 2) where they are 0 and the run's flags allow them.
-- `Storm` (a thread of the launcher's process) carries the plan out while `launch.run` runs: it finds
-  each target by its title (`psgd shard K/S OUT`, psgd/train/proctitle.py) among this process's
-  descendants, SIGKILLs it and notes when, and after each episode waits until a step is written
-  again (the run recovered) before the next one. It never kills anything else.
+- `Storm` (a thread of the launcher's process, psgd/train/storm.py) carries the plan out while
+  `launch.run` runs: it finds each target by its title (`psgd shard K/S OUT`,
+  psgd/train/proctitle.py) among this process's descendants, SIGKILLs it and notes when, and after
+  each episode waits until a step is written again (the run recovered) before the next one. It
+  never kills anything else.
 - `drill(cfg, seed, count)` returns the run's summary with a "faults" section, also written into
   OUT/summary.json: each fault (kind, target, pid, moment, at_s from the start, recovery_s: until
   the next step of that worker, or of any worker for a shard or the zygote), counts by kind and by
@@ -38,31 +39,15 @@ import dataclasses
 import json
 import os
 import random
-import signal
-import threading
-import time
 from pathlib import Path
 
 from psgd.core.config import RunConfig, validate
-from psgd.train import launch, proctitle
-from psgd.train.metrics import read_events
+from psgd.train import launch
+from psgd.train import storm as storm_mod
+from psgd.train.storm import Fault, Storm
 
 MOMENTS = ("startup", "step", "checkpoint", "join", "restart")
 KINDS = ("shard", "worker", "zygote")
-POLL_S = 0.02  # how often the drill looks at the run (its own loop; the run never waits on it)
-WAIT_S = 300.0  # the longest the drill waits for a moment before it gives up on that fault
-
-
-@dataclasses.dataclass
-class Fault:
-    kind: str
-    index: int
-    moment: str
-    target: str = ""
-    pid: int = 0
-    at: float = 0.0  # time.time() of the kill
-    recovery_s: float | None = None
-    note: str = ""
 
 
 def parse_chaos(text: str) -> tuple[int, int]:
@@ -141,155 +126,6 @@ def gap_of(cfg: RunConfig, count: int) -> int:
     return max(2, cfg.steps * cfg.workers // (3 * count))
 
 
-# -- finding the run's processes -------------------------------------------------------------------------
-def descendants(root: int) -> list[int]:
-    found, todo = [], [root]
-    while todo:
-        pid = todo.pop()
-        try:
-            tasks = os.listdir(f"/proc/{pid}/task")
-        except OSError:
-            continue
-        for t in tasks:
-            try:
-                kids = Path(f"/proc/{pid}/task/{t}/children").read_text().split()
-            except OSError:
-                continue
-            for k in kids:
-                found.append(int(k))
-                todo.append(int(k))
-    return found
-
-
-def titles(out: str) -> dict[int, str]:
-    """pid -> name ('shard 0/2', 'worker 1/3', 'zygote') of this run's processes, by their titles."""
-    named = {}
-    for pid in descendants(os.getpid()):
-        try:
-            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
-        except (OSError, IndexError):
-            continue
-        if state == "Z":
-            continue
-        if cmd == proctitle.zygote_title(out):
-            named[pid] = "zygote"
-        elif cmd.startswith(f"{proctitle.PREFIX} ") and cmd.endswith(f" {out}"):
-            name = cmd[len(proctitle.PREFIX) + 1:-len(out) - 1]
-            if name.split(" ")[0] in ("shard", "worker"):
-                named[pid] = name
-    return named
-
-
-def name_of(fault: Fault, cfg: RunConfig) -> str:
-    if fault.kind == "zygote":
-        return "zygote"
-    if fault.kind == "shard":
-        return proctitle.shard_name(fault.index, cfg.servers)
-    return proctitle.worker_name(fault.index, cfg.workers)
-
-
-NOTED = ("worker_restarted", "zygote_restarted", "restart")
-_seen: dict[str, dict] = {}  # the NOTED events seen by any look: a restart from scratch clears the folder
-
-
-def steps_written(out: Path) -> list[dict]:
-    """Every step line written so far, in any attempt's file, or seen by an earlier look."""
-    for p in sorted(out.glob("metrics-attempt-*.jsonl")) + [out / "metrics.jsonl"]:
-        try:
-            found = read_events(p)
-        except (OSError, ValueError):
-            continue  # a line being written: the next look reads it whole
-        for e in found:
-            if e.get("event") in NOTED or e.get("event") == "step":
-                _seen[json.dumps(e, sort_keys=True)] = e
-    return [e for e in _seen.values() if e.get("event") == "step"]
-
-
-class Storm(threading.Thread):
-    """Carries `episodes` out against the run in `cfg.out` (see the module docstring)."""
-
-    def __init__(self, cfg: RunConfig, episodes: list[list[Fault]], gaps: list[int], hold: Path) -> None:
-        super().__init__(name="psgd-drill", daemon=True)
-        self.cfg, self.out, self.episodes, self.gaps, self.hold = cfg, Path(cfg.out), episodes, gaps, hold
-        self.stop = threading.Event()
-        self.done: list[Fault] = []
-        self.started = time.time()
-        self.error: str = ""
-
-    def run(self) -> None:
-        try:
-            for episode, gap in zip(self.episodes, self.gaps, strict=True):
-                before: dict[int, str] = {}
-                for fault in episode:
-                    if not self._deliver(fault, gap, before):
-                        return
-                    before = titles(self.cfg.out)
-                    before[fault.pid] = fault.target
-                if not self._wait(lambda f=episode[-1]: any(e["time"] > f.at for e in steps_written(self.out))):
-                    return
-        except Exception as e:  # noqa: BLE001 - the drill's own failure is reported, the run goes on
-            self.error = f"{type(e).__name__}: {e}"
-
-    def _wait(self, ready) -> bool:
-        deadline = time.monotonic() + WAIT_S
-        while not self.stop.is_set() and time.monotonic() < deadline:
-            if ready():
-                return True
-            self.stop.wait(POLL_S)
-        return False
-
-    def _kill(self, fault: Fault, pid: int, name: str) -> bool:
-        try:
-            os.kill(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            return False  # gone already: look again
-        fault.pid, fault.target, fault.at = pid, name, time.time()
-        self.done.append(fault)
-        return True
-
-    def _deliver(self, fault: Fault, gap: int, before: dict[int, str]) -> bool:
-        mark = len(steps_written(self.out))
-        if fault.moment == "checkpoint":
-            (self.hold / "arm").write_text("")
-            held: list[Path] = []
-
-            def writing() -> bool:
-                held[:] = list(self.hold.glob("held-*"))
-                return bool(held)
-
-            if not self._wait(writing):
-                return False
-            pid = int(held[0].name.split("-")[1])
-            name = titles(self.cfg.out).get(pid, "shard ?")
-            fault.index = int(name.split(" ")[1].split("/")[0]) if name != "shard ?" else -1
-            torn = list((self.out / "checkpoints").glob(f".shard-{max(fault.index, 0)}-v*.{pid}.tmp"))
-            fault.note = f"torn {torn[0].name} ({torn[0].stat().st_size} bytes)" if torn else ""
-            ok = self._kill(fault, pid, name)
-            held[0].unlink(missing_ok=True)
-            return ok
-        want = name_of(fault, self.cfg)
-        found: list[int] = []
-
-        def present() -> bool:
-            found[:] = [p for p, n in titles(self.cfg.out).items()
-                        if n == want and (fault.moment not in ("join", "restart") or p not in before)]
-            return bool(found)
-
-        while not self.stop.is_set():
-            if fault.moment == "step" and not self._wait(lambda: len(steps_written(self.out)) >= mark + gap):
-                return False
-
-            if not self._wait(present):
-                return False
-            if fault.moment == "join" and any(e["time"] > self.done[-1].at and e["rank"] == fault.index
-                                              for e in steps_written(self.out)):
-                fault.note = "its replacement had stepped already"
-            if self._kill(fault, found[0], want):
-                return True
-        return False
-
-
 def drill(cfg: RunConfig, seed: int, count: int, quiet: bool = True) -> dict:
     """Run `cfg` under the storm of `plan(seed, count)`; the summary with its "faults" (module docstring)."""
     cfg = with_budgets(launch.with_out_resolved(cfg), count)
@@ -307,7 +143,7 @@ def drill(cfg: RunConfig, seed: int, count: int, quiet: bool = True) -> dict:
 
     saved = os.environ.get(checkpoint.HOLD)
     os.environ[checkpoint.HOLD] = str(hold)
-    _seen.clear()
+    storm_mod.forget()
     storm = Storm(cfg, episodes, gaps, hold)
     storm.start()
     try:
@@ -321,7 +157,7 @@ def drill(cfg: RunConfig, seed: int, count: int, quiet: bool = True) -> dict:
             os.environ.pop(checkpoint.HOLD, None)
         else:
             os.environ[checkpoint.HOLD] = saved
-    left = titles(cfg.out)
+    left = storm_mod.titles(cfg.out)
     if left:
         raise launch.RunFailed(f"the drill left {', '.join(f'{n} (pid {p})' for p, n in left.items())} behind")
     summary["faults"] = account(cfg, seed, count, storm)
@@ -330,9 +166,10 @@ def drill(cfg: RunConfig, seed: int, count: int, quiet: bool = True) -> dict:
 
 
 def account(cfg: RunConfig, seed: int, count: int, storm: Storm) -> dict:
+    """The summary's \"faults\" section (module docstring): the storm's kills and the run's events."""
     out = Path(cfg.out)
-    steps = steps_written(out)
-    events = [e for e in _seen.values() if e.get("event") in NOTED]
+    steps = storm_mod.steps_written(out)
+    events = storm_mod.noted()
     faults = []
     for f in storm.done:
         since = f.at

@@ -132,7 +132,7 @@ def on_cluster(cfg: RunConfig) -> Seats:
 def link_record(c: cluster_plan.Cluster, mode: str) -> dict:
     """What a run of `mode` on cluster c records about its link (summary.json's "cluster"): the
     link as given to `up`, who shaped the bandwidth, who added the latency. The suite's run cache
-    compares it with the cluster up now (psgd/lab/suite.py `is_cached`): a run's config names the
+    compares it with the cluster up now (psgd/lab/runcache.py `is_cached`): a run's config names the
     cluster but not its link, and `psgd cluster up` may make that name again with another."""
     allreduce = mode == "allreduce"
     latency_applied = c.latency_by != "socket" or not allreduce

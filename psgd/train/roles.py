@@ -26,18 +26,14 @@ import os
 import sys
 
 from psgd.core import config as C
+from psgd.core import rules
 from psgd.core.errors import UsageError
 
-MODES_HELP = """modes:
-  sync       Bulk synchronous (BSP): each shard waits for one gradient from every worker,
-             applies their mean once; nobody starts step t+1 before all finished step t.
-  async      Every gradient is applied the moment it arrives; nobody ever waits, but a
-             gradient is computed on parameters about N-1 updates old (stale).
-  ssp        Stale synchronous parallel (Ho et al. 2013): applied on arrival like async, but a
-             worker more than --staleness steps ahead of the slowest blocks until it catches up.
-  allreduce  No servers: workers all-reduce their gradients (torch.distributed, NCCL or gloo,
-             or the hand-written ring) and every replica takes the same optimizer step.
-"""
+# `psgd run -h`'s epilog: each registered mode's own lines (psgd/core/rules.py), then all-reduce.
+MODES_HELP = "modes:\n" + "".join(
+    f"  {name:<10} " + rule.help.replace("\n", "\n" + " " * 13) + "\n" for name, rule in rules.RULES.items()) + (
+    "  allreduce  No servers: workers all-reduce their gradients (torch.distributed, NCCL or gloo,\n"
+    "             or the hand-written ring) and every replica takes the same optimizer step.\n")
 
 
 # The settings only a shard reads: the policy's (SSP's bound), the remedies it applies to arriving

@@ -108,7 +108,7 @@ class LoopOptions:
 
 
 class Batches:
-    """Worker `rank`'s batches: slice `rank` of global batch `clock` of `plan` (psgd/train/data.py),
+    """Worker `rank`'s batches: slice `rank` of global batch `clock` of `plan` (psgd/train/batches.py),
     from the tensors `x`, `y` (on the worker's device)."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor, plan: BatchPlan, rank: int) -> None:
