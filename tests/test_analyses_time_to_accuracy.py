@@ -32,7 +32,7 @@ def runs(root: Path, label: str, mode: str, seconds_per_eval: list[float], jitte
     return out
 
 
-def judge(tmp_path: Path, ssp_straggler_dt: list[float]):
+def judge(tmp_path: Path, ssp_straggler_dt: list[float], targets: list[float] | None = None):
     s = [1.0, 1.05, 0.95]
     summaries = (runs(tmp_path, "sync", "sync", s, evals=3)   # the tuning's arm, evaluated sparsely: not timed
                  + runs(tmp_path, "sync, timed", "sync", s)
@@ -42,7 +42,8 @@ def judge(tmp_path: Path, ssp_straggler_dt: list[float]):
                  + runs(tmp_path, "sync straggler, timed", "sync", [3.0, 3.1, 2.9], straggler=True)
                  + runs(tmp_path, "ssp straggler, timed", "ssp", ssp_straggler_dt, straggler=True))
     exp = SimpleNamespace(id="E20", path="e20.toml", title="t", claim="c", quote="", quote_en="", quote_source="",
-                          why="w", analysis="time_to_accuracy", seeds=(0, 1, 2), params={"target_accuracy": 0.60})
+                          why="w", analysis="time_to_accuracy", seeds=(0, 1, 2),
+                          params={"target_accuracy": 0.60, **({"targets": targets} if targets else {})})
     (tmp_path / "E20").mkdir()
     return analyses.analyse(exp, summaries, tmp_path / "E20")
 
@@ -54,7 +55,24 @@ def test_faster_async_and_ssp_under_jitter_but_not_under_a_persistent_straggler_
     assert abs(dean.ci.estimate - 2.0) < 1e-9 and dean.ci.n == 3   # 4.0 s / 2.0 s at the 5th evaluation
 
 
-def test_ssp_much_faster_under_a_persistent_straggler_refutes_that_part(tmp_path):
+def test_ssp_much_faster_under_a_persistent_straggler_refutes_the_labs_corollary_not_the_papers(tmp_path):
+    """Issue 57: the lab's corollary is a verdict of its own; before, it turned the papers' two
+    confirmations into "depends"."""
     section = judge(tmp_path, [1.5, 1.55, 1.45])
     part = next(e for e in section.effects if "persistent" in e.label)
-    assert part.outcome == "refuted" and section.verdict == "depends"
+    assert part.outcome == "refuted" and section.verdict == "confirmed"
+    assert section.key["corollary"] == "refuted" and set(section.key["papers"].values()) == {"confirmed"}
+    assert "The lab's corollary, a verdict of its own" in section.body
+
+
+def test_a_range_of_targets_stated_in_advance_and_kept_below_every_plateau(tmp_path):
+    from psgd.lab import targets
+
+    assert targets.targets_of({"targets": [0.6, 0.5]}) == (0.5, 0.6) and targets.targets_of({}) == (0.6,)
+    assert targets.split_by_plateau((0.5, 0.58, 0.62), {"sync": 0.61, "async": 0.65}) == ((0.5, 0.58), (0.62,))
+    assert targets.over_range(["confirmed", "refuted"]) == "depends"
+    section = judge(tmp_path, [3.0, 3.05, 2.95], targets=[0.50, 0.55, 0.60, 0.64])
+    assert section.key["targets"] == [0.50, 0.55, 0.60] and section.key["targets_dropped"] == [0.64]
+    assert sum(e.label.startswith("Dean") for e in section.effects) == 3
+    assert "targets 50% to 60% (50%, 55%, 60%), stated in the experiment file" in section.body
+    assert "left out, at or above that plateau: 64%" in section.body

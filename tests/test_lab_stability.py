@@ -54,34 +54,42 @@ def test_halves_split_in_seed_order_and_an_odd_count_leaves_the_middle_seed_out(
     assert analyses.halves_of([7]) == ([], [], [7])
 
 
+def test_halves_of_fewer_than_four_seeds_each_are_not_judged(tmp_path):
+    """Issue 57: halves of 1-3 seeds give intervals too wide to check anything (and before it a
+    one-seed half decided on a zero-width interval); they are not judged. The rule before judged any
+    split with a seed in each half."""
+    section = e16(tmp_path, [0.51, 0.50, 0.51, 0.50, 0.51, 0.50, 0.51])   # halves of 3
+    assert section.verdict == "confirmed" and section.halves is None
+
+
 def test_a_claim_whose_halves_agree_is_stable(tmp_path):
-    section = e16(tmp_path, [0.51, 0.50, 0.51, 0.50, 0.51])   # AdamW loses ~9 points more in every seed
+    section = e16(tmp_path, [0.51, 0.50, 0.51, 0.50, 0.51, 0.50, 0.51, 0.50, 0.51])   # ~9 points more in every seed
     h = section.halves
     assert section.verdict == "confirmed" and h["first"]["verdict"] == h["second"]["verdict"] == "confirmed"
-    assert h["first"]["seeds"] == [0, 1] and h["second"]["seeds"] == [3, 4] and h["left_out"] == [2]
+    assert h["first"]["seeds"] == [0, 1, 2, 3] and h["second"]["seeds"] == [5, 6, 7, 8] and h["left_out"] == [4]
     assert not h["unstable"]
     text = report.write(tmp_path, [section], command="c", wall_s=1.0).read_text()
     assert "unstable" not in text.split("## E16")[0].split("| claim | verdict |")[1].split("##")[0]
-    assert "seed 2 left out of both" in text
+    assert "seed 4 left out of both" in text
     claim = json.loads((tmp_path / "summary.json").read_text())["claims"][0]
     assert claim["stability"] == "stable" and claim["split_half"]["first"]["verdict"] == "confirmed"
 
 
 def test_a_claim_whose_halves_contradict_each_other_is_unstable(tmp_path):
-    # Seeds 0 and 1: AdamW loses 9 points more than SGD (confirmed); seeds 3 and 4: 3 points less
-    # (refuted). All five together straddle the margin.
-    section = e16(tmp_path, [0.51, 0.51, 0.55, 0.63, 0.63])
+    # Seeds 0-3: AdamW loses 9 points more than SGD (confirmed); seeds 5-8: 3 points less
+    # (refuted). All nine together straddle the margin.
+    section = e16(tmp_path, [0.51, 0.52, 0.51, 0.52, 0.55, 0.63, 0.64, 0.63, 0.64])
     h = section.halves
     assert (h["first"]["verdict"], h["second"]["verdict"]) == ("confirmed", "refuted") and h["unstable"]
     assert section.verdict == "inconclusive"
     text = report.write(tmp_path, [section], command="c", wall_s=1.0).read_text()
     row = next(line for line in text.splitlines() if line.startswith("| [E16](#e16)") and "inconclusive" in line)
-    assert "**inconclusive**, unstable (seeds 0, 1: confirmed; seeds 3, 4: refuted)" in row
+    assert "**inconclusive**, unstable (seeds 0, 1, 2, 3: confirmed; seeds 5, 6, 7, 8: refuted)" in row
     assert "**Split halves**" in text and "**unstable**: one half confirms what the other refutes" in text
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["claims"][0]["stability"] == "unstable" and summary["claims"][0]["split_half"]["unstable"]
     # The README's table, made from summary.json, marks it too; an older summary without the field renders as before.
-    assert "unstable (seeds 0, 1: confirmed; seeds 3, 4: refuted)" in readme.readme_block(summary)
+    assert "unstable (seeds 0, 1, 2, 3: confirmed; seeds 5, 6, 7, 8: refuted)" in readme.readme_block(summary)
     old = {**summary, "claims": [{k: v for k, v in summary["claims"][0].items() if k in ("id", "title", "verdict",
                                                                                           "headline", "key")}]}
     assert "unstable" not in readme.readme_block(old)
@@ -97,7 +105,7 @@ def test_the_report_states_seeds_run_seeds_asked_and_whether_three_decide(tmp_pa
     text = report.write(tmp_path, [section], command="c", wall_s=1.0).read_text()
     assert "**Seeds.** Ran 5 seeds; the power rule" in text and f"asks for {pw['seeds_asked']} (" in text
     assert "3 seeds cannot decide it" in text and "Smallest effect of interest: two points matter." in text
-    assert "## Seeds: run and asked" in text and "| [E16](#e16) | 5 | 8 | no | agree | end of budget |" in text
+    assert "## Seeds: run and asked" in text and "| [E16](#e16) | 5 | 8 | no |  | end of budget |" in text
 
 
 def test_three_seeds_decide_a_tight_claim_and_a_benchmark_has_no_floor():
@@ -159,8 +167,12 @@ def without_rounds(argv: tuple[str, ...]) -> tuple[str, ...]:
 def test_every_claim_says_why_its_margin_and_the_reference_profile_only_adds_seeds(name):
     default = loader.load_suite(ROOT / "experiments" / name, "default", results=Path("/nonexistent"))
     reference = loader.load_suite(ROOT / "experiments" / name, "reference", results=Path("/nonexistent"))
+    quick = loader.load_suite(ROOT / "experiments" / name, "quick", results=Path("/nonexistent"))
     for d, r in zip(default, reference, strict=True):
         assert d.margin_why, f"{d.path}: margin_why"
+        # Issue 57: the margin is fixed in the file, the same at every profile (E5's factor is a threshold).
+        assert d.margins or d.id == "E5", f"{d.path}: [margin]"
+        assert r.margins == d.margins == next(q for q in quick if q.id == d.id).margins
         assert r.seeds[:len(d.seeds)] == d.seeds and (len(r.seeds) >= 8 or r.seeds == d.seeds)
         assert r.templates == d.templates and r.tune_seeds == d.tune_seeds
         # A benchmark's replicates are its rounds: the reference may add rounds, and change nothing else.
@@ -209,7 +221,12 @@ def test_best_validation_scoring_can_change_the_verdict_and_the_report_says_whic
         return analyses.analyse(exp, summaries, root / "E16")
 
     end, best = arms(tmp_path / "end", "end"), arms(tmp_path / "best", "best_val")
-    assert (end.verdict, best.verdict) == ("confirmed", "refuted"), (end.headline, best.headline)
+    # Issue 57: every claim is read at both scorings, and where they differ the verdict says so.
+    assert (end.verdict, best.verdict) == ("depends", "depends"), (end.headline, best.headline)
+    for s in (end, best):
+        assert "confirmed at the end of the budget" in s.body and "refuted at the best validation point" in s.body
+    assert "depends on scoring: confirmed at the end of the budget" in end.body
+    assert "depends on scoring: refuted at the best validation point" in best.body
     assert "scored at the end of the budget" in end.body and "scored at the best validation point" in best.body
     assert best.scoring == "best_val"
     text = report.write(tmp_path, [best], command="c", wall_s=1.0).read_text()
@@ -221,6 +238,11 @@ def test_best_validation_scoring_can_change_the_verdict_and_the_report_says_whic
     ('scoring = "best"', "must be one of end, best_val"),
     ('scoring = "best_val"', "has no validation split"),
     ("margin_why = 3", "'margin_why' must be a string"),
+    ("margin = { accuracy = 0 }", r"\[margin\] accuracy must be a positive number"),
+    ("margin = { acc = 0.01 }", "unknown key 'acc' in \\[margin\\]"),
+    ("margin = 0.01", r"\[margin\] must be a table"),
+    ('margin = { accuracy = 0.01 }\n[profiles.quick]\nmargin = { accuracy = 0.05 }',
+     "profiles.quick.*unknown key 'margin'"),
 ])
 def test_bad_scoring_and_margin_why_name_file_and_key(tmp_path, extra, message):
     path = tmp_path / "e.toml"
@@ -228,7 +250,7 @@ def test_bad_scoring_and_margin_why_name_file_and_key(tmp_path, extra, message):
                     '[base]\ndataset = "synthetic"\nnum_samples = 400\nmodel = "logreg"\nsteps = 4\n'
                     '[[runs]]\nlabel = "sync"\nmode = "sync"\n')
     with pytest.raises(experiment.SuiteError, match=message):
-        loader.load_experiment(path, "default", tmp_path)
+        loader.load_experiment(path, "quick", tmp_path)
 
 
 def test_best_val_loads_where_every_run_has_a_validation_split(tmp_path):

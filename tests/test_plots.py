@@ -168,6 +168,20 @@ def test_the_forest_plot_has_a_row_per_effect_a_panel_per_unit_and_its_csv(tmp_p
     assert rows[-1].startswith("E5,not testable here,") and len(rows) == 1 + 4 + 1
 
 
+def test_the_forest_draws_ratios_and_differences_of_ratios_on_axes_of_their_own(tmp_path):
+    """Issue 57: E20's time ratios (null 1) sat on an axis labelled "difference of ratios" beside E2's."""
+    from psgd.lab import verdicts as V
+    from psgd.lab.forest import UNIT_AXES
+    from psgd.lab.stats import Interval
+
+    claims = [("E2", V.CONFIRMED, list(V.straggler_hurts_sync_more(Interval(3.0, 2.0, 4.0, 3)).effects)),
+              ("E20", V.CONFIRMED, [V.part("sync / async time", Interval(1.5, 1.3, 1.7, 3), 0.1, "effect", V.RATIO,
+                                           null=1.0)])]
+    fig = plots.forest(claims, tmp_path / "forest.png", "t")
+    assert [ax.get_xlabel() for ax in fig.axes] == ["difference of two ratios (x)", "ratio (x)"]
+    assert "scoring" in UNIT_AXES["accuracy"]
+
+
 def test_dot_plots_span_the_data_and_leave_out_what_was_not_measured(tmp_path):
     fig = plots.dots(["batch 128", "batch 1024, batch-128 rate", "c"],
                      {"acc": ("variant:0", [0.61, 0.62, float("nan")], [(0.60, 0.62), (0.615, 0.625), (0, 0)]),

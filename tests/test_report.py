@@ -255,9 +255,9 @@ def test_a_claim_its_configuration_decides_is_labelled_by_construction_everywher
     summary = {"command": "c", "code_version": "v", "machine": "m", "wall_s": 60.0, "claims": [
         {"id": "E2", "title": "t", "verdict": "confirmed", "headline": "h", **record}]}
     assert "**confirmed** (by construction)" in readme.readme_block(json.loads(json.dumps(summary)))
-    # The suite's claims that say so: E2, E6, E10, E11, and no claim that can come out either way.
+    # The suite's claims that say so: E2, E6, E10, E11, and E7 for its every-step part (issue 57).
     marked = {e.id for e in suite.load_suite(SUITE, "default") if e.by_construction}
-    assert marked == {"E2", "E6", "E10", "E11"}
+    assert marked == {"E2", "E6", "E7", "E10", "E11"}
 
 
 def test_the_default_report_says_whether_the_reference_profile_agrees():

@@ -3,6 +3,7 @@
 import dataclasses
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -133,7 +134,7 @@ def test_grids_expand_with_formatted_labels(tmp_path):
 
 
 TUNED = ('id = "T"\ntitle = "t"\nclaim = "c"\nanalysis = "modes"\nseeds = [0, 1]\n[tune]\nlr = [0.1, 0.3]\n'
-         'seeds = [7]\n' + TINY_BASE + 'val_fraction = 0.25\n'
+         'seeds = [7, 8, 9]\n' + TINY_BASE + 'val_fraction = 0.25\n'
          '[[runs]]\nlabel = "sync"\nmode = "sync"\n'
          '[[runs]]\nlabel = "async"\nmode = "async"\n'
          '[[runs]]\nlabel = "half"\nmode = "sync"\nwire_dtype = "fp16"\nlr_from = "sync"\nlr_factor = 2.0\n'
@@ -143,9 +144,9 @@ TUNED = ('id = "T"\ntitle = "t"\nclaim = "c"\nanalysis = "modes"\nseeds = [0, 1]
 def test_tuning_plan_choice_and_derived_rates(tmp_path):
     exp = suite.load_experiment(write(tmp_path, "t.toml", TUNED), "default", tmp_path, version="v1")
     tune = exp.tune_specs()
-    # Two tuned labels x two rates x one tuning seed; "half" and "fixed" are not swept.
+    # Two tuned labels x two rates x three tuning seeds; "half" and "fixed" are not swept.
     assert sorted((s.label, s.cfg.optim.lr, s.seed) for s in tune) == [
-        ("async", 0.1, 7), ("async", 0.3, 7), ("sync", 0.1, 7), ("sync", 0.3, 7)]
+        (label, lr, seed) for label in ("async", "sync") for lr in (0.1, 0.3) for seed in (7, 8, 9)]
     assert all(s.cfg.data.val_fraction == 0.25 and s.phase == "tune" for s in tune)
     # The best mean validation score wins; a tie goes to the smaller rate; nan (diverged) never wins.
     chosen = suite.choose(exp, {("sync", 0.1): [0.5], ("sync", 0.3): [0.7],
@@ -318,7 +319,11 @@ def test_tiny_quick_suite_tunes_runs_and_reports(tmp_path):
         assert f"]({fig}.png)" in report
     commands = (results / "M" / "commands.txt").read_text()
     assert "--steps 3" in commands and "--val-fraction 0.25" in commands   # the quick profile won; tuning listed
-    assert commands.count("psgd run") == 2 + 4   # 2 tuning runs (sync x 2 rates), 4 labels x 1 seed
+    # Tuning: sync on 3 seeds x its grid, which grows past the end where the pick sits (at least one rate:
+    # a two-rate grid's pick is always at an end); then 4 labels x 1 seed.
+    n_tune = commands.count("# sync lr=")
+    assert n_tune % 3 == 0 and 3 * 3 <= n_tune <= 3 * (2 + 3) and commands.count("psgd run") == n_tune + 4
+    assert re.search(r"\d\+(\*\*)?(, | \|)", report) and "+: a rate the sweep added" in report   # marked
     summary = json.loads((results / "summary.json").read_text())
     assert [c["id"] for c in summary["claims"]] == ["M", "W"] and summary["code_version"]
     assert all(c["verdict"] in verdicts.OUTCOMES for c in summary["claims"])
@@ -329,10 +334,10 @@ def test_tiny_quick_suite_tunes_runs_and_reports(tmp_path):
     # A second call reuses every finished run, and --only still reports the whole suite.
     r = psgd_main("suite", str(suite_file), "--quick", "--results", str(results), "--only", "M")
     assert r.returncode == 0 and "cached" in r.stderr
-    assert len(list((results / "runs").iterdir())) == 6   # 2 tuning + 4 evaluated; W made none of its own
+    assert len(list((results / "runs").iterdir())) == n_tune + 4   # W made none of its own
     report = (results / "REPORT.md").read_text()
     assert "## M" in report and "## W" in report
-    assert "6 of 6 runs reused" in report
+    assert f"{n_tune + 4} of {n_tune + 4} runs reused" in report
     # --report runs nothing: the report keeps the command, date, wall time and machine of the runs it
     # reads (not its own process's: it pins no CPU kernels) and names itself beside them.
     ran = json.loads((results / "summary.json").read_text())
@@ -350,7 +355,7 @@ def test_tiny_quick_suite_tunes_runs_and_reports(tmp_path):
     assert "| [M](results/REPORT.md#m)" in readme.read_text() and readme.read_text().endswith("rest\n")
     assert not readme_mod.update_readme(readme, results / "summary.json")
     # Without the runs (a fresh clone: runs are not in git) a partial call would drop what the report
-    # holds. --report refuses in one line, exit 2; --only W makes W's runs (4 of M's 6) and keeps the
+    # holds. --report refuses in one line, exit 2; --only W makes W's runs (all but M's async and fixed) and keeps the
     # report and summary as they were, saying so: M's runs are still not there.
     (results / "runs").rename(tmp_path / "runs-elsewhere")
     before = {name: (results / name).read_bytes() for name in ("REPORT.md", "summary.json")}
@@ -363,7 +368,7 @@ def test_tiny_quick_suite_tunes_runs_and_reports(tmp_path):
     assert r.stderr.rstrip().splitlines()[-1].startswith(f"psgd suite: kept {results / 'REPORT.md'} as it was: "
                                                          "it reports M, whose finished runs are not here")
     assert {name: (results / name).read_bytes() for name in before} == before
-    assert len(list((results / "runs").iterdir())) == 4   # W's 2 tuning and 2 evaluated runs
+    assert len(list((results / "runs").iterdir())) == n_tune + 2   # W's tuning (M's sync's) and 2 evaluated runs
     assert processes_mentioning(str(results)) == []
 
 

@@ -78,11 +78,13 @@ def test_welch_for_unpaired_groups_and_paired_differences_use_the_pairing():
     assert uneven.n == 2 and uneven.estimate == pytest.approx(0.15)
 
 
-def test_constant_values_and_single_seeds_give_a_point():
+def test_constant_values_give_a_point_and_a_single_seed_gives_no_interval():
     assert stats.mean_ci([0.3, 0.3, 0.3]) == Interval(pytest.approx(0.3), pytest.approx(0.3), pytest.approx(0.3), 3)
-    one = stats.diff_ci([0.7], [0.5])
-    assert (one.lo, one.hi, one.n) == (pytest.approx(0.2), pytest.approx(0.2), 1)
-    assert one.fmt() == "0.200"
+    # One seed: the estimate, and no interval (nan ends), never a zero-width one a rule reads as certain.
+    for one in (stats.diff_ci([0.7], [0.5]), stats.mean_ci([0.2]), stats.diff_ci([0.7], [0.5], paired=False)):
+        assert one.estimate == pytest.approx(0.2) and one.n == 1
+        assert math.isnan(one.lo) and math.isnan(one.hi)
+        assert one.fmt() == "0.200"
 
 
 def test_difference_and_ratio_of_separated_groups_exclude_the_null():
@@ -105,6 +107,23 @@ def test_intervals_are_reproducible():
 ])
 def test_effect(ci, outcome):
     assert V.effect(ci, 0.01) == outcome
+
+
+@pytest.mark.parametrize("ci", [
+    iv(0.015, 0.005, 0.025),                   # estimate beyond the margin, interval above 0, but across the margin
+    Interval(0.05, 0.05, 0.05, 1),             # one seed read as a zero-width interval (stats._t before issue 57)
+    Interval(0.05, float("nan"), float("nan"), 1),
+    Interval(0.005, 0.005, 0.005, 1),          # ... which could refute too
+])
+def test_the_rule_is_symmetric_and_needs_two_seeds(ci):
+    """Issue 57: confirmed only when the whole interval lies beyond the margin, as refuted only when it
+    lies wholly short of it; no verdict from one seed. The rule before confirmed the first case (estimate
+    beyond the margin, interval above 0) and decided the one-seed cases both ways."""
+    assert V.effect(ci, 0.01) == V.INCONCLUSIVE
+    assert V.no_worse(Interval(-0.05, -0.05, -0.05, 1), 0.01) == V.INCONCLUSIVE
+    # The mirror images decide at the same distance from the margin.
+    assert V.effect(iv(0.03, 0.011, 0.05), 0.01) == V.CONFIRMED
+    assert V.effect(iv(-0.01, -0.03, 0.009), 0.01) == V.REFUTED
 
 
 @pytest.mark.parametrize("ci,outcome", [
@@ -290,20 +309,57 @@ def test_every_rule_records_the_numbers_it_weighed_with_their_margins():
         assert V.sync_beats_async(ci).effects[0].outcome == V.effect(ci, 0.01)
 
 
-def test_the_noise_floor_raises_every_accuracy_margin_and_the_reason_says_so():
+def test_the_noise_floor_is_checked_against_the_margin_never_substituted_for_it():
+    """Issue 57: the margin stays the configured one inside noise_floor (the rule before raised it to
+    the floor, so it moved with the seeds); a margin below the floor makes the claim say so."""
+    from psgd.lab import verdict_checks as checks
+
     small = iv(0.03, 0.015, 0.045)          # clear of a 0.01 margin, not of a 0.05 floor
     assert V.sync_beats_async(small).outcome == V.CONFIRMED
     with V.noise_floor(0.05):
         v = V.sync_beats_async(small)
-        assert v.outcome == V.REFUTED and "margin 0.050, the noise floor, above the 0.01 set" in v.reason
-        assert v.effects[0].margin == 0.05
-        assert V.keeps_accuracy({"fp16": iv(-0.02, -0.04, 0.0)}).outcome == V.CONFIRMED   # -0.04 > -0.05
-        # Margins in other units are not accuracy: the floor leaves them alone.
-        assert V.straggler_hurts_sync_more(iv(0.3, 0.25, 0.35)).effects[0].margin == 0.2
-        assert V.keeps_loss({"H=10": NONE}, 0.01).effects[0].margin == 0.01
-    with V.noise_floor(0.001):                # below the configured margin: the configured one holds
-        assert V.sync_beats_async(small).effects[0].margin == 0.01
-    assert V.sync_beats_async(small).outcome == V.CONFIRMED and "noise floor" not in V.sync_beats_async(small).reason
+        assert v.effects[0].margin == 0.01 and v.outcome == V.CONFIRMED and "noise floor" not in v.reason
+        assert V.current_floor() == 0.05
+    checked = checks.resolve(v, 0.05)
+    assert checked.outcome == V.INCONCLUSIVE and "below what this setup can resolve" in checked.reason
+    assert "0.01 is below the noise floor 0.050" in checked.reason and checked.effects[0].outcome == V.INCONCLUSIVE
+    assert checks.resolve(v, 0.005) == v and checks.resolve(v, 0.0) == v        # at or under the margin: as it was
+    refuted = V.sync_beats_async(iv(0.0, -0.005, 0.005))
+    assert checks.resolve(refuted, 0.05).outcome == V.INCONCLUSIVE               # both ways
+    # Margins in other units are not accuracy: the floor leaves them alone.
+    ratio = V.straggler_hurts_sync_more(iv(0.3, 0.25, 0.35))
+    assert checks.resolve(ratio, 0.5) == ratio
+    assert V.current_floor() == 0.0
+
+
+def test_a_margin_is_the_one_its_experiment_file_declares():
+    from psgd.lab import verdict_checks as checks
+
+    v = V.sync_beats_async(GOOD)                            # weighed at 0.01
+    checks.check_margins(v, {V.ACCURACY: 0.01}, "e01.toml")
+    with pytest.raises(ValueError, match=r"e01.toml: .*margin of 0.01, but \[margin\] accuracy = 0.02"):
+        checks.check_margins(v, {V.ACCURACY: 0.02}, "e01.toml")
+    with pytest.raises(ValueError, match="which \\[margin\\] does not declare"):
+        checks.check_margins(V.straggler_hurts_sync_more(GOOD), {V.ACCURACY: 0.01}, "e02.toml")
+    # A threshold alone (margin 0: E11's share above one half) is not a margin.
+    checks.check_margins(VR.backup_recovers(iv(0.8, 0.7, 0.9), iv(0.9, 0.8, 1.0), NONE), {V.ACCURACY: 0.01}, "e11")
+    assert checks.parse_margins({"accuracy": 0.01, "ratio": 0.2}, "f") == {V.ACCURACY: 0.01, V.RATIO: 0.2}
+    for bad in ({"acc": 0.01}, {"accuracy": 0}, {"accuracy": True}, 0.01):
+        with pytest.raises(ValueError, match="f: "):
+            checks.parse_margins(bad, "f")
+
+
+def test_a_claim_whose_scorings_differ_depends_on_scoring():
+    from psgd.lab import verdict_checks as checks
+
+    at_end, at_best = V.sync_beats_async(GOOD), V.sync_beats_async(UNSURE)
+    v = checks.both_scorings(at_best, at_end, "best_val", "end")
+    assert v.outcome == V.DEPENDS and v.reason.startswith("depends on scoring: inconclusive at the best validation "
+                                                          "point, confirmed at the end of the budget")
+    same = checks.both_scorings(at_end, V.sync_beats_async(GOOD), "end", "best_val")
+    assert same.outcome == V.CONFIRMED and "the same verdict at the best validation point" in same.reason
+    missing = checks.both_scorings(at_end, None, "end", "best_val", "no validation split")
+    assert missing.outcome == V.CONFIRMED and "not read: no validation split" in missing.reason
 
 
 def test_the_power_rule_sizes_seeds_so_the_half_width_is_at_most_half_the_margin():
@@ -327,9 +383,11 @@ def test_the_power_rule_sizes_seeds_so_the_half_width_is_at_most_half_the_margin
     assert stats.seeds_for_margin(stats.mean_ci([0.1, -0.1, 0.12]), 0.001, most=30) == 31   # more than 30
     part = V._part("x", iv, 0.02, "effect")
 
-    assert part.outcome == V.INCONCLUSIVE and V.decision_point(part) == 0.02   # below the margin: refuting it
-    assert V.decision_point(V._part("x", stats.mean_ci([0.05, 0.09, -0.01]), 0.02, "effect")) == 0.0
+    # The symmetric rule decides both ways at the margin, wherever the estimate lies.
+    assert part.outcome == V.INCONCLUSIVE and V.decision_point(part) == 0.02
+    assert V.decision_point(V._part("x", stats.mean_ci([0.05, 0.09, -0.01]), 0.02, "effect")) == 0.02
     assert V.decision_point(V._part("x", iv, 0.01, "no_worse")) == -0.01
+    assert V.decision_point(V._part("x", iv, 0.1, "effect", V.RATIO, null=1.0)) == pytest.approx(1.1)
 
 
 def test_adamw_must_be_hurt_itself_before_it_is_hurt_more_than_sgd():

@@ -12,9 +12,11 @@ the validation split.
 
 Split-half stability (`split_half`): every claim with seeds is judged again on each half of them
 (the first n // 2 and the last n // 2 in seed order; an odd count leaves the middle seed out of
-both), by the same analysis and rule; a claim whose halves come out confirmed and refuted is
-"unstable", and the report and summary.json say so with both readings. Power (psgd/lab/power.py):
-the seeds the power rule asks for, from the parts' margins and the spread measured.
+both), by the same analysis and rule, where each half has at least 4 seeds (rule.HALF_SEEDS); a
+claim whose halves come out confirmed and refuted is "unstable", and the report and summary.json
+say so with both readings. Every verdict is checked and read at both scorings
+(psgd/lab/readings.py). Power (psgd/lab/power.py): the seeds the power rule asks for, from the
+parts' margins and the spread measured.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ import tempfile
 from pathlib import Path
 
 import psgd.lab
-from psgd.lab import power
+from psgd.lab import power, rule
+from psgd.lab import readings as reread
 from psgd.lab import verdicts as V
 from psgd.lab.analysis_kit import Context, body
 from psgd.lab.results import Finding, Section, load_run
@@ -47,20 +50,21 @@ def halves_of(seeds: list[int]) -> tuple[list[int], list[int], list[int]]:
 def split_half(fn, exp, summaries: list, chosen: dict, scores: dict) -> dict | None:
     """The claim's verdict on each half of its seeds (halves_of), by the same analysis and rule, with
     the same noise floor (measured on all seeds) and the same tuned rates; "unstable" when one half
-    confirms what the other refutes. None for a claim without seeds to split (a benchmark, one seed).
+    confirms what the other refutes. None for a claim without seeds to split (a benchmark, one seed)
+    or whose halves would have fewer than rule.HALF_SEEDS seeds each (not judged).
     A half the analysis cannot read (too few seeds for one of its figures) is reported with its reason."""
     if not summaries:
         return None
     seed_of = [(_seed_of(spec), (spec, summ)) for spec, summ in summaries]
     first, second, left = halves_of([s for s, _ in seed_of])
-    if not first:
+    if not rule.halves_judged(len(first), len(second)):
         return None
     readings = {}
     for name, half in (("first", first), ("second", second)):
         subset = [pair for s, pair in seed_of if s in half]
         with tempfile.TemporaryDirectory() as tmp:   # a half's figures are drawn and dropped
             try:
-                outcome = fn(Context(exp, subset, Path(tmp), chosen, scores))[0].outcome
+                outcome = reread.checked(fn(Context(exp, subset, Path(tmp), chosen, scores))[0], exp).outcome
                 reason = ""
             except (ValueError, KeyError, IndexError, ZeroDivisionError, FloatingPointError) as e:
                 outcome, reason = "", f"{type(e).__name__}: {e}"
@@ -92,6 +96,7 @@ def analyse(exp, summaries: list, out: Path, chosen: dict | None = None, scores:
         raise ValueError(f"{exp.path}: unknown analysis {exp.analysis!r}; known: {', '.join(sorted(table_))}")
     ctx = Context(exp, summaries, out, chosen or {}, scores or {})
     verdict, headline, text, figures, key = Finding(*fn(ctx))  # a Finding, or an older analysis's 5-tuple
+    verdict = reread.judged(fn, exp, summaries, chosen or {}, scores or {}, verdict)   # checked, both scorings
     bench = bool(getattr(exp, "bench", ""))
     halves = split_half(fn, exp, summaries, chosen or {}, scores or {}) if not bench else None
     pw = power.claim_power(verdict.effects, bench, getattr(exp, "margin_why", ""))

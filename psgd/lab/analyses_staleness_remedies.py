@@ -120,7 +120,7 @@ def _verdict(c: Cell | None, grid: dict[float, Group], margin: float) -> tuple[V
     where = (f"at N={c.workers}, lr {c.lr:g} ({_rate_note(c, grid)}), the one-worker control minus plain async is "
              f"{gap.fmt(signed=True)}")
     key = {"workers": c.workers, "lr": c.lr, "gap": gap.estimate, "gap_ci": [gap.lo, gap.hi]}
-    margin = V.accuracy_margin(margin)[0]  # raised to the noise floor, as every accuracy rule's
+    margin = V.accuracy_margin(margin)[0]  # the file's margin (the noise floor is checked against it: readings.py)
     cost = V.effect(gap, margin)
     if cost != V.CONFIRMED:
         why = (f"staleness costs plain async less than {margin} there" if cost == V.REFUTED else

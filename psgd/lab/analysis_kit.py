@@ -145,6 +145,7 @@ def tuning_table(ctx: Context) -> str:
     loss = getattr(exp, "tune_metric", "val_accuracy") == "val_loss"
     sign = -1.0 if loss else 1.0
     rows = []
+    added = getattr(exp, "tune_added", {}) or {}
     for t in exp.templates:
         if not t.lr_grid:
             continue
@@ -152,22 +153,26 @@ def tuning_table(ctx: Context) -> str:
         for lr in t.lr_grid:
             v = [x for x in ctx.scores.get((t.label, lr), []) if x == x]
             text = f"{sign * np.mean(v):.3f}" if v else "diverged"
+            text += "+" if lr in added.get(t.label, ()) else ""   # a rate the sweep added past the file's grid
             cells.append(f"**{lr:g}: {text}**" if ctx.chosen.get(t.label) == lr else f"{lr:g}: {text}")
-        edge = ctx.chosen[t.label] in (min(t.lr_grid), max(t.lr_grid)) and len(t.lr_grid) > 1
+        edge = ctx.chosen[t.label] in (min(t.lr_grid), max(t.lr_grid))
         rows.append([t.label, ", ".join(cells), f"{ctx.chosen[t.label]:g}" + (" (edge of the grid)" if edge else "")])
     derived = [f"{t.label} uses {t.lr_from}'s rate" + (f" x {t.lr_factor:g}" if t.lr_factor != 1 else "")
                for t in exp.templates if t.lr_from]
     what = "validation loss" if loss else "validation accuracy"
     text = (f"**Learning rates**, tuned per run on the validation split (mean {what} of the last "
-            f"{exp.tune_last_k} evaluations{', the lowest wins' if loss else ''}, tuning "
+            f"{exp.tune_last_k} evaluations, mean over the tuning seeds{', the lowest wins' if loss else ''}, tuning "
             f"seed{'s' * (len(exp.tune_seeds) > 1)} "
             f"{', '.join(map(str, exp.tune_seeds))}; the test set is not used):\n\n"
             + table(["run", f"lr: {what}", "chosen"], rows))
     if derived:
         text += "\n\n" + "; ".join(derived) + "."
+    if added:
+        text += ("\n\n+: a rate the sweep added, one step past the end of the file's grid where the pick sat at "
+                 "that end (psgd/lab/tuning.py), until the pick was inside.")
     if any("edge of the grid" in r[2] for r in rows):
-        text += ("\n\nA rate chosen at the edge of its grid may not be the best one: the optimum can lie beyond "
-                 "it (`--full` sweeps wider).")
+        text += ("\n\nA rate still at the edge of its grid (after the rates the sweep may add, at most "
+                 "3 past an end) may not be the best one: the optimum can lie beyond it.")
     return text
 
 

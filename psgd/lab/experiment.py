@@ -14,9 +14,12 @@ Contract:
   (and of `seeds`, `tune`, `params`; `runs` in a profile are added; the reference profile sets only
   `seeds`, sized by the power rule: psgd/lab/power.py). Optional per-claim metadata, which changes
   no run: `margin_why` (why the verdict's margin is the smallest effect of interest, printed beside
-  the seeds the power rule asks for) and `scoring` ("end", the default: each run's final figure is
-  the mean of its last evaluations; "best_val": the test figure at the evaluation of its best
-  validation metric, `[tune] metric`, as early stopping reads it; needs a validation split). A
+  the seeds the power rule asks for), `[margin]` (that smallest effect of interest per unit,
+  `accuracy`, `ratio`, `nats`, `share`: fixed here, at the top level only, so the same at every
+  profile and n; the analysis's rule must weigh its parts against it) and `scoring` ("end", the
+  default: each run's final figure is the mean of its last evaluations; "best_val": the test
+  figure at the evaluation of its best validation metric, `[tune] metric`, as early stopping reads
+  it; needs a validation split). A
   suite file's `[base]` and profile tables sit under the experiment's own. A benchmark experiment
   has `bench = "NAME"` and `[bench_args]` (flags; true = a bare flag, "{out}" = the experiment's
   results folder) instead of runs.
@@ -27,8 +30,9 @@ Contract:
 - `eval_samples` (in base or a run) puts every run on one grid of training samples: each run's
   `--eval-every` becomes eval_samples / (samples per update of that run).
 - `[tune] lr = [...]`: every run without an explicit `lr` is swept over the grid (seeds
-  `[tune] seeds`, kept apart from the evaluation seeds) and scored on the validation split
-  (`val_fraction`); `choose` picks the best mean of the last `last_k` validation accuracies
+  `[tune] seeds`, at least 3, default 100-102, kept apart from the evaluation seeds) and scored on
+  the validation split (`val_fraction`); a pick at an end of its grid grows the grid past that end
+  (psgd/lab/tuning.py); `choose` picks the best mean over seeds of the last `last_k` validation accuracies
   (`[tune] metric = "val_loss"`: the lowest mean validation loss, for a language model) (ties:
   the smaller rate). A run may name its own grid (`tune_lr = [...]`), take another label's chosen
   rate (`lr_from = "sync"`, optionally times `lr_factor`), or opt out (`tune = false`).
@@ -52,9 +56,10 @@ from psgd.core import config as C
 from psgd.lab.settings import SuiteError, config_from_settings
 from psgd.train.metrics import read_events, samples_per_update
 
-__all__ = ["TUNE_METRICS", "PROFILES", "SCORINGS", "SuiteError", "RunSpec", "RunTemplate", "Experiment", "run_digest",
-           "score", "choose"]
+__all__ = ["TUNE_METRICS", "TUNE_MIN_SEEDS", "PROFILES", "SCORINGS", "SuiteError", "RunSpec", "RunTemplate",
+           "Experiment", "run_digest", "score", "choose"]
 
+TUNE_MIN_SEEDS = 3   # tuning scores the mean over at least this many seeds (psgd/lab/tuning.py)
 TUNE_METRICS = ("val_accuracy", "val_loss")  # what tuning scores (higher accuracy, or lower loss, wins)
 PROFILES = ("default", "quick", "full", "reference")
 # How a run's final figure is read (results.py): "end", the mean of its last evaluations (the budget's
@@ -98,7 +103,7 @@ class Experiment:
     why: str = ""
     seeds: tuple[int, ...] = (0,)
     templates: tuple[RunTemplate, ...] = ()
-    tune_seeds: tuple[int, ...] = (100,)
+    tune_seeds: tuple[int, ...] = (100, 101, 102)
     tune_last_k: int = 3
     tune_metric: str = "val_accuracy"
     results: Path = Path("results")
@@ -111,6 +116,8 @@ class Experiment:
     margin_why: str = ""              # why the claim's margin is its smallest effect of interest
     scoring: str = "end"              # SCORINGS: at the budget's end, or at the best validation point
     by_construction: str = ""         # why the configuration fixes the outcome ("": a finding that can go either way)
+    margins: dict = field(default_factory=dict)   # [margin]: verdict unit -> the smallest effect of interest
+    tune_added: dict = field(default_factory=dict)  # label -> rates the sweep added past its grid (tuning.py)
 
     @property
     def tuned(self) -> bool:

@@ -3,7 +3,8 @@
 Contract:
 - `forest(claims, path, title)`: claims = [(id, verdict, effects)], each effect a
   psgd.lab.verdicts.Effect (label, interval, margin, null, test, unit, its part's outcome). One row
-  per effect, a panel per unit, a grey band null +- margin; the marker and colour are the part's own
+  per effect, a panel per unit (ratios, null above 0, apart from differences of ratios, null 0:
+  `_panel`), a grey band null +- margin; the marker and colour are the part's own
   outcome (`VERDICT_STYLES`, readable without colour too). Writes the PNG and a CSV of one row per
   effect (psgd/lab/figure_kit.py `save`); returns the Figure.
 """
@@ -26,8 +27,15 @@ __all__ = ["VERDICT_STYLES", "UNIT_AXES", "forest"]
 VERDICT_STYLES = {"confirmed": ("#000000", "o", True), "refuted": ("#8C6D31", "X", True),
                   "depends": ("#56B4E9", "D", True), "inconclusive": ("#777777", "o", False),
                   "not testable here": ("#999999", "s", False)}
-UNIT_AXES = {"accuracy": "difference in final test accuracy", "x": "difference of ratios (x)",
-             "share": "share", "nats": "difference in test loss (nats per character)"}
+UNIT_AXES = {"accuracy": "difference in test accuracy (each claim at its own scoring: end or best validation)",
+             "x": "difference of two ratios (x)", "x ratio": "ratio (x)",
+             "share": "share", "nats": "difference in test loss (nats per character, at each claim's scoring)"}
+
+
+def _panel(e) -> str:
+    """The forest's panel of an effect: its unit, with ratios (null above 0: E5's factor, E19's and E20's
+    time ratios) apart from differences of ratios (null 0: E2's, E4's, E10's), so each axis says what it draws."""
+    return "x ratio" if e.unit == "x" and e.null != 0 else e.unit
 
 
 def forest(claims: list[tuple[str, str, list]], path: Path, title: str = ""):
@@ -42,15 +50,15 @@ def forest(claims: list[tuple[str, str, list]], path: Path, title: str = ""):
     for exp_id, verdict, effects in claims:
         for e in effects:
             rows.append((exp_id, verdict, e))
-            if e.unit not in units:
-                units.append(e.unit)
+            if _panel(e) not in units:
+                units.append(_panel(e))
     bare = [f"{exp_id} ({verdict})" for exp_id, verdict, effects in claims if not effects]
-    counts = [sum(1 for _, _, e in rows if e.unit == u) for u in units] or [1]
+    counts = [sum(1 for _, _, e in rows if _panel(e) == u) for u in units] or [1]
     fig, axes = plt.subplots(len(counts), 1, figsize=(8.4, 1.1 + 0.32 * sum(counts) + 0.5 * len(counts)),
                              gridspec_kw={"height_ratios": counts}, squeeze=False)
     seen: dict[str, object] = {}
     for ax, unit in zip(axes[:, 0], units, strict=False):
-        mine = [(i, v, e) for i, v, e in rows if e.unit == unit]
+        mine = [(i, v, e) for i, v, e in rows if _panel(e) == unit]
         for y, (_, _verdict, e) in enumerate(mine):
             c, mk, filled = VERDICT_STYLES.get(e.outcome, (REF_COLOR, "o", False))
             ax.add_patch(Rectangle((e.null - e.margin, y - 0.38), 2 * e.margin, 0.76,

@@ -3,7 +3,8 @@
 Contract (the schema itself: psgd/lab/experiment.py):
 - `load_experiment(path, profile, results, version, suite_base, suite_overrides)`: one experiment
   file under the suite file's [base] and profile table (the experiment's own tables win), grids
-  expanded, the [tune] table checked, every config built (and so validated) now, not halfway
+  expanded, the [tune] table checked (at least 3 tuning seeds), the [margin] table read
+  (psgd/lab/verdict_checks.py), every config built (and so validated) now, not halfway
   through a suite.
 - `load_suite(path, profile, only, results, version)`: the experiment files a suite names
   (`suite_files`: a plain entry names one file; a pattern takes every matching file of this suite).
@@ -18,14 +19,14 @@ import tomllib
 from pathlib import Path
 
 from psgd.core import config as C
-from psgd.lab.experiment import PROFILES, SCORINGS, TUNE_METRICS, Experiment, RunTemplate
+from psgd.lab.experiment import PROFILES, SCORINGS, TUNE_METRICS, TUNE_MIN_SEEDS, Experiment, RunTemplate
 from psgd.lab.settings import PROFILE_KEYS, RUN_KEYS, SuiteError, check_table, known_keys
 
 __all__ = ["EXPERIMENT_KEYS", "TUNE_KEYS", "read_toml", "load_experiment", "suite_files", "load_suite"]
 
 EXPERIMENT_KEYS = {"id", "title", "claim", "quote", "quote_en", "quote_source", "analysis", "why", "seeds", "base",
                    "runs", "profiles", "params", "bench", "bench_args", "tune", "margin_why", "scoring", "suite",
-                   "by_construction"}
+                   "by_construction", "margin"}
 TUNE_KEYS = {"lr", "seeds", "last_k", "metric"}
 
 
@@ -89,6 +90,16 @@ def _check_header(doc: dict, path: Path) -> None:
         raise SuiteError(f"{path}: key 'profiles' may only have tables {', '.join(PROFILES[1:])}")
 
 
+def _margins(table: object, path: Path) -> dict:
+    """The file's `[margin]` table (psgd/lab/verdict_checks.py): top level only, so no profile moves it."""
+    from psgd.lab.verdict_checks import parse_margins  # noqa: PLC0415 - the lab's checks, not a loading concern
+
+    try:
+        return parse_margins(table, str(path))
+    except ValueError as e:
+        raise SuiteError(str(e)) from None
+
+
 def _bench_argv(args: dict, folder: Path) -> tuple[str, ...]:
     """A benchmark's [bench_args] as flags: true = a bare flag, false = none, a list = comma-joined."""
     argv = []
@@ -108,7 +119,10 @@ def _tune_settings(tune: dict, path: Path) -> tuple[tuple[float, ...], tuple[int
         raise SuiteError(f"{path}: unknown key {sorted(set(tune) - TUNE_KEYS)[0]!r} in [tune] "
                          f"(known: {', '.join(sorted(TUNE_KEYS))})")
     grid = _number_list(tune["lr"], "tune.lr", str(path)) if "lr" in tune else ()
-    tune_seeds = _number_list(tune.get("seeds", [100]), "tune.seeds", str(path), int)
+    tune_seeds = _number_list(tune.get("seeds", [100, 101, 102]), "tune.seeds", str(path), int)
+    if len(set(tune_seeds)) < TUNE_MIN_SEEDS:
+        raise SuiteError(f"{path}: key 'tune.seeds' needs at least {TUNE_MIN_SEEDS} different seeds (a rate is "
+                         f"chosen on the mean validation result over seeds), got {list(tune_seeds)}")
     last_k = tune.get("last_k", 3)
     if not isinstance(last_k, int) or last_k < 1:
         raise SuiteError(f"{path}: key 'tune.last_k' must be an integer >= 1")
@@ -191,7 +205,8 @@ def load_experiment(path: Path, profile: str, results: Path, version: str = "",
                   why=" ".join(str(doc.get("why", "")).split()), analysis=doc["analysis"], path=path,
                   margin_why=" ".join(str(doc.get("margin_why", "")).split()), scoring=scoring,
                   by_construction=" ".join(str(doc.get("by_construction", "")).split()),
-                  params=params, results=results, version=version, seeds=tuple(seeds))
+                  params=params, results=results, version=version, seeds=tuple(seeds),
+                  margins=_margins(doc.get("margin", {}), path))
     if "bench" in doc:
         argv = _bench_argv({**doc.get("bench_args", {}), **bench_override}, results / exp_id)
         if scoring != "end":

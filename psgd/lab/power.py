@@ -2,7 +2,7 @@
 
 Contract:
 - Each claim's smallest effect of interest is the margin its verdict rule holds each part against
-  (verdicts.Effect.margin: the rule's configured margin, raised to the noise floor for accuracy);
+  (verdicts.Effect.margin: the margin fixed in the experiment file, `[margin]`);
   its experiment file says why that margin (`margin_why = "..."`, experiment.py), and the report
   prints it beside the numbers.
 - `claim_power(effects, bench, margin_why)`: per part, the power rule of stats.seeds_for_margin (the

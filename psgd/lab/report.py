@@ -236,11 +236,12 @@ def forest_lines(results: Path, sections: list) -> list[str]:
             "*Every claim at a glance: each number its verdict rule weighed, with its 95% t interval over seeds "
             "(paired by seed), over a grey band of +- its margin around no effect (the vertical tick; for a share "
             "or ratio claim, the claimed threshold). A claimed effect (better by more than the margin) is confirmed "
-            "when its estimate lies right of the band and its interval excludes no effect, refuted when the whole "
-            "interval lies left of the band's right edge; a claimed \"no worse\" (marked so) is confirmed when the "
-            "whole interval lies right of the band's left edge, refuted when it lies wholly left of it; across an "
-            "edge: inconclusive. Accuracy margins are at least the noise floor. Marker and colour: the claim's "
-            "verdict. Numbers: "
+            "when the whole interval lies right of the band's right edge, refuted when the whole interval lies left "
+            "of it; a claimed \"no worse\" (marked so; a one-sided equivalence test, its bound the band's left edge) "
+            "is confirmed when the whole interval lies right of the band's left edge, refuted when it lies wholly "
+            "left of it; across an edge, or from one seed (no interval): inconclusive. Each margin is fixed in its "
+            "experiment file; an accuracy margin below the noise floor makes its claim inconclusive (below what "
+            "this setup can resolve). Marker and colour: each part's own outcome. Numbers: "
             f"[`{path.with_suffix('.csv').name}`]({path.with_suffix('.csv').name}).*", ""]
 
 
@@ -254,8 +255,9 @@ def noise_lines(noise) -> list[str]:
             f"initialisation and data order in each seed. In [{noise.experiment}](#{noise.experiment.lower()}) their "
             f"final test accuracy differs by {noise.diff.fmt(signed=True)} ({a} minus {b}, Student t 95% over "
             f"{noise.diff.n} paired seeds): two identical algorithms can land up to **{noise.value:.3f}** apart, "
-            "so a smaller accuracy difference cannot be told from run-to-run noise here. Every accuracy verdict's "
-            f"margin is therefore max(its configured margin, {noise.value:.3f}), stated beside each verdict rule. "
+            "so a smaller accuracy difference cannot be told from run-to-run noise here. It is checked against "
+            "every accuracy margin, never substituted for it (the margins are fixed in the experiment files): a "
+            f"claim whose margin is below {noise.value:.3f} says it is below what this setup can resolve. "
             "It measures the noise of one setup (E1's MLP, 4 workers); the other experiments' intervals carry "
             "their own seed-to-seed spread."]
 

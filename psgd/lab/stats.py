@@ -1,8 +1,9 @@
 """Intervals over seeds: Student t intervals of a mean, of a paired (or Welch) difference, of a ratio.
 
 Contract: every function takes plain sequences of per-seed numbers and returns an `Interval`
-(estimate, lo, hi) at 95% by default; with one value there is no interval (the point itself,
-`Interval.n` says so, and the report prints "1 seed, no interval").
+(estimate, lo, hi) at 95% by default; with one value there is no interval: its ends are nan (never
+a zero-width interval that a rule could read as certain; `Interval.n` says so, and the report
+prints the estimate alone).
 
 - `mean_ci`: mean +- t(n-1) x sd / sqrt(n).
 - `diff_ci(a, b, paired=True)`: arms run on the same seeds (the same initialisation and data order
@@ -68,9 +69,14 @@ def _resampled_means(a: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return a[idx].mean(axis=1)
 
 
+def _no_interval(estimate: float, n: int) -> Interval:
+    """One value: the estimate without an interval (nan ends, so no rule reads it as certain)."""
+    return Interval(estimate, float("nan"), float("nan"), n)
+
+
 def _percentiles(samples: np.ndarray, estimate: float, n: int, level: float) -> Interval:
     if n <= 1:
-        return Interval(estimate, estimate, estimate, n)
+        return _no_interval(estimate, n)
     tail = (1 - level) / 2 * 100
     lo, hi = np.percentile(samples, [tail, 100 - tail])
     return Interval(estimate, float(lo), float(hi), n)
@@ -78,7 +84,7 @@ def _percentiles(samples: np.ndarray, estimate: float, n: int, level: float) -> 
 
 def _t(mean: float, se: float, df: float, n: int, level: float) -> Interval:
     if n <= 1 or not math.isfinite(se):
-        return Interval(mean, mean, mean, n)
+        return _no_interval(mean, n)
     half = float(_scipy.t.ppf(0.5 + level / 2, df)) * se
     return Interval(mean, mean - half, mean + half, n)
 
@@ -130,7 +136,7 @@ def welch_ci(a_values: Sequence[float], b_values: Sequence[float], level: float 
     a, b = _clean(a_values), _clean(b_values)
     n = min(a.size, b.size)
     if n <= 1:
-        return Interval(float(a.mean() - b.mean()), float(a.mean() - b.mean()), float(a.mean() - b.mean()), n)
+        return _no_interval(float(a.mean() - b.mean()), n)
     va, vb = a.var(ddof=1) / a.size, b.var(ddof=1) / b.size
     se = math.sqrt(va + vb)
     df = (va + vb) ** 2 / (va ** 2 / (a.size - 1) + vb ** 2 / (b.size - 1)) if va + vb > 0 else 1.0

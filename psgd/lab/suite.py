@@ -64,12 +64,19 @@ __all__ = ["PROFILES", "Experiment", "RunSpec", "SuiteError", "choose", "config_
 
 # -- tuning -------------------------------------------------------------------------------------------
 def tuning_of(exp: Experiment) -> tuple[dict[str, float], dict[tuple[str, float], list[float]]]:
-    """(chosen rate per label, scores) from the finished tuning runs."""
-    scores: dict[tuple[str, float], list[float]] = {}
-    for spec in exp.tune_specs():
-        scores.setdefault((spec.label, spec.cfg.optim.lr), []).append(score(spec.cfg.out, exp.tune_last_k,
-                                                                             exp.tune_metric))
-    return choose(exp, scores), scores
+    """(chosen rate per label, scores) from the finished tuning runs, each grid grown as far as its
+    runs were made (psgd/lab/tuning.py settle)."""
+    _, chosen, scores = _settled(exp, None)
+    return chosen, scores
+
+
+def _settled(exp: Experiment, make) -> tuple[Experiment, dict[str, float], dict[tuple[str, float], list[float]]]:
+    """(the experiment with its grids grown until every pick is inside, chosen rates, scores):
+    `make` runs tuning runs; None reads those already made."""
+    from psgd.lab import tuning
+
+    settled, chosen, scores, _ = tuning.settle(exp, make, lambda s: is_cached(s, same_link=False))
+    return settled, chosen, scores
 
 
 def _has_results(exp: Experiment) -> bool:
@@ -183,9 +190,8 @@ def _announce(chosen_exps: list[Experiment], fresh: bool, profile: str, version:
 def _run_experiment(exp: Experiment, out: Path, runner: Runner, command: str) -> tuple[tuple, set[str]]:
     """Tune, run (or bench) one experiment and write its commands.txt; returns (entry to analyse, made_by)."""
     out.mkdir(parents=True, exist_ok=True)
+    exp, chosen, scores = _settled(exp, runner.run_all)   # the sweep, grown where a pick sat at an edge
     tune_specs = exp.tune_specs()
-    runner.run_all(tune_specs)
-    chosen, scores = tuning_of(exp) if exp.tuned else ({}, {})
     finals = exp.final_specs(chosen)
     summaries = runner.run_all(finals)
     if exp.bench:
@@ -200,7 +206,7 @@ def _finished_experiment(exp: Experiment, out: Path) -> tuple[tuple, set[str]] |
     if not _has_results(exp):
         tqdm.write(f"{exp.id}: not run yet, left out of the report (run the suite without --only)", file=sys.stderr)
         return None
-    chosen, scores = tuning_of(exp) if exp.tuned else ({}, {})
+    exp, chosen, scores = _settled(exp, None)
     finals = exp.final_specs(chosen)
     summaries = [(s, json.loads((Path(s.cfg.out) / "summary.json").read_text())) for s in finals]
     return (exp, summaries, out, chosen, scores), made_by(exp, finals)

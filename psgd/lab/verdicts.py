@@ -3,19 +3,21 @@
 Contract: every rule returns one of five outcomes, and a rule can reach each of its outcomes
 from some input (tests/test_verdicts.py feeds synthetic numbers for every one):
 
-- confirmed      the interval of the effect lies on the claimed side and the effect is large
-                 enough to matter (its estimate beyond the rule's margin);
-- refuted        the interval lies wholly below the margin: the effect is reversed or too small
-                 to matter;
+- confirmed      the whole interval of the effect lies beyond the rule's margin;
+- refuted        the whole interval lies short of the margin: the effect is reversed or too small
+                 to matter (the symmetric three-way rule, psgd/lab/rule.py; fewer than 2 seeds:
+                 no interval and no verdict);
 - depends        parts of the claim come out opposite ways (say on what: the rule's reason does);
 - inconclusive   the interval straddles the margin: these seeds cannot tell;
 - not testable here   the claim needs hardware this run did not have (say which).
 
 The margins are the smallest differences worth a sentence (1 accuracy point for accuracy, 0.2x
-for a slowdown ratio); they are arguments, stated in the report next to every verdict. An accuracy
-margin is never below the measured noise floor (`noise_floor`: how far two identical algorithms
-land apart, set by the suite from E1's sync PS and all-reduce): a rule uses max(its configured
-margin, the floor) and says so ("margin 0.012 (max(0.01, noise floor 0.012))").
+for a slowdown ratio), fixed before the runs: each experiment file declares its own with its reason
+(`[margin]`, `margin_why`; psgd/lab/verdict_checks.py checks that the rule weighed those), the same
+at every profile and every n. The measured noise floor (`noise_floor`: how far two identical
+algorithms land apart, set by the suite from E1's sync PS and all-reduce) is checked against an
+accuracy margin, never substituted for it: a claim with a margin below it says it is below what
+this setup can resolve (verdict_checks.resolve).
 
 Every verdict also carries its `effects`: each number the rule weighed, with its interval, the
 margin it was held against, the test (`effect`: claimed above null + margin; `no_worse`: claimed
@@ -33,6 +35,7 @@ import contextvars
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
+from psgd.lab import rule as _rule
 from psgd.lab.stats import Interval
 
 CONFIRMED, REFUTED, DEPENDS, INCONCLUSIVE, NOT_TESTABLE = (
@@ -70,7 +73,8 @@ _FLOOR: contextvars.ContextVar[float] = contextvars.ContextVar("accuracy_noise_f
 
 @contextlib.contextmanager
 def noise_floor(floor: float) -> Iterator[None]:
-    """While inside, every accuracy margin is at least `floor` (the measured noise floor)."""
+    """While inside, `floor` is the measured noise floor that accuracy margins are checked against
+    (verdict_checks.resolve; never substituted for a margin)."""
     token = _FLOOR.set(max(0.0, float(floor)))
     try:
         yield
@@ -78,15 +82,15 @@ def noise_floor(floor: float) -> Iterator[None]:
         _FLOOR.reset(token)
 
 
+def current_floor() -> float:
+    """The noise floor set by `noise_floor` (0.0 outside it: none measured)."""
+    return _FLOOR.get()
+
+
 def accuracy_margin(configured: float) -> tuple[float, str]:
-    """(the margin a rule uses, how the report states it): max(configured, the noise floor)."""
-    floor = _FLOOR.get()
-    if floor <= 0.0:
-        return configured, f"{configured:g}"
-    used = max(configured, floor)
-    if floor <= configured:
-        return used, f"{configured:g}"
-    return used, f"{used:.3f}, the noise floor, above the {configured:g} set"
+    """(the margin a rule uses, how the report states it): the configured margin, never the noise
+    floor (the floor is checked against it: psgd/lab/verdict_checks.py resolve)."""
+    return configured, f"{configured:g}"
 
 
 def _part(label: str, ci: Interval, margin: float, test: str, unit: str = ACCURACY, null: float = 0.0) -> Effect:
@@ -102,34 +106,21 @@ def part(label: str, ci: Interval, margin: float, test: str, unit: str = ACCURAC
 
 
 def decision_point(e: Effect) -> float:
-    """The value an inconclusive part's interval would have to clear to decide it, where its
-    estimate lies: for "effect", 0 when the estimate is above the margin (confirmed needs the
-    interval above 0) and the margin otherwise (refuted needs it below); for "no_worse", -margin.
-    On the part's own scale (its `null` added back)."""
-    est = e.ci.estimate - e.null
-    if e.test == "effect":
-        return e.null + (0.0 if est > e.margin else e.margin)
-    return e.null - e.margin
+    """The value an inconclusive part's interval straddles, on the part's own scale: null + margin
+    for "effect" (the symmetric rule decides both ways there), null - margin for "no_worse"."""
+    return _rule.decision_point(e.test, e.margin, e.null)
 
 
 def effect(ci: Interval, margin: float) -> str:
-    """Claim "the effect is positive and matters": confirmed when the interval excludes 0 and the
-    estimate exceeds `margin`; refuted when even the interval's top is below `margin`."""
-    if ci.lo > 0 and ci.estimate > margin:
-        return CONFIRMED
-    if ci.hi < margin:
-        return REFUTED
-    return INCONCLUSIVE
+    """Claim "the effect exceeds `margin`": confirmed when the whole interval lies beyond it, refuted
+    when the whole interval lies short of it (psgd/lab/rule.py)."""
+    return _rule.effect(ci, margin)
 
 
 def no_worse(ci: Interval, margin: float) -> str:
     """Claim "the change costs less than `margin`" (ci = new - old): confirmed when the whole
-    interval is above -margin, refuted when it is wholly below."""
-    if ci.lo > -margin:
-        return CONFIRMED
-    if ci.hi < -margin:
-        return REFUTED
-    return INCONCLUSIVE
+    interval is above -margin, refuted when it is wholly below (psgd/lab/rule.py)."""
+    return _rule.no_worse(ci, margin)
 
 
 def combine(parts: Sequence[str]) -> str:
@@ -168,8 +159,8 @@ def staleness_hurts_adam_more(adam_minus_sgd_damage: Interval | dict[str, Interv
     """E16: the damage staleness does (the control's accuracy minus the stale arm's, or with `unit`
     NATS the stale arm's test loss minus the control's) is larger with AdamW than with SGD. One
     interval, or one per stale arm ({"async": ..., "ssp s=2": ...}): each is a part, and the
-    verdict combines them (a claim about staleness should hold wherever there is some). An accuracy
-    margin is raised to the noise floor (measured in accuracy); a loss margin is taken as set."""
+    verdict combines them (a claim about staleness should hold wherever there is some). Either margin
+    is taken as set (the noise floor, measured in accuracy, is checked against an accuracy margin only)."""
     margin, stated = accuracy_margin(margin) if unit == ACCURACY else (margin, f"{margin:g} nats")
     by = adam_minus_sgd_damage if isinstance(adam_minus_sgd_damage, dict) else {"": adam_minus_sgd_damage}
     parts = tuple(_part(f"AdamW's staleness cost - SGD's{f' ({arm})' if arm else ''}", ci, margin, "effect", unit)

@@ -1,8 +1,9 @@
 """Verdict rules of the remedies' claims: backup workers (E11), remedies for stale gradients (E12),
 sparsified pushes with error feedback (E13).
 
-Contract: as psgd/lab/verdicts.py, whose parts (`part`, `effect`, `no_worse`, `combine`) and
-accuracy margins (never below the noise floor: `accuracy_margin`) these rules are built from. Pure
+Contract: as psgd/lab/verdicts.py, whose parts (`part`, `effect`, `no_worse`, `combine`: the
+symmetric three-way rule, psgd/lab/rule.py) and accuracy margins (the file's own; the noise floor is
+checked against them, never substituted: `accuracy_margin`) these rules are built from. Pure
 functions from intervals to a `Verdict` carrying the effects it weighed; every outcome of every
 rule has a synthetic test (tests/test_verdicts.py).
 """
