@@ -94,5 +94,5 @@ def test_a_transport_plugs_in_as_one_class_and_its_registration(monkeypatch, sha
 
 
 def test_an_unknown_transport_is_one_line_with_the_choices():
-    with pytest.raises(ValueError, match="unknown transport 'carrier-pigeon'; choose grpc or tcp"):
+    with pytest.raises(ValueError, match="unknown transport 'carrier-pigeon'; choose auto, grpc, tcp, shm"):
         transport_mod.make_transport("carrier-pigeon", ["127.0.0.1:1"], 1.0)

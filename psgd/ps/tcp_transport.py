@@ -23,7 +23,7 @@ from psgd.core.errors import ExchangeError
 from psgd.ps import framing as fr
 from psgd.ps import tls, wire
 from psgd.ps.grpc_transport import GrpcTransport
-from psgd.ps.transfer import NO_EVENTS, Events, check_pull_header
+from psgd.ps.transfer import NO_EVENTS, Events, Wire, check_pull_header
 
 ROUND_MAX_BYTES = 1 << 20  # TCP: shards up to this size go in one round from the caller's thread
 
@@ -33,12 +33,14 @@ def _flat(payload: memoryview | sparsify.Sparse) -> memoryview:
     return memoryview(payload.payload()) if isinstance(payload, sparsify.Sparse) else payload
 
 
-class TcpTransport:
+class TcpTransport(Wire):
     """Pushes and pulls on the shards' raw-TCP data planes; Info, Init and Leave on gRPC (`control`).
 
     A pool of idle connections per shard: a request takes one (or opens one) and gives it back
     when its reply was read in full; a connection that failed mid-frame is closed, never reused.
     """
+
+    name, rank = "tcp", 1  # `auto`'s choice wherever a faster one does not fit (shards on other hosts)
 
     def __init__(self, addresses: list[str], timeout: float, token: bytes | None = None, tls_ca: str = "") -> None:
         self.addresses, self.timeout, self.token = addresses, timeout, token
@@ -138,7 +140,7 @@ class TcpTransport:
         got = events.received
         return header, self._recv_tensor(sock, out, dtype, got and (lambda n, e: got(k, n, e)))
 
-    # How a payload moves; psgd/ps/shm.py's ShmTransport moves it through shared memory instead.
+    # How a payload moves (a subclass may move it elsewhere: psgd/ps/shm/transport.py).
     def _send(self, sock, op: int, header: bytes, payload=None, on_chunk=None, reply_bytes: int = 0) -> None:
         """One request frame; `reply_bytes`: the payload its reply will bring (unused on the socket)."""
         fr.send_frame(sock, op, header, payload, on_chunk)

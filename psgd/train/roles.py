@@ -83,10 +83,16 @@ def flags_for(cfg: C.RunConfig, room: str) -> list[str]:
 
 def config_from_args(a: argparse.Namespace) -> C.RunConfig:
     """The flags of `C.add_flags` -> a validated RunConfig; a bad value is a UsageError (exit 2)."""
+    from psgd.ps import transport  # the transports name themselves (their registry)
+
     try:
-        return C.validate(C.from_namespace(a))
+        cfg = C.validate(C.from_namespace(a))
     except ValueError as e:
         raise UsageError(str(e)) from None
+    why = transport.check(cfg.transport, cfg.hosts, bool(cfg.tls_ca))
+    if why:
+        raise UsageError(why)
+    return cfg
 
 
 def token(cfg: C.RunConfig) -> bytes | None:

@@ -1,11 +1,11 @@
 """`--transport shm`'s doorbell: a connection's frames in the segment's last page, not on its socket.
 
-Why: with payloads in shared memory (psgd/ps/shm.py) a small model's round trip is still two
+Why: with payloads in shared memory (psgd/ps/shm/) a small model's round trip is still two
 loopback TCP messages, and each costs its sender a pass through the kernel's TCP stack (~26 us in
 `sendmsg` on this project's 2-core VMs) and its receiver a poll loop of syscalls: together ~100 us
 of a 0.9 ms step of the 256-wide MLP (tools/roundtrip_phases.py). Here a frame's prefix and header
 go in a mailbox in memory both processes map, and a counter says a new one is there: when the
-reader is awake (spinning, psgd/ps/shm.py `spin_for`) no syscall is made at all. The socket stays,
+reader is awake (spinning, psgd/ps/shm/ `spin_for`) no syscall is made at all. The socket stays,
 for what only a socket does: waking a reader that went to sleep, and telling it the peer is gone
 (EOF). `psgd bench roundtrip`'s floor-spin arm is this design's bound.
 
