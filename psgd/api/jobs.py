@@ -64,11 +64,12 @@ def config(**flags: Any) -> C.RunConfig:
             raise ValueError(f"{key}= and optimizer= both set the optimizer: give {key} to psgd.{_name(opt)}(...)")
         flat[key] = _coerce(leaf, value)
     cfg = C.validate(C.from_flat(flat))
-    from psgd.ps import transport  # noqa: PLC0415 - the transports name themselves (their registry)
+    if cfg.transport != "auto":  # the transports name themselves: their registry when one is named
+        from psgd.ps import transport  # noqa: PLC0415
 
-    why = transport.check(cfg.transport, cfg.hosts, bool(cfg.tls_ca))
-    if why:
-        raise ValueError(why)
+        why = transport.check(cfg.transport, cfg.hosts, bool(cfg.tls_ca))
+        if why:
+            raise ValueError(why)
     return cfg
 
 
