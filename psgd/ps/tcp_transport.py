@@ -124,10 +124,11 @@ class TcpTransport(Wire):
         return self._exchange("push-pull with", shards, send, receive, largest, events)
 
     def _receive_pulled(self, sock: socket.socket, k: int, what: str, dtype_enum: int, out: torch.Tensor,
-                        events: Events) -> tuple:
-        """A PULLED frame (a Pull's or a PushPull's reply): its header, then the values into `out`."""
+                        events: Events, head=None) -> tuple:
+        """A PULLED frame (a Pull's or a PushPull's reply): its header, then the values into `out`
+        (`head`: the frame's head, when the caller read it already)."""
         dtype = wire.DTYPE_NAMES[dtype_enum]
-        body, payload_len = self._reply(sock, k, what, fr.PULLED)
+        body, payload_len = self._reply(sock, k, what, fr.PULLED, head)
         header = pb.PullHeader.FromString(body)
         if events.replied:
             events.replied(k, header)
@@ -176,13 +177,17 @@ class TcpTransport(Wire):
         """fn(sock, k); a socket or framing failure becomes one line that names shard k."""
         try:
             return fn(sock, k)
-        except fr.FrameError as e:
-            raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: {e}") from None
-        except TimeoutError:
-            raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: DEADLINE_EXCEEDED: no answer within "
-                                f"{self.timeout:g}s", "DEADLINE_EXCEEDED") from None
-        except OSError as e:
-            raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: UNAVAILABLE: {e}", "UNAVAILABLE") from None
+        except (fr.FrameError, OSError) as e:
+            raise self._failure(k, what, e) from None
+
+    def _failure(self, k: int, what: str, e: Exception) -> ExchangeError:
+        """A socket or framing failure with shard k, as one line that names it."""
+        where = f"{what} shard {k} at {self.addresses[k]}"
+        if isinstance(e, fr.FrameError):
+            return ExchangeError(f"{where}: {e}")
+        if isinstance(e, TimeoutError):
+            return ExchangeError(f"{where}: DEADLINE_EXCEEDED: no answer within {self.timeout:g}s", "DEADLINE_EXCEEDED")
+        return ExchangeError(f"{where}: UNAVAILABLE: {e}", "UNAVAILABLE")
 
     @contextlib.contextmanager
     def _connection(self, k: int, what: str):
@@ -237,8 +242,8 @@ class TcpTransport(Wire):
     def _recv_head(self, sock: socket.socket):
         return fr.recv_head(sock)
 
-    def _reply(self, sock: socket.socket, k: int, what: str, expected_op: int) -> tuple[bytes, int]:
-        head = self._recv_head(sock)
+    def _reply(self, sock: socket.socket, k: int, what: str, expected_op: int, head=None) -> tuple[bytes, int]:
+        head = self._recv_head(sock) if head is None else head
         if head is None:
             raise ConnectionError("the shard closed the connection")
         op, header, payload_len = head

@@ -97,22 +97,26 @@ class ShmTransport(TcpTransport):
         lies in its segment already (`lend`): that one is free once the shard says it read it, if that
         comes before its reply (else never: the caller frees it). Returns `push_pull`'s replies and the
         perf_counter at which the last reply's header came in. A failure closes the lane."""
-        what = "push-pull with"
-        k = shards[0]
+        what, k, socks, in_place = "push-pull with", shards[0], [], False
         try:
-            socks, in_place = [], False
             for k in shards:
                 socks.append(self._lanes.get(k) or self._lane(k, what))
-                in_place = self._guarded(k, what, lambda sock, k: self._send_direct(sock, headers[k], grads[k],
-                                                                                   outs[k]), socks[-1])
+                in_place = self._send_direct(socks[-1], headers[k], grads[k], outs[k])
             if on_free is not None and not in_place:
                 on_free()
             if on_sent is not None:
                 on_sent()
             self._on_consumed = on_free if in_place and len(shards) == 1 else None
-            return [self._guarded(k, what, lambda sock, k: self._receive_pulled(sock, k, what, headers[k].dtype,
-                                                                                outs[k], self._mark), sock)
-                    for k, sock in zip(shards, socks, strict=True)], self._replied_at
+            results = []
+            for k, sock in zip(shards, socks, strict=True):
+                # Where a worker waits for its shards (py-spy's stack mid-step): here, then the doorbell.
+                seg = self._segments[sock]
+                head = seg.bell.recv_head(self.timeout, self._on_consumed) if seg.bell else self._recv_head(sock)
+                results.append(self._receive_pulled(sock, k, what, headers[k].dtype, outs[k], self._mark, head))
+            return results, self._replied_at
+        except (fr.FrameError, OSError) as e:
+            self._drop_lane(k)
+            raise self._failure(k, what, e) from None
         except BaseException:
             self._drop_lane(k)
             raise
