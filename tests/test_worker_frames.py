@@ -33,7 +33,7 @@ def test_a_worker_waits_for_its_shard_at_most_12_psgd_frames_deep(tmp_path, star
     env = {**os.environ, "PSGD_TRACE_FRAMES": str(traces),
            "PYTHONPATH": os.pathsep.join([str(ROOT / "tests" / "frames_trace"), str(ROOT)])}
     r = subprocess.run([sys.executable, "-m", "psgd", "run", "--mode", "async", "--workers", "1", "--servers", "1",
-                        "--steps", "200", "--eval-every", "0", "--out", str(tmp_path / "run"), "--quiet",
+                        "--steps", "400", "--eval-every", "0", "--out", str(tmp_path / "run"), "--quiet",
                         *(["--cold-start"] if start == "cold" else [])],
                        capture_output=True, text=True, timeout=240, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stderr

@@ -9,6 +9,7 @@ cold starts it here. Only a worker samples (its argv names the room)."""
 import collections
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -30,6 +31,9 @@ def _psgd_frames(frame) -> list[str]:
 
 
 def _sample() -> None:
+    # Stop signals are for the process's own threads (a shard takes SIGTERM with sigwait in its main
+    # thread, psgd/train/serve.py): a sampler that let one in would kill the process unsaved.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
     seen: collections.Counter = collections.Counter()
     end = time.monotonic() + 120
     written = time.monotonic()
@@ -39,9 +43,12 @@ def _sample() -> None:
             continue
         frame = sys._current_frames().get(threading.main_thread().ident)
         stack = _psgd_frames(frame) if frame is not None else []
+        new = False
         if any(f.startswith("ps/exchange.py:") for f in stack):
+            new = tuple(stack) not in seen
             seen[tuple(stack)] += 1
-        if seen and time.monotonic() - written > 0.2:  # the worker leaves by os._exit: write as it goes
+        # The worker leaves by os._exit: write as it goes (each new stack at once, the counts now and then).
+        if new or (seen and time.monotonic() - written > 0.2):
             written = time.monotonic()
             with open(os.path.join(_DIR, f"{os.getpid()}.json"), "w") as f:
                 json.dump([[list(k), n] for k, n in seen.most_common()], f)
