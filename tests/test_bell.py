@@ -1,4 +1,4 @@
-"""The shm doorbell (psgd/ps/bell.py): a connection's frames in the segment's last page.
+"""The shm doorbell (psgd/ps/shm/bell.py): a connection's frames in the segment's last page.
 
 Frames in order both ways, a reader that sleeps woken by the socket, a wake-up that never came
 recovered by the reader's own look at the counter, EOF and deadlines, a header cut to its
@@ -13,8 +13,8 @@ import torch
 
 from psgd.core.config import RunConfig
 from psgd.core.errors import ExchangeError
-from psgd.ps import bell
 from psgd.ps.client import make_client
+from psgd.ps.shm import bell
 
 pytestmark = pytest.mark.skipif(not bell.available(), reason="the doorbell is x86-64 only (its memory order)")
 
@@ -145,7 +145,9 @@ def test_a_one_shard_worker_is_homed_in_its_segment_and_pushes_without_a_copy(sh
     client = make_client("shm", addresses, 0, flat.params.numel())
     try:
         client.wait_ready()
-        assert client.home(flat)
+        lent = client.lend(flat.params.numel())
+        assert lent is not None
+        flat.rehome(*lent)
         seg = client.transport._segments[client.transport._lanes[0]]
         assert seg.reply_at > 0 and flat.grads.data_ptr() == seg.region("fp32", 0, 1).data_ptr()
         assert flat.params.data_ptr() == seg.region("fp32", seg.reply_at, 1).data_ptr()
@@ -155,7 +157,7 @@ def test_a_one_shard_worker_is_homed_in_its_segment_and_pushes_without_a_copy(sh
         client.pull(0, out)
         model(torch.ones(1, 3)).sum().backward()  # into the segment
         grad, zeroed = flat.grads.clone(), []
-        client.push_pull(0, flat.grads, flat.params, on_consumed=lambda: zeroed.append(flat.grads.zero_()))
+        client.push_pull(0, flat.grads, flat.params, on_free=lambda: zeroed.append(flat.grads.zero_()))
         assert torch.equal(flat.params, before - 0.05 * grad)  # lr 0.05, the reply in place
         assert torch.equal(flat.grads, torch.zeros_like(grad) if zeroed else grad)
         assert torch.equal(cores[0].param, flat.params)
@@ -171,30 +173,30 @@ def test_only_a_dense_fp32_one_shard_worker_is_homed(shards, n, kw):
     client = make_client("shm", shards(RunConfig(mode="async", workers=1, servers=1))[0], 0, 8, **kw)
     try:
         client.wait_ready()
-        assert not client.home(flat)
+        assert client.lend(flat.params.numel()) is None
     finally:
         client.close()
     two = make_client("shm", shards(RunConfig(mode="async", workers=1, servers=2))[0], 0, 8)
     try:
         two.wait_ready()
-        assert not two.home(flat)
+        assert two.lend(flat.params.numel()) is None
     finally:
         two.close()
 
 
 def test_a_reply_offset_must_be_aligned_and_inside_the_segment(shard_servers):
     from psgd.ps import framing as fr
-    from psgd.ps import segment
+    from psgd.ps.shm import segment, serve
 
     (server,) = shard_servers(RunConfig(mode="async", workers=1, servers=1))
     seg = segment.Segment.create(4096, belled=True)
     try:
         with socket.create_connection(("127.0.0.1", server.data_port), timeout=10) as sock:
             for at in ("x", "3", "65536"):
-                fr.send_frame(sock, fr.BELL, f"{seg.name}@{at}".encode())
+                fr.send_frame(sock, serve.BELL, f"{seg.name}@{at}".encode())
                 op, body, _ = fr.recv_head(sock)
                 assert op == fr.ERROR and body.startswith(b"INVALID_ARGUMENT: a reply offset"), body
-            fr.send_frame(sock, fr.BELL, f"{seg.name}@64".encode())
+            fr.send_frame(sock, serve.BELL, f"{seg.name}@64".encode())
             assert fr.recv_head(sock)[0] == fr.WELCOME
     finally:
         seg.unlink()

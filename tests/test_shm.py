@@ -1,4 +1,4 @@
-"""`--transport shm` (psgd/ps/shm.py): the TCP data plane's frames with their payloads in shared memory.
+"""`--transport shm` (psgd/ps/shm/): the TCP data plane's frames with their payloads in shared memory.
 
 The same updates as tcp and gRPC in every wire dtype and for sparse pushes, a refused request that
 leaves the connection usable, segments that grow when a request needs more, a shard that maps only
@@ -16,8 +16,8 @@ from psgd.core import codec
 from psgd.core.config import RunConfig
 from psgd.core.errors import ExchangeError
 from psgd.ps import framing as fr
-from psgd.ps import segment
 from psgd.ps.client import make_client
+from psgd.ps.shm import segment, serve
 from tests.helpers import psgd_main, summary
 
 pytestmark = pytest.mark.usefixtures("warm_runs")
@@ -69,7 +69,7 @@ def test_a_refused_push_is_one_line_and_the_connection_stays_usable(shards):
 
 
 def attach(sock: socket.socket, name: str) -> tuple[int, str]:
-    fr.send_frame(sock, fr.ATTACH, name.encode())
+    fr.send_frame(sock, serve.ATTACH, name.encode())
     op, body, _ = fr.recv_head(sock)
     return op, body.decode()
 
@@ -114,15 +114,15 @@ def test_only_a_loopback_peer_without_tls_may_attach():
 
         def getpeername(self):
             return (self.host, 5)
-    assert segment.refused(Peer("127.0.0.1"), tls=False) is None
-    assert segment.refused(Peer("::1"), tls=False) is None
-    assert "loopback" in segment.refused(Peer("198.18.0.2"), tls=False)
-    assert "TLS" in segment.refused(Peer("127.0.0.1"), tls=True)
+    assert serve.refused(Peer("127.0.0.1"), tls=False) is None
+    assert serve.refused(Peer("::1"), tls=False) is None
+    assert "loopback" in serve.refused(Peer("198.18.0.2"), tls=False)
+    assert "TLS" in serve.refused(Peer("127.0.0.1"), tls=True)
 
 
 @pytest.mark.parametrize("mode,workers,servers", [("sync", 2, 2), ("sync", 2, 1), ("async", 1, 1)])
 def test_a_run_over_shm_has_the_hash_of_tcp(tmp_path, mode, workers, servers):
-    """With one shard the workers' buffers are homed in their segments (psgd/ps/shm.py `home`)."""
+    """With one shard the workers' buffers are homed in their segments (psgd/ps/shm/transport.py `lend`)."""
     args = ["--mode", mode, "--workers", str(workers), "--servers", str(servers), "--steps", "12", "--dataset",
             "synthetic", "--num-samples", "1000", "--model", "mlp"]
     hashes = {}

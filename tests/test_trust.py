@@ -19,6 +19,7 @@ from psgd.ps import auth, tcp_server, wire
 from psgd.ps import framing as fr
 from psgd.ps.client import make_client
 from psgd.ps.grpc_server import ShardServicer
+from psgd.ps.shm.serve import ATTACH
 from psgd.train import assemble
 from tests.helpers import open_start_barrier, psgd_main
 
@@ -164,7 +165,7 @@ class _FakeSocket:
 
 def _random_frame(rng: random.Random) -> bytes:
     """Mostly near-misses of real frames: valid ops with mangled headers and wrong lengths."""
-    op = rng.choice([fr.PUSH, fr.PULL, fr.PUSHPULL, fr.HELLO, fr.ATTACH, fr.PUSHED, fr.ERROR, rng.randrange(256)])
+    op = rng.choice([fr.PUSH, fr.PULL, fr.PUSHPULL, fr.HELLO, ATTACH, fr.PUSHED, fr.ERROR, rng.randrange(256)])
     if rng.random() < 0.5:
         header = pb.TensorHeader(worker_id=rng.choice([0, 1, 2, 2**31]), shard=rng.choice([0, 1]),
                                  num_elements=rng.choice([10, 9, 0, 2**40]), clock=rng.choice([0, 1, 5]),

@@ -4,7 +4,7 @@
 
 Runs psgd bench roundtrip's `shm` arm (async, one worker, one shard; --transport picks another)
 for longer, with a sitecustomize that wraps psgd/ps/framing.py's `send_frame` and `recv_head`, and
-the shm doorbell's `Bell.send` and `Bell.recv_head` (psgd/ps/bell.py), in every process of the
+the shm doorbell's `Bell.send` and `Bell.recv_head` (psgd/ps/shm/bell.py), in every process of the
 run: each process appends (event, op, perf_counter) rows to a file of its own.
 Then, from the steady state (the first 200 steps and the last few left out), the medians per step
 of: the worker's send to the shard's read of that frame, the shard's work until it starts its
@@ -47,7 +47,7 @@ def recv_head(sock, started=None):
 
 fr.send_frame, fr.recv_head = send_frame, recv_head
 
-import psgd.ps.bell as bl  # a belled shm connection's frames go through its doorbell instead
+import psgd.ps.shm.bell as bl  # a belled shm connection's frames go through its doorbell instead
 _bsend, _brecv = bl.Bell.send, bl.Bell.recv_head
 
 def bell_send(self, op, header, length):

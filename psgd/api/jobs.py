@@ -62,7 +62,14 @@ def config(**flags: Any) -> C.RunConfig:
         if isinstance(opt, C.OptimConfig) and leaf.section == "optim":
             raise ValueError(f"{key}= and optimizer= both set the optimizer: give {key} to psgd.{_name(opt)}(...)")
         flat[key] = _coerce(leaf, value)
-    return C.validate(C.from_flat(flat))
+    cfg = C.validate(C.from_flat(flat))
+    if cfg.transport != "auto":  # the transports name themselves: their registry when one is named
+        from psgd.ps import transport  # noqa: PLC0415
+
+        why = transport.check(cfg.transport, cfg.hosts, bool(cfg.tls_ca))
+        if why:
+            raise ValueError(why)
+    return cfg
 
 
 def _name(opt: C.OptimConfig) -> str:

@@ -199,7 +199,7 @@ class Worker:
 
 
 def connect(model: nn.Module, addresses: str | Iterable[str], rank: int = 0, workers: int = 1, *,
-            transport: str = "tcp", wire_dtype: str = "fp32", separate_pull: bool = False,
+            transport: str = "auto", wire_dtype: str = "fp32", separate_pull: bool = False,
             rpc_timeout: float = 60.0, token_file: str = "", tls_ca: str = "", backup_workers: int = 0,
             join: bool = False) -> Worker:
     """Connect `model` as worker `rank` of `workers` to running shards (in shard order); blocks
@@ -207,7 +207,8 @@ def connect(model: nn.Module, addresses: str | Iterable[str], rank: int = 0, wor
     wins: build the models alike (seeded) or the first to connect decides for all.
 
     `addresses`: "host:port,host:port" or a list, from `start_shards` or `psgd server`'s READY
-    lines. `transport` "tcp" (the default, as `psgd run`) or "grpc". `backup_workers`: the shards'
+    lines. `transport` "auto" (the default, as `psgd run`: shared memory on this host, else
+    tcp) or one by name (psgd/ps/transport.py). `backup_workers`: the shards'
     (sync): then a worker goes on until every shard said done, as one shard may finish first.
     `join`: join a job that is running already (shards started with spare slots: `max_workers=`
     of `start_shards`, `psgd server --max-workers`); the shards give it a slot (the Worker's
@@ -222,8 +223,11 @@ def connect(model: nn.Module, addresses: str | Iterable[str], rank: int = 0, wor
         raise ValueError(f"connect: addresses must be HOST:PORT,..., got {addresses!r}")
     if not join and not 0 <= rank < workers:
         raise ValueError(f"connect: rank must be in 0..{workers - 1}, got {rank}")
-    if transport not in C.TRANSPORTS or wire_dtype not in C.WIRE_DTYPES:
-        raise ValueError(f"connect: transport must be one of {C.TRANSPORTS} and wire_dtype one of {C.WIRE_DTYPES}")
+    from psgd.ps.transport import check  # noqa: PLC0415
+
+    why = check(transport, tls=bool(tls_ca))
+    if why or wire_dtype not in C.WIRE_DTYPES:
+        raise ValueError(f"connect: {why or f'wire_dtype must be one of {C.WIRE_DTYPES}'}")
     if not (rpc_timeout > 0 and math.isfinite(rpc_timeout)):
         raise ValueError(f"connect: rpc_timeout must be > 0, got {rpc_timeout}")
     try:

@@ -26,7 +26,6 @@ LOCAL_SGD_MODES = ("sync", "allreduce", "async")  # --local-steps H > 1 (ssp has
 WIRE_DTYPES = ("fp32", "fp16", "bf16")
 ALLREDUCE_IMPLS = ("library", "ring")
 BACKENDS = ("auto", "gloo", "nccl")
-TRANSPORTS = ("grpc", "tcp", "shm")
 JITTER_TAILS = ("exp", "pareto")  # --jitter-tail: the delay's distribution (psgd/train/worker.py)
 
 AUTO = -1            # --eval-every auto, the default (eval_interval)
@@ -147,11 +146,10 @@ class RunConfig:
                                      "default one PushPull per step answers the push with the next parameters")
     overlap: bool = opt(False, "PS: push each shard's gradient as soon as backward produced it, pull while the "
                                "batch loads and forward runs (psgd/ps/exchange.py)")
-    transport: str = opt("tcp", "PS: what carries pushes and pulls: tcp, the shards' raw-socket data plane "
-                                "(psgd/ps/tcp_server.py, the faster: psgd bench transport), shm (its frames, the "
-                                "payloads in shared memory: shards and workers on one host, psgd/ps/shm.py), or "
-                                "grpc (what gRPC Python costs); gRPC always does Init, Info and Leave",
-                         choices=TRANSPORTS)
+    transport: str = opt("auto", "PS: what carries pushes and pulls: auto (the fastest that reaches the "
+                                 "shards: shared memory where they are on this host, else the raw-socket data plane) "
+                                 "or a transport by name, one of psgd/ps/transport.py's TRANSPORTS (grpc, tcp, ...); "
+                                 "gRPC always does Init, Info and Leave")
     link: str = opt("", "PS: pace every worker's and shard's traffic to an EMULATED link, e.g. 1gbit,200us or "
                         "100mbit,1ms (psgd/core/link.py; loopback is still what carries the bytes)",
                     metavar="BANDWIDTH[,LATENCY]")

@@ -21,6 +21,9 @@ class Flat(Protocol):
     params: torch.Tensor  # every model parameter is a view of this buffer
     grads: torch.Tensor   # every parameter's .grad is a view of this one
 
+    def rehome(self, params: torch.Tensor, grads: torch.Tensor) -> None:
+        """Move both buffers into these (memory a transport lends); every view follows."""
+
 
 @dataclass
 class StepReport:

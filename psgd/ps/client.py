@@ -26,7 +26,10 @@ Contract (ps-lite's worker API, in Python):
 - `push_pull(clock, grad, out)`: both in one round trip per shard (PushPull): the push of
   `clock`, answered by the pull of clock + 1 into `out`; returns a `PushPulled` (the push's
   outcome, the pull's result, and when the replies began to arrive, which splits the round trip
-  into its push and pull parts).
+  into its push and pull parts). A dense one goes through the transport's `push_pull_direct`
+  (psgd/ps/transfer.py `Wire`: its fast path where it has one), a sparse one through `push_pull`.
+- `lend(count)`: where the transport would keep the worker's flat buffers (`Wire.lend`), when the
+  wire carries them as they are (dense fp32); else None.
 - The run is over for this worker once a shard says its budget is spent (`done`), or, with
   `all_done` (sync with backup workers), once every shard has said so: there each shard picks
   its own first N-b gradients, so one shard may make its last update before another, which still
@@ -43,8 +46,6 @@ once, straight into `out` (the model's flat buffer).
 
 from __future__ import annotations
 
-import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -59,6 +60,7 @@ from psgd.core.sharding import shard_ranges
 from psgd.ps import wire
 from psgd.ps.join import join_job as join_job
 from psgd.ps.pull_streams import PullResult, PullStreams
+from psgd.ps.transfer import push_pull_stepped
 from psgd.ps.transport import NO_EVENTS, Events, Transport, make_transport
 
 
@@ -85,7 +87,8 @@ class PSClient:
         self.sparsifier = sparsify.Sparsifier(self.ranges, topk, error_feedback) if topk is not None else None
         self.versions = [0] * len(self.addresses)
         self._cuts: dict[tuple, list[torch.Tensor]] = {}  # `_slices`
-        self._headers = [self._header(k, 0, 0, wire_dtype) for k in self.shards]  # dense pushes' (`push_pull`)
+        # Dense pushes' headers, built once and updated (`push_pull`): a header costs ~8 us to build.
+        self._headers = [self._header(k, 0, 0, wire_dtype) for k in self.shards]
         wire.reuse_freed_memory()
         # start_pull / start_push run here, so that K pulls and K pushes fit at once.
         self.background = ThreadPoolExecutor(max_workers=2 * len(self.addresses), thread_name_prefix="psgd-exchange")
@@ -114,11 +117,13 @@ class PSClient:
             return codec.encode(self._slice(grad, k), self.dtype)
         return self.sparsifier.compress(k, self._slice(grad, k), self.dtype, clock)
 
-    def home(self, flat) -> bool:
-        """Let the transport hold the worker's flat buffers where its replies land (shm, one shard,
-        dense fp32: psgd/ps/shm.py `home`); whether it did."""
-        home = getattr(self.transport, "home", None)
-        return home is not None and self.sparsifier is None and self.dtype == "fp32" and home(flat)
+    def lend(self, count: int):
+        """(params, grads) buffers of `count` fp32 the transport would have the worker keep its flat
+        buffers in (psgd/ps/transfer.py `Wire.lend`), or None; only where pushes and pulls carry
+        them as they are (dense fp32), since the shard reads and writes them in place."""
+        if self.sparsifier is not None or self.dtype != "fp32":
+            return None
+        return self.transport.lend(count)
 
     def _slices(self, flat: torch.Tensor) -> list[torch.Tensor]:
         """Every shard's slice of `flat`, cut once per buffer (a tensor slice costs ~5 us): the cache
@@ -200,41 +205,26 @@ class PSClient:
         return self.over([r.done for r in replies]), self.over([r.refused for r in replies]), sent
 
     def push_pull(self, clock: int, grad: torch.Tensor, out: torch.Tensor, on_sent: Callable[[], None] | None = None,
-                  on_consumed: Callable[[], None] | None = None) -> PushPulled:
+                  on_free: Callable[[], None] | None = None) -> PushPulled:
         """Push `grad` of `clock` and pull clock + 1 into `out`, one round trip per shard.
-        `on_sent()` runs once every shard's push is out, while the replies are awaited (from a
-        transport thread): `grad` may be reused from then on, unless the transport reads it in
-        place (a homed shm worker's: `home`); then `on_consumed()` runs when the shard has read it,
-        if that comes before the reply (else never)."""
-        direct = getattr(self.transport, "push_pull_direct", None)
-        if direct is not None and self.sparsifier is None and grad.device.type == "cpu":
-            # --transport shm: the tensors go to the segments, the headers are reused (~8 us each to build)
+        `on_free()` runs once `grad` may be written again (once every push is out, or for a gradient
+        the transport lent, once the shard has read it, if that comes before the reply; else never),
+        then `on_sent()` once every push is out, while the replies are awaited (from a transport
+        thread)."""
+        grad = grad.detach().to("cpu")
+        if self.sparsifier is None:  # the headers are reused, the tensors handed over as they are
             for k, h in enumerate(self._headers):
                 h.clock, h.base_version = clock, self.versions[k]
-            results, replied_at = direct(self.shards, self._headers, self._slices(grad.detach()), self._slices(out),
-                                         on_sent, on_consumed)
-            done, refused, sent = self.push_outcome([h.pushed for h, _ in results])
-            pulled = self.pull_result(results)
-            return PushPulled(done or pulled.done, refused, sent, pulled, replied_at)
-        grad = grad.detach().to("cpu")
-        replied: list[float] = []  # appended from the shards' threads (list.append is atomic)
-        delivered: set[int] = set()
-        lock = threading.Lock()
-
-        def on_delivered(k: int) -> None:
-            with lock:
-                last = k not in delivered and len(delivered) == len(self.shards) - 1
-                delivered.add(k)
-            if last:
-                on_sent()
-        results = self.transport.push_pull(
-            self.shards, lambda k: self._push_header(k, clock), lambda k: self._push_payload(grad, k, clock),
-            lambda k: self._slice(out, k),
-            Events(replied=lambda k, header: replied.append(time.perf_counter()),
-                   delivered=on_delivered if on_sent else None))
+            results, replied_at = self.transport.push_pull_direct(self.shards, self._headers, self._slices(grad),
+                                                                  self._slices(out), on_sent, on_free)
+        else:
+            free_then_sent = on_sent if on_free is None else (lambda: (on_free(), on_sent and on_sent()))
+            results, replied_at = push_pull_stepped(
+                self.transport, self.shards, lambda k: self._push_header(k, clock),
+                lambda k: self._push_payload(grad, k, clock), lambda k: self._slice(out, k), free_then_sent)
         done, refused, sent = self.push_outcome([h.pushed for h, _ in results])
         pulled = self.pull_result(results)
-        return PushPulled(done or pulled.done, refused, sent, pulled, max(replied))
+        return PushPulled(done or pulled.done, refused, sent, pulled, replied_at)
 
     def close(self, failed: bool = False) -> None:
         """Tell every shard this worker has finished (Leave: the last of N ends the shards' run),

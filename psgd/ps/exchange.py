@@ -51,7 +51,7 @@ class PSExchange:
     runs, and each shard's push starts as soon as backward has produced its gradients; `watch`
     (called by the worker loop with the model) installs the hooks that does this. With `link`
     ("1gbit,200us", psgd/core/link.py) every stream is paced to that emulated wire. `transport`
-    "tcp" moves the tensors on the shards' raw-TCP data planes (psgd/ps/tcp_server.py) instead of gRPC.
+    names what carries the tensors (psgd/ps/transport.py; "auto": the fastest that reaches the shards).
     With `topk` (a fraction, --topk) each push sends the largest entries of each shard's slice, and
     with `error_feedback` the worker keeps the rest for its next push (psgd/core/sparsify.py).
     With `local_steps` H > 1 (local SGD, sync or async, psgd/core/localsgd.py) the worker steps its own
@@ -62,7 +62,7 @@ class PSExchange:
     """
 
     def __init__(self, addresses: list[str], wire_dtype: str = "fp32", rpc_timeout: float = 60.0,
-                 link: str = "", overlap: bool = False, accumulate: int = 1, transport: str = "grpc",
+                 link: str = "", overlap: bool = False, accumulate: int = 1, transport: str = "auto",
                  local_steps: int = 1, optim_cfg: OptimConfig | None = None, separate_pull: bool = False,
                  token: bytes | None = None, stage: bool | None = None, backup_workers: int = 0,
                  topk: float | None = None, error_feedback: bool = True, tls_ca: str = "",
@@ -82,7 +82,6 @@ class PSExchange:
         self._next = None  # the PushPull's pull, which the next before_compute hands to the loop
         self.start_clock = 0  # the loop's first step: 0, or a restored run's (setup learns it)
         self._overlap = None
-        self.homed = False  # the flat buffers live in the transport's shared memory (`setup`)
         self._local = None  # local SGD: optim.build
         self.stage = stage  # host staging (psgd/ps/staging.py): None = when the model is on a GPU
         self.staging: HostStaging | None = None
@@ -108,9 +107,12 @@ class PSExchange:
                                 "process died between its pushes to them, or they were restored from checkpoints "
                                 "of different steps")
         self.start_clock = starts.pop()
-        # A one-shard shm worker's buffers move into its segment: no copy on its side of a PushPull.
-        self.homed = (self.combined and self.local_steps == 1 and not self.stage and flat.params.device.type == "cpu"
-                      and self.client.home(flat))
+        # The flat buffers move where the transport would have them (memory the shard reads and writes
+        # in place: no copy on this side of a PushPull), when they are what each step sends and receives.
+        lent = self.client.lend(flat.params.numel()) if (self.combined and self.local_steps == 1 and not self.stage
+                                                         and flat.params.device.type == "cpu") else None
+        if lent is not None:
+            flat.rehome(*lent)
         self.staging = HostStaging(flat.params, flat.grads, self.stage)
         # Every worker offers its seeded initial parameters (all build the same model): the first Init
         # wins and the others only check its length, so no one worker's loss before Init can stall
@@ -174,15 +176,12 @@ class PSExchange:
         t0 = time.perf_counter()
         pushed = self.staging.host_copy(pushed)  # on a GPU: to the pinned host buffer (push time)
         if self.combined:
-            # The gradient is zeroed for the next step while the shards answer (on the CPU: a
-            # 17 MB memset is ~1.3 ms of a 4.3M-parameter step otherwise spent before compute).
-            # Homed (shm): the shard reads the gradient where it lies, so it is zeroed once the shard
-            # says it is done with it, if that comes before the reply (else the loop zeroes it).
-            zero = flat.zero_grad if flat.grads.device.type == "cpu" and not self.homed else None
-            waiting = self.while_waiting
-            on_sent = zero if waiting is None else (waiting if zero is None else lambda: (zero(), waiting()))
-            o = self.client.push_pull(clock // self.local_steps, pushed, self.staging.host_params(), on_sent=on_sent,
-                                      on_consumed=flat.zero_grad if self.homed else None)
+            # The gradient is zeroed for the next step while the shards answer, once the transport
+            # frees it (on the CPU: a 17 MB memset is ~1.3 ms of a 4.3M-parameter step otherwise spent
+            # before compute); if it never says so before the reply, the loop zeroes it.
+            zero = flat.zero_grad if flat.grads.device.type == "cpu" else None
+            o = self.client.push_pull(clock // self.local_steps, pushed, self.staging.host_params(),
+                                      on_sent=self.while_waiting, on_free=zero)
             self._landed(o.pulled, flat)
             self._next = o.pulled
             end, r = time.perf_counter(), o.pulled

@@ -9,16 +9,18 @@ One frame per message in both directions, little-endian:
     PULL  PullRequest                                            ->  PULLED  PullHeader + the values' bytes
     PUSHPULL  as PUSH                                            ->  PULLED  of the next clock, PullHeader.pushed set
     HELLO  the token (auth.py), the first frame of a connection   ->  WELCOME (empty)
-    ATTACH  a /dev/shm segment's name (--transport shm, psgd/ps/shm.py) ->  WELCOME; from then on
-            this connection's payloads are in the segment, the prefix still gives their length
-    BELL  as ATTACH, and from its WELCOME on the frames themselves go through the segment's
-          doorbell (psgd/ps/bell.py), the socket only wakes a reader that sleeps
+    ops 5..127: a transport's upgrade of the connection (its `upgrades`, psgd/ps/transport.py): after
+          its WELCOME the connection's frames move the way that transport says (`Frames`, below)
     any request                                                  ->  ERROR   "STATUS_NAME: message" (UTF-8)
 
 The headers are the .proto's own messages. Copies: a payload goes from the tensor's memory to
 the socket (`sendmsg` of a memoryview) and from the socket straight into the destination tensor
 (`recv_into`): the kernel's copy is the only one, besides fp16 / bf16 widening. `on_chunk(n)`
 callbacks (the emulated link's pacing, --overlap's progress) see the payload in CHUNK pieces.
+
+`Frames(sock, rpc_timeout)` is a shard's connection as psgd/ps/tcp_server.py reads and answers it:
+its frames and payloads on the socket. A transport that upgrades a connection (an op of its own)
+hands the server a subclass that moves them elsewhere (shared memory: psgd/ps/shm/serve.py).
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ import torch
 from psgd.core import codec
 
 PREFIX = struct.Struct("<BIQ")  # op, header length, payload length
-PUSH, PULL, PUSHPULL, HELLO, ATTACH, BELL, PUSHED, PULLED, WELCOME, ERROR = 1, 2, 3, 4, 5, 6, 0x81, 0x82, 0x84, 0xFF
+PUSH, PULL, PUSHPULL, HELLO, PUSHED, PULLED, WELCOME, ERROR = 1, 2, 3, 4, 0x81, 0x82, 0x84, 0xFF
 MAX_HEADER = 1 << 16            # our headers are < 100 bytes; anything bigger is not a psgd peer
 CHUNK = codec.CHUNK_BYTES       # the unit of pacing (--link) and of progress (--overlap)
 
@@ -83,7 +85,7 @@ def await_readable(sock: socket.socket, seconds: float) -> None:
     Why: a process that sleeps in a read is woken by the kernel when its peer writes, and on this
     project's 2-core VMs that wake-up cost ~50 us after a millisecond asleep (a raw socket ping-pong,
     docs/architecture.md), twice per round trip, as long as the whole push of a small model. Only
-    for peers on this host whose processes fit its cores (psgd/ps/shm.py): a spinning process must
+    for peers on this host whose processes fit its cores (psgd/ps/shm/): a spinning process must
     not take a core from one that computes."""
     if seconds <= 0:
         return
@@ -173,3 +175,50 @@ def drain(sock: socket.socket, nbytes: int) -> None:
         step = min(nbytes, len(scratch))
         recv_exact(sock, scratch[:step])
         nbytes -= step
+
+
+class Frames:
+    """A shard's side of one data-plane connection: how its frames come in and its payloads move.
+
+    `next_head(first_timeout)`: the next frame's (op, header, payload length), None at EOF (a frame
+    once begun must progress within `rpc_timeout`; between frames a worker may compute); `send`:
+    one frame; `send_values`: a reply with fp32 values in a wire dtype; `in_place`: a push's dense
+    gradient where it lies (None here: it is still in the socket); `recv_tensor` / `recv_bytes`:
+    a payload into a buffer / as bytes; `drain`: drop a refused payload; `consumed`: the shard reads
+    the last payload no more; `check(payload_len)`: FrameError for a payload this connection cannot
+    carry; `close`: what the connection holds (not the socket: its server closes that)."""
+
+    def __init__(self, sock: socket.socket, rpc_timeout: float) -> None:
+        self.sock, self.rpc_timeout = sock, rpc_timeout
+
+    def next_head(self, first_timeout: float | None) -> tuple[int, bytes, int] | None:
+        sock = self.sock
+        sock.settimeout(first_timeout)
+        return recv_head(sock, lambda: sock.settimeout(self.rpc_timeout))
+
+    def send(self, op: int, header: bytes, payload: memoryview | None = None, on_chunk=None) -> None:
+        send_frame(self.sock, op, header, payload, on_chunk)
+
+    def send_values(self, op: int, header: bytes, values: torch.Tensor | None, dtype: str, pace=None) -> None:
+        self.send(op, header, None if values is None else codec.encode(values, dtype), pace)  # encode: a view
+
+    def in_place(self, count: int, dtype: str, payload_len: int, pace=None) -> torch.Tensor | None:
+        return None
+
+    def recv_tensor(self, out: torch.Tensor, dtype: str, pace=None) -> None:
+        recv_tensor(self.sock, out, dtype, pace and (lambda n, _: pace(n)))
+
+    def recv_bytes(self, nbytes: int, pace=None) -> bytearray:
+        return recv_bytes(self.sock, nbytes, pace)
+
+    def drain(self, nbytes: int) -> None:
+        drain(self.sock, nbytes)
+
+    def consumed(self) -> None:
+        pass
+
+    def check(self, payload_len: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

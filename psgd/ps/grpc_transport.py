@@ -28,11 +28,13 @@ from psgd._proto import parameter_server_pb2_grpc as pb_grpc
 from psgd.core import codec, sparsify
 from psgd.core.errors import ExchangeError
 from psgd.ps import grpc_auth, tls, wire
-from psgd.ps.transfer import NO_EVENTS, Events, check_pull_header
+from psgd.ps.transfer import NO_EVENTS, Events, Wire, check_pull_header
 
 
-class GrpcTransport:
+class GrpcTransport(Wire):
     """Every byte on gRPC; one channel per shard (see the module docstring)."""
+
+    name = "grpc"  # never chosen by `auto` (rank 0): what gRPC Python costs, by name
 
     def __init__(self, addresses: list[str], timeout: float, token: bytes | None = None, tls_ca: str = "") -> None:
         self.addresses, self.timeout = addresses, timeout

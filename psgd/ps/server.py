@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from psgd.ps import grpc_auth, tls, wire
+from psgd.ps import grpc_auth, tls, transport, wire
 from psgd.ps.grpc_server import ShardServicer, rpc_handlers
 from psgd.ps.shard import Shard
 from psgd.ps.tcp_server import DataServer
@@ -54,7 +54,7 @@ def start(shard: Shard, host: str = "127.0.0.1", port: int = 0, *, token: bytes 
     context = tls.server_context(tls_cert, tls_key) if secure else None
     credentials = tls.server_credentials(tls_cert, tls_key) if secure else None
     try:
-        data = DataServer(shard, host, token, context)
+        data = DataServer(shard, host, token, context, transport.upgrades())  # the transports' own ops
     except OSError as e:
         raise OSError(f"cannot open the TCP data plane on {host}: {e}") from None
     # Pulls may be held by the policy, one thread each: leave room for every worker's pull and push.

@@ -3,8 +3,9 @@
 Why it exists: gRPC Python moves a 64 MiB tensor at about 0.4x (push) and 0.55x (pull) of a raw
 loopback socket (`psgd bench transport`); ps-lite and BytePS have transports of their own for the
 same reason. Every shard listens here too (a port `Info` reports as `data_port`); Init and Info
-stay on gRPC. The frames are psgd/ps/framing.py's; with --transport shm a connection's payloads are
-in shared memory (psgd/ps/shm.py, `_attach`), and with its doorbell the frames too (psgd/ps/bell.py).
+stay on gRPC. The frames are psgd/ps/framing.py's, read and sent through a connection's `Frames`; a
+transport may upgrade a connection with an op of its own (`upgrades`, given by psgd/ps/server.py from
+psgd/ps/transport.py's registry), which replaces that `Frames` with one that moves them its own way.
 
 A thin adapter like the gRPC one (psgd/ps/grpc_server.py): each frame is parsed, handed to the
 same transport-free core (psgd/ps/shard.py), and answered; one schema, one set of checks, one
@@ -38,7 +39,7 @@ import threading
 from psgd._proto import parameter_server_pb2 as pb
 from psgd.core import codec, sparsify
 from psgd.core.errors import Code, ShardError
-from psgd.ps import auth, segment, wire
+from psgd.ps import auth, wire
 from psgd.ps import framing as fr
 from psgd.ps.shard import Shard
 
@@ -54,16 +55,14 @@ class DataServer(socketserver.ThreadingTCPServer):
     allow_reuse_address = False
 
     def __init__(self, shard: Shard, host: str = "127.0.0.1", token: bytes | None = None,
-                 tls: ssl.SSLContext | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, upgrades: dict | None = None) -> None:
         self.shard = shard
         self.token = token
         self.tls = tls
+        # op -> upgrade(frames, header, payload_len, server) -> the connection's Frames from now on
+        # (it answers the op itself, WELCOME or ERROR): the transports' own ops (psgd/ps/transport.py)
+        self.upgrades = upgrades or {}
         self.max_connections = 4 * shard.workers + 8
-        # --transport shm: a connection's wait for its next push spins first (psgd/ps/shm.py), with
-        # one worker only: one connection thread per shard then waits at a time, where N spinning
-        # threads would take the GIL from the one that serves a push.
-        self.spin_s = segment.spin_for(shard.workers + shard.options.num_shards, segment.PUSH_SPIN_S) \
-            if shard.workers == 1 else 0.0
         self.connections: set[socket.socket] = set()
         self.lock = threading.Lock()  # guards connections and stopping
         self.stopping = False
@@ -98,7 +97,7 @@ class DataServer(socketserver.ThreadingTCPServer):
         self.thread.join()
 
 
-class _Connection(segment.SegmentFrames, socketserver.BaseRequestHandler):
+class _Connection(socketserver.BaseRequestHandler):
     server: DataServer
 
     def setup(self) -> None:
@@ -107,7 +106,7 @@ class _Connection(segment.SegmentFrames, socketserver.BaseRequestHandler):
         self.request.settimeout(FIRST_FRAME_S)
         self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.full = False
-        self.segment: segment.Segment | None = None  # --transport shm: where this connection's payloads are
+        self.frames = fr.Frames(self.request, self.server.shard.options.rpc_timeout)  # an upgrade replaces it
         with self.server.lock:
             if self.server.stopping:
                 with contextlib.suppress(OSError):
@@ -119,11 +118,9 @@ class _Connection(segment.SegmentFrames, socketserver.BaseRequestHandler):
     def finish(self) -> None:
         with self.server.lock:
             self.server.connections.discard(self.request)
-        if self.segment is not None:
-            self.segment.close()
+        self.frames.close()
 
     def handle(self) -> None:
-        sock = self.request
         if self.full:
             with contextlib.suppress(OSError):
                 self._refuse(f"RESOURCE_EXHAUSTED: shard {self.server.shard.index} has "
@@ -133,7 +130,7 @@ class _Connection(segment.SegmentFrames, socketserver.BaseRequestHandler):
         first = True
         while True:
             try:
-                head = self._next_frame(first)
+                head = self.frames.next_head(FIRST_FRAME_S if first else None)
                 if head is None:
                     return
                 first = False
@@ -142,13 +139,14 @@ class _Connection(segment.SegmentFrames, socketserver.BaseRequestHandler):
                     if payload_len or not auth.accepts(self.server.token, header):
                         return self._refuse("UNAUTHENTICATED: wrong psgd token (--token-file / PSGD_TOKEN)")
                     trusted = True
-                    self._send_frame(fr.WELCOME, b"")
+                    self.frames.send(fr.WELCOME, b"")
                     continue
                 if not trusted:
                     return self._refuse("UNAUTHENTICATED: this shard needs a token: send HELLO first "
                                         "(--token-file / PSGD_TOKEN)")
-                if op in (fr.ATTACH, fr.BELL):
-                    self._attach(header, payload_len, op == fr.BELL)
+                upgrade = self.server.upgrades.get(op)
+                if upgrade is not None:
+                    self.frames = upgrade(self.frames, header, payload_len, self.server)
                     continue
                 handler = {fr.PUSH: self._push, fr.PULL: self._pull, fr.PUSHPULL: self._push_pull}.get(op)
                 if handler is None:
@@ -156,35 +154,23 @@ class _Connection(segment.SegmentFrames, socketserver.BaseRequestHandler):
                 if payload_len > self.server.shard.max_payload:  # draining it would let it hold us
                     raise fr.FrameError(f"payload of {payload_len} bytes; no request to this shard has more "
                                         f"than {self.server.shard.max_payload}")
-                if self.segment is not None and payload_len > self.segment.size:
-                    raise fr.FrameError(f"payload of {payload_len} bytes in a {self.segment.size}-byte segment")
+                self.frames.check(payload_len)
                 try:
                     handler(header, payload_len)
                 except ShardError as e:  # refused before the payload was read: drain it, keep going
-                    if self.segment is None:
-                        fr.drain(sock, payload_len)
+                    self.frames.drain(payload_len)
                     self._error(e)
             except fr.FrameError as e:  # the stream cannot be trusted any more: say why, close it
                 with contextlib.suppress(OSError):
-                    self._send_frame(fr.ERROR, f"INVALID_ARGUMENT: {e}".encode())
+                    self.frames.send(fr.ERROR, f"INVALID_ARGUMENT: {e}".encode())
                 return
             except OSError:  # the worker went away, stalled past its deadline, failed the TLS handshake,
                 return       # or the server is stopping (ssl.SSLError is an OSError)
 
-    def _next_frame(self, first: bool) -> tuple[int, bytes, int] | None:
-        """The next frame's head: from a belled segment's doorbell (psgd/ps/bell.py), else the socket."""
-        sock = self.request
-        if self.segment is not None and self.segment.bell is not None:
-            return self.segment.bell.recv_head()
-        sock.settimeout(FIRST_FRAME_S if first else None)  # between frames a worker may compute
-        if self.segment is not None:
-            fr.await_readable(sock, self.server.spin_s)
-        return fr.recv_head(sock, lambda: sock.settimeout(self.server.shard.options.rpc_timeout))
-
     def _refuse(self, message: str) -> None:
         """An ERROR frame saying why; the caller decides whether the connection stays open (a refused
         request) or closes (handle() returns: no token, no room)."""
-        self._send_frame(fr.ERROR, message.encode())
+        self.frames.send(fr.ERROR, message.encode())
 
     def _received_push(self, header: bytes, payload_len: int) -> tuple[pb.TensorHeader, object]:
         """Read a push's frame and hand it to the shard: (header, PushOutcome), or (header, None)
@@ -204,29 +190,20 @@ class _Connection(segment.SegmentFrames, socketserver.BaseRequestHandler):
         # the socket's buffers and the worker (TCP's flow control), not in the shard's memory.
         shard.turn(h.worker_id, h.clock, shard.options.rpc_timeout)
         pace = _pacer(shard.link_in)
-        if self.segment is not None and dtype == "fp32" and not h.sparse_count:
-            # --transport shm, dense fp32: the gradient is read where it lies in the segment, no
-            # receive buffer lent (the shard's policy copies what it keeps; the worker writes there
-            # again only after the reply).
-            if pace:
-                pace(payload_len)
-            o = self._hand_over(h, self.segment.region("fp32", 0, h.num_elements), dtype, payload_len)
-            if o is not None and self.segment.bell is not None:
-                self.segment.bell.consumed()  # a homed worker may zero its gradient now (psgd/ps/shm.py)
+        # A dense gradient the connection holds where it can be read (in memory the worker wrote):
+        # no receive buffer lent; the shard's policy copies what it keeps.
+        grad = None if h.sparse_count else self.frames.in_place(h.num_elements, dtype, payload_len, pace)
+        if grad is not None:
+            o = self._hand_over(h, grad, dtype, payload_len)
+            if o is not None:
+                self.frames.consumed()  # the worker may write there again (before the reply)
             return h, o
         with shard.receive_buffer() as buf:
             try:
-                if self.segment is not None:  # --transport shm, sparse or narrowed: the bytes are here already
-                    if pace:
-                        pace(payload_len)
-                    if h.sparse_count:
-                        wire.scatter_sparse(self.segment.get_bytes(payload_len), h, dtype, buf)
-                    else:
-                        self.segment.get_tensor(buf, dtype)
-                elif h.sparse_count:
-                    wire.scatter_sparse(fr.recv_bytes(self.request, payload_len, pace), h, dtype, buf)
+                if h.sparse_count:
+                    wire.scatter_sparse(self.frames.recv_bytes(payload_len, pace), h, dtype, buf)
                 else:
-                    fr.recv_tensor(self.request, buf, dtype, pace and (lambda n, _: pace(n)))
+                    self.frames.recv_tensor(buf, dtype, pace)
             except ShardError as e:  # refused once the payload is read: nothing left to drain
                 self._error(e)
                 return h, None
@@ -244,7 +221,7 @@ class _Connection(segment.SegmentFrames, socketserver.BaseRequestHandler):
     def _push(self, header: bytes, payload_len: int) -> None:
         _, o = self._received_push(header, payload_len)
         if o is not None:
-            self._send_frame(fr.PUSHED, wire.push_reply(o).SerializeToString())
+            self.frames.send(fr.PUSHED, wire.push_reply(o).SerializeToString())
 
     def _push_pull(self, header: bytes, payload_len: int) -> None:
         h, o = self._received_push(header, payload_len)
@@ -272,15 +249,8 @@ class _Connection(segment.SegmentFrames, socketserver.BaseRequestHandler):
         n = 0 if p.values is None else p.values.numel()
         reply = pb.PullHeader(version=p.version, num_elements=n, dtype=dtype_enum, done=p.done,
                               wait_s=p.wait_s, clock_gap=p.clock_gap, pushed=pushed).SerializeToString()
-        pace = _pacer(self.server.shard.link_out)
-        if self.segment is not None and p.values is not None:  # --transport shm: the values go in the segment
-            length = self.segment.put_tensor(p.values, wire.dtype_name(dtype_enum), self.segment.reply_at)
-            if pace:
-                pace(length)
-            self._send_frame(fr.PULLED, reply, None, length=length)
-            return
-        payload = None if p.values is None else codec.encode(p.values, wire.dtype_name(dtype_enum))  # a view
-        self._send_frame(fr.PULLED, reply, payload, pace)
+        self.frames.send_values(fr.PULLED, reply, p.values, wire.dtype_name(dtype_enum),
+                                _pacer(self.server.shard.link_out))
 
     def _error(self, e: ShardError) -> None:
         self._refuse(f"{e.code.name}: {e.message}")

@@ -23,7 +23,7 @@ from psgd.core.errors import ExchangeError
 from psgd.ps import framing as fr
 from psgd.ps import tls, wire
 from psgd.ps.grpc_transport import GrpcTransport
-from psgd.ps.transfer import NO_EVENTS, Events, check_pull_header
+from psgd.ps.transfer import NO_EVENTS, Events, Wire, check_pull_header
 
 ROUND_MAX_BYTES = 1 << 20  # TCP: shards up to this size go in one round from the caller's thread
 
@@ -33,12 +33,14 @@ def _flat(payload: memoryview | sparsify.Sparse) -> memoryview:
     return memoryview(payload.payload()) if isinstance(payload, sparsify.Sparse) else payload
 
 
-class TcpTransport:
+class TcpTransport(Wire):
     """Pushes and pulls on the shards' raw-TCP data planes; Info, Init and Leave on gRPC (`control`).
 
     A pool of idle connections per shard: a request takes one (or opens one) and gives it back
     when its reply was read in full; a connection that failed mid-frame is closed, never reused.
     """
+
+    name, rank = "tcp", 1  # `auto`'s choice wherever a faster one does not fit (shards on other hosts)
 
     def __init__(self, addresses: list[str], timeout: float, token: bytes | None = None, tls_ca: str = "") -> None:
         self.addresses, self.timeout, self.token = addresses, timeout, token
@@ -122,10 +124,11 @@ class TcpTransport:
         return self._exchange("push-pull with", shards, send, receive, largest, events)
 
     def _receive_pulled(self, sock: socket.socket, k: int, what: str, dtype_enum: int, out: torch.Tensor,
-                        events: Events) -> tuple:
-        """A PULLED frame (a Pull's or a PushPull's reply): its header, then the values into `out`."""
+                        events: Events, head=None) -> tuple:
+        """A PULLED frame (a Pull's or a PushPull's reply): its header, then the values into `out`
+        (`head`: the frame's head, when the caller read it already)."""
         dtype = wire.DTYPE_NAMES[dtype_enum]
-        body, payload_len = self._reply(sock, k, what, fr.PULLED)
+        body, payload_len = self._reply(sock, k, what, fr.PULLED, head)
         header = pb.PullHeader.FromString(body)
         if events.replied:
             events.replied(k, header)
@@ -138,7 +141,7 @@ class TcpTransport:
         got = events.received
         return header, self._recv_tensor(sock, out, dtype, got and (lambda n, e: got(k, n, e)))
 
-    # How a payload moves; psgd/ps/shm.py's ShmTransport moves it through shared memory instead.
+    # How a payload moves (a subclass may move it elsewhere: psgd/ps/shm/transport.py).
     def _send(self, sock, op: int, header: bytes, payload=None, on_chunk=None, reply_bytes: int = 0) -> None:
         """One request frame; `reply_bytes`: the payload its reply will bring (unused on the socket)."""
         fr.send_frame(sock, op, header, payload, on_chunk)
@@ -174,13 +177,17 @@ class TcpTransport:
         """fn(sock, k); a socket or framing failure becomes one line that names shard k."""
         try:
             return fn(sock, k)
-        except fr.FrameError as e:
-            raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: {e}") from None
-        except TimeoutError:
-            raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: DEADLINE_EXCEEDED: no answer within "
-                                f"{self.timeout:g}s", "DEADLINE_EXCEEDED") from None
-        except OSError as e:
-            raise ExchangeError(f"{what} shard {k} at {self.addresses[k]}: UNAVAILABLE: {e}", "UNAVAILABLE") from None
+        except (fr.FrameError, OSError) as e:
+            raise self._failure(k, what, e) from None
+
+    def _failure(self, k: int, what: str, e: Exception) -> ExchangeError:
+        """A socket or framing failure with shard k, as one line that names it."""
+        where = f"{what} shard {k} at {self.addresses[k]}"
+        if isinstance(e, fr.FrameError):
+            return ExchangeError(f"{where}: {e}")
+        if isinstance(e, TimeoutError):
+            return ExchangeError(f"{where}: DEADLINE_EXCEEDED: no answer within {self.timeout:g}s", "DEADLINE_EXCEEDED")
+        return ExchangeError(f"{where}: UNAVAILABLE: {e}", "UNAVAILABLE")
 
     @contextlib.contextmanager
     def _connection(self, k: int, what: str):
@@ -235,8 +242,8 @@ class TcpTransport:
     def _recv_head(self, sock: socket.socket):
         return fr.recv_head(sock)
 
-    def _reply(self, sock: socket.socket, k: int, what: str, expected_op: int) -> tuple[bytes, int]:
-        head = self._recv_head(sock)
+    def _reply(self, sock: socket.socket, k: int, what: str, expected_op: int, head=None) -> tuple[bytes, int]:
+        head = self._recv_head(sock) if head is None else head
         if head is None:
             raise ConnectionError("the shard closed the connection")
         op, header, payload_len = head

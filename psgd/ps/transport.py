@@ -14,6 +14,10 @@ one line that names the shard and the status.
                                                    each header's `pushed` is the push's reply)
     leave(shards, worker_id)                            -> [LeaveReply]  (this worker has finished)
     join(shard, request)                                -> JoinReply     (take a slot in a running job)
+    push_pull_direct(shards, headers, grads, outs, on_sent, on_free) -> ([(PullHeader, bytes)], replied at)
+    lend(count)                                         -> (params, grads) or None
+                                                  (a step's fast path and the worker's buffers: each
+                                                   transport's own, or `Wire`'s generic ones)
 
 `header_of(k)` / `request_of(k)` build shard k's .proto header, `payload_of(k)` its bytes in the
 wire dtype (or a `sparsify.Sparse` for a sparse push, --topk: SparseChunks on gRPC, its indices
@@ -21,8 +25,9 @@ then its values in the TCP frame), `out_of(k)` the fp32 slice its pulled values 
 `Events` lets a caller follow a transfer chunk by chunk: the emulated link paces there, and
 --overlap's forward hooks wait on a pull's progress.
 
-The pieces every transport shares (`Events`, `NO_EVENTS`, `chain`, `check_pull_header`) are in
-psgd/ps/transfer.py; this module re-exports them, and the two wires, so callers import one place.
+The pieces every transport shares (`Events`, `NO_EVENTS`, `chain`, `check_pull_header`, and `Wire`,
+the generic `push_pull_direct` and `lend` a transport overrides where it has a faster way) are in
+psgd/ps/transfer.py; this module re-exports them, and the wires, so callers import one place.
 
 - `GrpcTransport` (psgd/ps/grpc_transport.py): client-streaming Push / server-streaming Pull of
   ~1 MiB frames, one thread per shard; PushPull one bidirectional call per shard kept open for the
@@ -30,25 +35,30 @@ psgd/ps/transfer.py; this module re-exports them, and the two wires, so callers 
 - `TcpTransport` (psgd/ps/tcp_transport.py): the shards' raw-socket data planes (psgd/ps/framing.py;
   gRPC still does Info, Init and Leave); small unpaced shards in one round from the calling
   thread, larger or paced ones a thread each.
-- `ShmTransport` (psgd/ps/shm.py): the TCP data plane's frames with their payloads in shared
-  memory, for workers on their shards' host (a memcpy instead of loopback TCP's copies).
+- `ShmTransport` (psgd/ps/shm/, a room of its own): the TCP data plane's frames with their payloads
+  in shared memory, for workers on their shards' host (a memcpy instead of loopback TCP's copies).
 - `PacedTransport(inner, link)` (here): `--link`, a wrapper that paces any transport's traffic to an
   emulated wire (psgd/core/link.py): one pacer for sends and one for receives, shared by the K
   streams as one NIC is; each message pays the latency once, each chunk its bytes / bandwidth.
-- `make_transport(name, addresses, timeout, link, token, tls_ca)` (here): `--transport grpc | tcp`,
-  the class `TRANSPORTS[name]`, called `(addresses, timeout, token, tls_ca)`; a ValueError names the
-  choices for a name not registered.
+- `TRANSPORTS` (here): the registry, name -> class, each class naming itself (`name`); `register(cls)`
+  adds one. `choose(name, addresses, tls)`: "auto" (the default) becomes the registered transport of
+  the highest `rank` whose `fits(addresses, tls)` holds (shm where every shard is on this host's
+  loopback, else tcp), any other name stays; `check(name, hosts, tls)`: a one-line reason a name
+  cannot carry a run, or None; `upgrades()`: the data-plane ops the registered transports add, for
+  the shard's listener (psgd/ps/server.py).
+- `make_transport(name, addresses, timeout, link, token, tls_ca)` (here): the class `TRANSPORTS[choose(
+  name, ...)]`, called `(addresses, timeout, token, tls_ca)`; a ValueError names the choices for a
+  name not registered.
 
 A new transport on the shards' existing listeners (gRPC and the TCP data plane) is one file: a
-client class with the methods above (it may wrap or subclass a wire here, as TcpTransport takes
-GrpcTransport for its control calls), registered with `TRANSPORTS[name] = Class`; a run built
-from a `RunConfig` naming it then carries every worker's pushes and pulls on it, paced by --link
-as any other (tests/test_plugin_transport.py plugs one in from the test file alone). For
-`--transport` and `config.validate` its name must also be in psgd/core/schema.py's `TRANSPORTS`
-tuple (static choices: that module stays stdlib-only), and a built-in one has its line in
-`TRANSPORTS` here. A new wire protocol is three files at most: that client, its server side (a
-service in psgd/ps/grpc_server.py, or a listener of its own as psgd/ps/tcp_server.py is) and, for
-a listener of its own, the lines in psgd/ps/server.py `start` that open and stop it.
+client class with the methods above (it may subclass `Wire` or a wire here, as TcpTransport takes
+GrpcTransport for its control calls), registered with `register(Class)` (or `TRANSPORTS[name] =
+factory`); a run built from a `RunConfig` naming it then carries every worker's pushes and pulls on
+it, paced by --link as any other (tests/test_plugin_transport.py plugs one in from the test file
+alone). A transport that upgrades the data plane's connections (shm) is a room: its client, its
+`upgrades` (ops -> the shard's side, psgd/ps/framing.py `Frames`), and its line in `TRANSPORTS` here;
+tests/test_plugin_transport.py counts the files that name it. A new wire protocol with a listener of
+its own also needs the lines in psgd/ps/server.py `start` that open and stop it.
 """
 
 from __future__ import annotations
@@ -66,6 +76,7 @@ from psgd.ps.tcp_transport import ROUND_MAX_BYTES as ROUND_MAX_BYTES
 from psgd.ps.tcp_transport import TcpTransport
 from psgd.ps.transfer import NO_EVENTS as NO_EVENTS
 from psgd.ps.transfer import Events as Events
+from psgd.ps.transfer import Wire
 from psgd.ps.transfer import chain as chain
 from psgd.ps.transfer import check_pull_header as check_pull_header
 
@@ -84,7 +95,7 @@ class Transport(Protocol):
     def close(self) -> None: ...
 
 
-class PacedTransport:
+class PacedTransport(Wire):
     """`inner`, with its traffic paced to an emulated link (--link; see the module docstring).
 
     Full duplex: sends and receives are paced apart. A push pays the latency on its way out and
@@ -123,17 +134,59 @@ class PacedTransport:
         self.inner.close()
 
 
-# name -> the client class (or any factory of that signature) `make_transport` builds.
-TRANSPORTS: dict[str, Callable[[list[str], float, bytes | None, str], Transport]] = {
-    "grpc": GrpcTransport, "tcp": TcpTransport, "shm": ShmTransport}
+AUTO = "auto"  # RunConfig.transport's default: `choose` picks by where the shards are
+
+# name -> the client class (or any factory of that signature) `make_transport` builds; each names itself.
+TRANSPORTS: dict[str, Callable[[list[str], float, bytes | None, str], Transport]] = {}
+
+
+def register(kind):
+    """Add a transport class (it names itself: `kind.name`); returns it, so it may decorate."""
+    TRANSPORTS[kind.name] = kind
+    return kind
+
+
+for _kind in (GrpcTransport, TcpTransport, ShmTransport):
+    register(_kind)
+
+
+def choose(name: str, addresses: list[str], tls: bool = False) -> str:
+    """The transport a worker uses to reach shards at `addresses`: `name`, or for "auto" the
+    registered one of the highest `rank` that `fits` (a factory without them is never chosen)."""
+    if name != AUTO:
+        return name
+    fitting = [k for k in TRANSPORTS.values() if getattr(k, "rank", 0) > 0 and k.fits(addresses, tls)]
+    return max(fitting, key=lambda k: k.rank).name if fitting else "grpc"
+
+
+def check(name: str, hosts: int = 0, tls: bool = False) -> str | None:
+    """Why `--transport name` cannot carry a run with these --hosts and TLS, in one line, or None."""
+    if name == AUTO:
+        return None
+    kind = TRANSPORTS.get(name)
+    if kind is None:
+        return f"--transport must be {AUTO} or one of {', '.join(TRANSPORTS)}, got {name!r}"
+    fits = getattr(kind, "fits", None)
+    if fits is None:
+        return None
+    if hosts and not fits(["198.18.0.1:1"], tls):  # an address of another host (psgd cluster's range)
+        return f"--transport {name} needs the workers on their shards' host: --hosts needs tcp, grpc or {AUTO}"
+    if not fits(["127.0.0.1:1"], tls):
+        return f"--transport {name} cannot carry a run here{' with --tls-ca' if tls else ''}: use tcp or grpc"
+    return None
+
+
+def upgrades() -> dict:
+    """The data-plane ops every registered transport adds (op -> its shard side: psgd/ps/tcp_server.py)."""
+    return {op: fn for kind in TRANSPORTS.values() for op, fn in getattr(kind, "upgrades", {}).items()}
 
 
 def make_transport(name: str, addresses: list[str], timeout: float, link: link_mod.Link | None = None,
                    token: bytes | None = None, tls_ca: str = "") -> Transport:
-    """`--transport grpc | tcp` (or a registered one), paced when `link` is given, every request
-    carrying `token` if given, over TLS that trusts the CA in `tls_ca` if given."""
-    kind = TRANSPORTS.get(name)
+    """`--transport auto | grpc | tcp | shm` (or a registered one: `choose`), paced when `link` is
+    given, every request carrying `token` if given, over TLS that trusts the CA in `tls_ca` if given."""
+    kind = TRANSPORTS.get(choose(name, addresses, bool(tls_ca)))
     if kind is None:
-        raise ValueError(f"unknown transport {name!r}; choose {' or '.join(TRANSPORTS)}")
+        raise ValueError(f"unknown transport {name!r}; choose {AUTO}, {', '.join(TRANSPORTS)}")
     inner = kind(addresses, timeout, token, tls_ca)
     return PacedTransport(inner, link) if link else inner

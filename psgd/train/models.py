@@ -153,8 +153,8 @@ class FlatParams:
             offset += k
 
     def rehome(self, params: torch.Tensor, grads: torch.Tensor) -> None:
-        """Move both buffers into `params` and `grads` (flat, this length; e.g. shared memory a
-        transport maps, psgd/ps/shm.py `home`): the values are copied, every parameter and its
+        """Move both buffers into `params` and `grads` (flat, this length; e.g. memory a transport
+        lends, psgd/ps/transfer.py `Wire.lend`): the values are copied, every parameter and its
         gradient become views of the new buffers. Before any optimizer holds the old ones."""
         params.copy_(self.params)
         grads.copy_(self.grads)

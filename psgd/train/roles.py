@@ -80,9 +80,17 @@ def flags_for(cfg: C.RunConfig, room: str) -> list[str]:
 def config_from_args(a: argparse.Namespace) -> C.RunConfig:
     """The flags of `C.add_flags` -> a validated RunConfig; a bad value is a UsageError (exit 2)."""
     try:
-        return C.validate(C.from_namespace(a))
+        cfg = C.validate(C.from_namespace(a))
     except ValueError as e:
         raise UsageError(str(e)) from None
+    named = getattr(a, "transport", "auto")  # the flag, not cfg: a shard does not read a worker's setting
+    if named != "auto":  # the transports name themselves: their registry (and its wires) when one is named
+        from psgd.ps import transport
+
+        why = transport.check(named, getattr(a, "hosts", 0), bool(getattr(a, "tls_ca", "")))
+        if why:
+            raise UsageError(why)
+    return cfg
 
 
 def token(cfg: C.RunConfig) -> bytes | None:

@@ -2,7 +2,7 @@
 
 `cmd_worker(args)` validates the flags (one line, exit 2), joins a running job when asked
 (`--join`: `join`, a slot from the shards), builds the exchange (the PS client, or the all-reduce
-group) and trains (psgd/train/assemble.py `train_worker`, the loop of psgd/train/worker.py), then
+group) and trains (its parts from psgd/train/assemble.py `worker_parts`, the loop of psgd/train/worker.py), then
 leaves without the interpreter's teardown. Exit 0, 1 (the exchange failed), 2 (the user's
 model, data or loss is wrong) or 130 (interrupted).
 """
@@ -104,8 +104,7 @@ def join(cfg: C.RunConfig, where: str) -> tuple[C.RunConfig, list[str], int]:
 def cmd_worker(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from psgd.core.errors import ExchangeError
-    from psgd.train import assemble, data, rundir, threads
+    from psgd.train import assemble, data, rundir, threads, worker
     from psgd.train.metrics import Metrics
     from psgd.train.userspec import SpecError
 
@@ -120,6 +119,45 @@ def cmd_worker(args: argparse.Namespace) -> int:
     # `psgd run` resolved --epochs already; by hand or under torchrun the worker is the first to know.
     cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
     threads.set_threads(cfg)
+    exchange, errors = _exchange(args, cfg, rank)
+    metrics = Metrics(Path(cfg.out) / "metrics.jsonl")
+    # The launcher stops a run's workers with SIGTERM (a shard died, say). The step line a worker
+    # defers is written while its next push is answered (psgd/train/metrics.py `defer`): dying
+    # before that would drop a step it finished, and a restart's `reached` would count one short.
+    signal.signal(signal.SIGTERM, lambda *_: _die_written(metrics))
+    code = 0
+    try:
+        parts = assemble.worker_parts(cfg, rank, device)  # the loop is called from here: a short stack in it
+        worker.train(exchange, parts.model, parts.batches, parts.loss, rank=rank, options=parts.options,
+                     metrics=metrics)
+    except errors as e:
+        print(f"psgd worker {rank}: error: {e}", file=sys.stderr)
+        code = 1
+    except SpecError as e:  # the user's model / data / loss, built before the worker connects
+        print(f"psgd worker: error: {e}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        code = 130
+    finally:
+        metrics.close()
+    if code == 0 and rank == 0 and cfg.mode == "allreduce" and not os.environ.get(rundir.LAUNCHED):
+        print(f"done; `psgd summarize {cfg.out}` writes its summary.json", file=sys.stderr, flush=True)
+    # Leave without the interpreter's teardown: the metrics (and the all-reduce replica files) are
+    # written and closed. After a gloo group has run, C++ destructors at exit sometimes meet one of
+    # its threads still joinable and abort the process ("terminate called without an active
+    # exception": 2 in 10 hand-written ring runs on a loaded machine); and for every mode the
+    # teardown of torch and gRPC costs about half a second on 2 cores, on every run's critical path.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+def _exchange(args: argparse.Namespace, cfg: C.RunConfig, rank: int):
+    """The worker's exchange and the errors that mean it failed: the all-reduce group, or the PS
+    client to the shards at --servers (or read from stdin, --servers-on-stdin)."""
+    from psgd.core.errors import ExchangeError
+    from psgd.train import assemble, rundir
+
     if cfg.mode == "allreduce":
         from psgd.allreduce.collective import CollectiveError
 
@@ -143,34 +181,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         exchange, errors = assemble.ps_exchange(cfg, addresses), (ExchangeError,)
         if rank == 0:
             rundir.record_worker_settings(cfg, OWN)  # by hand: shard 0's config.json lacks a worker's settings
-    metrics = Metrics(Path(cfg.out) / "metrics.jsonl")
-    # The launcher stops a run's workers with SIGTERM (a shard died, say). The step line a worker
-    # defers is written while its next push is answered (psgd/train/metrics.py `defer`): dying
-    # before that would drop a step it finished, and a restart's `reached` would count one short.
-    signal.signal(signal.SIGTERM, lambda *_: _die_written(metrics))
-    code = 0
-    try:
-        assemble.train_worker(cfg, rank, exchange, metrics, device)
-    except errors as e:
-        print(f"psgd worker {rank}: error: {e}", file=sys.stderr)
-        code = 1
-    except SpecError as e:  # the user's model / data / loss, built before the worker connects
-        print(f"psgd worker: error: {e}", file=sys.stderr)
-        code = 2
-    except KeyboardInterrupt:
-        code = 130
-    finally:
-        metrics.close()
-    if code == 0 and rank == 0 and cfg.mode == "allreduce" and not os.environ.get(rundir.LAUNCHED):
-        print(f"done; `psgd summarize {cfg.out}` writes its summary.json", file=sys.stderr, flush=True)
-    # Leave without the interpreter's teardown: the metrics (and the all-reduce replica files) are
-    # written and closed. After a gloo group has run, C++ destructors at exit sometimes meet one of
-    # its threads still joinable and abort the process ("terminate called without an active
-    # exception": 2 in 10 hand-written ring runs on a loaded machine); and for every mode the
-    # teardown of torch and gRPC costs about half a second on 2 cores, on every run's critical path.
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
+    return exchange, errors
 
 
 def _die_written(metrics) -> None:

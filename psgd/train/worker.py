@@ -39,6 +39,7 @@ Run one by hand (servers already up):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import random
@@ -122,14 +123,74 @@ class Batches:
 
 def train(exchange: Exchange, model: torch.nn.Module, batches: Batches, loss: losses.Loss = losses.cross_entropy, *,
           rank: int = 0, options: LoopOptions = LoopOptions(), metrics: Metrics | None = None) -> dict:
-    """Run the loop; returns (and logs as `worker_end`) this worker's totals."""
-    device = next(model.parameters()).device
+    """Warm up, set the exchange up, and run steps until it says done; returns (and logs as
+    `worker_end`) this worker's totals. The steps run in this function's own frame, so that the
+    stack of a worker in its exchange is short (py-spy's view: tests/test_worker_frames.py)."""
     flat = models.FlatParams(model)
+    loss_fn, jitter = loss, random.Random(options.jitter_seed)
+    with _released_on_failure(exchange, metrics):
+        ahead = _start(exchange, model, flat, batches, loss_fn, rank, options, metrics)
+        totals = dict(steps=0, compute_s=0.0, pull_s=0.0, push_s=0.0, wait_s=0.0, bytes_pulled=0, bytes_pushed=0)
+        clock = first = getattr(exchange, "start_clock", 0)  # > 0 when the shards were restored from checkpoints
+        # Resumed past its scheduled departure (sync: clocks are steps): nothing to do.
+        over = options.leave_at is not None and first >= options.leave_at
+        train_start = time.time() if over else 0.0
+        while not over:
+            if options.fail_step is not None and clock == options.fail_step:
+                if metrics is not None:
+                    metrics.flush()  # the steps it took are on record, as they were before `defer`
+                os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die like a crashed machine
+            called = time.time()
+            before = exchange.before_compute(clock, flat)
+            if clock == first:
+                # The start barrier held this first call (PS: the shards hold the clock-0 pull until all
+                # N workers asked; all-reduce: setup ended on a barrier). Training starts when it let
+                # go: the call's start plus its hold. What follows, the first pull's transfer, is step
+                # 0's pull time; the hold itself is start-up, not wait (see the module docstring).
+                train_start = called + before.wait_s
+                before.wait_s = 0.0
+            _add(totals, before)
+            if before.done or (options.leave_at is not None and before.version >= options.leave_at):
+                break  # (a scheduled departure: the exchange's close tells the shards, which shrink the quorum)
+            loss_sum, compute_s = _compute(model, flat, ahead.take(clock), loss_fn, options, jitter)
+            ahead.next = clock + 1
+            after = exchange.after_compute(clock, flat)
+            compute_s = max(0.0, compute_s - after.overlapped_s) + after.compute_s
+            totals["compute_s"] += compute_s
+            _add(totals, after)
+            if metrics is not None:  # written while the next push is answered (`while_waiting`), or next
+                metrics.defer(event="step", rank=rank, clock=clock, loss=loss_sum, compute_s=compute_s,
+                              pull_s=before.pull_s + after.pull_s, wait_s=before.wait_s + after.wait_s,
+                              push_s=after.push_s, clock_gap=before.clock_gap)
+            clock += 1
+            totals["steps"] += int(after.counted)
+            if after.done:
+                break
+    return _finish(exchange, totals, train_start, rank, metrics, next(model.parameters()).device)
+
+
+def _start(exchange: Exchange, model, flat, batches: Batches, loss_fn: losses.Loss, rank: int, options: LoopOptions,
+           metrics: Metrics | None) -> Ahead:
+    """Warm up, set the exchange up and give it its waiting work and hooks; the batches fetched ahead."""
+    warm_up(model, flat, *batches.micro(0, options.accumulate)[0], loss_fn)
+    if options.fail_step == -1:
+        os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die while starting, before joining the shards
+    exchange.setup(flat, rank)
+    ahead = Ahead(batches, options.accumulate)
+    if hasattr(exchange, "while_waiting"):  # work done while the shards answer a push, off the critical path
+        exchange.while_waiting = ahead.fetch if metrics is None else lambda: (metrics.flush(), ahead.fetch())
+    if hasattr(exchange, "watch"):
+        exchange.watch(model, flat)  # after the warm-up: its backward must not trigger --overlap's pushes
+    return ahead
+
+
+@contextlib.contextmanager
+def _released_on_failure(exchange: Exchange, metrics: Metrics | None):
+    """On any failure of the loop: release connections, threads and files without waiting for peers
+    that may be gone, then re-raise; the loop's own error is the one reported."""
     try:
-        totals, train_start = _loop(exchange, model, flat, batches, loss, rank, options, metrics)
+        yield
     except BaseException as e:
-        # Release connections, threads and files without waiting for peers that may be gone; the
-        # loop's own error is the one reported.
         try:
             exchange.close(failed=True)
         except Exception as close_error:  # noqa: BLE001 - kept as a note on the real error
@@ -140,6 +201,10 @@ def train(exchange: Exchange, model: torch.nn.Module, batches: Batches, loss: lo
             except OSError as write_error:
                 e.add_note(f"writing the last metrics line failed too: {write_error}")
         raise
+
+
+def _finish(exchange: Exchange, totals: dict, train_start: float, rank: int, metrics: Metrics | None,
+            device: torch.device) -> dict:
     if metrics is not None:
         metrics.flush()  # the last step's deferred line, before anything below may fail
     end = dict(totals, rank=rank, train_start=train_start, train_end=time.time(), process_start=process_start_time(),
@@ -148,58 +213,6 @@ def train(exchange: Exchange, model: torch.nn.Module, batches: Batches, loss: lo
     if metrics is not None:
         metrics.write(event="worker_end", **end)
     return end
-
-
-def _loop(exchange: Exchange, model, flat, batches: Batches, loss_fn: losses.Loss, rank: int, options: LoopOptions,
-          metrics: Metrics | None) -> tuple[dict, float]:
-    """Warm up, set the exchange up, and run steps until it says done; returns (totals, train_start)."""
-    jitter = random.Random(options.jitter_seed)
-    warm_up(model, flat, *batches.micro(0, options.accumulate)[0], loss_fn)
-    if options.fail_step == -1:
-        os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die while starting, before joining the shards
-    exchange.setup(flat, rank)
-    ahead = Ahead(batches, options.accumulate)
-    if hasattr(exchange, "while_waiting"):  # work done while the shards answer a push, off the critical path
-        exchange.while_waiting = ahead.fetch if metrics is None else lambda: (metrics.flush(), ahead.fetch())
-    if hasattr(exchange, "watch"):
-        exchange.watch(model, flat)  # after the warm-up: its backward must not trigger --overlap's pushes
-    totals = dict(steps=0, compute_s=0.0, pull_s=0.0, push_s=0.0, wait_s=0.0, bytes_pulled=0, bytes_pushed=0)
-    train_start = 0.0
-    clock = first = getattr(exchange, "start_clock", 0)  # > 0 when the shards were restored from checkpoints
-    if options.leave_at is not None and first >= options.leave_at:
-        return totals, time.time()  # resumed past its scheduled departure (sync: clocks are steps): nothing to do
-    while True:
-        if options.fail_step is not None and clock == options.fail_step:
-            if metrics is not None:
-                metrics.flush()  # the steps it took are on record, as they were before `defer`
-            os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die like a crashed machine
-        called = time.time()
-        before = exchange.before_compute(clock, flat)
-        if clock == first:
-            # The start barrier held this first call (PS: the shards hold the clock-0 pull until all
-            # N workers asked; all-reduce: setup ended on a barrier). Training starts when it let
-            # go: the call's start plus its hold. What follows, the first pull's transfer, is step
-            # 0's pull time; the hold itself is start-up, not wait (see the module docstring).
-            train_start = called + before.wait_s
-            before.wait_s = 0.0
-        _add(totals, before)
-        if before.done or (options.leave_at is not None and before.version >= options.leave_at):
-            break  # (a scheduled departure: the exchange's close tells the shards, which shrink the quorum)
-        loss_sum, compute_s = _compute(model, flat, ahead.take(clock), loss_fn, options, jitter)
-        ahead.next = clock + 1
-        after = exchange.after_compute(clock, flat)
-        compute_s = max(0.0, compute_s - after.overlapped_s) + after.compute_s
-        totals["compute_s"] += compute_s
-        _add(totals, after)
-        if metrics is not None:  # written while the next push is answered (`while_waiting`), or next
-            metrics.defer(event="step", rank=rank, clock=clock, loss=loss_sum, compute_s=compute_s,
-                          pull_s=before.pull_s + after.pull_s, wait_s=before.wait_s + after.wait_s,
-                          push_s=after.push_s, clock_gap=before.clock_gap)
-        clock += 1
-        totals["steps"] += int(after.counted)
-        if after.done:
-            break
-    return totals, train_start
 
 
 PARETO_SHAPE = 1.5  # a finite mean and an infinite variance: a few steps take many times the mean

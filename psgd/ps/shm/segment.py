@@ -1,10 +1,10 @@
-"""A /dev/shm segment that a worker and a shard both map (`--transport shm`, psgd/ps/shm.py).
+"""A /dev/shm segment that a worker and a shard both map (`--transport shm`, psgd/ps/shm/).
 
 `Segment.create(nbytes)` (the worker's side) makes one private to this user; `Segment.attach(name,
-max_bytes)` (the shard's, through `serve_attach`) maps the one a worker named, within bounds: a
-psgd name (`psgd-PID-HEX`, nothing else under /dev/shm), at most the largest payload any request to
-this shard can carry rounded to a page, a loopback peer that is not on TLS. A belled segment
-(psgd/ps/bell.py) has one more page at its end, its doorbell's. `spin_for` says whether a run's
+max_bytes)` (the shard's, through psgd/ps/shm/serve.py `serve_attach`) maps the one a worker named,
+within bounds: a psgd name (`psgd-PID-HEX`, nothing else under /dev/shm), at most the largest payload
+any request to this shard can carry rounded to a page. A belled segment (psgd/ps/shm/bell.py) has
+one more page at its end, its doorbell's. `spin_for` says whether a run's
 processes fit this host's cores, so that a waiting side may spin instead of sleeping.
 """
 
@@ -22,11 +22,10 @@ import torch
 
 from psgd.core import codec
 from psgd.core.errors import Code, ShardError
-from psgd.ps import auth, bell
-from psgd.ps import framing as fr
+from psgd.ps.shm import bell
 
 ROOT = "/dev/shm"
-# Spin-then-block (psgd/ps/bell.py, or framing.py `await_readable` without a doorbell): how long each
+# Spin-then-block (psgd/ps/shm/bell.py, or framing.py `await_readable` without a doorbell): how long each
 # side of a shm connection polls before it sleeps, when the run's processes fit this host's cores
 # (`spin_for`: then the spinning core is its own). The worker waits for a reply (the shard's update:
 # ~0.1 ms for the 256-wide MLP, ~4 ms for the 2048-wide one, whose `consumed` comes midway), the shard
@@ -41,7 +40,7 @@ PAGE = mmap.PAGESIZE
 class Segment:
     """One mapped file of /dev/shm: `u8`, its bytes as a numpy array, and `t`, the same as a tensor.
     `size`: the bytes a payload may take. A belled segment's last page is its doorbell's
-    (psgd/ps/bell.py: `page`, and `bell` once a connection rings it), after those bytes."""
+    (psgd/ps/shm/bell.py: `page`, and `bell` once a connection rings it), after those bytes."""
 
     def __init__(self, name: str, fd: int, size: int, belled: bool = False) -> None:
         self.name, self.size = name, size - (bell.PAGE_BYTES if belled else 0)
@@ -107,8 +106,8 @@ class Segment:
 
     def put_tensor(self, values: torch.Tensor, dtype: str, at: int = 0) -> int:
         """Write fp32 `values` at byte `at` in wire dtype `dtype` (narrowed as codec.encode does);
-        returns bytes. Values that are that region already (a worker's buffers homed here,
-        psgd/ps/shm.py `home`) are not copied. A segment too small for them (a worker that sized it
+        returns bytes. Values that are that region already (a worker's buffers lent here,
+        psgd/ps/shm/transport.py `lend`) are not copied. A segment too small for them (a worker that sized it
         wrong) is the request's error."""
         n = values.numel() * codec.itemsize(dtype)
         if at + n > self.size:
@@ -130,7 +129,7 @@ class Segment:
         return bytearray(self.u8[:nbytes].tobytes())
 
     def ring(self, sock: socket.socket, worker: bool, spin_s: float) -> None:
-        """From now on this connection's frames go through the doorbell (psgd/ps/bell.py)."""
+        """From now on this connection's frames go through the doorbell (psgd/ps/shm/bell.py)."""
         self.bell = bell.Bell(self.page, sock, worker, spin_s)
 
     def close(self) -> None:
@@ -145,73 +144,3 @@ def spin_for(processes: int, seconds: float) -> float:
     this process may use, else 0: never spin where a spinning process would take a core from one
     that computes."""
     return seconds if processes <= len(os.sched_getaffinity(0)) else 0.0
-
-
-def loopback(sock: socket.socket) -> bool:
-    """Whether the connection's peer is on this host's loopback (where /dev/shm is shared)."""
-    try:
-        host = sock.getpeername()[0]
-    except OSError:
-        return False
-    return auth.is_loopback(host.removeprefix("::ffff:"))  # an IPv4 peer of a dual-stack socket
-
-
-def serve_attach(sock: socket.socket, header: bytes, tls: bool, max_bytes: int, belled: bool = False) -> Segment:
-    """A shard's side of ATTACH (BELL: `belled`): the segment the header names, mapped;
-    ValueError("STATUS: why") if not."""
-    why = refused(sock, tls)
-    if why is None and belled and not bell.available():
-        why = "FAILED_PRECONDITION: no shared-memory doorbell on this CPU: use ATTACH"
-    if why is not None:
-        raise ValueError(why)
-    name, _, at = header.decode(errors="replace").partition("@")
-    try:
-        seg = Segment.attach(name, max_bytes, belled)
-    except ValueError as e:
-        raise ValueError(f"FAILED_PRECONDITION: {e}") from None
-    if at and not (belled and at.isdigit() and int(at) % 64 == 0 and int(at) < seg.size):
-        seg.close()
-        raise ValueError(f"INVALID_ARGUMENT: a reply offset {at!r} in a {seg.size}-byte segment")
-    seg.reply_at = int(at or 0)
-    return seg
-
-
-def refused(sock: socket.socket, tls: bool) -> str | None:
-    """Why a shard will not map a segment for this connection, or None."""
-    if tls:
-        return "FAILED_PRECONDITION: shared memory would bypass TLS: use --transport tcp"
-    if not loopback(sock):
-        return "FAILED_PRECONDITION: --transport shm needs the worker on the shard's host (a loopback peer)"
-    return None
-
-
-class SegmentFrames:
-    """How a shard's data-plane connection (psgd/ps/tcp_server.py `_Connection`, which mixes this in)
-    sends frames and maps segments: into a belled segment's doorbell, else on its socket."""
-
-    request: socket.socket
-    segment: Segment | None
-    server: object  # the DataServer: its spin_s, tls and shard
-
-    def _send_frame(self, op: int, header: bytes, payload=None, on_chunk=None, length: int | None = None) -> None:
-        """One frame to the worker: into a belled segment's doorbell (payload in the segment), else on the socket."""
-        if self.segment is not None and self.segment.bell is not None:
-            return self.segment.bell.send(op, header, length or 0)
-        fr.send_frame(self.request, op, header, payload, on_chunk, length)
-
-    def _attach(self, header: bytes, payload_len: int, belled: bool) -> None:
-        """--transport shm: map the segment the worker named (psgd/ps/shm.py), or say why not; answered
-        the way the request came (an old segment's doorbell, or the socket), then the new one is used."""
-        if payload_len:
-            raise fr.FrameError("an ATTACH frame carries no payload")
-        try:
-            mapped = serve_attach(self.request, header, self.server.tls is not None,
-                                  self.server.shard.max_payload, belled)
-        except ValueError as e:
-            return self._send_frame(fr.ERROR, str(e).encode())  # a refusal: the connection stays
-        self._send_frame(fr.WELCOME, b"")
-        if self.segment is not None:
-            self.segment.close()
-        self.segment = mapped
-        if belled:
-            mapped.ring(self.request, worker=False, spin_s=self.server.spin_s)

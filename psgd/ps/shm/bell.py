@@ -1,11 +1,11 @@
 """`--transport shm`'s doorbell: a connection's frames in the segment's last page, not on its socket.
 
-Why: with payloads in shared memory (psgd/ps/shm.py) a small model's round trip is still two
+Why: with payloads in shared memory (psgd/ps/shm/) a small model's round trip is still two
 loopback TCP messages, and each costs its sender a pass through the kernel's TCP stack (~26 us in
 `sendmsg` on this project's 2-core VMs) and its receiver a poll loop of syscalls: together ~100 us
 of a 0.9 ms step of the 256-wide MLP (tools/roundtrip_phases.py). Here a frame's prefix and header
 go in a mailbox in memory both processes map, and a counter says a new one is there: when the
-reader is awake (spinning, psgd/ps/shm.py `spin_for`) no syscall is made at all. The socket stays,
+reader is awake (spinning, psgd/ps/shm/ `spin_for`) no syscall is made at all. The socket stays,
 for what only a socket does: waking a reader that went to sleep, and telling it the peer is gone
 (EOF). `psgd bench roundtrip`'s floor-spin arm is this design's bound.
 
@@ -106,37 +106,33 @@ class Bell:
     def recv_head(self, timeout: float | None = None, on_consumed=None) -> tuple[int, bytes, int] | None:
         """(op, header, payload length) of the next frame; None when the peer closed the socket.
         TimeoutError after `timeout` s without one (None: wait as long as it takes). `on_consumed()`
-        is called once if the peer says `consumed` of this end's last frame while it is awaited."""
+        is called once if the peer says `consumed` of this end's last frame while it is awaited.
+        Spins up to `spin_s`, then sleeps on the socket (one function: the stack a waiting worker shows)."""
         box = self._in
-        if box[SEQ] == self._seen:
-            end = time.perf_counter() + self.spin_s
-            while box[SEQ] == self._seen and time.perf_counter() < end:
-                if on_consumed is not None and box[DONE] == self._sent:
-                    on_consumed()
-                    on_consumed = None
-            if box[SEQ] == self._seen and not self._sleep(timeout, on_consumed):
-                return None
-        self._seen += 1
-        n = min(max(int(box[HLEN]), 0), MAX_HEADER)  # the peer's word: never past the mailbox
-        return int(box[OP]), self._in_hdr[:n].tobytes(), int(box[PLEN])
-
-    def _sleep(self, timeout: float | None, on_consumed=None) -> bool:
-        """Wait on the socket until `seq` moves: True, or False at EOF; TimeoutError after `timeout`."""
-        box = self._in
+        spin_end = time.perf_counter() + self.spin_s
         deadline = None if timeout is None else time.monotonic() + timeout
-        box[ASLEEP] = 1
-        self._fence()
+        asleep = False
         try:
             while box[SEQ] == self._seen:
                 if on_consumed is not None and box[DONE] == self._sent:
                     on_consumed()
                     on_consumed = None
                     continue
+                if not asleep:
+                    if time.perf_counter() < spin_end:
+                        continue
+                    asleep = True  # say so, then look at `seq` once more before the first sleep
+                    box[ASLEEP] = 1
+                    self._fence()
+                    continue
                 wait = SLEEP_CHECK_S if deadline is None else min(SLEEP_CHECK_S, deadline - time.monotonic())
                 if wait <= 0:
                     raise TimeoutError("no frame within the deadline")
-                if self._poller.poll(wait * 1000) and not self.sock.recv(64):
-                    return box[SEQ] != self._seen  # EOF: a frame written before the close is still read
-            return True
+                if self._poller.poll(wait * 1000) and not self.sock.recv(64) and box[SEQ] == self._seen:
+                    return None  # EOF (a frame written before the close is still read)
         finally:
-            box[ASLEEP] = 0
+            if asleep:
+                box[ASLEEP] = 0
+        self._seen += 1
+        n = min(max(int(box[HLEN]), 0), MAX_HEADER)  # the peer's word: never past the mailbox
+        return int(box[OP]), self._in_hdr[:n].tobytes(), int(box[PLEN])
