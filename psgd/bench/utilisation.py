@@ -55,12 +55,12 @@ FIELDS = ["rate", "method", "local_steps", "workers", "status", "steps", "step_s
 
 
 def plans(a: argparse.Namespace, name: str, runs: Path) -> list[tuple[str, int, RunConfig]]:
-    """(method, H, config) of every run on cluster `name`: the wide MLP, tcp, one shard, every rank
-    sleeping --compute-ms per step; sync PS and gloo's all-reduce at H = 1 for --steps, local SGD and
-    DiLoCo at each H of --local-steps for H x --rounds steps."""
+    """(method, H, config) of every run on cluster `name`: the wide MLP, tcp (the default across
+    hosts), one shard, every rank sleeping --compute-ms per step; sync PS and gloo's all-reduce at
+    H = 1 for --steps, local SGD and DiLoCo at each H of --local-steps for H x --rounds steps."""
     n = a.workers
     ps = RunConfig(mode="sync", workers=n, servers=1, steps=a.steps, batch_size=a.batch_size, eval_every=0,
-                   device="cpu", rpc_timeout=600.0, transport="tcp", hosts=n + 1, cluster=name,
+                   device="cpu", rpc_timeout=600.0, hosts=n + 1, cluster=name,
                    straggler=tuple((r, a.compute_ms) for r in range(n)),
                    data=DataConfig(dataset="synthetic", num_samples=4000),
                    model=ModelConfig(model="wide_mlp", width=a.width), out=str(runs / "ps"))
