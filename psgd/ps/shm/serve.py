@@ -21,6 +21,7 @@ import torch
 from psgd.ps import auth
 from psgd.ps import framing as fr
 from psgd.ps.shm import bell
+from psgd.ps.shm.bell import spin_now
 from psgd.ps.shm.segment import PUSH_SPIN_S, Segment, spin_for
 
 ATTACH, BELL = 5, 6  # the ops of framing.py's upgrade range this transport takes
@@ -38,7 +39,7 @@ class SegmentFrames(fr.Frames):
         if self.segment.bell is not None:
             return self.segment.bell.recv_head()
         self.sock.settimeout(first_timeout)
-        fr.await_readable(self.sock, self.spin_s)
+        fr.await_readable(self.sock, spin_now(self.spin_s))
         return fr.recv_head(self.sock, lambda: self.sock.settimeout(self.rpc_timeout))
 
     def send(self, op, header, payload=None, on_chunk=None, length: int = 0) -> None:

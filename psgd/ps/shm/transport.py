@@ -27,6 +27,7 @@ from psgd.core import codec
 from psgd.ps import auth, wire
 from psgd.ps import framing as fr
 from psgd.ps.shm import bell
+from psgd.ps.shm.bell import spin_now
 from psgd.ps.shm.segment import REPLY_SPIN_S, ROOT, Segment, spin_for
 from psgd.ps.shm.serve import ATTACH, BELL, UPGRADES
 from psgd.ps.tcp_transport import TcpTransport
@@ -67,7 +68,7 @@ class ShmTransport(TcpTransport):
         seg = self._segments.get(sock)
         if seg is not None and seg.bell is not None:
             return seg.bell.recv_head(self.timeout, self._on_consumed)
-        fr.await_readable(sock, self._spin_s)
+        fr.await_readable(sock, spin_now(self._spin_s))
         return fr.recv_head(sock)
 
     def _send(self, sock, op: int, header: bytes, payload=None, on_chunk=None, reply_bytes: int = 0) -> None:
