@@ -58,7 +58,8 @@ TRAIN_FRACTION = 0.8  # split of generated datasets (mnist1d's own default)
 # (input features, classes) of each dataset, known without loading it: a shard server sizes the
 # model from them (`psgd server` checks every Init header against that size).
 SHAPES = {"synthetic": (32, 10), "mnist1d": (40, 10), "mnist": (784, 10),
-          "text": (64, 103)}  # text: tokens per window, vocabulary
+          "text": (64, 103),  # text: tokens per window, vocabulary
+          "clicks": (8, 2), "clicks-medium": (13, 2), "clicks-large": (26, 2)}  # fields, click or not
 
 
 @dataclass(frozen=True)
@@ -90,6 +91,8 @@ def load(cfg: DataConfig) -> Dataset:
 
         (xt, yt), (xv, yv), (xs, ys), vocab = text.load()
         return Dataset(xt, yt, xs, ys, vocab, x_val=xv, y_val=yv)  # validation by position, always (text.py)
+    elif cfg.dataset.startswith("clicks"):
+        ds = _clicks(cfg)
     else:
         raise ValueError(f"unknown dataset {cfg.dataset!r}")
     return split_validation(ds, cfg.val_fraction, cfg.data_seed)
@@ -98,7 +101,7 @@ def load(cfg: DataConfig) -> Dataset:
 def train_size(cfg: DataConfig) -> int:
     """Training-set size after the validation split, without loading the data when it can be
     derived (for --epochs)."""
-    if not is_spec(cfg.dataset) and cfg.dataset in ("synthetic", "mnist1d"):
+    if not is_spec(cfg.dataset) and (cfg.dataset in ("synthetic", "mnist1d") or cfg.dataset.startswith("clicks")):
         n = int(cfg.num_samples * TRAIN_FRACTION)
         return n - validation_count(n, cfg.val_fraction)
     return int(load(cfg).x_train.shape[0])
@@ -214,6 +217,16 @@ def _mnist1d(cfg: DataConfig) -> Dataset:
         return Dataset(torch.from_numpy(d["x"].astype(np.float32)), torch.from_numpy(d["y"].astype(np.int64)),
                        torch.from_numpy(d["x_test"].astype(np.float32)),
                        torch.from_numpy(d["y_test"].astype(np.int64)), 10)
+
+
+def _clicks(cfg: DataConfig) -> Dataset:
+    """Seeded click logs (psgd/train/clicks.py): int64 ids per field, click labels; 80% train."""
+    from psgd.train import clicks  # noqa: PLC0415
+
+    logs = clicks.generate(clicks.PROFILES[cfg.dataset], cfg.num_samples, cfg.data_seed)
+    x, y = torch.from_numpy(logs.x), torch.from_numpy(logs.y)
+    cut = int(cfg.num_samples * TRAIN_FRACTION)
+    return Dataset(x[:cut], y[:cut], x[cut:], y[cut:], 2)
 
 
 def _read_idx(path: Path) -> np.ndarray:
