@@ -34,18 +34,25 @@ class RowClock:
         self._seen[worker] = (ids, self.updates[ids].clone())
 
     def applied(self, worker: int, ids: torch.Tensor) -> torch.Tensor:
-        ids = self._checked(ids)
-        if worker not in self._seen:
-            raise ValueError(f"worker {worker} pushes rows it never pulled")
-        seen_ids, seen_counts = self._seen[worker]
-        at = torch.searchsorted(seen_ids, ids).clamp_(max=max(0, len(seen_ids) - 1))
-        if len(ids) and (len(seen_ids) == 0 or not torch.equal(seen_ids[at], ids)):
-            missing = ids[seen_ids[at] != ids] if len(seen_ids) else ids
-            raise ValueError(f"worker {worker} pushes row {int(missing[0])}, which its last pull did not read")
-        staleness = self.updates[ids] - seen_counts[at]
+        at = self.check(worker, ids)
+        staleness = self.updates[ids] - self._seen[worker][1][at]
         self.updates[ids] += 1
         self.histogram.update(staleness.tolist())
         return staleness
+
+    def check(self, worker: int, ids: torch.Tensor, names: torch.Tensor | None = None) -> torch.Tensor:
+        """ValueError unless `applied(worker, ids)` would be accepted; else where ids sit in the pull.
+        `names`: what to call each of `ids` in the message (a shard's global ids for its block rows)."""
+        ids = self._checked(ids)
+        if worker not in self._seen:
+            raise ValueError(f"worker {worker} pushes rows it never pulled")
+        seen_ids = self._seen[worker][0]
+        at = torch.searchsorted(seen_ids, ids).clamp_(max=max(0, len(seen_ids) - 1))
+        if len(ids) and (len(seen_ids) == 0 or not torch.equal(seen_ids[at], ids)):
+            names = ids if names is None else names
+            missing = names[seen_ids[at] != ids] if len(seen_ids) else names
+            raise ValueError(f"worker {worker} pushes row {int(missing[0])}, which its last pull did not read")
+        return at
 
     def forget(self, worker: int) -> None:
         """Drop a departed worker's note."""
