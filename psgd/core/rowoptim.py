@@ -7,9 +7,10 @@ was: the "lazy" update of sparse embeddings (torch's `nn.Embedding(sparse=True)`
 
 Contract: `RowSGD(table, lr)` and `RowAdagrad(table, lr, eps, initial_accumulator_value,
 lr_decay)` over one table tensor (rows, dim); `step(rows, grads)` with `rows` distinct int64 ids
-and `grads` (len(rows), dim). Each does torch's own arithmetic, operation for operation, of the
-same optimizer given the same rows as a coalesced sparse gradient (torch/optim/sgd.py and
-adagrad.py, their single-tensor sparse paths):
+and `grads` (len(rows), dim) (`trusted=True`: the caller checked them, as psgd/core/rowstore.py
+does). Each does torch's own arithmetic, operation for operation, of the same optimizer given
+the same rows as a coalesced sparse gradient (torch/optim/sgd.py and adagrad.py, their
+single-tensor sparse paths):
 - SGD:     w[r] += (-lr) * g
 - Adagrad: s[r] += g^2; std = sqrt(s[r]) + eps; w[r] += (-clr) * (g / std),
            clr = lr / (1 + (t - 1) x lr_decay), t the steps taken (this one included)
@@ -34,7 +35,7 @@ class RowOptimizer(Protocol):
     table: torch.Tensor
     steps: int
 
-    def step(self, rows: torch.Tensor, grads: torch.Tensor) -> None: ...
+    def step(self, rows: torch.Tensor, grads: torch.Tensor, trusted: bool = False) -> None: ...
     def state_dict(self) -> dict: ...
     def load_state_dict(self, state: dict) -> None: ...
 
@@ -63,8 +64,9 @@ class RowSGD:
         self.table, self.lr, self.steps = table, lr, 0
 
     @torch.no_grad()
-    def step(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
-        check_rows(self.table, rows, grads)
+    def step(self, rows: torch.Tensor, grads: torch.Tensor, trusted: bool = False) -> None:
+        if not trusted:
+            check_rows(self.table, rows, grads)
         self.table.index_add_(0, rows, grads, alpha=-self.lr)
         self.steps += 1
 
@@ -88,8 +90,9 @@ class RowAdagrad:
         self.steps = 0
 
     @torch.no_grad()
-    def step(self, rows: torch.Tensor, grads: torch.Tensor) -> None:
-        check_rows(self.table, rows, grads)
+    def step(self, rows: torch.Tensor, grads: torch.Tensor, trusted: bool = False) -> None:
+        if not trusted:
+            check_rows(self.table, rows, grads)
         self.steps += 1
         clr = self.lr / (1 + (self.steps - 1) * self.lr_decay)
         self.sum.index_add_(0, rows, grads.pow(2))

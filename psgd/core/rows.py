@@ -45,6 +45,7 @@ class RowPartition:
     rows: int                 # the table's rows
     shards: int               # K
     scheme: str = "hash"      # one of SCHEMES
+    _owner: torch.Tensor = field(init=False, repr=False, compare=False)  # shard of every id: one gather per call
     _local: torch.Tensor = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -55,7 +56,8 @@ class RowPartition:
         if not 0 <= self.rows < MAX_ROWS:
             raise ValueError(f"a table's rows must be in [0, 2^31), got {self.rows}")
         ids = torch.arange(self.rows, dtype=torch.int64)
-        owners = self.owner(ids)
+        owners = self._owners(ids)
+        object.__setattr__(self, "_owner", owners)
         # Block row of each id: its rank among the ids of its shard, in id order.
         counts = torch.bincount(owners, minlength=self.shards)
         starts = torch.cumsum(counts, 0) - counts
@@ -66,7 +68,10 @@ class RowPartition:
 
     def owner(self, ids: torch.Tensor) -> torch.Tensor:
         """The shard of each id (int64, ids' shape)."""
-        ids = self._checked(ids)
+        return self._owner[self._checked(ids)]
+
+    def _owners(self, ids: torch.Tensor) -> torch.Tensor:
+        """The scheme itself (see the module docstring), computed once per id at construction."""
         if self.scheme == "range":
             stops = torch.tensor([hi for _, hi in shard_ranges(self.rows, self.shards)], dtype=torch.int64)
             return torch.searchsorted(stops, ids, right=True)
@@ -77,21 +82,27 @@ class RowPartition:
         """Each id's row in its shard's block."""
         return self._local[self._checked(ids)]
 
+    def locate(self, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(owner, local) of each id, the ids checked once."""
+        ids = self._checked(ids)
+        return self._owner[ids], self._local[ids]
+
     def owned(self, shard: int) -> torch.Tensor:
         """The ids shard `shard` holds, in block order (id order)."""
-        ids = torch.arange(self.rows, dtype=torch.int64)
-        return ids[self.owner(ids) == shard]
+        return torch.nonzero(self._owner == shard, as_tuple=True)[0]
 
     def share(self) -> list[int]:
         """Rows each shard holds."""
-        return torch.bincount(self.owner(torch.arange(self.rows)), minlength=self.shards).tolist()
+        return torch.bincount(self._owner, minlength=self.shards).tolist()
 
     def _checked(self, ids: torch.Tensor) -> torch.Tensor:
         if ids.dtype != torch.int64:
             raise ValueError(f"row ids must be int64, got {ids.dtype}")
-        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.rows):
-            bad = ids[(ids < 0) | (ids >= self.rows)][0]
-            raise ValueError(f"row id {int(bad)} out of range for a table of {self.rows} rows")
+        if ids.numel():
+            lo, hi = torch.aminmax(ids)
+            if int(lo) < 0 or int(hi) >= self.rows:
+                bad = ids[(ids < 0) | (ids >= self.rows)][0]
+                raise ValueError(f"row id {int(bad)} out of range for a table of {self.rows} rows")
         return ids
 
 
@@ -114,11 +125,11 @@ def sum_rows(ids: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torc
 
 def by_shard(partition: RowPartition, ids: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """For each shard k: (positions in `ids` of the ids k owns, in order; their rows in k's block)."""
-    owners = partition.owner(ids)
+    owners, local = partition.locate(ids)
     out = []
     for k in range(partition.shards):
         pos = torch.nonzero(owners == k, as_tuple=True)[0]
-        out.append((pos, partition.local(ids[pos])))
+        out.append((pos, local[pos]))
     return out
 
 
