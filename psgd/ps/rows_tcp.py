@@ -8,7 +8,7 @@ moves only the rows named. Frames, little-endian, both directions:
 
     HELLO   payload: the token                    -> WELCOME (the first frame when the server has one)
     PULL    count int64 ids                       -> ROWS: count x dim fp32 rows
-    PUSH    count int64 ids, count x dim fp32     -> PUSHED: count int64 per-row staleness
+    PUSH    count int64 ids, count x dim fp32     -> PUSHED (empty: the shard keeps the staleness, STATS)
     STATS   (table: any)                          -> STATS: JSON, per table: share, bytes, staleness histogram
     any request                                   -> ERROR "STATUS: message" (UTF-8)
 
@@ -17,8 +17,7 @@ what `count` says (INVALID_ARGUMENT, the payload drained, the connection kept); 
 than any request to this shard can carry (the connection closed: draining 2^63 announced bytes would
 hold its thread for ever); then the store's own (psgd/core/rowstore.py: out of range, another
 shard's row, duplicates, a row not pulled: INVALID_ARGUMENT). A refused request changes nothing.
-Bytes on the wire per request: 29 of prefix, 8 per id, 4 x dim per row (and 8 per row of
-staleness back on a push).
+Bytes on the wire per request: a prefix of 25 each way, 8 per id, 4 x dim per row.
 
 `serve(stores, host, port, token)` -> a `RowServer` (`.port`, `.close()`); `RowClient(address,
 token)` -> `pull`, `push`, `stats`, `close`, one connection, for one thread. `RemoteStore(client,
@@ -133,8 +132,8 @@ class _Handler(socketserver.BaseRequestHandler):
                 _send(sock, ROWS, table, worker, count, memoryview(got.numpy()).cast("B"))
             else:
                 grads = torch.from_numpy(np.frombuffer(payload, dtype="<f4", offset=count * ID_BYTES).copy())
-                stale = stores[table].push(worker, ids, grads.view(count, dim), count)
-                _send(sock, PUSHED, table, worker, count, memoryview(stale.numpy()).cast("B"))
+                stores[table].push(worker, ids, grads.view(count, dim), count)
+                _send(sock, PUSHED, table, worker, count)
         except RowError as e:
             _send(sock, ERROR, 0, 0, 0, f"INVALID_ARGUMENT: {e}".encode())
 
@@ -197,11 +196,11 @@ class RowClient:
         return torch.from_numpy(np.frombuffer(payload, dtype="<f4").copy()).view(len(ids), dim)
 
     def push(self, table: int, worker: int, ids: torch.Tensor, grads: torch.Tensor, count: int | None = None
-             ) -> torch.Tensor:
+             ) -> None:
+        """Apply one summed gradient per row; the per-row staleness stays on the shard (`stats`)."""
         ids, grads = ids.to(torch.int64).contiguous(), grads.float().contiguous()
-        _, payload = self._call(PUSH, table, worker, len(ids) if count is None else count,
-                                memoryview(ids.numpy()).cast("B"), memoryview(grads.numpy()).cast("B"))
-        return torch.from_numpy(np.frombuffer(payload, dtype="<i8").copy())
+        self._call(PUSH, table, worker, len(ids) if count is None else count,
+                   memoryview(ids.numpy()).cast("B"), memoryview(grads.numpy()).cast("B"))
 
     def stats(self) -> list[dict]:
         return json.loads(self._call(STATS, 0, 0, 0)[1])
@@ -220,4 +219,6 @@ class RemoteStore:
         return self.client.pull(self.table, worker, ids, self.dim)
 
     def push(self, worker: int, ids: torch.Tensor, grads: torch.Tensor, count: int) -> torch.Tensor:
-        return self.client.push(self.table, worker, ids, grads, count)
+        """As RowStore.push, but the staleness is counted on the shard only: an empty tensor here."""
+        self.client.push(self.table, worker, ids, grads, count)
+        return torch.empty(0, dtype=torch.int64)
