@@ -14,7 +14,11 @@ the row stores and the worker's sparse side of psgd/core/rowstore.py and psgd/tr
 - speed: samples/s of one worker training through K row stores in this process against the
   plain torch loop on the same model and batches (SGD on both), alternated `--repeats` times in
   one run: the sparse mechanism's own cost (dedup, cut by owner, copies, row updates) with no
-  transport in between. Not the issue's no-server ratio, which needs the wire.
+  transport in between.
+- wire (`--wire`): the same worker with its rows on K row-server processes over loopback TCP
+  (psgd/train/rowserve.py, psgd/ps/rows_tcp.py), the dense part stepped locally (no dense shard
+  yet): samples/s against the plain torch loop, alternated in one run, and the bytes on the wire
+  (prefixes included) over the touched rows' own bytes and ids.
 Writes OUT/sparse.json and OUT/command.txt; prints one table.
 
     psgd bench sparse                                     # about half a minute on 2 cores
@@ -27,8 +31,10 @@ import argparse
 import copy
 import functools
 import json
+import os
 import shlex
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -56,6 +62,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=200, help="pushes per staleness row and per speed repeat")
     p.add_argument("--repeats", type=int, default=3, help="speed: alternations of the two loops")
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--wire", action="store_true", help="also train over K row-server processes (TCP)")
     p.add_argument("--out", default="results/bench-sparse")
     return p
 
@@ -126,14 +133,7 @@ def load_row(args, ds) -> dict:
 
 def speed_row(args, ds) -> dict:
     """samples/s of the sparse loop and the plain torch loop, alternated, medians of the repeats."""
-    def plain():
-        m = _model(args, ds)
-        opt = torch.optim.SGD(m.parameters(), lr=args.lr)
-        for step in range(args.steps):
-            x, y = _batch(ds, step, args.batch_size)
-            opt.zero_grad()
-            F.cross_entropy(m(x), y).backward()
-            opt.step()
+    plain = functools.partial(_plain_loop, args, ds)
 
     def sparse():
         m = _model(args, ds)
@@ -158,6 +158,72 @@ def speed_row(args, ds) -> dict:
             "sparse_over_plain": rate["sparse"] / rate["plain"], "repeats": args.repeats}
 
 
+def _plain_loop(args, ds) -> None:
+    m = _model(args, ds)
+    opt = torch.optim.SGD(m.parameters(), lr=args.lr)
+    for step in range(args.steps):
+        x, y = _batch(ds, step, args.batch_size)
+        opt.zero_grad()
+        F.cross_entropy(m(x), y).backward()
+        opt.step()
+
+
+def _start_row_servers(args) -> tuple[list[subprocess.Popen], list[str]]:
+    procs, addresses = [], []
+    for k in range(args.shards):
+        p = subprocess.Popen([sys.executable, "-m", "psgd.train.rowserve", "--dataset", args.dataset, "--width",
+                              str(args.width), "--shard", str(k), "--shards", str(args.shards), "--lr", str(args.lr)],
+                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                             env=dict(os.environ, OMP_NUM_THREADS="1"))
+        procs.append(p)
+        line = p.stdout.readline().split()
+        if len(line) != 2 or line[0] != "port":
+            raise RuntimeError(f"row server {k} did not start (said {line!r})")
+        addresses.append(f"127.0.0.1:{line[1]}")
+    return procs, addresses
+
+
+def wire_row(args, ds) -> dict:
+    """One worker over K row-server processes against the plain loop; bytes on the wire."""
+    from psgd.ps.rows_tcp import RemoteStore, RowClient  # noqa: PLC0415
+
+    procs, addresses = _start_row_servers(args)
+    try:
+        clients = [RowClient(a) for a in addresses]
+        model = _model(args, ds)
+        stores = [[RemoteStore(c, t, rows.RowPartition(m.num_embeddings, args.shards, "hash"), args.width)
+                   for c in clients] for t, (_, m) in enumerate(dlrm.embedding_tables(model))]
+        worker = rowtrain.SparseRows(model, stores, rank=0)
+        opt = torch.optim.SGD(rowtrain.dense_parameters(model), lr=args.lr)
+
+        def wire() -> None:
+            for step in range(args.steps):
+                x, y = _batch(ds, step, args.batch_size)
+                opt.zero_grad()
+                F.cross_entropy(model(x), y).backward()
+                worker.push()
+                opt.step()
+
+        times: dict[str, list[float]] = {"plain": [], "wire": []}
+        for _ in range(args.repeats):
+            for name, fn in (("plain", functools.partial(_plain_loop, args, ds)), ("wire", wire)):
+                t = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - t)
+        on_wire = sum(c.bytes_sent + c.bytes_received for c in clients)
+        for c in clients:
+            c.close()
+    finally:
+        for p in procs:
+            p.stdin.close()
+            p.wait(timeout=60)
+    rate = {k: args.steps * args.batch_size / statistics.median(v) for k, v in times.items()}
+    return {"plain_samples_per_s": rate["plain"], "wire_samples_per_s": rate["wire"],
+            "wire_over_plain": rate["wire"] / rate["plain"],
+            "wire_bytes_per_step": on_wire / (args.steps * args.repeats),
+            "wire_over_touched_rows": on_wire / (worker.bytes_pulled + worker.bytes_pushed)}
+
+
 def main(argv: list[str]) -> int:
     args = parser().parse_args(argv)
     if args.shards < 1 or args.steps < 1 or args.batch_size < 1 or args.repeats < 1:
@@ -168,6 +234,8 @@ def main(argv: list[str]) -> int:
     result = {"dataset": args.dataset, "width": args.width, "batch_size": args.batch_size, "shards": args.shards,
               "steps": args.steps, "bytes": bytes_row(args, ds), "load": load_row(args, ds),
               "staleness": [staleness_row(args, ds, n) for n in workers], "speed": speed_row(args, ds)}
+    if args.wire:
+        result["wire"] = wire_row(args, ds)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "sparse.json").write_text(json.dumps(result, indent=1) + "\n")
@@ -193,3 +261,9 @@ def _print(r: dict) -> None:
     v = r["speed"]
     print(f"  speed (one process, no wire): sparse {v['sparse_samples_per_s']:,.0f} samples/s, plain torch "
           f"{v['plain_samples_per_s']:,.0f}, ratio {v['sparse_over_plain']:.2f}")
+    if "wire" in r:
+        w = r["wire"]
+        print(f"  wire ({r['shards']} row-server processes, TCP; dense part local): {w['wire_samples_per_s']:,.0f} "
+              f"samples/s, plain torch {w['plain_samples_per_s']:,.0f}, ratio {w['wire_over_plain']:.2f}; "
+              f"{w['wire_bytes_per_step']:,.0f} bytes per step on the wire, {w['wire_over_touched_rows']:.3f} x "
+              f"the touched rows and ids")
