@@ -4,8 +4,10 @@ touched rows, and under async reports per-row staleness far below the global one
 import copy
 import functools
 
+import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from psgd.core import rows
 from psgd.core.config import DataConfig, ModelConfig
@@ -13,6 +15,7 @@ from psgd.core.rowoptim import RowSGD
 from psgd.train import data, dlrm, models, rowtrain
 
 LR = 0.1
+SGD = functools.partial(RowSGD, lr=LR)
 
 
 def _setup(width=4):
@@ -21,14 +24,15 @@ def _setup(width=4):
     return ds, model
 
 
-def test_training_through_row_stores_equals_a_plain_torch_loop():
+@pytest.mark.parametrize("prefetch", [False, True])
+def test_training_through_row_stores_equals_a_plain_torch_loop(prefetch):
     """One worker, 3 shards by hash, SGD on both parts, against torch.optim.SGD on the whole model
     (dense embedding gradients). Tolerance 1e-6: torch's dense embedding backward and the worker's
     per-row sum may add a row's lookups in different orders."""
     ds, model = _setup()
     ref = copy.deepcopy(model)
-    stores = rowtrain.make_stores(model, 3, "hash", functools.partial(RowSGD, lr=LR))
-    sparse = rowtrain.SparseRows(model, stores, rank=0)
+    shards, partitions = rowtrain.make_local(model, 3, "hash", SGD)
+    sparse = rowtrain.SparseRows(model, shards, partitions, rank=0)
     dense = torch.optim.SGD(rowtrain.dense_parameters(model), lr=LR)
     ref_opt = torch.optim.SGD(ref.parameters(), lr=LR)
     with torch.no_grad():  # the worker's copy starts stale: only pulled rows may be read
@@ -36,32 +40,52 @@ def test_training_through_row_stores_equals_a_plain_torch_loop():
             m.weight.fill_(float("nan"))
     for step in range(30):
         x, y = ds.x_train[step * 32:(step + 1) * 32], ds.y_train[step * 32:(step + 1) * 32]
+        if prefetch:
+            sparse.prefetch({f: x[:, f] for f in range(x.shape[1])})
         for m, opt in ((model, dense), (ref, ref_opt)):
             opt.zero_grad()
             F.cross_entropy(m(x), y).backward()
-        stale = sparse.push()
+        sparse.push()
         dense.step()
         ref_opt.step()
-        assert all((s == 0).all() for s in stale)  # one worker: nobody moves a row in between
+    assert set(rowtrain.staleness_histogram(shards)) == {0}  # one worker: nobody moves a row in between
     for t, (_, m) in enumerate(dlrm.embedding_tables(ref)):
-        assert torch.allclose(rowtrain.assemble(stores[t]), m.weight.detach(), rtol=1e-6, atol=1e-6)
+        assert torch.allclose(rowtrain.assemble(shards, t), m.weight.detach(), rtol=1e-6, atol=1e-6)
     for a, b in zip(rowtrain.dense_parameters(model), rowtrain.dense_parameters(ref), strict=True):
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-6)
 
 
 def test_a_step_moves_the_touched_rows_and_their_ids_and_nothing_more():
     ds, model = _setup(width=16)
-    stores = rowtrain.make_stores(model, 2, "range", functools.partial(RowSGD, lr=LR))
-    sparse = rowtrain.SparseRows(model, stores, rank=0)
+    shards, partitions = rowtrain.make_local(model, 2, "range", SGD)
+    sparse = rowtrain.SparseRows(model, shards, partitions, rank=0)
     x, y = ds.x_train[:32], ds.y_train[:32]
     F.cross_entropy(model(x), y).backward()
     sparse.push()
     touched = sum(len(torch.unique(x[:, f])) for f in range(x.shape[1]))
     assert sparse.rows_pulled == touched
     assert sparse.bytes_pulled == sparse.bytes_pushed == rows.wire_bytes(touched, 16)
-    assert sum(s.bytes_out for table in stores for s in table) == sparse.bytes_pulled
+    assert sum(st.bytes_out for s in shards for st in s.stores) == sparse.bytes_pulled
     table_bytes = 4 * sum(m.weight.numel() for _, m in dlrm.embedding_tables(model))
     assert sparse.bytes_pulled < table_bytes / 4  # what the dense path moves for the tables, each way
+
+
+def test_a_lookup_of_rows_not_pulled_is_refused():
+    class Twice(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.e = nn.Embedding(10, 2)
+
+        def forward(self, x):
+            return self.e(x[:, 0]) + self.e(x[:, 1])
+
+    model = Twice()
+    shards, partitions = rowtrain.make_local(model, 2, "hash", SGD)
+    sparse = rowtrain.SparseRows(model, shards, partitions, rank=0)
+    with pytest.raises(RuntimeError, match="reads rows this step did not pull"):
+        model(torch.tensor([[1, 2]]))
+    sparse.pulled.clear()
+    model(torch.tensor([[3, 3]]))  # the second lookup reads rows the first pulled: fine
 
 
 def test_async_workers_see_per_row_staleness_well_below_the_global_one():
@@ -69,15 +93,15 @@ def test_async_workers_see_per_row_staleness_well_below_the_global_one():
     and pushes after the N - 1 others pushed. Global staleness N - 1; per row much less."""
     ds, model = _setup()
     n = 4
-    stores = rowtrain.make_stores(model, 2, "hash", functools.partial(RowSGD, lr=LR))
+    shards, partitions = rowtrain.make_local(model, 2, "hash", SGD)
     replicas = [copy.deepcopy(model) for _ in range(n)]
-    workers = [rowtrain.SparseRows(r, stores, rank=w) for w, r in enumerate(replicas)]
-    stale = []
+    workers = [rowtrain.SparseRows(r, shards, partitions, rank=w) for w, r in enumerate(replicas)]
     for step in range(40):
         w = step % n
         x, y = ds.x_train[step * 16:(step + 1) * 16], ds.y_train[step * 16:(step + 1) * 16]
         if step >= n:  # its previous pull's gradient, held while the others pushed
-            stale += [int(v) for s in workers[w].push() for v in s]
+            workers[w].push()
         F.cross_entropy(replicas[w](x), y).backward()
-    mean = sum(stale) / len(stale)
-    assert max(stale) <= n - 1 and mean < 0.5 * (n - 1)
+    hist = rowtrain.staleness_histogram(shards)
+    mean = sum(s * c for s, c in hist.items()) / sum(hist.values())
+    assert max(hist) <= n - 1 and mean < 0.5 * (n - 1)

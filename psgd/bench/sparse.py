@@ -77,15 +77,28 @@ def _batch(ds, step: int, size: int):
     return ds.x_train[i * size:(i + 1) * size], ds.y_train[i * size:(i + 1) * size]
 
 
+def _local(args, model) -> tuple[list, list]:
+    return rowtrain.make_local(model, args.shards, "hash", functools.partial(RowSGD, lr=args.lr))
+
+
+def _sparse_step(model, worker, x, y, dense=None) -> None:
+    """One step of the sparse path: every table's rows asked of each shard at once (DLRM's table f
+    reads column f), forward, backward, the rows pushed, the dense part stepped where given."""
+    worker.prefetch({f: x[:, f] for f in range(x.shape[1])})
+    if dense is not None:
+        dense.zero_grad()
+    F.cross_entropy(model(x), y).backward()
+    worker.push()
+    if dense is not None:
+        dense.step()
+
+
 def bytes_row(args, ds) -> dict:
     """One worker's sparse pull and push against the dense path's, averaged over `--steps` steps."""
     model = _model(args, ds)
-    stores = rowtrain.make_stores(model, args.shards, "hash", functools.partial(RowSGD, lr=args.lr))
-    sparse = rowtrain.SparseRows(model, stores, rank=0)
+    sparse = rowtrain.SparseRows(model, *_local(args, model), rank=0)
     for step in range(args.steps):
-        x, y = _batch(ds, step, args.batch_size)
-        F.cross_entropy(model(x), y).backward()
-        sparse.push()
+        _sparse_step(model, sparse, *_batch(ds, step, args.batch_size))
     dense_params = sum(p.numel() for p in rowtrain.dense_parameters(model))
     table_params = sum(m.weight.numel() for _, m in dlrm.embedding_tables(model))
     rows_per_step = sparse.rows_pulled / args.steps
@@ -102,19 +115,19 @@ def bytes_row(args, ds) -> dict:
 def staleness_row(args, ds, n: int) -> dict:
     """N workers in turn through shared stores; per-row staleness beside the global one."""
     model = _model(args, ds)
-    stores = rowtrain.make_stores(model, args.shards, "hash", functools.partial(RowSGD, lr=args.lr))
+    shards, partitions = _local(args, model)
     replicas = [copy.deepcopy(model) for _ in range(n)]
-    workers = [rowtrain.SparseRows(r, stores, rank=w) for w, r in enumerate(replicas)]
-    per_row: list[int] = []
+    workers = [rowtrain.SparseRows(r, shards, partitions, rank=w) for w, r in enumerate(replicas)]
     glob: list[int] = []
     for step in range(args.steps + n):
         w = step % n
         if step >= n:
-            per_row += [int(v) for s in workers[w].push() for v in s]
+            workers[w].push()
             glob.append(n - 1)  # in turn: the others' N - 1 pushes came between its pull and its push
         x, y = _batch(ds, step, args.batch_size)
         F.cross_entropy(replicas[w](x), y).backward()
-    a = np.array(per_row)
+    hist = rowtrain.staleness_histogram(shards)
+    a = np.repeat(np.array(list(hist), dtype=np.int64), list(hist.values()))
     return {"workers": n, "global_mean": float(np.mean(glob)), "row_mean": float(a.mean()),
             "row_p99": float(np.percentile(a, 99)), "row_max": int(a.max()), "row_zero_share": float((a == 0).mean())}
 
@@ -137,15 +150,10 @@ def speed_row(args, ds) -> dict:
 
     def sparse():
         m = _model(args, ds)
-        stores = rowtrain.make_stores(m, args.shards, "hash", functools.partial(RowSGD, lr=args.lr))
-        worker = rowtrain.SparseRows(m, stores, rank=0)
+        worker = rowtrain.SparseRows(m, *_local(args, m), rank=0)
         opt = torch.optim.SGD(rowtrain.dense_parameters(m), lr=args.lr)
         for step in range(args.steps):
-            x, y = _batch(ds, step, args.batch_size)
-            opt.zero_grad()
-            F.cross_entropy(m(x), y).backward()
-            worker.push()
-            opt.step()
+            _sparse_step(m, worker, *_batch(ds, step, args.batch_size), dense=opt)
 
     times: dict[str, list[float]] = {"plain": [], "sparse": []}
     for _ in range(args.repeats):
@@ -185,24 +193,20 @@ def _start_row_servers(args) -> tuple[list[subprocess.Popen], list[str]]:
 
 def wire_row(args, ds) -> dict:
     """One worker over K row-server processes against the plain loop; bytes on the wire."""
-    from psgd.ps.rows_tcp import RemoteStore, RowClient  # noqa: PLC0415
+    from psgd.ps.rows_tcp import RowClient  # noqa: PLC0415
 
     procs, addresses = _start_row_servers(args)
     try:
         clients = [RowClient(a) for a in addresses]
         model = _model(args, ds)
-        stores = [[RemoteStore(c, t, rows.RowPartition(m.num_embeddings, args.shards, "hash"), args.width)
-                   for c in clients] for t, (_, m) in enumerate(dlrm.embedding_tables(model))]
-        worker = rowtrain.SparseRows(model, stores, rank=0)
+        partitions = [rows.RowPartition(m.num_embeddings, args.shards, "hash") for _, m in dlrm.embedding_tables(model)]
+        worker = rowtrain.SparseRows(model, clients, partitions, rank=0)
         opt = torch.optim.SGD(rowtrain.dense_parameters(model), lr=args.lr)
+        start = sum(c.bytes_sent + c.bytes_received for c in clients)
 
         def wire() -> None:
             for step in range(args.steps):
-                x, y = _batch(ds, step, args.batch_size)
-                opt.zero_grad()
-                F.cross_entropy(model(x), y).backward()
-                worker.push()
-                opt.step()
+                _sparse_step(model, worker, *_batch(ds, step, args.batch_size), dense=opt)
 
         times: dict[str, list[float]] = {"plain": [], "wire": []}
         for _ in range(args.repeats):
@@ -210,7 +214,7 @@ def wire_row(args, ds) -> dict:
                 t = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - t)
-        on_wire = sum(c.bytes_sent + c.bytes_received for c in clients)
+        on_wire = sum(c.bytes_sent + c.bytes_received for c in clients) - start  # the STATS at connect left out
         for c in clients:
             c.close()
     finally:

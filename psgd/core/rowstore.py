@@ -12,6 +12,8 @@ dim), of which the store copies the rows it owns; `optimizer` a factory block ->
   Notes the rows' update counts for the worker's push.
 - `push(worker, ids, grads, count)` applies one summed gradient per row to those rows alone and
   returns their per-row staleness; `count` is the row count the request announced.
+- Both in two phases when a request spans tables: `check_pull` / `check_push` (every check, no
+  change) return a `Checked` that `apply` carries out.
 - Bad input (an id out of range or owned by another shard, a duplicate or unsorted id, a count or
   width that does not match, a row the worker's last pull did not read) raises `RowError` with
   one line, and the store is unchanged: every check runs before the first write. An adapter
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -36,6 +39,15 @@ from psgd.core.rowoptim import RowOptimizer
 
 class RowError(ValueError):
     """A sparse request the store refuses; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A request that passed every check of one store (`check_pull` / `check_push`), to `apply`."""
+    worker: int
+    local: torch.Tensor                 # block rows
+    grads: torch.Tensor | None          # None: a pull
+    at: torch.Tensor | None             # where the rows sit in the worker's last pull (a push)
 
 
 class RowStore:
@@ -58,13 +70,18 @@ class RowStore:
         return int(self.block.shape[1])
 
     def pull(self, worker: int, ids: torch.Tensor) -> torch.Tensor:
-        local = self._local(ids)
-        with self._lock:
-            self.clock.pulled(worker, local, trusted=True)
-            self.bytes_out += rows.wire_bytes(len(local), self.dim)
-            return self.block[local].clone()
+        return self.apply(self.check_pull(worker, ids))
 
     def push(self, worker: int, ids: torch.Tensor, grads: torch.Tensor, count: int) -> torch.Tensor:
+        return self.apply(self.check_push(worker, ids, grads, count))
+
+    # Two phases, for a request that spans several tables (psgd/ps/rows_tcp.py): every table's
+    # checks first, then every table's change, so a refused table leaves the others unchanged too.
+    # Between the two only the same worker could move its own note, and a worker waits for its answer.
+    def check_pull(self, worker: int, ids: torch.Tensor) -> Checked:
+        return Checked(worker, self._local(ids), None, None)
+
+    def check_push(self, worker: int, ids: torch.Tensor, grads: torch.Tensor, count: int) -> Checked:
         if count != len(ids) or grads.dim() != 2 or grads.shape != (len(ids), self.dim):
             raise RowError(f"a push announced {count} rows and carries {len(ids)} ids and gradients of shape "
                            f"{tuple(grads.shape)}; each row needs one gradient of width {self.dim}")
@@ -74,9 +91,18 @@ class RowStore:
                 at = self.clock.check(worker, local, names=ids, trusted=True)
             except ValueError as e:
                 raise RowError(str(e)) from None
-            self.optimizer.step(local, grads.to(self.block.dtype), trusted=True)
-            self.bytes_in += rows.wire_bytes(len(local), self.dim)
-            return self.clock.applied(worker, local, trusted=True, at=at)
+        return Checked(worker, local, grads.to(self.block.dtype), at)
+
+    def apply(self, req: Checked) -> torch.Tensor:
+        """A checked pull's rows (a copy), or a checked push's per-row staleness."""
+        with self._lock:
+            if req.grads is None:
+                self.clock.pulled(req.worker, req.local, trusted=True)
+                self.bytes_out += rows.wire_bytes(len(req.local), self.dim)
+                return self.block[req.local]  # advanced indexing: a copy
+            self.optimizer.step(req.local, req.grads, trusted=True)
+            self.bytes_in += rows.wire_bytes(len(req.local), self.dim)
+            return self.clock.applied(req.worker, req.local, trusted=True, at=req.at)
 
     def snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
         with self._lock:

@@ -2,27 +2,31 @@
 
 A service of its own beside the dense shard (its own port), so that the dense planes stay as they
 are: it serves the `RowStore`s of one shard (psgd/core/rowstore.py, one per embedding table) and
-moves only the rows named. Frames, little-endian, both directions:
+moves only the rows named. One request may name several tables (a worker asks each shard once per
+step for all its tables). Frames, little-endian, both directions:
 
-    op: u8 | table: u32 | worker: u32 | count: u64 | payload length: u64 | payload
+    op: u8 | worker: u32 | entries: u32 | payload length: u64 | payload
 
-    HELLO   payload: the token                    -> WELCOME (the first frame when the server has one)
-    PULL    count int64 ids                       -> ROWS: count x dim fp32 rows
-    PUSH    count int64 ids, count x dim fp32     -> PUSHED (empty: the shard keeps the staleness, STATS)
-    STATS   (table: any)                          -> STATS: JSON, per table: share, bytes, staleness histogram
-    any request                                   -> ERROR "STATUS: message" (UTF-8)
+    HELLO   payload: the token                               -> WELCOME (first, when the server has one)
+    PULL    directory, then each entry's int64 ids           -> ROWS: each entry's rows, fp32 (count x dim)
+    PUSH    directory, then each entry's ids and fp32 rows   -> PUSHED (empty: the shard keeps the staleness)
+    STATS                                                    -> STATS: JSON per table: rows, dim, bytes,
+                                                                the per-row staleness histogram
+    any request                                              -> ERROR "STATUS: message" (UTF-8)
 
-Checks, before the store sees anything: a table that does not exist, a payload whose length is not
-what `count` says (INVALID_ARGUMENT, the payload drained, the connection kept); a payload longer
-than any request to this shard can carry (the connection closed: draining 2^63 announced bytes would
-hold its thread for ever); then the store's own (psgd/core/rowstore.py: out of range, another
-shard's row, duplicates, a row not pulled: INVALID_ARGUMENT). A refused request changes nothing.
-Bytes on the wire per request: a prefix of 25 each way, 8 per id, 4 x dim per row.
+The directory is `entries` pairs (table: u32, count: u64). Checks, before any store changes: 1 to
+(tables served) entries of distinct tables that exist and a payload of exactly the length the
+directory says (INVALID_ARGUMENT, the rest drained, the connection kept); a payload longer than
+any request to this shard can carry (the connection closed: draining 2^63 announced bytes would
+hold its thread for ever); then every entry's store checks (psgd/core/rowstore.py: out of range,
+another shard's row, duplicates, a row not pulled) before the first entry is applied. A refused
+request changes nothing. Bytes per request: a 17-byte prefix each way, 12 per entry, 8 per id,
+4 x dim per row.
 
-`serve(stores, host, port, token)` -> a `RowServer` (`.port`, `.close()`); `RowClient(address,
-token)` -> `pull`, `push`, `stats`, `close`, one connection, for one thread. `RemoteStore(client,
-table, partition, dim)` has a `RowStore`'s pull / push, so psgd/train/rowtrain.py's `SparseRows`
-drives local and remote stores alike. Tests: tests/test_rows_tcp.py.
+`serve(stores, host, port, token)` -> a `RowServer` (`.port`, `.close()`). `RowClient(address,
+token)`: one connection, for one thread; `start_pull` / `finish_pull` and `start_push` /
+`finish_push` (send to every shard, then read every answer: the shards work at once), `stats`.
+Tests: tests/test_rows_tcp.py.
 """
 
 from __future__ import annotations
@@ -38,10 +42,11 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from psgd.core.rows import ID_BYTES, RowPartition
+from psgd.core.rows import ID_BYTES
 from psgd.core.rowstore import RowError, RowStore
 
-PREFIX = struct.Struct("<BIIQQ")  # op, table, worker, count, payload length
+PREFIX = struct.Struct("<BIIQ")  # op, worker, entries, payload length
+ENTRY = struct.Struct("<IQ")     # table, count
 HELLO, PULL, PUSH, STATS, WELCOME, ROWS, PUSHED, STATS_REPLY, ERROR = 1, 2, 3, 4, 0x81, 0x82, 0x83, 0x84, 0xFF
 
 
@@ -64,13 +69,23 @@ def _recv_exact(sock: socket.socket, n: int) -> bytearray:
     return buf
 
 
-def _send(sock: socket.socket, op: int, table: int, worker: int, count: int, *parts: bytes | memoryview) -> None:
-    sock.sendmsg([PREFIX.pack(op, table, worker, count, sum(len(p) for p in parts)), *parts])
+def _send(sock: socket.socket, op: int, worker: int, entries: int, *parts: bytes | memoryview) -> int:
+    head = PREFIX.pack(op, worker, entries, sum(len(p) for p in parts))
+    sock.sendall(b"".join([head, *parts]))  # one write: small requests are the common case
+    return len(head) + sum(len(p) for p in parts)
+
+
+def _error(sock: socket.socket, message: str) -> None:
+    _send(sock, ERROR, 0, 0, message.encode())
 
 
 def _drain(sock: socket.socket, n: int) -> None:
     while n:
         n -= len(_recv_exact(sock, min(n, 1 << 20)))
+
+
+def _bytes(t: torch.Tensor) -> memoryview:
+    return memoryview(t.contiguous().numpy()).cast("B")
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -80,62 +95,76 @@ class _Handler(socketserver.BaseRequestHandler):
         sock, srv = self.request, self.server
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         authed = srv.token is None
-        while True:
-            try:
+        try:
+            while True:
                 head = sock.recv(PREFIX.size, socket.MSG_WAITALL)
                 if len(head) < PREFIX.size:
                     return  # closed (cleanly, or in the middle of a prefix)
-                op, table, worker, count, length = PREFIX.unpack(head)
+                op, worker, entries, length = PREFIX.unpack(head)
                 if length > srv.max_payload:
-                    _send(sock, ERROR, 0, 0, 0, f"INVALID_ARGUMENT: a payload of {length} bytes is more than any "
-                                                "request to this shard carries; closing".encode())
-                    return
+                    return _error(sock, f"INVALID_ARGUMENT: a payload of {length} bytes is more than any request "
+                                        "to this shard carries; closing")
                 if op == HELLO:
                     authed = srv.token is None or hmac.compare_digest(bytes(_recv_exact(sock, length)), srv.token)
                     if not authed:
-                        _send(sock, ERROR, 0, 0, 0, b"UNAUTHENTICATED: wrong token")
-                        return
-                    _send(sock, WELCOME, 0, 0, 0)
+                        return _error(sock, "UNAUTHENTICATED: wrong token")
+                    _send(sock, WELCOME, 0, 0)
                 elif not authed:
-                    _send(sock, ERROR, 0, 0, 0, b"UNAUTHENTICATED: send HELLO with the run's token first")
-                    return
+                    return _error(sock, "UNAUTHENTICATED: send HELLO with the run's token first")
+                elif op == STATS:
+                    _drain(sock, length)
+                    _send(sock, STATS_REPLY, 0, 0, json.dumps(srv.stats()).encode())
+                elif op in (PULL, PUSH):
+                    self._request(sock, op, worker, entries, length)
                 else:
-                    self._request(sock, op, table, worker, count, length)
-            except ConnectionError:
-                return
+                    _drain(sock, length)
+                    _error(sock, f"UNIMPLEMENTED: op {op}")
+        except ConnectionError:
+            return
 
-    def _request(self, sock: socket.socket, op: int, table: int, worker: int, count: int, length: int) -> None:
+    def _directory(self, sock, op: int, entries: int, length: int) -> list[tuple[int, int]] | str:
+        """The request's (table, count) pairs, or what is wrong with them (the payload then drained)."""
         stores = self.server.stores
-        if op == STATS:
+        if not 1 <= entries <= len(stores) or length < entries * ENTRY.size:
             _drain(sock, length)
-            _send(sock, STATS_REPLY, 0, 0, 0, json.dumps(self.server.stats()).encode())
-            return
-        problem = None
-        if op not in (PULL, PUSH):
-            problem = f"UNIMPLEMENTED: op {op}"
-        elif table >= len(stores):
-            problem = f"INVALID_ARGUMENT: table {table} does not exist (this shard serves {len(stores)})"
-        else:
-            dim = stores[table].dim
-            want = count * ID_BYTES + (count * dim * 4 if op == PUSH else 0)
-            if length != want:
-                problem = f"INVALID_ARGUMENT: {count} rows need a payload of {want} bytes, got {length}"
-        if problem:
-            _drain(sock, length)
-            _send(sock, ERROR, 0, 0, 0, problem.encode())
-            return
-        payload = _recv_exact(sock, length)
-        ids = torch.from_numpy(np.frombuffer(payload, dtype="<i8", count=count).copy())
+            return f"a request names 1 to {len(stores)} tables, got {entries} in {length} bytes"
+        raw = _recv_exact(sock, entries * ENTRY.size)
+        pairs = [ENTRY.unpack_from(raw, i * ENTRY.size) for i in range(entries)]
+        rest = length - len(raw)
+        tables = [t for t, _ in pairs]
+        if any(t >= len(stores) for t in tables) or len(set(tables)) != len(tables):
+            _drain(sock, rest)
+            return f"tables {tables}: each must be distinct and below {len(stores)} (the tables this shard serves)"
+        want = sum(n * (ID_BYTES + (4 * stores[t].dim if op == PUSH else 0)) for t, n in pairs)
+        if rest != want:
+            _drain(sock, rest)
+            return f"the directory's {sum(n for _, n in pairs)} rows need {want} bytes after it, got {rest}"
+        return pairs
+
+    def _request(self, sock, op: int, worker: int, entries: int, length: int) -> None:
+        stores = self.server.stores
+        pairs = self._directory(sock, op, entries, length)
+        if isinstance(pairs, str):
+            return _error(sock, f"INVALID_ARGUMENT: {pairs}")
+        payload, at, checked = _recv_exact(sock, length - entries * ENTRY.size), 0, []
         try:
-            if op == PULL:
-                got = stores[table].pull(worker, ids)
-                _send(sock, ROWS, table, worker, count, memoryview(got.numpy()).cast("B"))
-            else:
-                grads = torch.from_numpy(np.frombuffer(payload, dtype="<f4", offset=count * ID_BYTES).copy())
-                stores[table].push(worker, ids, grads.view(count, dim), count)
-                _send(sock, PUSHED, table, worker, count)
+            for t, n in pairs:
+                ids = torch.from_numpy(np.frombuffer(payload, dtype="<i8", count=n, offset=at).copy())
+                at += n * ID_BYTES
+                if op == PULL:
+                    checked.append(stores[t].check_pull(worker, ids))
+                    continue
+                dim = stores[t].dim
+                grads = torch.from_numpy(np.frombuffer(payload, dtype="<f4", count=n * dim, offset=at).copy())
+                at += n * dim * 4
+                checked.append(stores[t].check_push(worker, ids, grads.view(n, dim), n))
         except RowError as e:
-            _send(sock, ERROR, 0, 0, 0, f"INVALID_ARGUMENT: {e}".encode())
+            return _error(sock, f"INVALID_ARGUMENT: {e}")
+        out = [stores[t].apply(c) for (t, _), c in zip(pairs, checked, strict=True)]
+        if op == PULL:
+            _send(sock, ROWS, worker, entries, *(_bytes(r) for r in out))
+        else:
+            _send(sock, PUSHED, worker, entries)
 
 
 class RowServer(socketserver.ThreadingTCPServer):
@@ -144,8 +173,8 @@ class RowServer(socketserver.ThreadingTCPServer):
 
     def __init__(self, stores: Sequence[RowStore], host: str, port: int, token: bytes | None) -> None:
         self.stores, self.token = list(stores), token
-        # The largest request: a push of every row of the widest table, with its ids.
-        self.max_payload = max((len(s.ids) * (ID_BYTES + 4 * s.dim) for s in self.stores), default=0)
+        # The largest request: a push of every row of every table, with its ids and directory.
+        self.max_payload = sum(len(s.ids) * (ID_BYTES + 4 * s.dim) + ENTRY.size for s in self.stores)
         super().__init__((host, port), _Handler)
         self._thread = threading.Thread(target=self.serve_forever, name="psgd-rows", daemon=True)
         self._thread.start()
@@ -168,57 +197,66 @@ def serve(stores: Sequence[RowStore], host: str = "127.0.0.1", port: int = 0, to
 
 
 class RowClient:
-    """One connection to one shard's row service. Blocking; for one thread."""
+    """One connection to one shard's row service; blocking, for one thread. `dims`: each table's
+    width, asked of the shard once (STATS)."""
 
     def __init__(self, address: str, token: bytes | None = None, timeout: float = 60.0) -> None:
         host, port = address.rsplit(":", 1)
         self.sock = socket.create_connection((host, int(port)), timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.bytes_sent = self.bytes_received = self.requests = 0  # what this client put on the wire and got
+        # What this client put on the wire and got: bytes, requests, directory entries.
+        self.bytes_sent = self.bytes_received = self.requests = self.entries = 0
         if token is not None:
-            self._call(HELLO, 0, 0, 0, token)
+            self._send(HELLO, 0, 0, token)
+            self._answer()
+        self.dims = [s["dim"] for s in self.stats()]
 
-    def _call(self, op: int, table: int, worker: int, count: int, *parts) -> tuple[int, bytearray]:
-        _send(self.sock, op, table, worker, count, *parts)
-        self.bytes_sent += PREFIX.size + sum(len(p) for p in parts)
+    def _send(self, op: int, worker: int, entries: int, *parts) -> None:
+        self.bytes_sent += _send(self.sock, op, worker, entries, *parts)
         self.requests += 1
-        rop, _, _, _, length = PREFIX.unpack(_recv_exact(self.sock, PREFIX.size))
+        self.entries += entries
+
+    def _answer(self) -> bytearray:
+        op, _, _, length = PREFIX.unpack(_recv_exact(self.sock, PREFIX.size))
         payload = _recv_exact(self.sock, length)
         self.bytes_received += PREFIX.size + length
-        if rop == ERROR:
+        if op == ERROR:
             status, _, message = payload.decode(errors="replace").partition(": ")
             raise RowWireError(status, message)
-        return rop, payload
+        return payload
 
-    def pull(self, table: int, worker: int, ids: torch.Tensor, dim: int) -> torch.Tensor:
-        ids = ids.to(torch.int64).contiguous()
-        _, payload = self._call(PULL, table, worker, len(ids), memoryview(ids.numpy()).cast("B"))
-        return torch.from_numpy(np.frombuffer(payload, dtype="<f4").copy()).view(len(ids), dim)
+    def start_pull(self, worker: int, requests: Sequence[tuple[int, torch.Tensor]]) -> list[tuple[int, int]]:
+        """Send a pull of (table, ids) entries; `finish_pull` with what this returns reads the rows."""
+        pairs = [(t, len(ids)) for t, ids in requests]
+        self._send(PULL, worker, len(pairs), b"".join(ENTRY.pack(t, n) for t, n in pairs),
+                   *(_bytes(ids.to(torch.int64)) for _, ids in requests))
+        return pairs
 
-    def push(self, table: int, worker: int, ids: torch.Tensor, grads: torch.Tensor, count: int | None = None
-             ) -> None:
-        """Apply one summed gradient per row; the per-row staleness stays on the shard (`stats`)."""
-        ids, grads = ids.to(torch.int64).contiguous(), grads.float().contiguous()
-        self._call(PUSH, table, worker, len(ids) if count is None else count,
-                   memoryview(ids.numpy()).cast("B"), memoryview(grads.numpy()).cast("B"))
+    def finish_pull(self, pairs: list[tuple[int, int]]) -> list[torch.Tensor]:
+        flat = torch.from_numpy(np.frombuffer(self._answer(), dtype="<f4").copy())
+        sizes = [n * self.dims[t] for t, n in pairs]
+        return [part.view(n, self.dims[t]) for part, (t, n) in zip(flat.split(sizes), pairs, strict=True)]
+
+    def start_push(self, worker: int, requests: Sequence[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
+        """Send a push of (table, ids, summed gradient rows) entries; `finish_push` reads the answer."""
+        parts: list = [b"".join(ENTRY.pack(t, len(ids)) for t, ids, _ in requests)]
+        for _, ids, grads in requests:
+            parts += [_bytes(ids.to(torch.int64)), _bytes(grads.float())]
+        self._send(PUSH, worker, len(requests), *parts)
+
+    def finish_push(self) -> None:
+        self._answer()
+
+    def pull(self, worker: int, requests: Sequence[tuple[int, torch.Tensor]]) -> list[torch.Tensor]:
+        return self.finish_pull(self.start_pull(worker, requests))
+
+    def push(self, worker: int, requests: Sequence[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
+        self.start_push(worker, requests)
+        self.finish_push()
 
     def stats(self) -> list[dict]:
-        return json.loads(self._call(STATS, 0, 0, 0)[1])
+        self._send(STATS, 0, 0)
+        return json.loads(self._answer())
 
     def close(self) -> None:
         self.sock.close()
-
-
-class RemoteStore:
-    """A shard's store of one table, reached through a `RowClient` (the interface SparseRows uses)."""
-
-    def __init__(self, client: RowClient, table: int, partition: RowPartition, dim: int) -> None:
-        self.client, self.table, self.partition, self.dim = client, table, partition, dim
-
-    def pull(self, worker: int, ids: torch.Tensor) -> torch.Tensor:
-        return self.client.pull(self.table, worker, ids, self.dim)
-
-    def push(self, worker: int, ids: torch.Tensor, grads: torch.Tensor, count: int) -> torch.Tensor:
-        """As RowStore.push, but the staleness is counted on the shard only: an empty tensor here."""
-        self.client.push(self.table, worker, ids, grads, count)
-        return torch.empty(0, dtype=torch.int64)

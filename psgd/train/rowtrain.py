@@ -11,19 +11,25 @@ worker's copy of the table just before the lookup reads it; the table's gradient
 of a table is full-size but only the rows just pulled are current: every row a forward reads was
 pulled for that forward.
 
-Contract: `SparseRows(model, stores, rank)`, `stores[t][k]` the store of table t (in
-`embedding_tables` order) on shard k, all of one table sharing its `RowPartition`. Per step:
-forward and backward as usual, then `push()` (returns the per-row staleness of every row pushed,
-one tensor per table). `bytes_pulled` / `bytes_pushed` count payload bytes (`rows.wire_bytes`),
-`rows_pulled` the distinct rows. One lookup per table per forward: a table read twice in one
-forward (a shared table) raises RuntimeError, since its second pull would replace the first's
-note of the rows' clocks. Not thread-safe (one worker's state). `dense_parameters(model)` is what
-the dense path still moves. Tests: tests/test_rowtrain.py.
+Contract: `SparseRows(model, shards, partitions, rank)`: `shards[k]` reaches shard k's stores of
+every table (a `LocalShard` in this process, or psgd/ps/rows_tcp.py's `RowClient` over TCP: the
+same start / finish calls), `partitions[t]` table t's `RowPartition` (tables in
+`embedding_tables` order). Per step: `prefetch({table: ids})` when the caller knows which ids
+each table will read (DLRM: table f reads column f), so that every shard is asked once for all
+its tables; the hooks pull any table not prefetched, one request per shard for that table. Then
+forward and backward as usual, then `push()`: one request per shard, every shard at once. The
+per-row staleness is counted by the stores (`staleness_histogram` for local ones, STATS over the
+wire). `bytes_pulled` / `bytes_pushed` count payload bytes (`rows.wire_bytes`), `rows_pulled` the
+distinct rows. A lookup of rows the step did not pull (a table read twice with other ids)
+raises RuntimeError: its rows would be stale. Not thread-safe (one worker's state).
+`dense_parameters(model)` is what the dense path still moves; `make_local` builds K shards' stores
+in this process, `assemble` a table whole from them. Tests: tests/test_rowtrain.py.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import nn
@@ -39,69 +45,113 @@ def dense_parameters(model: nn.Module) -> list[nn.Parameter]:
     return [p for p in model.parameters() if id(p) not in sparse]
 
 
+class LocalShard:
+    """One shard's stores (one per table, in table order) in this process: `RowClient`'s interface
+    (psgd/ps/rows_tcp.py) without a wire. Each request is checked whole before any table changes."""
+
+    def __init__(self, stores: Sequence[RowStore]) -> None:
+        self.stores = list(stores)
+        self.dims = [s.dim for s in self.stores]
+
+    def start_pull(self, worker: int, requests: Sequence[tuple[int, torch.Tensor]]) -> list[torch.Tensor]:
+        checked = [self.stores[t].check_pull(worker, ids) for t, ids in requests]
+        return [self.stores[t].apply(c) for (t, _), c in zip(requests, checked, strict=True)]
+
+    def finish_pull(self, rows_: list[torch.Tensor]) -> list[torch.Tensor]:
+        return rows_
+
+    def start_push(self, worker: int, requests: Sequence[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
+        checked = [self.stores[t].check_push(worker, ids, g, len(ids)) for t, ids, g in requests]
+        for (t, _, _), c in zip(requests, checked, strict=True):
+            self.stores[t].apply(c)
+
+    def finish_push(self) -> None:
+        pass
+
+
 class SparseRows:
-    def __init__(self, model: nn.Module, stores: Sequence[Sequence[RowStore]], rank: int) -> None:
+    def __init__(self, model: nn.Module, shards: Sequence, partitions: Sequence[rows.RowPartition],
+                 rank: int) -> None:
         self.tables = [m for _, m in embedding_tables(model)]
-        if len(stores) != len(self.tables):
-            raise ValueError(f"the model has {len(self.tables)} embedding tables and {len(stores)} were given stores")
-        self.stores, self.rank = stores, rank
+        if len(partitions) != len(self.tables):
+            raise ValueError(f"the model has {len(self.tables)} embedding tables and {len(partitions)} partitions")
+        self.shards, self.partitions, self.rank = list(shards), list(partitions), rank
         self.pulled: dict[int, torch.Tensor] = {}
         self.bytes_pulled = self.bytes_pushed = self.rows_pulled = 0
         for t, table in enumerate(self.tables):
             table.sparse = True  # backward gives one gradient row per lookup (a sparse COO tensor)
-            table.register_forward_pre_hook(lambda module, args, t=t: self._pull(t, module, args[0]))
+            table.register_forward_pre_hook(lambda module, args, t=t: self._lookup(t, args[0]))
 
-    def _pull(self, t: int, module: nn.Embedding, ids: torch.Tensor) -> None:
-        if t in self.pulled:
-            raise RuntimeError(f"embedding table {t} is looked up twice in one step; psgd's sparse path pulls a "
-                               "table's rows once per step")
-        unique, _ = rows.dedup(ids)
-        stores = self.stores[t]
-        for k, (pos, _) in enumerate(rows.by_shard(stores[0].partition, unique)):
-            if len(pos):
-                got = stores[k].pull(self.rank, unique[pos])
+    def prefetch(self, ids_by_table: Mapping[int, torch.Tensor]) -> None:
+        """Pull the rows of several tables at once: one request per shard, all shards at once."""
+        requests: list[list[tuple[int, torch.Tensor]]] = [[] for _ in self.shards]
+        for t, ids in ids_by_table.items():
+            unique, _ = rows.dedup(ids)
+            self.pulled[t] = unique
+            self.rows_pulled += len(unique)
+            for k, (pos, _) in enumerate(rows.by_shard(self.partitions[t], unique)):
+                if len(pos):
+                    requests[k].append((t, unique[pos]))
+        handles = [(k, self.shards[k].start_pull(self.rank, req)) for k, req in enumerate(requests) if req]
+        for k, handle in handles:
+            for (t, ids), got in zip(requests[k], self.shards[k].finish_pull(handle), strict=True):
                 with torch.no_grad():
-                    module.weight[unique[pos]] = got
-                self.bytes_pulled += rows.wire_bytes(len(pos), got.shape[1])
-        self.pulled[t] = unique
-        self.rows_pulled += len(unique)
+                    self.tables[t].weight[ids] = got
+                self.bytes_pulled += rows.wire_bytes(len(ids), got.shape[1])
 
-    def push(self) -> list[torch.Tensor]:
-        """Push every table's summed row gradients to their shards; the per-row staleness of each."""
-        out = []
+    def _lookup(self, t: int, ids: torch.Tensor) -> None:
+        if t not in self.pulled:
+            self.prefetch({t: ids})
+        elif not bool(torch.isin(ids, self.pulled[t]).all()):
+            raise RuntimeError(f"embedding table {t} reads rows this step did not pull (a table looked up twice "
+                               "in one step, or a prefetch of other ids)")
+
+    def push(self) -> None:
+        """Push every table's summed row gradients: one request per shard, all shards at once."""
+        requests: list[list[tuple[int, torch.Tensor, torch.Tensor]]] = [[] for _ in self.shards]
         for t, table in enumerate(self.tables):
             g = table.weight.grad
             if t not in self.pulled or g is None:
-                out.append(torch.empty(0, dtype=torch.int64))
                 continue
             ids, summed = rows.sum_rows(g._indices()[0], g._values().reshape(-1, table.embedding_dim))
-            stale = []
-            stores = self.stores[t]
-            for k, (pos, _) in enumerate(rows.by_shard(stores[0].partition, ids)):
+            for k, (pos, _) in enumerate(rows.by_shard(self.partitions[t], ids)):
                 if len(pos):
-                    stale.append(stores[k].push(self.rank, ids[pos], summed[pos], count=len(pos)))
+                    requests[k].append((t, ids[pos], summed[pos]))
                     self.bytes_pushed += rows.wire_bytes(len(pos), summed.shape[1])
-            out.append(torch.cat(stale) if stale else torch.empty(0, dtype=torch.int64))
             table.weight.grad = None
+        started = [k for k, req in enumerate(requests) if req]
+        for k in started:
+            self.shards[k].start_push(self.rank, requests[k])
+        for k in started:
+            self.shards[k].finish_push()
         self.pulled.clear()
-        return out
 
 
-def make_stores(model: nn.Module, shards: int, scheme: str, optimizer) -> list[list[RowStore]]:
-    """Row stores for every table of `model` on `shards` shards, initialised from its tables
-    (one `RowPartition` per table): what K shards would hold, in one process."""
-    out = []
-    for _, m in embedding_tables(model):
-        partition = rows.RowPartition(m.num_embeddings, shards, scheme)
-        out.append([RowStore(partition, k, m.weight.detach(), optimizer) for k in range(shards)])
+def make_local(model: nn.Module, shards: int, scheme: str, optimizer) -> tuple[list[LocalShard],
+                                                                              list[rows.RowPartition]]:
+    """K shards' row stores for every table of `model`, in this process, initialised from its tables
+    (one `RowPartition` per table): what K row servers would hold."""
+    partitions = [rows.RowPartition(m.num_embeddings, shards, scheme) for _, m in embedding_tables(model)]
+    stores = [[RowStore(p, k, m.weight.detach(), optimizer) for (_, m), p in zip(embedding_tables(model), partitions,
+                                                                                   strict=True)]
+              for k in range(shards)]
+    return [LocalShard(s) for s in stores], partitions
+
+
+def assemble(shards: Sequence[LocalShard], table: int) -> torch.Tensor:
+    """Table `table` whole again from the shards' stores."""
+    first = shards[0].stores[table]
+    out = torch.empty(first.partition.rows, first.dim)
+    for s in shards:
+        ids, block = s.stores[table].snapshot()
+        out[ids] = block
     return out
 
 
-def assemble(stores: Sequence[RowStore]) -> torch.Tensor:
-    """One table whole again from its shards' stores."""
-    first = stores[0]
-    table = torch.empty(first.partition.rows, first.dim)
-    for s in stores:
-        ids, block = s.snapshot()
-        table[ids] = block
-    return table
+def staleness_histogram(shards: Sequence[LocalShard]) -> Counter:
+    """Per-row staleness -> rows, over every store of the shards."""
+    total: Counter = Counter()
+    for s in shards:
+        for store in s.stores:
+            total.update(store.clock.histogram)
+    return total
