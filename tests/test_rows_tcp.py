@@ -163,3 +163,23 @@ def test_the_token_gates_every_request():
         ok.close()
     finally:
         srv.close()
+
+
+def test_fused_tables_over_the_wire_equal_fused_tables_here():
+    ds = data.load(DataConfig(dataset="clicks", num_samples=1000))
+    model = models.build(ModelConfig(model="dlrm", width=4), ds.input_dim, ds.num_classes, seed=0)
+    here_model = copy.deepcopy(model)
+    served, partitions = rowtrain.make_local(model, 2, "hash", OPT, fused=True)
+    here, _ = rowtrain.make_local(here_model, 2, "hash", OPT, fused=True)
+    servers = [rows_tcp.serve(s.stores) for s in served]
+    clients = [RowClient(f"127.0.0.1:{s.port}") for s in servers]
+    try:
+        _train(here_model, here, partitions, ds, prefetch=True)
+        _train(model, clients, partitions, ds, prefetch=True)
+        assert torch.equal(rowtrain.assemble(served, 0), rowtrain.assemble(here, 0))
+        assert sum(c.entries for c in clients) == 8 * 2 * 2  # one table entry per request
+    finally:
+        for c in clients:
+            c.close()
+        for s in servers:
+            s.close()

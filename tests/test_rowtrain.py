@@ -105,3 +105,30 @@ def test_async_workers_see_per_row_staleness_well_below_the_global_one():
     hist = rowtrain.staleness_histogram(shards)
     mean = sum(s * c for s, c in hist.items()) / sum(hist.values())
     assert max(hist) <= n - 1 and mean < 0.5 * (n - 1)
+
+
+def test_fused_tables_train_bit_for_bit_as_tables_apart_with_one_request_per_shard():
+    """Every table in one id space (TorchRec's table batching): each row's arithmetic is unchanged."""
+    ds, model = _setup()
+    fused_model = copy.deepcopy(model)
+    apart, parts = rowtrain.make_local(model, 2, "range", SGD)
+    fused, fparts = rowtrain.make_local(fused_model, 2, "range", SGD, fused=True)
+    assert len(fparts) == 1 and len(fused[0].stores) == 1
+    workers = [rowtrain.SparseRows(model, apart, parts, 0), rowtrain.SparseRows(fused_model, fused, fparts, 0)]
+    for step in range(10):
+        x, y = ds.x_train[step * 32:(step + 1) * 32], ds.y_train[step * 32:(step + 1) * 32]
+        for m, w in zip((model, fused_model), workers, strict=True):
+            w.prefetch({f: x[:, f] for f in range(x.shape[1])})
+            F.cross_entropy(m(x), y).backward()
+            w.push()
+    whole = rowtrain.assemble(fused, 0)
+    bases = fparts[0].bases
+    for t in range(len(bases)):
+        table = rowtrain.assemble(apart, t)
+        assert torch.equal(whole[bases[t]:bases[t] + len(table)], table)
+    assert workers[0].bytes_pulled == workers[1].bytes_pulled
+    # Range partitioning fuses table by table: each table's hot head on shard 0, as apart.
+    assert fparts[0].share() == [sum(p) for p in zip(*(rows.RowPartition(v, 2, "range").share()
+                                                       for v in fparts[0].tables), strict=True)]
+    with pytest.raises(RuntimeError, match="prefetch every table"):
+        fused_model(ds.x_train[:2])

@@ -63,6 +63,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--repeats", type=int, default=3, help="speed: alternations of the two loops")
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--wire", action="store_true", help="also train over K row-server processes (TCP)")
+    p.add_argument("--per-table", action="store_true", help="a store per table (default: every table fused in one)")
     p.add_argument("--out", default="results/bench-sparse")
     return p
 
@@ -78,7 +79,8 @@ def _batch(ds, step: int, size: int):
 
 
 def _local(args, model) -> tuple[list, list]:
-    return rowtrain.make_local(model, args.shards, "hash", functools.partial(RowSGD, lr=args.lr))
+    return rowtrain.make_local(model, args.shards, "hash", functools.partial(RowSGD, lr=args.lr),
+                               fused=not args.per_table)
 
 
 def _sparse_step(model, worker, x, y, dense=None) -> None:
@@ -125,6 +127,7 @@ def staleness_row(args, ds, n: int) -> dict:
             workers[w].push()
             glob.append(n - 1)  # in turn: the others' N - 1 pushes came between its pull and its push
         x, y = _batch(ds, step, args.batch_size)
+        workers[w].prefetch({f: x[:, f] for f in range(x.shape[1])})
         F.cross_entropy(replicas[w](x), y).backward()
     hist = rowtrain.staleness_histogram(shards)
     a = np.repeat(np.array(list(hist), dtype=np.int64), list(hist.values()))
@@ -180,7 +183,8 @@ def _start_row_servers(args) -> tuple[list[subprocess.Popen], list[str]]:
     procs, addresses = [], []
     for k in range(args.shards):
         p = subprocess.Popen([sys.executable, "-m", "psgd.train.rowserve", "--dataset", args.dataset, "--width",
-                              str(args.width), "--shard", str(k), "--shards", str(args.shards), "--lr", str(args.lr)],
+                              str(args.width), "--shard", str(k), "--shards", str(args.shards), "--lr", str(args.lr),
+                              *([] if args.per_table else ["--fused"])],
                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
                              env=dict(os.environ, OMP_NUM_THREADS="1"))
         procs.append(p)
@@ -199,7 +203,7 @@ def wire_row(args, ds) -> dict:
     try:
         clients = [RowClient(a) for a in addresses]
         model = _model(args, ds)
-        partitions = [rows.RowPartition(m.num_embeddings, args.shards, "hash") for _, m in dlrm.embedding_tables(model)]
+        _, partitions = _local(args, copy.deepcopy(model))  # the layout the servers hold (same seed)
         worker = rowtrain.SparseRows(model, clients, partitions, rank=0)
         opt = torch.optim.SGD(rowtrain.dense_parameters(model), lr=args.lr)
         start = sum(c.bytes_sent + c.bytes_received for c in clients)
@@ -236,6 +240,7 @@ def main(argv: list[str]) -> int:
     torch.set_num_threads(1)
     ds = data.load(DataConfig(dataset=args.dataset, num_samples=args.num_samples))
     result = {"dataset": args.dataset, "width": args.width, "batch_size": args.batch_size, "shards": args.shards,
+              "layout": "per-table" if args.per_table else "fused",
               "steps": args.steps, "bytes": bytes_row(args, ds), "load": load_row(args, ds),
               "staleness": [staleness_row(args, ds, n) for n in workers], "speed": speed_row(args, ds)}
     if args.wire:
@@ -252,7 +257,7 @@ def main(argv: list[str]) -> int:
 def _print(r: dict) -> None:
     b = r["bytes"]
     print(f"{r['dataset']}: dlrm of {b['params']:,} parameters ({b['table_params']:,} in tables), batch "
-          f"{r['batch_size']} per worker, {r['shards']} shards")
+          f"{r['batch_size']} per worker, {r['shards']} shards, tables {r['layout']}")
     print(f"  bytes per step, each way: sparse rows {b['sparse_pull_bytes_per_step']:,.0f} + dense part "
           f"{b['dense_part_bytes_per_step']:,} vs dense path {b['dense_path_bytes_per_step']:,} "
           f"({b['touched_rows_per_step']:.0f} rows touched; payload / touched rows' bytes "

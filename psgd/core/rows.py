@@ -14,6 +14,8 @@ Contract:
   spread over the shards. Both are deterministic functions of (rows, shards, scheme).
   `owner(ids)` the shard of each id; `local(ids)` its row in that shard's block (the shard's rows
   kept in id order, so block row j of shard k is `owned(k)[j]`); `share()` rows per shard.
+  `RowPartition(sum(V), K, scheme, tables=V)` fuses tables of V_t rows into one id space, each
+  partitioned as if alone (`bases`: where each table's ids start).
 - `dedup(ids)`: the distinct ids (sorted) and the inverse map, so `unique[inverse] == ids`: what a
   worker pulls (each row once) and how it spreads the rows back over the batch.
 - `sum_rows(ids, grads)`: one gradient per distinct id, the sum of that id's rows of `grads`
@@ -45,6 +47,10 @@ class RowPartition:
     rows: int                 # the table's rows
     shards: int               # K
     scheme: str = "hash"      # one of SCHEMES
+    # Several tables fused into one id space (table t's id i is `bases[t] + i`), each partitioned by
+    # the scheme on its own ids, as if alone: () for one table. TorchRec's table-batched embeddings
+    # fuse tables likewise, so that a step asks each shard once, not once per table.
+    tables: tuple[int, ...] = ()
     _owner: torch.Tensor = field(init=False, repr=False, compare=False)  # shard of every id: one gather per call
     _local: torch.Tensor = field(init=False, repr=False, compare=False)
 
@@ -55,8 +61,11 @@ class RowPartition:
             raise ValueError(f"a row partition needs >= 1 shard, got {self.shards}")
         if not 0 <= self.rows < MAX_ROWS:
             raise ValueError(f"a table's rows must be in [0, 2^31), got {self.rows}")
+        if self.tables and sum(self.tables) != self.rows:
+            raise ValueError(f"fused tables of {sum(self.tables)} rows in all cannot make {self.rows} rows")
         ids = torch.arange(self.rows, dtype=torch.int64)
-        owners = self._owners(ids)
+        owners = (torch.cat([self._owners(torch.arange(v, dtype=torch.int64), v) for v in self.tables])
+                  if self.tables else self._owners(ids, self.rows))
         object.__setattr__(self, "_owner", owners)
         # Block row of each id: its rank among the ids of its shard, in id order.
         counts = torch.bincount(owners, minlength=self.shards)
@@ -70,10 +79,16 @@ class RowPartition:
         """The shard of each id (int64, ids' shape)."""
         return self._owner[self._checked(ids)]
 
-    def _owners(self, ids: torch.Tensor) -> torch.Tensor:
-        """The scheme itself (see the module docstring), computed once per id at construction."""
+    @property
+    def bases(self) -> list[int]:
+        """Where each fused table's ids start ([0] for one table)."""
+        sizes = self.tables or (self.rows,)
+        return [sum(sizes[:t]) for t in range(len(sizes))]
+
+    def _owners(self, ids: torch.Tensor, rows: int) -> torch.Tensor:
+        """The scheme itself on a table of `rows` (see the module docstring), once per id at construction."""
         if self.scheme == "range":
-            stops = torch.tensor([hi for _, hi in shard_ranges(self.rows, self.shards)], dtype=torch.int64)
+            stops = torch.tensor([hi for _, hi in shard_ranges(rows, self.shards)], dtype=torch.int64)
             return torch.searchsorted(stops, ids, right=True)
         h = (ids * KNUTH) & 0xFFFFFFFF
         return (h * self.shards) >> 32

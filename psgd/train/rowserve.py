@@ -4,11 +4,11 @@
 
 builds the model as every worker does (seeded: the same initial tables everywhere,
 psgd/train/models.py), keeps the rows of each `nn.Embedding` table that shard `--shard` owns
-(psgd/core/rows.py `RowPartition`, one per table), steps them with `--optimizer` (sgd or adagrad,
-psgd/core/rowoptim.py), serves them on 127.0.0.1 (`--port`, 0 for any free one), prints
-`port N` on stdout once it listens, and serves until its stdin closes (its parent's lifeline:
-the process never outlives whoever started it). Not yet started by `psgd run`: the benchmark
-(`psgd bench sparse`) and tests start it. Usage errors: one line, exit 2.
+(psgd/core/rows.py `RowPartition`, one per table, or one over all with `--fused`), steps them with
+`--optimizer` (sgd or adagrad, psgd/core/rowoptim.py), serves them on 127.0.0.1 (`--port`, 0 for any
+free one), prints `port N` on stdout once it listens, and serves until its stdin closes (its
+parent's lifeline: the process never outlives whoever started it). Not yet started by `psgd run`:
+the benchmark (`psgd bench sparse`) and tests start it. Usage errors: one line, exit 2.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ from __future__ import annotations
 import argparse
 import functools
 import sys
+
+import torch
 
 from psgd.core.config import ModelConfig
 from psgd.core.rowoptim import RowAdagrad, RowSGD
@@ -37,6 +39,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--scheme", default="hash", choices=SCHEMES)
     p.add_argument("--optimizer", default="sgd", choices=list(OPTIMIZERS))
     p.add_argument("--lr", type=float, default=0.05)
+    p.add_argument("--fused", action="store_true", help="every table in one store (one id space)")
     p.add_argument("--port", type=int, default=0)
     return p
 
@@ -55,8 +58,12 @@ def main(argv: list[str]) -> int:
         print(f"rowserve: error: --model {args.model} has no nn.Embedding table to serve", file=sys.stderr)
         return 2
     optimizer = functools.partial(OPTIMIZERS[args.optimizer], lr=args.lr)
-    stores = [RowStore(RowPartition(m.num_embeddings, args.shards, args.scheme), args.shard, m.weight.detach(),
-                       optimizer) for _, m in dlrm.embedding_tables(model)]
+    tables = [m.weight.detach() for _, m in dlrm.embedding_tables(model)]
+    if args.fused:  # psgd/train/rowtrain.py's fused layout: tables one after another, each partitioned alone
+        part = RowPartition(sum(len(t) for t in tables), args.shards, args.scheme, tuple(len(t) for t in tables))
+        stores = [RowStore(part, args.shard, torch.cat(tables), optimizer)]
+    else:
+        stores = [RowStore(RowPartition(len(t), args.shards, args.scheme), args.shard, t, optimizer) for t in tables]
     server = rows_tcp.serve(stores, port=args.port)
     print(f"port {server.port}", flush=True)
     try:
