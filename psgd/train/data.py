@@ -8,7 +8,8 @@ Contract:
   `mnist` (standard IDX files, optionally gzipped, from `--data-dir`, default ~/.cache/psgd as for
   the mnist1d cache; `missing_files` says which are not there, and where to get them), and `text` (character
   windows of the English text that ships with CPython, psgd/train/text.py; its validation split is
-  10% of the text by position, whatever `--val-fraction` says).
+  10% of the text by position, whatever `--val-fraction` says), and `clicks`, `clicks-medium`,
+  `clicks-large` (seeded click logs, int64 ids per categorical field: psgd/train/clicks.py).
 - Validation split (`--val-fraction f`): carved out of the TRAINING set, never the test set, so
   a learning rate tuned on it never sees the test set. A permutation seeded by `data_seed`
   alone (not `--seed`: every run of one dataset holds out the same samples) picks
