@@ -21,7 +21,8 @@ def test_bench_sparse_writes_its_figures(tmp_path):
     assert one["row_max"] == 0 and four["global_mean"] == 3 and four["row_mean"] <= 3
     assert set(got["load"]) == {"hash", "range"}
     assert sum(got["load"]["hash"]["lookups"]) == sum(got["load"]["range"]["lookups"]) == 12 * 32 * 8
-    assert got["speed"]["sparse_samples_per_s"] > 0 and got["speed"]["plain_samples_per_s"] > 0
+    rates = ("sparse_samples_per_s", "plain_samples_per_s", "plain_sparse_samples_per_s")
+    assert min(got["speed"][k] for k in rates) > 0
     assert (out / "command.txt").read_text().startswith("psgd bench sparse ")
     assert "global staleness 3.00" in r.stdout
 

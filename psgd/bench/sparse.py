@@ -11,10 +11,11 @@ the row stores and the worker's sparse side of psgd/core/rowstore.py and psgd/tr
   construction) beside the per-row staleness the stores count (mean, p99, share of zeros).
 - load: lookups each shard serves over the run's batches under `hash` and `range` partitions
   (max over mean: 1.0 is even).
-- speed: samples/s of one worker training through K row stores in this process against the
-  plain torch loop on the same model and batches (SGD on both), alternated `--repeats` times in
-  one run: the sparse mechanism's own cost (dedup, cut by owner, copies, row updates) with no
-  transport in between.
+- speed: samples/s of one worker training through K row stores in this process against two plain
+  torch loops on the same model and batches (torch.optim.SGD; the tables' gradients dense, as
+  psgd's dense path takes them, and sparse, `nn.Embedding(sparse=True)`: the tighter ceiling),
+  alternated `--repeats` times in one run: the sparse mechanism's own cost (dedup, cut by owner,
+  copies, row updates) with no transport in between.
 - wire (`--wire`): the same worker with its rows on K row-server processes over loopback TCP
   (psgd/train/rowserve.py, psgd/ps/rows_tcp.py), the dense part stepped locally (no dense shard
   yet): samples/s against the plain torch loop, alternated in one run, and the bytes on the wire
@@ -148,8 +149,10 @@ def load_row(args, ds) -> dict:
 
 
 def speed_row(args, ds) -> dict:
-    """samples/s of the sparse loop and the plain torch loop, alternated, medians of the repeats."""
+    """samples/s of the sparse loop and the two plain torch loops (dense and sparse embedding
+    gradients), alternated, medians of the repeats."""
     plain = functools.partial(_plain_loop, args, ds)
+    plain_sparse = functools.partial(_plain_loop, args, ds, sparse=True)
 
     def sparse():
         m = _model(args, ds)
@@ -158,19 +161,24 @@ def speed_row(args, ds) -> dict:
         for step in range(args.steps):
             _sparse_step(m, worker, *_batch(ds, step, args.batch_size), dense=opt)
 
-    times: dict[str, list[float]] = {"plain": [], "sparse": []}
+    times: dict[str, list[float]] = {"plain": [], "plain_sparse": [], "sparse": []}
     for _ in range(args.repeats):
-        for name, fn in (("plain", plain), ("sparse", sparse)):
+        for name, fn in (("plain", plain), ("plain_sparse", plain_sparse), ("sparse", sparse)):
             t = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t)
     rate = {k: args.steps * args.batch_size / statistics.median(v) for k, v in times.items()}
-    return {"plain_samples_per_s": rate["plain"], "sparse_samples_per_s": rate["sparse"],
-            "sparse_over_plain": rate["sparse"] / rate["plain"], "repeats": args.repeats}
+    return {"plain_samples_per_s": rate["plain"], "plain_sparse_samples_per_s": rate["plain_sparse"],
+            "sparse_samples_per_s": rate["sparse"], "sparse_over_plain": rate["sparse"] / rate["plain"],
+            "sparse_over_plain_sparse": rate["sparse"] / rate["plain_sparse"], "repeats": args.repeats}
 
 
-def _plain_loop(args, ds) -> None:
+def _plain_loop(args, ds, sparse: bool = False) -> None:
+    """The no-server ceiling: torch.optim.SGD on the whole model in this process; `sparse`: the
+    tables' gradients sparse (nn.Embedding(sparse=True), which torch's SGD takes), else dense."""
     m = _model(args, ds)
+    for _, table in dlrm.embedding_tables(m):
+        table.sparse = sparse
     opt = torch.optim.SGD(m.parameters(), lr=args.lr)
     for step in range(args.steps):
         x, y = _batch(ds, step, args.batch_size)
@@ -212,9 +220,11 @@ def wire_row(args, ds) -> dict:
             for step in range(args.steps):
                 _sparse_step(model, worker, *_batch(ds, step, args.batch_size), dense=opt)
 
-        times: dict[str, list[float]] = {"plain": [], "wire": []}
+        times: dict[str, list[float]] = {"plain": [], "plain_sparse": [], "wire": []}
+        arms = (("plain", functools.partial(_plain_loop, args, ds)),
+                ("plain_sparse", functools.partial(_plain_loop, args, ds, sparse=True)), ("wire", wire))
         for _ in range(args.repeats):
-            for name, fn in (("plain", functools.partial(_plain_loop, args, ds)), ("wire", wire)):
+            for name, fn in arms:
                 t = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - t)
@@ -226,8 +236,9 @@ def wire_row(args, ds) -> dict:
             p.stdin.close()
             p.wait(timeout=60)
     rate = {k: args.steps * args.batch_size / statistics.median(v) for k, v in times.items()}
-    return {"plain_samples_per_s": rate["plain"], "wire_samples_per_s": rate["wire"],
-            "wire_over_plain": rate["wire"] / rate["plain"],
+    return {"plain_samples_per_s": rate["plain"], "plain_sparse_samples_per_s": rate["plain_sparse"],
+            "wire_samples_per_s": rate["wire"], "wire_over_plain": rate["wire"] / rate["plain"],
+            "wire_over_plain_sparse": rate["wire"] / rate["plain_sparse"],
             "wire_bytes_per_step": on_wire / (args.steps * args.repeats),
             "wire_over_touched_rows": on_wire / (worker.bytes_pulled + worker.bytes_pushed)}
 
@@ -268,11 +279,13 @@ def _print(r: dict) -> None:
         print(f"  N={s['workers']}: global staleness {s['global_mean']:.2f}, per row mean {s['row_mean']:.2f} "
               f"p99 {s['row_p99']:.0f} max {s['row_max']}, zero {s['row_zero_share']:.0%}")
     v = r["speed"]
-    print(f"  speed (one process, no wire): sparse {v['sparse_samples_per_s']:,.0f} samples/s, plain torch "
-          f"{v['plain_samples_per_s']:,.0f}, ratio {v['sparse_over_plain']:.2f}")
+    print(f"  speed (one process, no wire): sparse {v['sparse_samples_per_s']:,.0f} samples/s; plain torch "
+          f"{v['plain_samples_per_s']:,.0f} (ratio {v['sparse_over_plain']:.2f}), with sparse embedding gradients "
+          f"{v['plain_sparse_samples_per_s']:,.0f} (ratio {v['sparse_over_plain_sparse']:.2f})")
     if "wire" in r:
         w = r["wire"]
         print(f"  wire ({r['shards']} row-server processes, TCP; dense part local): {w['wire_samples_per_s']:,.0f} "
-              f"samples/s, plain torch {w['plain_samples_per_s']:,.0f}, ratio {w['wire_over_plain']:.2f}; "
+              f"samples/s, plain torch {w['plain_samples_per_s']:,.0f} (ratio {w['wire_over_plain']:.2f}), sparse "
+              f"{w['plain_sparse_samples_per_s']:,.0f} (ratio {w['wire_over_plain_sparse']:.2f}); "
               f"{w['wire_bytes_per_step']:,.0f} bytes per step on the wire, {w['wire_over_touched_rows']:.3f} x "
               f"the touched rows and ids")
