@@ -26,6 +26,9 @@ BENCHMARKS = {
     "transformer": "the GPT with AdamW: psgd PS vs a plain torch loop, psgd all-reduce vs torch DDP; memory",
     "drill": "seeded SIGKILL storms (psgd drill) on sync, async, SSP runs: faults by kind and moment, updates "
              "lost, recovery times, sync's hash against the calm run's",
+    "sparse": "dlrm on click logs through row stores (in one process, or --wire: row-server processes): bytes "
+              "per step sparse vs dense, per-row vs global staleness, load per shard by hash and range, against "
+              "plain torch loops",
 }
 NAMES = tuple(BENCHMARKS)
 

@@ -15,8 +15,8 @@ from typing import ClassVar
 
 from psgd.core.flags import is_spec, opt
 
-DATASETS = ("synthetic", "mnist1d", "mnist", "text")
-MODELS = ("logreg", "mlp", "cnn", "wide_mlp", "gpt")
+DATASETS = ("synthetic", "mnist1d", "mnist", "text", "clicks", "clicks-medium", "clicks-large")
+MODELS = ("logreg", "mlp", "cnn", "wide_mlp", "gpt", "dlrm")
 LOSSES = ("cross_entropy", "mse")
 # The optimizers by name, the one registry of them (psgd/core/optim.py builds from it): a class, or
 # "module:Class" for one imported only by a run that takes it. The --optimizer flag's choices are
@@ -64,7 +64,8 @@ class ModelConfig:
     model: str = opt("mlp", f"model to train: {', '.join(MODELS)} (cnn is 1-D, for mnist1d), or your own as "
                             "MODULE:FUNCTION or FILE.py:FUNCTION, a callable of no required arguments returning "
                             "an nn.Module", metavar="NAME|SPEC")
-    width: int = opt(0, "hidden width (0: the model's own: mlp 128, wide_mlp 1024, cnn 32 channels, gpt 128)")
+    width: int = opt(0, "hidden width (0: the model's own: mlp 128, wide_mlp 1024, cnn 32 channels, gpt 128; "
+                        "dlrm: its embedding dimension, 16)")
     layers: int = opt(2, "gpt: transformer blocks")
     heads: int = opt(4, "gpt: attention heads (a divisor of --width)")
     loss: str = opt("cross_entropy", f"training loss: {', '.join(LOSSES)}, or MODULE:FUNCTION / FILE.py:FUNCTION "

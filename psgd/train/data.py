@@ -8,7 +8,8 @@ Contract:
   `mnist` (standard IDX files, optionally gzipped, from `--data-dir`, default ~/.cache/psgd as for
   the mnist1d cache; `missing_files` says which are not there, and where to get them), and `text` (character
   windows of the English text that ships with CPython, psgd/train/text.py; its validation split is
-  10% of the text by position, whatever `--val-fraction` says).
+  10% of the text by position, whatever `--val-fraction` says), and `clicks`, `clicks-medium`,
+  `clicks-large` (seeded click logs, int64 ids per categorical field: psgd/train/clicks.py).
 - Validation split (`--val-fraction f`): carved out of the TRAINING set, never the test set, so
   a learning rate tuned on it never sees the test set. A permutation seeded by `data_seed`
   alone (not `--seed`: every run of one dataset holds out the same samples) picks
@@ -50,7 +51,8 @@ TRAIN_FRACTION = 0.8  # split of generated datasets (mnist1d's own default)
 # (input features, classes) of each dataset, known without loading it: a shard server sizes the
 # model from them (`psgd server` checks every Init header against that size).
 SHAPES = {"synthetic": (32, 10), "mnist1d": (40, 10), "mnist": (784, 10),
-          "text": (64, 103)}  # text: tokens per window, vocabulary
+          "text": (64, 103),  # text: tokens per window, vocabulary
+          "clicks": (8, 2), "clicks-medium": (13, 2), "clicks-large": (26, 2)}  # fields, click or not
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,8 @@ def load(cfg: DataConfig) -> Dataset:
 
         (xt, yt), (xv, yv), (xs, ys), vocab = text.load()
         return Dataset(xt, yt, xs, ys, vocab, x_val=xv, y_val=yv)  # validation by position, always (text.py)
+    elif cfg.dataset.startswith("clicks"):
+        ds = _clicks(cfg)
     else:
         raise ValueError(f"unknown dataset {cfg.dataset!r}")
     return split_validation(ds, cfg.val_fraction, cfg.data_seed)
@@ -90,7 +94,7 @@ def load(cfg: DataConfig) -> Dataset:
 def train_size(cfg: DataConfig) -> int:
     """Training-set size after the validation split, without loading the data when it can be
     derived (for --epochs)."""
-    if not is_spec(cfg.dataset) and cfg.dataset in ("synthetic", "mnist1d"):
+    if not is_spec(cfg.dataset) and (cfg.dataset in ("synthetic", "mnist1d") or cfg.dataset.startswith("clicks")):
         n = int(cfg.num_samples * TRAIN_FRACTION)
         return n - validation_count(n, cfg.val_fraction)
     return int(load(cfg).x_train.shape[0])
@@ -206,6 +210,16 @@ def _mnist1d(cfg: DataConfig) -> Dataset:
         return Dataset(torch.from_numpy(d["x"].astype(np.float32)), torch.from_numpy(d["y"].astype(np.int64)),
                        torch.from_numpy(d["x_test"].astype(np.float32)),
                        torch.from_numpy(d["y_test"].astype(np.int64)), 10)
+
+
+def _clicks(cfg: DataConfig) -> Dataset:
+    """Seeded click logs (psgd/train/clicks.py): int64 ids per field, click labels; 80% train."""
+    from psgd.train import clicks  # noqa: PLC0415
+
+    logs = clicks.generate(clicks.PROFILES[cfg.dataset], cfg.num_samples, cfg.data_seed)
+    x, y = torch.from_numpy(logs.x), torch.from_numpy(logs.y)
+    cut = int(cfg.num_samples * TRAIN_FRACTION)
+    return Dataset(x[:cut], y[:cut], x[cut:], y[cut:], 2)
 
 
 def _read_idx(path: Path) -> np.ndarray:

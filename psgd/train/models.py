@@ -60,6 +60,10 @@ def _build(cfg: ModelConfig, input_dim: int, num_classes: int) -> nn.Module:
         from psgd.train.gpt import GPT  # noqa: PLC0415
 
         return GPT(num_classes, input_dim, cfg.width or 128, cfg.layers, cfg.heads)
+    if cfg.model == "dlrm":  # input_dim: the click logs' field count, which names their vocabularies
+        from psgd.train import dlrm  # noqa: PLC0415
+
+        return dlrm.build(cfg, input_dim, num_classes)
     raise ValueError(f"unknown model {cfg.model!r}")
 
 

@@ -1,0 +1,262 @@
+"""Sparse pulls and pushes by key over TCP: a shard's row stores served, and a worker's view of them.
+
+A service of its own beside the dense shard (its own port), so that the dense planes stay as they
+are: it serves the `RowStore`s of one shard (psgd/core/rowstore.py, one per embedding table) and
+moves only the rows named. One request may name several tables (a worker asks each shard once per
+step for all its tables). Frames, little-endian, both directions:
+
+    op: u8 | worker: u32 | entries: u32 | payload length: u64 | payload
+
+    HELLO   payload: the token                               -> WELCOME (first, when the server has one)
+    PULL    directory, then each entry's int64 ids           -> ROWS: each entry's rows, fp32 (count x dim)
+    PUSH    directory, then each entry's ids and fp32 rows   -> PUSHED (empty: the shard keeps the staleness)
+    STATS                                                    -> STATS: JSON per table: rows, dim, bytes,
+                                                                the per-row staleness histogram
+    any request                                              -> ERROR "STATUS: message" (UTF-8)
+
+The directory is `entries` pairs (table: u32, count: u64). Checks, before any store changes: 1 to
+(tables served) entries of distinct tables that exist and a payload of exactly the length the
+directory says (INVALID_ARGUMENT, the rest drained, the connection kept); a payload longer than
+any request to this shard can carry (the connection closed: draining 2^63 announced bytes would
+hold its thread for ever); then every entry's store checks (psgd/core/rowstore.py: out of range,
+another shard's row, duplicates, a row not pulled) before the first entry is applied. A refused
+request changes nothing. Bytes per request: a 17-byte prefix each way, 12 per entry, 8 per id,
+4 x dim per row.
+
+`serve(stores, host, port, token)` -> a `RowServer` (`.port`, `.close()`). `RowClient(address,
+token)`: one connection, for one thread; `start_pull` / `finish_pull` and `start_push` /
+`finish_push` (send to every shard, then read every answer: the shards work at once), `stats`.
+Tests: tests/test_rows_tcp.py.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import socket
+import socketserver
+import struct
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+import torch
+
+from psgd.core.rows import ID_BYTES
+from psgd.core.rowstore import RowError, RowStore
+
+PREFIX = struct.Struct("<BIIQ")  # op, worker, entries, payload length
+ENTRY = struct.Struct("<IQ")     # table, count
+HELLO, PULL, PUSH, STATS, WELCOME, ROWS, PUSHED, STATS_REPLY, ERROR = 1, 2, 3, 4, 0x81, 0x82, 0x83, 0x84, 0xFF
+
+
+class RowWireError(Exception):
+    """An ERROR frame from the server: `status` (e.g. INVALID_ARGUMENT) and the message."""
+
+    def __init__(self, status: str, message: str) -> None:
+        super().__init__(f"{status}: {message}")
+        self.status, self.message = status, message
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise ConnectionError("connection closed in the middle of a frame")
+        got += k
+    return buf
+
+
+def _send(sock: socket.socket, op: int, worker: int, entries: int, *parts: bytes | memoryview) -> int:
+    head = PREFIX.pack(op, worker, entries, sum(len(p) for p in parts))
+    sock.sendall(b"".join([head, *parts]))  # one write: small requests are the common case
+    return len(head) + sum(len(p) for p in parts)
+
+
+def _error(sock: socket.socket, message: str) -> None:
+    _send(sock, ERROR, 0, 0, message.encode())
+
+
+def _drain(sock: socket.socket, n: int) -> None:
+    while n:
+        n -= len(_recv_exact(sock, min(n, 1 << 20)))
+
+
+def _bytes(t: torch.Tensor) -> memoryview:
+    return memoryview(t.contiguous().numpy()).cast("B")
+
+
+class _Handler(socketserver.BaseRequestHandler):
+    server: RowServer
+
+    def handle(self) -> None:
+        sock, srv = self.request, self.server
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        authed = srv.token is None
+        try:
+            while True:
+                head = sock.recv(PREFIX.size, socket.MSG_WAITALL)
+                if len(head) < PREFIX.size:
+                    return  # closed (cleanly, or in the middle of a prefix)
+                op, worker, entries, length = PREFIX.unpack(head)
+                if length > srv.max_payload:
+                    return _error(sock, f"INVALID_ARGUMENT: a payload of {length} bytes is more than any request "
+                                        "to this shard carries; closing")
+                if op == HELLO:
+                    authed = srv.token is None or hmac.compare_digest(bytes(_recv_exact(sock, length)), srv.token)
+                    if not authed:
+                        return _error(sock, "UNAUTHENTICATED: wrong token")
+                    _send(sock, WELCOME, 0, 0)
+                elif not authed:
+                    return _error(sock, "UNAUTHENTICATED: send HELLO with the run's token first")
+                elif op == STATS:
+                    _drain(sock, length)
+                    _send(sock, STATS_REPLY, 0, 0, json.dumps(srv.stats()).encode())
+                elif op in (PULL, PUSH):
+                    self._request(sock, op, worker, entries, length)
+                else:
+                    _drain(sock, length)
+                    _error(sock, f"UNIMPLEMENTED: op {op}")
+        except ConnectionError:
+            return
+
+    def _directory(self, sock, op: int, entries: int, length: int) -> list[tuple[int, int]] | str:
+        """The request's (table, count) pairs, or what is wrong with them (the payload then drained)."""
+        stores = self.server.stores
+        if not 1 <= entries <= len(stores) or length < entries * ENTRY.size:
+            _drain(sock, length)
+            return f"a request names 1 to {len(stores)} tables, got {entries} in {length} bytes"
+        raw = _recv_exact(sock, entries * ENTRY.size)
+        pairs = [ENTRY.unpack_from(raw, i * ENTRY.size) for i in range(entries)]
+        rest = length - len(raw)
+        tables = [t for t, _ in pairs]
+        if any(t >= len(stores) for t in tables) or len(set(tables)) != len(tables):
+            _drain(sock, rest)
+            return f"tables {tables}: each must be distinct and below {len(stores)} (the tables this shard serves)"
+        want = sum(n * (ID_BYTES + (4 * stores[t].dim if op == PUSH else 0)) for t, n in pairs)
+        if rest != want:
+            _drain(sock, rest)
+            return f"the directory's {sum(n for _, n in pairs)} rows need {want} bytes after it, got {rest}"
+        return pairs
+
+    def _request(self, sock, op: int, worker: int, entries: int, length: int) -> None:
+        stores = self.server.stores
+        pairs = self._directory(sock, op, entries, length)
+        if isinstance(pairs, str):
+            return _error(sock, f"INVALID_ARGUMENT: {pairs}")
+        payload, at, checked = _recv_exact(sock, length - entries * ENTRY.size), 0, []
+        try:
+            for t, n in pairs:
+                ids = torch.from_numpy(np.frombuffer(payload, dtype="<i8", count=n, offset=at).copy())
+                at += n * ID_BYTES
+                if op == PULL:
+                    checked.append(stores[t].check_pull(worker, ids))
+                    continue
+                dim = stores[t].dim
+                grads = torch.from_numpy(np.frombuffer(payload, dtype="<f4", count=n * dim, offset=at).copy())
+                at += n * dim * 4
+                checked.append(stores[t].check_push(worker, ids, grads.view(n, dim), n))
+        except RowError as e:
+            return _error(sock, f"INVALID_ARGUMENT: {e}")
+        out = [stores[t].apply(c) for (t, _), c in zip(pairs, checked, strict=True)]
+        if op == PULL:
+            _send(sock, ROWS, worker, entries, *(_bytes(r) for r in out))
+        else:
+            _send(sock, PUSHED, worker, entries)
+
+
+class RowServer(socketserver.ThreadingTCPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(self, stores: Sequence[RowStore], host: str, port: int, token: bytes | None) -> None:
+        self.stores, self.token = list(stores), token
+        # The largest request: a push of every row of every table, with its ids and directory.
+        self.max_payload = sum(len(s.ids) * (ID_BYTES + 4 * s.dim) + ENTRY.size for s in self.stores)
+        super().__init__((host, port), _Handler)
+        self._thread = threading.Thread(target=self.serve_forever, name="psgd-rows", daemon=True)
+        self._thread.start()
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+    def stats(self) -> list[dict]:
+        return [{"rows": len(s.ids), "dim": s.dim, "bytes_in": s.bytes_in, "bytes_out": s.bytes_out,
+                 "staleness": {str(k): v for k, v in sorted(s.clock.histogram.items())}} for s in self.stores]
+
+    def close(self) -> None:
+        self.shutdown()
+        self.server_close()
+
+
+def serve(stores: Sequence[RowStore], host: str = "127.0.0.1", port: int = 0, token: bytes | None = None) -> RowServer:
+    return RowServer(stores, host, port, token)
+
+
+class RowClient:
+    """One connection to one shard's row service; blocking, for one thread. `dims`: each table's
+    width, asked of the shard once (STATS)."""
+
+    def __init__(self, address: str, token: bytes | None = None, timeout: float = 60.0) -> None:
+        host, port = address.rsplit(":", 1)
+        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        # What this client put on the wire and got: bytes, requests, directory entries.
+        self.bytes_sent = self.bytes_received = self.requests = self.entries = 0
+        if token is not None:
+            self._send(HELLO, 0, 0, token)
+            self._answer()
+        self.dims = [s["dim"] for s in self.stats()]
+
+    def _send(self, op: int, worker: int, entries: int, *parts) -> None:
+        self.bytes_sent += _send(self.sock, op, worker, entries, *parts)
+        self.requests += 1
+        self.entries += entries
+
+    def _answer(self) -> bytearray:
+        op, _, _, length = PREFIX.unpack(_recv_exact(self.sock, PREFIX.size))
+        payload = _recv_exact(self.sock, length)
+        self.bytes_received += PREFIX.size + length
+        if op == ERROR:
+            status, _, message = payload.decode(errors="replace").partition(": ")
+            raise RowWireError(status, message)
+        return payload
+
+    def start_pull(self, worker: int, requests: Sequence[tuple[int, torch.Tensor]]) -> list[tuple[int, int]]:
+        """Send a pull of (table, ids) entries; `finish_pull` with what this returns reads the rows."""
+        pairs = [(t, len(ids)) for t, ids in requests]
+        self._send(PULL, worker, len(pairs), b"".join(ENTRY.pack(t, n) for t, n in pairs),
+                   *(_bytes(ids.to(torch.int64)) for _, ids in requests))
+        return pairs
+
+    def finish_pull(self, pairs: list[tuple[int, int]]) -> list[torch.Tensor]:
+        flat = torch.from_numpy(np.frombuffer(self._answer(), dtype="<f4").copy())
+        sizes = [n * self.dims[t] for t, n in pairs]
+        return [part.view(n, self.dims[t]) for part, (t, n) in zip(flat.split(sizes), pairs, strict=True)]
+
+    def start_push(self, worker: int, requests: Sequence[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
+        """Send a push of (table, ids, summed gradient rows) entries; `finish_push` reads the answer."""
+        parts: list = [b"".join(ENTRY.pack(t, len(ids)) for t, ids, _ in requests)]
+        for _, ids, grads in requests:
+            parts += [_bytes(ids.to(torch.int64)), _bytes(grads.float())]
+        self._send(PUSH, worker, len(requests), *parts)
+
+    def finish_push(self) -> None:
+        self._answer()
+
+    def pull(self, worker: int, requests: Sequence[tuple[int, torch.Tensor]]) -> list[torch.Tensor]:
+        return self.finish_pull(self.start_pull(worker, requests))
+
+    def push(self, worker: int, requests: Sequence[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
+        self.start_push(worker, requests)
+        self.finish_push()
+
+    def stats(self) -> list[dict]:
+        self._send(STATS, 0, 0)
+        return json.loads(self._answer())
+
+    def close(self) -> None:
+        self.sock.close()
