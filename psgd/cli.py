@@ -23,6 +23,7 @@ from pathlib import Path
 
 from psgd.core import config as C
 from psgd.core.errors import Parser, UsageError
+from psgd.sim import flags as sim_flags
 from psgd.train import serve, work
 from psgd.train.roles import MODES_HELP, by_hand, check_data, config_from_args, not_read, worker_device_of  # noqa: F401 - re-exported
 from psgd.train.roles import token as _token  # noqa: F401 - re-exported
@@ -66,6 +67,7 @@ def build_parser() -> Parser:
                        description="Train one model with N workers and K parameter shards (or all-reduce).",
                        epilog=MODES_HELP, formatter_class=fmt)
     C.add_flags(p)
+    sim_flags.add_flags(p)  # --simulate and its time model (psgd/sim/)
     p.add_argument("--quiet", action="store_true", help="print only the summary line")
     p.add_argument("--resume", metavar="OUT", default="",
                    help="continue the stopped run in OUT from its shards' checkpoints (--checkpoint-every), "
@@ -231,6 +233,9 @@ def _run(args: argparse.Namespace) -> int:
     check_device(cfg)
     check_data(cfg)  # --dataset mnist's files, where --data-dir says: before anything starts
     check_workload(cfg)  # your own model / data / loss: one line and exit 2 before anything starts
+    sim = sim_flags.sim_config(args)
+    if sim is not None:  # the job as a simulated cluster in this process (psgd/sim/)
+        return sim_flags.run_simulated(cfg, sim, lambda summary, out: print(f"SIMULATED: {summary_line(summary, out)}"))
     if cfg.cpu_quota > 0:
         from psgd.train import cpulimit
 

@@ -24,9 +24,10 @@ from psgd.core.errors import Code, ShardError
 from psgd.sim.events import Clock, Queue, take_both
 from psgd.sim.timemodel import TimeModel
 from psgd.sim.workers import Replica, VWorker, end_line, step_line
+from psgd.train.launch import RunFailed
 
 
-class Stalled(RuntimeError):
+class Stalled(RunFailed):
     """No event is left and a worker has not finished: the run cannot go on (the message says who waits)."""
 
 

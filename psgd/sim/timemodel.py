@@ -128,7 +128,7 @@ class TimeModel:
             "apply_s_per_byte": self.apply_s_per_byte, "apply_source": self.apply_source,
             "queues": "each shard's NIC (in, out) and each worker's (up, down) serialise their messages; "
                       "each shard's CPU applies one push at a time",
-            "notes": list(self.notes),
+            "notes": list(self.notes), "said": self.line(),
         }
 
     def line(self) -> str:
