@@ -150,7 +150,7 @@ def simulate(cfg: RunConfig, sim: SimConfig = SimConfig(), prepared: bool = Fals
         workers = [VWorker(w, batches[w], cfg.servers, jitter[w]) for w in range(cfg.workers)]
         base = time.time()
         metrics = Metrics(out / "metrics.jsonl")
-        metrics.write(event="launch", by="psgd run --simulate", process_start=base)
+        metrics.write(event="launch", by="psgd run --simulate", process_start=base, time=base)
         cluster = Cluster(shards, workers, replica, tm, cfg.wire_dtype, cfg.backup_workers > 0,
                           lambda line: metrics.write(**line), base)
         try:
