@@ -126,3 +126,14 @@ def test_the_clock_runs_events_in_time_then_in_the_order_they_were_scheduled():
     q, r = Queue(), Queue()
     assert q.take(0.0, 2.0) == 2.0 and q.take(1.0, 1.0) == 3.0  # the second waits for the first
     assert take_both(0.0, 1.0, q, r) == 4.0 and r.free_at == 4.0  # needs both ends free
+
+
+def test_fit_simulates_too(tmp_path):
+    import psgd
+
+    got = psgd.fit(mode="async", workers=3, steps=4, out=str(tmp_path / "fit"), simulate=True, sim_compute="1ms",
+                   sim_apply="0.1ns")
+    assert got.summary["simulated"] is True and got.summary["global_updates"] == 12
+    assert got.summary["params_sha256"] == summary(tmp_path / "fit")["params_sha256"]
+    with pytest.raises(ValueError, match="unknown simulation keyword"):
+        psgd.fit(steps=1, out=str(tmp_path / "bad"), simulate=True, sim_speed="1")

@@ -104,10 +104,28 @@ class FitResult:
     config: C.RunConfig
 
 
+def _simulated(cfg: C.RunConfig, sim: dict) -> dict:
+    """`fit(simulate=True)`: psgd/sim/run.py `simulate`; a bad setting is a ValueError, as fit's others are."""
+    from psgd.sim import run as sim_run  # noqa: PLC0415
+
+    try:
+        settings = sim_run.SimConfig(**sim)
+    except TypeError:
+        raise ValueError(f"unknown simulation keyword(s) {', '.join('sim_' + k for k in sim)}; known: sim_compute, "
+                         "sim_speeds, sim_apply, sim_profile") from None
+    try:
+        return sim_run.simulate(cfg, settings, prepared=True)
+    except UsageError as e:
+        raise ValueError(str(e)) from None
+
+
 def fit(model: Any = "mlp", data: Any = "synthetic", loss: Any = "cross_entropy", *, mode: str = "sync",
         workers: int = 2, servers: int = 1, steps: int = 100, epochs: float = 0.0, optimizer: Any = None,
-        out: str = "", progress: bool = False, tensorboard: str | Path = "", **flags: Any) -> FitResult:
+        out: str = "", progress: bool = False, tensorboard: str | Path = "", simulate: bool = False,
+        **flags: Any) -> FitResult:
     """Train as `psgd run` does, with real processes; blocks until the run has ended.
+    `simulate=True`: as `psgd run --simulate`, a SIMULATED cluster in this process (psgd/sim/), its time
+    model from `sim_compute=`, `sim_speeds=`, `sim_apply=`, `sim_profile=` (the flags' values).
 
     Raises ValueError (a bad keyword, value or spec: one line, before any process starts) or
     psgd.train.launch.RunFailed (a process of the job failed; the message names it). `tensorboard=DIR`:
@@ -118,6 +136,7 @@ def fit(model: Any = "mlp", data: Any = "synthetic", loss: Any = "cross_entropy"
     from psgd.train import launch, models, workload  # noqa: PLC0415
     from psgd.train import progress as live  # noqa: PLC0415
 
+    sim = {k.removeprefix("sim_"): flags.pop(k) for k in [k for k in flags if k.startswith("sim_")]}
     cfg = config(model=model, data=data, loss=loss, mode=mode, workers=workers, servers=servers, steps=steps,
                  epochs=epochs, optimizer=optimizer, out=out, **flags)
     _check_device(cfg)
@@ -135,7 +154,7 @@ def fit(model: Any = "mlp", data: Any = "synthetic", loss: Any = "cross_entropy"
     launch.prepare_out(Path(cfg.out))
     with live.live(Path(cfg.out), cfg.budget, f"psgd.fit {cfg.mode}", enabled=progress):
         tb = tboard.run_dir(Path(tensorboard), Path(cfg.out)) if tensorboard else None
-        summary = launch.run(cfg, tensorboard=tb)
+        summary = _simulated(cfg, sim) if simulate else launch.run(cfg, tensorboard=tb)
     import torch  # noqa: PLC0415
 
     ds = data_mod.load(cfg.data)
