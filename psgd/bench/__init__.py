@@ -26,6 +26,8 @@ BENCHMARKS = {
     "transformer": "the GPT with AdamW: psgd PS vs a plain torch loop, psgd all-reduce vs torch DDP; memory",
     "drill": "seeded SIGKILL storms (psgd drill) on sync, async, SSP runs: faults by kind and moment, updates "
              "lost, recovery times, sync's hash against the calm run's",
+    "sim": "what a simulated cluster (psgd run --simulate) costs this machine at N = 1, 64, 1024 async workers "
+           "for a fixed number of gradients",
 }
 NAMES = tuple(BENCHMARKS)
 

@@ -31,6 +31,10 @@ class Stalled(RunFailed):
     """No event is left and a worker has not finished: the run cannot go on (the message says who waits)."""
 
 
+class Refused(RunFailed):
+    """A shard refused a request (a non-finite gradient, say): a real worker fails on it, so does the run."""
+
+
 class Cluster:
     """Run `shards` (real, initialised by `run`) and `workers` on one clock; `write(line)` takes metrics lines."""
 
@@ -48,7 +52,7 @@ class Cluster:
         self.held_pushes: list[list[tuple[int, int, int, float]]] = [[] for _ in range(k)]
         self._seen: list[tuple | None] = [None] * k
         self.version_at: list[dict[int, float]] = [{0: 0.0} for _ in range(k)]  # update -> virtual time
-        self.left = 0
+        self.in_flight = self.peak_in_flight = 0  # parameter vectors held for workers (pulled copies, gradients)
 
     # -- messages -----------------------------------------------------------------------------
     def _send(self, t: float, nbytes: int, src: Queue, dst: Queue) -> float:
@@ -69,7 +73,10 @@ class Cluster:
             w.new_round()
             for k in range(len(self.shards)):
                 self.clock.at(self._send(0.0, 0, self.up[w.rank], self.nic_in[k]), self._pull_arrives, k, w.rank, 0)
-        self.clock.run()
+        try:
+            self.clock.run()
+        except ShardError as e:  # what a real shard answers its worker with, and the run fails
+            raise Refused(f"at {self.clock.now:.6f} s (virtual): {e.code.value}: {e}") from None
         waiting = [w.rank for w in self.workers if not w.finished]
         if waiting:
             held = {k: [(w, c) for w, c, _ in h] for k, h in enumerate(self.held_pulls) if h}
@@ -91,6 +98,7 @@ class Cluster:
                 if not p.done:
                     if worker.pulled is None:
                         worker.pulled = torch.empty_like(self.replica.flat.params)
+                        self._held(+1)
                     lo, hi = self.ranges[k]
                     worker.pulled[lo:hi].copy_(p.values)  # decoded to fp32, as the client writes it
                 done, version, gap = p.done, p.version, p.clock_gap
@@ -105,10 +113,9 @@ class Cluster:
     def _wake(self, k: int) -> None:
         """Serve the held pulls of shard k that the policy now lets go (whenever its state moved)."""
         policy = self.shards[k].policy
-        while True:
+        while self.held_pulls[k]:
             key = (policy.version, policy.roster.slowest(policy.clocks), policy.roster.started, policy.done)
-            if key == self._seen[k] or not self.held_pulls[k]:
-                self._seen[k] = key
+            if key == self._seen[k]:
                 return
             self._seen[k] = key
             held, self.held_pulls[k] = self.held_pulls[k], []
@@ -147,8 +154,9 @@ class Cluster:
         worker.taken += 1
         worker.refused |= out.refused
         worker.times.applied = max(worker.times.applied, now)
-        if worker.taken == len(self.shards):
+        if worker.taken == len(self.shards) and worker.grad is not None:
             worker.grad = None  # every shard has it: its memory goes
+            self._held(-1)
         if out.done:
             self.clock.at(self._send(now, 0, self.nic_out[k], self.down[w]), self._reply, w, k, True, out.version,
                           0, 0.0, 0)
@@ -167,6 +175,10 @@ class Cluster:
             self.held_pushes[k] = [h for h in self.held_pushes[k] if h not in ready]
             for w, clock, base, _ in ready:
                 self._take(k, w, clock, base)
+
+    def _held(self, change: int) -> None:
+        self.in_flight += change
+        self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
 
     # -- the worker's side --------------------------------------------------------------------
     def _reply(self, w: int, k: int, done: bool, version: int, gap: int, wait: float, nbytes: int) -> None:
@@ -216,6 +228,7 @@ class Cluster:
 
     def _finish(self, worker: VWorker) -> None:
         """The worker leaves every shard (as a real one's close does) and writes its worker_end line."""
+        self._held(-(worker.pulled is not None) - (worker.grad is not None))
         worker.finished, worker.pulled, worker.grad = True, None, None
         for k, shard in enumerate(self.shards):
             shard.leave(worker.rank, k)

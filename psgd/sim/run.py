@@ -153,10 +153,12 @@ def simulate(cfg: RunConfig, sim: SimConfig = SimConfig(), prepared: bool = Fals
         metrics.write(event="launch", by="psgd run --simulate", process_start=base, time=base)
         cluster = Cluster(shards, workers, replica, tm, cfg.wire_dtype, cfg.backup_workers > 0,
                           lambda line: metrics.write(**line), base)
+        loop_start = time.perf_counter()
         try:
             end = cluster.run()
         finally:
             metrics.close()
+        loop_s = time.perf_counter() - loop_start
         for k, shard in enumerate(shards):
             _virtual_snapshots(shard, cluster.version_at[k], base, end)
             shard.save(out)
@@ -165,8 +167,9 @@ def simulate(cfg: RunConfig, sim: SimConfig = SimConfig(), prepared: bool = Fals
     real_s = time.perf_counter() - real_start
     summary = launch.finish(cfg, on_eval=lambda k, n: None)
     summary.update(simulated=True, time_model=dict(
-        tm.describe(), events=cluster.clock.events, gradients_computed=replica.computed,
-        virtual_s=end, simulation_real_s=real_s))
+        tm.describe(), events=cluster.clock.events, gradients_computed=replica.computed, virtual_s=end,
+        simulation_real_s=real_s, event_loop_real_s=loop_s, peak_vectors_in_flight=cluster.peak_in_flight,
+        peak_bytes_in_flight=cluster.peak_in_flight * 4 * initial.numel()))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
 
