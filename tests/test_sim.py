@@ -8,6 +8,7 @@ tests/test_kernel_hashes.py does, and compare the two runs' params_sha256 on thi
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -137,3 +138,20 @@ def test_fit_simulates_too(tmp_path):
     assert got.summary["params_sha256"] == summary(tmp_path / "fit")["params_sha256"]
     with pytest.raises(ValueError, match="unknown simulation keyword"):
         psgd.fit(steps=1, out=str(tmp_path / "bad"), simulate=True, sim_speed="1")
+
+
+def test_bench_sim_reports_the_cost_of_each_worker_count(tmp_path):
+    r = psgd_main("bench", "sim", "--workers", "1,4", "--gradients", "8", "--rounds", "1", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    rows = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    assert [(x["workers"], x["gradients_applied"], x["gradients_computed"]) for x in rows] == [(1, 8, 8), (4, 8, 8)]
+    assert rows[0]["cost_ratio"] == 1.0 and rows[1]["peak_vectors_in_flight"] == 4
+    assert "SIMULATED" in (tmp_path / "bench.md").read_text() and (tmp_path / "command.txt").exists()
+
+
+def test_bench_sim_vs_real_puts_a_real_run_beside_its_calibrated_simulation(tmp_path):
+    r = psgd_main("bench", "sim-vs-real", "--modes", "async", "--workers", "2", "--steps", "5", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    (row,) = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    assert set(row["real"]) == set(row["simulated"]) and row["simulated"]["updates_per_s"] > 0
+    assert row["sim_compute"].endswith("us") and set(row["within_tolerance"]) == {"staleness_mean", "updates_per_s"}

@@ -28,6 +28,8 @@ BENCHMARKS = {
              "lost, recovery times, sync's hash against the calm run's",
     "sim": "what a simulated cluster (psgd run --simulate) costs this machine at N = 1, 64, 1024 async workers "
            "for a fixed number of gradients",
+    "sim-vs-real": "real runs beside their simulation (psgd run --simulate, calibrated to each): staleness, "
+                   "clock gaps, updates/s, accuracy, and where they differ beyond the tolerance",
 }
 NAMES = tuple(BENCHMARKS)
 
@@ -57,4 +59,4 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[0] not in NAMES:
         raise UsageError(f"unknown benchmark {argv[0]!r}; choose one of {', '.join(NAMES)}")
-    return importlib.import_module(f"psgd.bench.{argv[0]}").main(argv[1:])
+    return importlib.import_module(f"psgd.bench.{argv[0].replace('-', '_')}").main(argv[1:])
