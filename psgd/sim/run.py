@@ -22,7 +22,6 @@ worker takes it, psgd/train/launch.py `thread_budget`).
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 import time
@@ -113,11 +112,8 @@ def simulate(cfg: RunConfig, sim: SimConfig = SimConfig(), prepared: bool = Fals
     `prepared`: the caller made the run folder already (`psgd run` does, before its live line)."""
     import torch  # noqa: PLC0415 - see psgd/train/launch.py: the faces import torch late
 
-    from psgd.sim.cluster import Cluster  # noqa: PLC0415
-    from psgd.sim.workers import Replica, VWorker  # noqa: PLC0415
-    from psgd.train import assemble, data, launch, losses, models  # noqa: PLC0415
+    from psgd.train import data, launch  # noqa: PLC0415
     from psgd.train.metrics import Metrics  # noqa: PLC0415
-    from psgd.train.worker import Batches  # noqa: PLC0415
 
     check(cfg)
     if cfg.epochs > 0:
@@ -132,46 +128,57 @@ def simulate(cfg: RunConfig, sim: SimConfig = SimConfig(), prepared: bool = Fals
     threads = torch.get_num_threads()
     real_start = time.perf_counter()
     try:
-        ds = data.load(cfg.data)
-        plan = data.plan_for(cfg, ds.y_train)
-        replica = Replica(models.build(cfg.model, ds.input_dim, ds.num_classes, cfg.seed), losses.get(cfg.model.loss),
-                          cfg.accumulate)
-        batches = [Batches(ds.x_train, ds.y_train, plan, w) for w in range(cfg.workers)]
-        tm = time_model(cfg, sim, replica, batches[0])
-        torch.set_num_threads(launch.thread_budget(cfg))  # a real worker's threads: the same kernels, the same bits
-        initial = replica.flat.params.clone()
-        num_params = initial.numel()
-        shards = [assemble.shard(cfg, k, num_params) for k in range(cfg.servers)]
-        from psgd.core.sharding import shard_ranges  # noqa: PLC0415
-
-        for shard, (lo, hi) in zip(shards, shard_ranges(num_params, cfg.servers), strict=True):
-            shard.init(initial[lo:hi].clone())
-        jitter = tm.jitter_streams()
-        workers = [VWorker(w, batches[w], cfg.servers, jitter[w]) for w in range(cfg.workers)]
         base = time.time()
         metrics = Metrics(out / "metrics.jsonl")
         metrics.write(event="launch", by="psgd run --simulate", process_start=base, time=base)
-        cluster = Cluster(shards, workers, replica, tm, cfg.wire_dtype, cfg.backup_workers > 0,
-                          lambda line: metrics.write(**line), base)
-        loop_start = time.perf_counter()
         try:
+            cluster, tm = _cluster(cfg, sim, lambda line: metrics.write(**line), base)
+            loop_start = time.perf_counter()
             end = cluster.run()
+            loop_s = time.perf_counter() - loop_start
         finally:
             metrics.close()
-        loop_s = time.perf_counter() - loop_start
-        for k, shard in enumerate(shards):
+        for k, shard in enumerate(cluster.shards):
             _virtual_snapshots(shard, cluster.version_at[k], base, end)
             shard.save(out)
     finally:
         torch.set_num_threads(threads)
     real_s = time.perf_counter() - real_start
     summary = launch.finish(cfg, on_eval=lambda k, n: None)
+    vectors = cluster.peak_in_flight
     summary.update(simulated=True, time_model=dict(
-        tm.describe(), events=cluster.clock.events, gradients_computed=replica.computed, virtual_s=end,
-        simulation_real_s=real_s, event_loop_real_s=loop_s, peak_vectors_in_flight=cluster.peak_in_flight,
-        peak_bytes_in_flight=cluster.peak_in_flight * 4 * initial.numel()))
+        tm.describe(), events=cluster.clock.events, gradients_computed=cluster.replica.computed, virtual_s=end,
+        simulation_real_s=real_s, event_loop_real_s=loop_s, peak_vectors_in_flight=vectors,
+        peak_bytes_in_flight=vectors * 4 * cluster.replica.flat.params.numel()))
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def _cluster(cfg: RunConfig, sim: SimConfig, write, base: float):
+    """The run's pieces, built as a real run builds them (psgd/train/assemble.py), on one clock:
+    (the Cluster, its TimeModel). Leaves torch on a real worker's thread budget (the caller restores it)."""
+    import torch  # noqa: PLC0415
+
+    from psgd.core.sharding import shard_ranges  # noqa: PLC0415
+    from psgd.sim.cluster import Cluster  # noqa: PLC0415
+    from psgd.sim.workers import Replica, VWorker  # noqa: PLC0415
+    from psgd.train import assemble, data, launch, losses, models  # noqa: PLC0415
+    from psgd.train.worker import Batches  # noqa: PLC0415
+
+    ds = data.load(cfg.data)
+    plan = data.plan_for(cfg, ds.y_train)
+    replica = Replica(models.build(cfg.model, ds.input_dim, ds.num_classes, cfg.seed), losses.get(cfg.model.loss),
+                      cfg.accumulate)
+    batches = [Batches(ds.x_train, ds.y_train, plan, w) for w in range(cfg.workers)]
+    tm = time_model(cfg, sim, replica, batches[0])
+    torch.set_num_threads(launch.thread_budget(cfg))  # a real worker's threads: the same kernels, the same bits
+    initial = replica.flat.params.clone()
+    shards = [assemble.shard(cfg, k, initial.numel()) for k in range(cfg.servers)]
+    for shard, (lo, hi) in zip(shards, shard_ranges(initial.numel(), cfg.servers), strict=True):
+        shard.init(initial[lo:hi].clone())  # every worker's Init offers these; the first wins
+    jitter = tm.jitter_streams()
+    workers = [VWorker(w, batches[w], cfg.servers, jitter[w]) for w in range(cfg.workers)]
+    return Cluster(shards, workers, replica, tm, cfg.wire_dtype, cfg.backup_workers > 0, write, base), tm
 
 
 def _virtual_snapshots(shard, version_at: dict[int, float], base: float, end: float) -> None:
@@ -182,7 +189,3 @@ def _virtual_snapshots(shard, version_at: dict[int, float], base: float, end: fl
     if not snaps or snaps[-1][0] != version:
         snaps.append((version, base + version_at.get(version, end), shard.param.detach().clone()))
     shard.snapshots = snaps
-
-
-def replace(sim: SimConfig, **changes) -> SimConfig:
-    return dataclasses.replace(sim, **changes)
