@@ -155,3 +155,13 @@ def test_bench_sim_vs_real_puts_a_real_run_beside_its_calibrated_simulation(tmp_
     (row,) = json.loads((tmp_path / "bench.json").read_text())["rows"]
     assert set(row["real"]) == set(row["simulated"]) and row["simulated"]["updates_per_s"] > 0
     assert row["sim_compute"].endswith("us") and set(row["within_tolerance"]) == {"staleness_mean", "updates_per_s"}
+
+
+def test_backup_workers_under_simulate_drop_the_late_and_step_sooner(tmp_path):
+    # Chen et al. 2016 in miniature: a heavy-tailed straggler law; with one backup worker each step
+    # waits for the first 7 of 8, and the late gradient of a step is dropped, not applied.
+    flags = ("--mode", "sync", "--workers", "8", "--steps", "20", "--jitter", "5", "--jitter-tail", "pareto", *SIM)
+    plain, backup = run(tmp_path / "b0", *flags), run(tmp_path / "b1", *flags, "--backup-workers", "1")
+    assert plain["global_updates"] == backup["global_updates"] == 20
+    assert plain["dropped_gradients"] == 0 < backup["dropped_gradients"]
+    assert backup["wall_time_s"] < plain["wall_time_s"]
