@@ -23,6 +23,7 @@ from pathlib import Path
 
 from psgd.core import config as C
 from psgd.core.errors import Parser, UsageError
+from psgd.sim import flags as sim_flags
 from psgd.train import serve, work
 from psgd.train.roles import MODES_HELP, by_hand, check_data, config_from_args, not_read, worker_device_of  # noqa: F401 - re-exported
 from psgd.train.roles import token as _token  # noqa: F401 - re-exported
@@ -89,6 +90,7 @@ def _add_run(sub) -> None:
                        description="Train one model with N workers and K parameter shards (or all-reduce).",
                        epilog=MODES_HELP, formatter_class=fmt)
     C.add_flags(p)
+    sim_flags.add_flags(p)  # --simulate and its time model (psgd/sim/)
     p.add_argument("--quiet", action="store_true", help="print only the summary line")
     p.add_argument("--resume", metavar="OUT", default="",
                    help="continue the stopped run in OUT from its shards' checkpoints (--checkpoint-every), "
@@ -213,7 +215,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     from psgd.train.supervise import INTERRUPTED, Interrupted, RunFailed
 
     try:
-        cfg = preflight.prepare(_run_config(args), tensorboard=bool(args.tensorboard), resume=bool(args.resume))
+        cfg, sim = _run_config(args), sim_flags.sim_config(args)
+        if sim is not None:
+            from psgd.sim import run as sim_run
+
+            sim_run.check(cfg)  # what it does not model: one line, exit 2, before any folder
+        cfg = preflight.prepare(cfg, tensorboard=bool(args.tensorboard), resume=bool(args.resume))
+        if sim is not None:  # the job as a simulated cluster in this process (psgd/sim/)
+            return sim_flags.run_simulated(cfg, sim, lambda s, out: print(f"SIMULATED: {summary_line(s, out)}"))
         with progress.live(Path(cfg.out), cfg.budget, f"psgd run {cfg.mode}", enabled=not args.quiet):
             tb = tboard.run_dir(Path(args.tensorboard), Path(cfg.out)) if args.tensorboard else None
             summary = launch.run(cfg, resume=bool(args.resume), cold_start=args.cold_start, tensorboard=tb,

@@ -27,7 +27,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent / "psgd"
 LAYER = {"_proto": 0, "core": 1, "ps": 2, "allreduce": 2, "cluster": 2, "train": 3, "bench": 4, "lab": 5, "api": 6,
-         "cli": 7, "__main__": 8}
+         "cli": 7, "__main__": 8,
+         "sim": 3.5}  # the simulated cluster drives train's pieces; bench, api and cli drive it
 # What the pure cores may not touch: transports, processes, plotting.
 NOT_IN_CORE = ("grpc", "socket", "socketserver", "subprocess", "matplotlib", "psgd._proto")
 

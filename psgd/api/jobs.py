@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from psgd.core import config as C
+from psgd.core.errors import UsageError
 
 if TYPE_CHECKING:
     from torch import nn
@@ -110,10 +111,32 @@ class FitResult:
     config: C.RunConfig
 
 
+def _simulated(cfg: C.RunConfig, sim: dict, check_only: bool = False) -> dict | None:
+    """`fit(simulate=True)`: psgd/sim/run.py `simulate` (`check_only`: its settings and `check`, no run);
+    a bad setting is a ValueError, as fit's others are."""
+    from psgd.sim import run as sim_run  # noqa: PLC0415
+
+    try:
+        settings = sim_run.SimConfig(**sim)
+    except TypeError:
+        raise ValueError(f"unknown simulation keyword(s) {', '.join('sim_' + k for k in sim)}; known: sim_compute, "
+                         "sim_speeds, sim_apply, sim_profile") from None
+    try:
+        if check_only:
+            sim_run.check(cfg)
+            return None
+        return sim_run.simulate(cfg, settings, prepared=True)
+    except UsageError as e:
+        raise ValueError(str(e)) from None
+
+
 def fit(model: Any = "mlp", data: Any = "synthetic", loss: Any = "cross_entropy", *, mode: str = "sync",
         workers: int = 2, servers: int = 1, steps: int = 100, epochs: float = 0.0, optimizer: Any = None,
-        out: str = "", progress: bool = False, tensorboard: str | Path = "", **flags: Any) -> FitResult:
+        out: str = "", progress: bool = False, tensorboard: str | Path = "", simulate: bool = False,
+        **flags: Any) -> FitResult:
     """Train as `psgd run` does, with real processes; blocks until the run has ended.
+    `simulate=True`: as `psgd run --simulate`, a SIMULATED cluster in this process (psgd/sim/), its time
+    model from `sim_compute=`, `sim_speeds=`, `sim_apply=`, `sim_profile=` (the flags' values).
 
     Raises ValueError (a bad keyword, value or spec: one line, before any process starts) or
     psgd.train.launch.RunFailed (a process of the job failed; the message names it). `tensorboard=DIR`:
@@ -124,12 +147,15 @@ def fit(model: Any = "mlp", data: Any = "synthetic", loss: Any = "cross_entropy"
     from psgd.train import launch, models, preflight, tboard  # noqa: PLC0415
     from psgd.train import progress as live  # noqa: PLC0415
 
+    sim = {k.removeprefix("sim_"): flags.pop(k) for k in [k for k in flags if k.startswith("sim_")]}
     cfg = config(model=model, data=data, loss=loss, mode=mode, workers=workers, servers=servers, steps=steps,
                  epochs=epochs, optimizer=optimizer, out=out, **flags)
+    if simulate:
+        _simulated(cfg, sim, check_only=True)  # what it does not model: a ValueError before any folder
     cfg = preflight.prepare(cfg, tensorboard=bool(tensorboard))  # `psgd run`'s; its UsageError is a ValueError
     with live.live(Path(cfg.out), cfg.budget, f"psgd.fit {cfg.mode}", enabled=progress):
         tb = tboard.run_dir(Path(tensorboard), Path(cfg.out)) if tensorboard else None
-        summary = launch.run(cfg, tensorboard=tb, prepared=True)
+        summary = _simulated(cfg, sim) if simulate else launch.run(cfg, tensorboard=tb, prepared=True)
     import torch  # noqa: PLC0415
 
     ds = data_mod.load(cfg.data)

@@ -29,6 +29,10 @@ BENCHMARKS = {
     "sparse": "dlrm on click logs through row stores (in one process, or --wire: row-server processes): bytes "
               "per step sparse vs dense, per-row vs global staleness, load per shard by hash and range, against "
               "plain torch loops",
+    "sim": "what a simulated cluster (psgd run --simulate) costs this machine at N = 1, 64, 1024 async workers "
+           "for a fixed number of gradients",
+    "sim-vs-real": "real runs beside their simulation (psgd run --simulate, calibrated to each): staleness, "
+                   "clock gaps, updates/s, accuracy, and where they differ beyond the tolerance",
 }
 NAMES = tuple(BENCHMARKS)
 
@@ -58,4 +62,4 @@ def main(argv: list[str]) -> int:
         return 0
     if argv[0] not in NAMES:
         raise UsageError(f"unknown benchmark {argv[0]!r}; choose one of {', '.join(NAMES)}")
-    return importlib.import_module(f"psgd.bench.{argv[0]}").main(argv[1:])
+    return importlib.import_module(f"psgd.bench.{argv[0].replace('-', '_')}").main(argv[1:])
