@@ -105,7 +105,7 @@ def test_bench_help_lists_every_benchmark_with_a_line_each():
     lines = {line.split()[0]: line for line in r.stdout.splitlines() if line.startswith("  ")}
     assert set(lines) == set(NAMES) == {"transport", "allreduce", "scaling", "calibrate", "peers", "cluster",
                                          "startup", "utilisation", "transformer", "scale",
-                                         "roundtrip"} | ({"drill", "sparse"} & set(NAMES))
+                                         "roundtrip"} | ({"drill", "sparse", "sim", "sim-vs-real"} & set(NAMES))
     assert all(len(line.split()) > 4 for line in lines.values())   # a name and what it measures
     for name in NAMES:   # ... and each one really is a benchmark with its own help
         assert psgd_main("bench", name, "-h").returncode == 0
