@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -48,6 +49,7 @@ afterwards `psgd summarize OUT`. See psgd/train/node.py."""
 def build_parser() -> Parser:
     top = Parser(prog="psgd", description="Parameter-server and all-reduce SGD lab.",
                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=MODES_HELP)
+    top.add_argument("--version", action=_Version, help="print psgd's version and exit")
     sub = top.add_subparsers(dest="command", required=True, parser_class=Parser)
     fmt = argparse.RawDescriptionHelpFormatter
 
@@ -81,6 +83,19 @@ def build_parser() -> Parser:
         p = sub.add_parser(name, help=helptext, add_help=False)
         p.add_argument("rest", nargs=argparse.REMAINDER)
     return top
+
+
+class _Version(argparse.Action):
+    """`psgd --version`: `psgd 0.1.0`, the installed distribution's (psgd.version()), read only when asked."""
+
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None) -> None:
+        super().__init__(option_strings, dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        import psgd  # noqa: PLC0415
+
+        print(f"psgd {psgd.version()}")  # on stdout, as argparse's own version action prints
+        parser.exit()
 
 
 def _add_run(sub) -> None:
@@ -144,6 +159,7 @@ MODULES = {"suite": "psgd.lab.suite", "plot": "psgd.lab.plots", "bench": "psgd.b
 def main(argv: list[str] | None = None) -> int:
     # gRPC's C core logs its own multi-line errors to stderr; ours are the one-line ones.
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    _show_warnings()
     from psgd.train import lifeline
 
     lifeline.die_with_launcher()  # a child of psgd run: first thing, before the imports that take time
@@ -183,6 +199,26 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     parser.error(f"unknown command {args.command}")
     return 2
+
+
+class _Stderr(logging.Handler):
+    """A record's message alone on stderr, as the line psgd printed before it logged (sys.stderr as
+    it is at each record, so that a test's capture sees it too)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(self.format(record), file=sys.stderr, flush=True)
+        except Exception:  # logging's contract: a handler's failure is reported, never raised
+            self.handleError(record)
+
+
+def _show_warnings() -> None:
+    """The command shows the library's warnings (psgd's logger: a worker restarted, a run restarted
+    from a checkpoint) as its own lines on stderr; INFO and DEBUG stay for a program that asks
+    (psgd/__init__.py). Once per process, however often main runs."""
+    logger = logging.getLogger("psgd")
+    if not any(isinstance(h, _Stderr) for h in logger.handlers):
+        logger.addHandler(_Stderr(logging.WARNING))
 
 
 def cmd_certs(args: argparse.Namespace) -> int:
