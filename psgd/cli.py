@@ -24,8 +24,9 @@ from pathlib import Path
 
 from psgd.core import config as C
 from psgd.core.errors import Parser, UsageError
+from psgd.core.shorthelp import add_short_help
 from psgd.train import serve, work
-from psgd.train.roles import MODES_HELP, by_hand, check_data, config_from_args, not_read, worker_device_of  # noqa: F401 - re-exported
+from psgd.train.roles import MODES_HELP, by_hand, check_data, config_from_args, not_read, shards_only, worker_device_of  # noqa: F401 - re-exported
 from psgd.train.roles import token as _token  # noqa: F401 - re-exported
 from psgd.train.serve import STOP_SIGNALS, cmd_server  # noqa: F401 - each process's main lives in its room
 from psgd.train.work import cmd_worker
@@ -102,7 +103,9 @@ def _add_run(sub) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser("run", help="start servers and workers, train, evaluate, write OUT/summary.json",
                        description="Train one model with N workers and K parameter shards (or all-reduce).",
-                       epilog=MODES_HELP, formatter_class=fmt)
+                       usage="psgd run [--mode M --workers N --servers K ...] (-h: one line a flag, --help: in full)",
+                       add_help=False, epilog=MODES_HELP, formatter_class=fmt)
+    add_short_help(p)
     C.add_flags(p)
     p.add_argument("--quiet", action="store_true", help="print only the summary line")
     p.add_argument("--resume", metavar="OUT", default="",
@@ -121,8 +124,12 @@ def _add_run(sub) -> None:
 def _add_node(sub) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser("node", help="one process of a PS run under torchrun: a shard or a worker, by $RANK",
-                       description=NODE_DESCRIPTION, epilog=MODES_HELP, formatter_class=fmt)
+                       description=NODE_DESCRIPTION, usage="psgd node [--servers K] [a run's settings] "
+                                                          "(-h: one line a flag, --help: in full)",
+                       add_help=False, epilog=MODES_HELP, formatter_class=fmt)
+    add_short_help(p)
     C.add_flags(p)
+    p.epilog = shards_only(p, MODES_HELP)  # it refuses --mode allreduce: not in its help either
     for action in p._actions:  # N is WORLD_SIZE - K unless given: the schema's default (2) does not apply
         if action.dest == "workers":
             action.default, action.help = None, "number of workers N (default: WORLD_SIZE - K)"
