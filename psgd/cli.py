@@ -88,7 +88,6 @@ def build_parser() -> Parser:
 
 class _Version(argparse.Action):
     """`psgd --version`: `psgd 0.1.0`, the installed distribution's (psgd.version()), read only when asked."""
-
     def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None) -> None:
         super().__init__(option_strings, dest, default=default, nargs=0, help=help)
 
@@ -209,20 +208,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 class _Stderr(logging.Handler):
-    """A record's message alone on stderr, as the line psgd printed before it logged (sys.stderr as
-    it is at each record, so that a test's capture sees it too)."""
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            print(self.format(record), file=sys.stderr, flush=True)
-        except Exception:  # logging's contract: a handler's failure is reported, never raised
-            self.handleError(record)
+    def emit(self, record: logging.LogRecord) -> None:  # sys.stderr as it is now: a test's capture too
+        print(self.format(record), file=sys.stderr, flush=True)
 
 
 def _show_warnings() -> None:
-    """The command shows the library's warnings (psgd's logger: a worker restarted, a run restarted
-    from a checkpoint) as its own lines on stderr; INFO and DEBUG stay for a program that asks
-    (psgd/__init__.py). Once per process, however often main runs."""
+    """The library's warnings (psgd's logger: a worker restarted, a run restarted from a checkpoint)
+    as the command's own lines, the message alone on stderr; INFO and DEBUG stay for a program that
+    asks (psgd/__init__.py). Once per process, however often main runs."""
     logger = logging.getLogger("psgd")
     if not any(isinstance(h, _Stderr) for h in logger.handlers):
         logger.addHandler(_Stderr(logging.WARNING))
