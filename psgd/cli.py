@@ -17,15 +17,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import logging
 import os
 import sys
 from pathlib import Path
 
 from psgd.core import config as C
 from psgd.core.errors import Parser, UsageError
+from psgd.core.shorthelp import add_short_help
 from psgd.sim import flags as sim_flags
 from psgd.train import serve, work
-from psgd.train.roles import MODES_HELP, by_hand, check_data, config_from_args, not_read, worker_device_of  # noqa: F401 - re-exported
+from psgd.train.roles import MODES_HELP, by_hand, check_data, config_from_args, not_read, shards_only, worker_device_of  # noqa: F401 - re-exported
 from psgd.train.roles import token as _token  # noqa: F401 - re-exported
 from psgd.train.serve import STOP_SIGNALS, cmd_server  # noqa: F401 - each process's main lives in its room
 from psgd.train.work import cmd_worker
@@ -49,6 +51,7 @@ afterwards `psgd summarize OUT`. See psgd/train/node.py."""
 def build_parser() -> Parser:
     top = Parser(prog="psgd", description="Parameter-server and all-reduce SGD lab.",
                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=MODES_HELP)
+    top.add_argument("--version", action=_Version, help="print psgd's version and exit")
     sub = top.add_subparsers(dest="command", required=True, parser_class=Parser)
     fmt = argparse.RawDescriptionHelpFormatter
 
@@ -84,11 +87,25 @@ def build_parser() -> Parser:
     return top
 
 
+class _Version(argparse.Action):
+    """`psgd --version`: `psgd 0.1.0`, the installed distribution's (psgd.version()), read only when asked."""
+    def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS, help=None) -> None:
+        super().__init__(option_strings, dest, default=default, nargs=0, help=help)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        import psgd  # noqa: PLC0415
+
+        print(f"psgd {psgd.version()}")  # on stdout, as argparse's own version action prints
+        parser.exit()
+
+
 def _add_run(sub) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser("run", help="start servers and workers, train, evaluate, write OUT/summary.json",
                        description="Train one model with N workers and K parameter shards (or all-reduce).",
-                       epilog=MODES_HELP, formatter_class=fmt)
+                       usage="psgd run [--mode M --workers N --servers K ...] (-h: one line a flag, --help: in full)",
+                       add_help=False, epilog=MODES_HELP, formatter_class=fmt)
+    add_short_help(p)
     C.add_flags(p)
     sim_flags.add_flags(p)  # --simulate and its time model (psgd/sim/)
     p.add_argument("--quiet", action="store_true", help="print only the summary line")
@@ -108,8 +125,12 @@ def _add_run(sub) -> None:
 def _add_node(sub) -> None:
     fmt = argparse.RawDescriptionHelpFormatter
     p = sub.add_parser("node", help="one process of a PS run under torchrun: a shard or a worker, by $RANK",
-                       description=NODE_DESCRIPTION, epilog=MODES_HELP, formatter_class=fmt)
+                       description=NODE_DESCRIPTION, usage="psgd node [--servers K] [a run's settings] "
+                                                          "(-h: one line a flag, --help: in full)",
+                       add_help=False, epilog=MODES_HELP, formatter_class=fmt)
+    add_short_help(p)
     C.add_flags(p)
+    p.epilog = shards_only(p, MODES_HELP)  # it refuses --mode allreduce: not in its help either
     for action in p._actions:  # N is WORLD_SIZE - K unless given: the schema's default (2) does not apply
         if action.dest == "workers":
             action.default, action.help = None, "number of workers N (default: WORLD_SIZE - K)"
@@ -146,6 +167,7 @@ MODULES = {"suite": "psgd.lab.suite", "plot": "psgd.lab.plots", "bench": "psgd.b
 def main(argv: list[str] | None = None) -> int:
     # gRPC's C core logs its own multi-line errors to stderr; ours are the one-line ones.
     os.environ.setdefault("GRPC_VERBOSITY", "NONE")
+    _show_warnings()
     from psgd.train import lifeline
 
     lifeline.die_with_launcher()  # a child of psgd run: first thing, before the imports that take time
@@ -175,7 +197,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "summarize":
             return cmd_summarize(args)
         if args.command == "certs":
-            return cmd_certs(args)
+            from psgd.ps import tls  # grpc and cryptography: only for this command
+
+            return tls.cmd_certs(args.dir, args.hosts)
         if args.command in DELEGATED:
             import importlib
 
@@ -187,23 +211,18 @@ def main(argv: list[str] | None = None) -> int:
     return 2
 
 
-def cmd_certs(args: argparse.Namespace) -> int:
-    from pathlib import Path
+class _Stderr(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:  # sys.stderr as it is now: a test's capture too
+        print(self.format(record), file=sys.stderr, flush=True)
 
-    from psgd.ps import tls
 
-    hosts = [h.strip() for h in args.hosts.split(",") if h.strip()]
-    if not hosts:
-        raise UsageError("--hosts needs at least one address")
-    out = Path(args.dir)
-    if out.exists() and not out.is_dir():
-        raise UsageError(f"{out} is a file, not a folder")
-    taken = [f for f in ("ca.pem", "ca-key.pem", "server.pem", "server-key.pem") if (out / f).exists()]
-    if taken:
-        raise UsageError(f"{out} already holds {', '.join(taken)}: psgd never overwrites keys; choose another folder")
-    for path in tls.make_certs(out, hosts):
-        print(path)
-    return 0
+def _show_warnings() -> None:
+    """The library's warnings (psgd's logger: a worker restarted, a run restarted from a checkpoint)
+    as the command's own lines, the message alone on stderr; INFO and DEBUG stay for a program that
+    asks (psgd/__init__.py). Once per process, however often main runs."""
+    logger = logging.getLogger("psgd")
+    if not any(isinstance(h, _Stderr) for h in logger.handlers):
+        logger.addHandler(_Stderr(logging.WARNING))
 
 
 def cmd_run(args: argparse.Namespace) -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 import threading
@@ -30,9 +31,18 @@ def test_import_psgd_stays_light_and_exports_the_api():
 
 
 @pytest.mark.usefixtures("warm_runs")  # the job (launch.run) forks from the warm parent
-def test_fit_runs_the_job_and_returns_the_summary_and_the_trained_model(tmp_path):
+def test_fit_runs_the_job_and_returns_the_summary_and_the_trained_model(tmp_path, caplog):
+    caplog.set_level(logging.DEBUG, logger="psgd")  # what a program's logging.basicConfig(level=DEBUG) sees
     result = psgd.fit(model=TinyNet, data=make_data, mode="sync", workers=2, servers=2, steps=15, batch_size=16,
                       optimizer=psgd.AdamW(lr=5e-3), out=str(tmp_path / "fit"), eval_every=0)
+    said = "\n".join(f"{r.name} {r.levelname} {r.getMessage()}" for r in caplog.records)
+    for line in ("psgd.api.jobs INFO psgd.fit: sync, 2 workers, model tests.user_workload:TinyNet",
+                 "psgd.train.launch INFO " + str(tmp_path / "fit") + ": sync run, 2 workers, 2 shards",
+                 "psgd.train.launch DEBUG " + str(tmp_path / "fit") + ": shards ready at 127.0.0.1:",
+                 "psgd.train.supervise DEBUG worker 1/2 finished",
+                 "psgd.train.launch DEBUG " + str(tmp_path / "fit") + ": training ended; evaluating",
+                 "psgd.train.launch INFO " + str(tmp_path / "fit") + ": finished, 15 updates, summary in"):
+        assert line in said, said
     assert result.summary["global_updates"] == 15 and result.summary["mode"] == "sync"
     final = torch.load(tmp_path / "fit" / "final_params.pt", weights_only=True)
     assert torch.equal(torch.nn.utils.parameters_to_vector(result.model.parameters()), final)

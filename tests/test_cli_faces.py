@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from psgd import cli
 from psgd.cli import summary_line
 from tests.helpers import ENV, events, processes_mentioning, psgd_main, summary
 
@@ -173,3 +174,17 @@ def test_a_dead_worker_is_acted_on_at_once_not_after_its_lease(tmp_path, mode):
     stats = json.loads((out / "shard-0.json").read_text())
     assert stats["lost_workers"] == {"1": 20} and stats["departed_workers"] == {}
     assert processes_mentioning(str(out)) == []
+
+
+def test_the_launchers_warnings_go_through_logging_and_psgd_prints_them_as_its_own_lines(capsys):
+    import logging
+
+    from psgd.train import supervise
+
+    cli._show_warnings()
+    cli._show_warnings()  # main runs many times in one process (the tests): still one line a warning
+    assert supervise.log.name == "psgd.train.supervise"  # a library user's logging config reaches it
+    supervise.log.warning("psgd run: %s died with %s; restarting it (--restart-workers)", "worker 1/2", "code 1")
+    supervise.log.info("not the command's to show")
+    assert capsys.readouterr().err == "psgd run: worker 1/2 died with code 1; restarting it (--restart-workers)\n"
+    assert logging.getLogger("psgd").level == logging.NOTSET  # the library's own level is the program's choice

@@ -96,10 +96,43 @@ def test_help_shows_each_flags_default(command, capsys):
         entry = " ".join(text[begin:bounds[bounds.index(begin) + 1]].split("\n\n")[0].split())
         if leaf.type is bool or leaf.default in ("", ()):
             assert "(default: " not in entry, entry
-        else:
-            assert entry.endswith(f"(default: {leaf.default})"), entry
+        else:  # as a user types it: `auto`, not the -1 that stands for it
+            shown = leaf.flag.shown if leaf.flag.shown is not None else leaf.default
+            assert entry.endswith(f"(default: {shown})"), entry
     flat = " ".join(text.split())
-    assert "--lr LR learning rate (default: 0.05)" in flat and "--mode {sync,async,ssp,allreduce}" in flat
+    assert "--lr LR learning rate (default: 0.05)" in flat and "--mode {sync,async,ssp" in flat  # server: no allreduce
+
+
+def test_run_help_opens_with_one_usage_line_and_dash_h_is_a_line_a_flag(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    short = _help("run", capsys, "-h")
+    assert short.startswith("usage: psgd run [--mode M --workers N --servers K ...] (-h: one line a flag, "
+                            "--help: in full)\n\nTrain one model"), short[:300]
+    assert len(short.splitlines()) < 130 and all(len(line) <= 100 for line in short.splitlines())
+    full = _help("run", capsys)
+    assert full.splitlines()[0] == short.splitlines()[0] and len(full.splitlines()) > 2 * len(short.splitlines())
+    # --eval-every's default is said once, as a user types it
+    flat = " ".join(full.split())
+    assert "(0: end only; auto: every 20," in flat and "(default: auto)" in flat and "the default" not in flat
+    assert "(default: -1)" not in flat and re.search(r"--eval-every N\|auto +snapshot .*\[auto\]\n", short)
+
+
+def test_server_dash_h_cuts_no_help_mid_phrase_and_lists_only_the_modes_it_serves(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "100")
+    short = _help("server", capsys, "-h")
+    lines = {ln.split()[0]: ln for ln in short.splitlines() if ln.startswith("  --")}
+    assert "DC-ASGD: the shard adds" in lines["--dc-lambda"]  # not "DC-ASGD [0.0]"
+    assert lines["--link"].endswith("traffic to an EMULATED link")  # not "EMULATED link,"
+    assert "m * MS + (1 -" in lines["--dc-ms-decay"]  # a formula's own parenthesis stays
+    for line in lines.values():
+        body = re.sub(r" \[[^]]*\]$", "", line)  # the default, [x], aside
+        assert not body.endswith((",", ":", ";", "(", " or", " of")), line  # a cut shows as one: "..."
+        assert len(line) <= 100, line
+    assert "--mode {sync,async,ssp} " in short and "allreduce  No servers" not in short
+    from psgd.train import serve
+
+    with pytest.raises(UsageError, match="--mode allreduce has no parameter servers"):  # still its one line
+        serve._config(build_parser().parse_args(["server", "--shard", "0", "--mode", "allreduce"]))
 
 
 def test_mode_help_points_at_the_modes_printed_below_it(capsys):

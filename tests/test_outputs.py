@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import os
+import subprocess
+from pathlib import Path
 
 import pytest
 
+from psgd import bench, cli
+from psgd.bench import record
 from psgd.core.config import RunConfig
 from psgd.core.errors import UsageError
 from psgd.train import rundir
@@ -88,3 +94,62 @@ def test_psgd_run_and_fit_share_one_pre_flight(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match="pre-flight saw async"):
         psgd.fit(mode="async", steps=2, out=str(tmp_path / "fit"))
     assert not (tmp_path / "cli").exists() and not (tmp_path / "fit").exists()
+
+
+# Every command psgd dispatches that takes an --out (or --runs) folder: its argv up to its parser.
+WRITERS = [("run",), ("summarize",), ("node",), *(("bench", name) for name in bench.NAMES), ("model",),
+           ("doctor",), ("trace",), ("plot",), ("suite",), ("drill", "--chaos", "1:1")]
+
+
+class _Parsed(Exception):
+    """Raised by parse_args in the test below: the parser a command built, before it parses anything."""
+
+
+def _parsers(monkeypatch) -> dict[str, argparse.ArgumentParser]:
+    def caught(self, args=None, namespace=None):
+        raise _Parsed(self)
+
+    monkeypatch.setattr(argparse.ArgumentParser, "parse_args", caught)
+    found = {}
+    for argv in WRITERS:
+        if argv[0] in cli.DELEGATED:
+            with pytest.raises(_Parsed) as e:
+                importlib.import_module(cli.MODULES[argv[0]]).main(list(argv[1:]))
+            found[" ".join(argv[:2] if argv[0] == "bench" else argv[:1])] = e.value.args[0]
+        else:
+            sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+            found[argv[0]] = sub.choices[argv[0]]
+    return found
+
+
+def test_no_command_writes_a_committed_folder_unless_told_every_out_default_is_git_ignored(monkeypatch):
+    """Issue 54, item 7: `psgd model --bandwidth ... --workers 8..1024`, as docs/measure.md shows it,
+    rewrote the committed results/model/; every benchmark's default --out was a committed folder too.
+    Each folder default of each command lies under a path .gitignore ignores (an empty default is a run
+    folder of its own under results/runs/; None, a path the command derives: plot's and suite's are
+    results/, trace's the run's own folder)."""
+    root = Path(__file__).resolve().parents[1]
+    defaults = {}
+    for command, parser in _parsers(monkeypatch).items():
+        for action in parser._actions:
+            if {"--out", "--runs", "--results"} & set(action.option_strings) and action.default not in (None, ""):
+                defaults[f"psgd {command} {action.option_strings[0]}"] = str(action.default)
+    assert len(defaults) >= 18, defaults  # nine benchmarks, seven runs folders, model, doctor
+    tracked = [f"{flag} {path}" for flag, path in defaults.items()
+               if subprocess.run(["git", "-C", str(root), "check-ignore", "-q", f"{path}/x"]).returncode != 0]
+    assert not tracked, f"defaults git does not ignore: {tracked}"
+    assert defaults["psgd model --out"] == "results/tmp/model"
+
+
+def test_the_cost_models_calibration_is_the_committed_one_unless_a_newer_one_was_made_here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    committed, mine = tmp_path / record.COMMITTED_CALIBRATION, tmp_path / "results/tmp/bench/calibration.json"
+    committed.parent.mkdir(parents=True)
+    committed.write_text("{}")
+    assert record.calibration() == record.COMMITTED_CALIBRATION  # nothing calibrated here yet
+    mine.parent.mkdir(parents=True)
+    mine.write_text("{}")  # `psgd bench calibrate` (its default --out) after the checkout
+    os.utime(committed, (1_000_000, 1_000_000))
+    assert record.calibration() == "results/tmp/bench/calibration.json"
+    os.utime(mine, (500_000, 500_000))  # a checkout (git pull) of a newer committed calibration wins again
+    assert record.calibration() == record.COMMITTED_CALIBRATION

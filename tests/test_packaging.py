@@ -13,6 +13,8 @@ import tomllib
 import zipfile
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -36,3 +38,23 @@ def test_the_wheel_carries_the_license_the_metadata_names_and_the_type_marker(tm
     names = build_wheel(tmp_path).namelist()
     assert "psgd/py.typed" in names  # PEP 561: mypy reads psgd's hints
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
+
+
+def test_psgd_version_prints_the_installed_version_and_a_source_tree_falls_back_to_pyproject(capsys, monkeypatch):
+    import importlib.metadata
+
+    import psgd
+    from psgd import cli
+
+    with pytest.raises(SystemExit) as e:
+        cli.main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out == f"psgd {importlib.metadata.version('psgd')}\n"
+    meta = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    assert psgd._SOURCE_VERSION == meta["version"]  # the fallback cannot drift from the metadata
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    assert psgd.__version__ == meta["version"]

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
+
+import pytest
 
 from tests.helpers import ENV, processes_with_env
 
@@ -122,3 +125,49 @@ def test_without_setproctitle_the_kernel_name_is_set():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "psgd worker 3/4", "prctl(PR_SET_NAME): the kernel keeps 15 bytes"
+
+
+TORCHRUN = {"WORLD_SIZE": "5", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}
+SRUN = {"SLURM_NTASKS": "5", "SLURM_STEP_ID": "0", "SLURM_JOB_ID": "4242", "SLURM_JOB_NODELIST": "node1"}
+
+
+@pytest.mark.parametrize("env,title", [
+    ({**TORCHRUN, "RANK": "1"}, "psgd shard 1/2 /x/run"),     # ranks 0..K-1 serve
+    ({**TORCHRUN, "RANK": "4"}, "psgd worker 2/3 /x/run"),    # the rest train: worker RANK - K of WORLD_SIZE - K
+    ({**SRUN, "SLURM_PROCID": "0"}, "psgd shard 0/2 /x/run"),  # srun without torchrun: Slurm's variables
+    ({**SRUN, "SLURM_PROCID": "2"}, "psgd worker 0/3 /x/run"),
+])
+def test_a_node_under_torchrun_or_srun_titles_itself_by_its_role(env, title, monkeypatch):
+    from psgd.cli import build_parser
+    from psgd.train import proctitle
+
+    for name in ("RANK", "WORLD_SIZE", "SLURM_PROCID"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    said = []
+    monkeypatch.setattr(proctitle, "set_title", said.append)
+    args = build_parser().parse_args(["node", "--servers", "2", "--out", "/x/run"])
+    assert proctitle.name_from_args(args) == title and said == [title]
+    for name in env:  # neither launcher's variables: no role, no title (cmd_node refuses it in one line)
+        monkeypatch.delenv(name)
+    assert proctitle.name_from_args(args) is None and said == [title]
+
+
+def test_a_node_process_is_titled_by_its_role_before_it_reaches_the_store(tmp_path):
+    """Under torchrun every rank was `python -u -m psgd node ...`: a worker rank waiting for a store
+    that never answers shows as `psgd worker 0/1 OUT` in ps."""
+    out = tmp_path / "node"
+    with socket.socket() as silent:  # a store that accepts and never answers: the worker waits on it
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        env = {**ENV, "RANK": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(silent.getsockname()[1])}
+        node = subprocess.Popen([sys.executable, "-u", "-m", "psgd", "node", "--servers", "1", "--mode", "async",
+                                 "--dataset", "synthetic", "--shards-timeout", "60", "--out", str(out)],
+                                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        try:
+            wait_for("the node's title", lambda: cmdline(node.pid) == f"psgd worker 0/1 {out}", node)
+        finally:
+            node.kill()
+            node.wait()

@@ -2,6 +2,7 @@
 
     python tools/tutorial_notebook.py                # writes results/tmp/tutorial.ipynb (git ignores it)
     jupyter lab results/tmp/tutorial.ipynb           # or: --out PATH; run it top to bottom
+    jupyter execute --inplace results/tmp/tutorial.ipynb   # or headless: outputs and figures written into it
 
 Generated, not committed: the tutorial stays the one text (its outputs are rewritten by
 psgd/lab/docs_outputs.py), and a notebook made from it is never stale.

@@ -9,12 +9,16 @@ Every other keyword is a `psgd run` flag with `_` for `-`; `config(**flags)` tur
 validated RunConfig, and a keyword that is not one, or a bad value, raises ValueError with the
 flag's own message. `SGD(...)` / `AdamW(...)`: the optimizer settings the shards (or every
 all-reduce replica) step. Re-exported by psgd/api/__init__.py (`psgd.api`, and lazily `psgd`).
+`fit` says what it does through `logging` (the `psgd.api.jobs` logger, the launcher's below
+`psgd.train`): the job and its folder at INFO, each phase at DEBUG, a training loss that rose at
+the end as a warning (what `psgd run` prints after its summary line).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,6 +28,8 @@ from psgd.core.errors import UsageError
 
 if TYPE_CHECKING:
     from torch import nn
+
+log = logging.getLogger(__name__)
 
 
 # -- optimizers as objects -----------------------------------------------------------------------
@@ -153,9 +159,16 @@ def fit(model: Any = "mlp", data: Any = "synthetic", loss: Any = "cross_entropy"
     if simulate:
         _simulated(cfg, sim, check_only=True)  # what it does not model: a ValueError before any folder
     cfg = preflight.prepare(cfg, tensorboard=bool(tensorboard))  # `psgd run`'s; its UsageError is a ValueError
+    log.info("psgd.fit: %s, %d workers, model %s, data %s, loss %s -> %s", cfg.mode, cfg.workers, cfg.model.model,
+             cfg.data.dataset, cfg.model.loss, cfg.out)
     with live.live(Path(cfg.out), cfg.budget, f"psgd.fit {cfg.mode}", enabled=progress):
         tb = tboard.run_dir(Path(tensorboard), Path(cfg.out)) if tensorboard else None
         summary = _simulated(cfg, sim) if simulate else launch.run(cfg, tensorboard=tb, prepared=True)
+    if summary.get("loss_rose"):
+        from psgd.train.divergence import Rise  # noqa: PLC0415
+
+        log.warning("%s", Rise(**summary["loss_rose"]).message())
+    log.debug("psgd.fit: loading the trained model from %s", Path(cfg.out) / "final_params.pt")
     import torch  # noqa: PLC0415
 
     ds = data_mod.load(cfg.data)

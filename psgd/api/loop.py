@@ -9,11 +9,13 @@ the gradient (zeroed for the next step), or `step()` for both; `join=True` takes
 that is running already. Same update rules, wire and policies as `psgd run` (psgd/ps/exchange.py
 under the hood); by default a push and the next pull are one round trip (PushPull). Bad
 arguments raise ValueError; a shard that fails, refuses or times out, ExchangeError. Nothing here
-is thread-safe: one Worker per thread. Re-exported by psgd/api/__init__.py.
+is thread-safe: one Worker per thread. Shards started and stopped, workers joined and gone are
+logged at DEBUG (`psgd.api.loop`'s logger). Re-exported by psgd/api/__init__.py.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -25,6 +27,8 @@ from psgd.core.errors import ExchangeError, UsageError
 if TYPE_CHECKING:
     import torch
     from torch import nn
+
+log = logging.getLogger(__name__)
 
 
 # -- low level: shards ----------------------------------------------------------------------------
@@ -60,6 +64,8 @@ class Shards:
         """Stop every shard (idempotent); a worker still connected gets an error on its next call."""
         for s in self._servers:
             s.stop(grace=0)
+        if self._servers:
+            log.debug("stopped the shards at %s", ",".join(self.addresses))
         self._servers = []
 
     def __enter__(self) -> Shards:
@@ -97,7 +103,9 @@ def start_shards(servers: int = 1, workers: int = 1, mode: str = "sync", optimiz
         for s in started:
             s.stop(grace=0)
         raise
-    return Shards(started, host)
+    shards = Shards(started, host)
+    log.debug("%d %s shards for %d workers listening at %s", servers, mode, workers, ",".join(shards.addresses))
+    return shards
 
 
 # -- low level: a worker --------------------------------------------------------------------------
@@ -125,6 +133,7 @@ class Worker:
         self._broken = False     # a call failed: close() cuts the connections instead of leaving
         exchange.setup(self.flat, rank)
         self.clock = getattr(exchange, "start_clock", 0)
+        log.debug("worker %d connected, %d parameters, first clock %d", rank, self.flat.params.numel(), self.clock)
 
     def pull(self) -> bool:
         """The parameters of this step into the model; False once the run is done.
@@ -189,6 +198,8 @@ class Worker:
         if not self._closed:
             self._closed = True
             self._exchange.close(failed=failed or self._broken)
+            log.debug("worker %d %s after %d steps", self.rank, "cut its connections" if failed or self._broken
+                      else "left the job", self.clock)
 
     def __enter__(self) -> Worker:
         return self

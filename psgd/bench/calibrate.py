@@ -1,6 +1,6 @@
 """`psgd bench calibrate`: fit the cost model's numbers (psgd/core/costmodel.py) on this machine.
 
-Contract: measures, then writes `--out` (default results/bench/calibration.json) with the fitted
+Contract: measures, then writes `--out` (default results/tmp/bench/calibration.json) with the fitted
 `machine` and `workload` (what `psgd model` and `psgd bench scaling` read), every raw point and
 the exact command:
 - PS transport (psgd push / pull against one shard over `--transport`, grpc or tcp,
@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from psgd.bench import transport
+from psgd.bench import record, transport
 from psgd.bench.transport import MIB
 from psgd.train import hosts
 
@@ -188,7 +188,9 @@ def main(argv: list[str]) -> int:
     p.add_argument("--cluster", default="", help="fit the PS transport across the hosts of this psgd cluster: the "
                    "shard on --shard-host, this process (run on another host: psgd cluster exec) the client")
     p.add_argument("--shard-host", default="h0", help="with --cluster: the shard's host (default: %(default)s)")
-    p.add_argument("--out", default="results/bench/calibration.json", help="where to write the fit")
+    p.add_argument("--out", default=record.scratch("bench/calibration.json"),
+                   help="where to write the fit (default: %(default)s, git-ignored; psgd model, bench scaling and "
+                        "bench scale read it while it is newer than the committed results/bench/calibration.json)")
     a = p.parse_args(argv)
     try:
         sizes = [float(v) for v in a.sizes_mb.split(",") if v.strip()]

@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from psgd.bench import scaling
+from psgd.bench import record, scaling
 from psgd.bench.record import provenance, write_csv
 from psgd.bench.shaped import (
     BenchFailed,
@@ -283,7 +283,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--probe-rates", default="25gbit",
                    help="with --ceiling: rates measured with the raw TCP probe only (no runs), to show what the "
                         "cores cannot drive")
-    p.add_argument("--out", default="results/bench/cluster", help="folder for the CSVs, table, plot and command")
+    p.add_argument("--out", default=record.scratch("bench/cluster"), help="folder for the CSVs, table, plot and "
+                   "command (default: %(default)s, git-ignored)")
     p.add_argument("--runs", default="results/runs/bench-cluster", help="folder for the runs themselves")
     return p
 

@@ -23,10 +23,9 @@ import json
 import sys
 from pathlib import Path
 
+from psgd.bench import record
 from psgd.core import costmodel as cm
 from psgd.core import link, palette
-
-DEFAULT_CALIBRATION = "results/bench/calibration.json"
 
 
 def load_calibration(path: str) -> tuple[cm.Machine, cm.Workload, dict]:
@@ -144,9 +143,11 @@ def _parser() -> argparse.ArgumentParser:
                    help="(old name of --jitter)")
     p.add_argument("--software-bound", action=argparse.BooleanOptionalAction, default=True,
                    help="a link moves no more than the calibrated software does (--no-software-bound: wire only)")
-    p.add_argument("--calibration", default=DEFAULT_CALIBRATION, help="psgd bench calibrate's JSON")
+    p.add_argument("--calibration", default=record.calibration(), help="psgd bench calibrate's JSON (default: "
+                   "its newest in results/tmp/bench, else the committed one: %(default)s)")
     p.add_argument("--validate", default="", metavar="CSV", help="compare with a scaling sweep's measured steps")
-    p.add_argument("--out", default="results/model", help="folder for model.csv, model.png, command.txt")
+    p.add_argument("--out", default=record.scratch("model"), help="folder for model.csv, model.png, command.txt "
+                   "(default: %(default)s, git-ignored)")
     return p
 
 

@@ -16,6 +16,8 @@ import json
 import sys
 from pathlib import Path
 
+from psgd.bench import record
+
 WORKLOAD = ["--dataset", "mnist1d", "--model", "mlp", "--batch-size", "32", "--eval-every", "0"]
 
 
@@ -104,7 +106,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--count", type=int, default=14, help="faults in the sync storm (async and SSP get half)")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--modes", default="sync,async,ssp")
-    p.add_argument("--out", default="results/bench/drill")
+    p.add_argument("--out", default=record.scratch("bench/drill"), help="folder for the JSON, table, figure "
+                   "and command (default: %(default)s, git-ignored)")
     a = p.parse_args(argv)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

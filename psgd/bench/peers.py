@@ -43,7 +43,7 @@ from pathlib import Path
 
 import torch
 
-from psgd.bench import ray_peer, rpc_peer
+from psgd.bench import ray_peer, record, rpc_peer
 from psgd.core import palette
 from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig, to_dict
 from psgd.train import launch, supervise
@@ -299,7 +299,8 @@ def _parse(argv: list[str]) -> argparse.Namespace:
                         "process), sockets (all over loopback TCP), auto (TensorPipe's choice: shared memory)")
     p.add_argument("--retries", type=int, default=1, help="rerun a failed run this many times")
     p.add_argument("--keep-runs", action="store_true", help="keep each run's parameter files (*.pt)")
-    p.add_argument("--out", default="results/bench/peers", help="folder for the CSV, figure and command")
+    p.add_argument("--out", default=record.scratch("bench/peers"), help="folder for the CSV, figure and command "
+                   "(default: %(default)s, git-ignored)")
     p.add_argument("--runs", default="results/runs/peers", help="folder for the runs themselves")
     a = p.parse_args(argv)
     a.widths = parse_int_list(a.widths, "--widths")

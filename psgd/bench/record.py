@@ -5,6 +5,13 @@ the date, the machine (cores, load average, system, Python) and the code commit,
 uncommitted changes" when the code's own paths (`BENCH_CODE`; not results/, which a suite rewrites
 while it runs) differ from it. `write_csv(path, rows, fields)`: rows as a CSV with that header,
 fields a row lacks left empty and extra keys ignored.
+
+Where a benchmark writes when not told: `scratch(NAME)`, results/tmp/NAME (git-ignored), for every
+benchmark's and `psgd model`'s --out, so that a command copied from the docs never rewrites the
+committed results/ (their command.txt files name their --out; name it to write there). The cost
+model's --calibration defaults to `calibration()`: `psgd bench calibrate`'s own default output when
+one exists that is newer than the committed results/bench/calibration.json (a user who calibrated
+this machine gets its numbers), else the committed one.
 """
 
 from __future__ import annotations
@@ -16,9 +23,25 @@ import subprocess
 import time
 from pathlib import Path
 
-__all__ = ["BENCH_CODE", "provenance", "write_csv"]
+__all__ = ["BENCH_CODE", "COMMITTED_CALIBRATION", "SCRATCH", "calibration", "provenance", "scratch", "write_csv"]
 
 BENCH_CODE = ("psgd", "protos", "pyproject.toml")  # what a benchmark's numbers depend on (results/ is not)
+SCRATCH = "results/tmp"  # git-ignored (.gitignore): the default --out of every benchmark and of psgd model
+COMMITTED_CALIBRATION = "results/bench/calibration.json"  # this project's machine, fitted by psgd bench calibrate
+
+
+def scratch(name: str) -> str:
+    """A benchmark's default --out: results/tmp/NAME (see the module docstring)."""
+    return f"{SCRATCH}/{name}"
+
+
+def calibration() -> str:
+    """The --calibration the cost model reads by default (see the module docstring): the scratch
+    calibration when it exists and is no older than the committed one, else the committed one."""
+    mine, committed = Path(scratch("bench/calibration.json")), Path(COMMITTED_CALIBRATION)
+    if mine.is_file() and (not committed.is_file() or mine.stat().st_mtime >= committed.stat().st_mtime):
+        return str(mine)
+    return str(committed)
 
 
 def provenance(argv: list[str], bench: str = "cluster") -> str:

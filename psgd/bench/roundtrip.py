@@ -33,6 +33,7 @@ import csv
 import statistics
 from pathlib import Path
 
+from psgd.bench import record
 from psgd.bench import transformer as tb
 from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig
 
@@ -86,7 +87,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--steps", default="300,100,100", help="steps per run, one per workload (or one for all)")
     p.add_argument("--skip", type=int, default=5, help="warm-up steps left out of the timing")
     p.add_argument("--arms", default=",".join(ARMS), help=f"of {', '.join(ARMS + OTHER_ARMS)}")
-    p.add_argument("--out", default="results/bench/roundtrip", help="folder for the table, CSV and command")
+    p.add_argument("--out", default=record.scratch("bench/roundtrip"), help="folder for the table, CSV and "
+                   "command (default: %(default)s, git-ignored)")
     p.add_argument("--runs", default="results/runs/roundtrip", help="folder for the runs themselves")
     a = p.parse_args(argv)
     names = [w.strip() for w in a.workloads.split(",") if w.strip()]

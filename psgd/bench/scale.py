@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 
 import psgd.bench as bench
+from psgd.bench import record
 from psgd.bench.transport import parse_int_list
 
 FIELDS = ("mode", "workers", "shards", "processes", "samples_per_s", "updates_per_s", "startup_s", "training_s",
@@ -241,8 +242,10 @@ def main(argv: list[str]) -> int:
     p.add_argument("--steps", type=int, default=60, help="steps per worker")
     p.add_argument("--staleness", type=int, default=2, help="SSP's bound s")
     p.add_argument("--baseline", type=int, default=4, help="N of the start-up baseline run (sync; 0: none)")
-    p.add_argument("--calibration", default="results/bench/calibration.json", help="the cost model's machine")
-    p.add_argument("--out", default="results/bench/scale", help="folder for the table, CSV, figure and command")
+    p.add_argument("--calibration", default=record.calibration(), help="the cost model's machine (default: "
+                   "psgd bench calibrate's newest in results/tmp/bench, else the committed one: %(default)s)")
+    p.add_argument("--out", default=record.scratch("bench/scale"), help="folder for the table, CSV, figure and "
+                   "command (default: %(default)s, git-ignored)")
     p.add_argument("--runs", default="results/runs/scale", help="folder for the runs themselves")
     a = p.parse_args(argv)
     workers = parse_int_list(a.workers, "--workers")

@@ -32,6 +32,7 @@ import json
 import statistics
 from pathlib import Path
 
+from psgd.bench import record
 from psgd.bench.transport import parse_int_list
 from psgd.core import costmodel as cm
 from psgd.core import link, palette
@@ -224,8 +225,10 @@ def _parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--transports", default="grpc", help="PS transports, comma-separated: grpc, tcp (ps/transport.py)")
     p.add_argument("--keep-runs", action="store_true", help="keep each run's parameter snapshots (*.pt)")
     p.add_argument("--retries", type=int, default=1, help="rerun a failed configuration this many times")
-    p.add_argument("--calibration", default="results/bench/calibration.json", help="cost model fit to validate")
-    p.add_argument("--out", default="results/bench/scaling", help="folder for the CSV, plot and command")
+    p.add_argument("--calibration", default=record.calibration(), help="cost model fit to validate (default: "
+                   "psgd bench calibrate's newest in results/tmp/bench, else the committed one: %(default)s)")
+    p.add_argument("--out", default=record.scratch("bench/scaling"), help="folder for the CSV, plot and command "
+                   "(default: %(default)s, git-ignored)")
     p.add_argument("--runs", default="results/runs/scaling", help="folder for the runs themselves")
     a = p.parse_args(argv)
     a.workers, a.shards = parse_int_list(a.workers, "--workers"), parse_int_list(a.shards, "--shards")

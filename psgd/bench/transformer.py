@@ -57,6 +57,7 @@ from pathlib import Path
 # One run of one arm and what is measured of it live in psgd/bench/arms.py; every name of it that
 # was defined here is imported back, so `from psgd.bench.transformer import ...` (roundtrip.py,
 # the tests, tools/, the children's RUNNER) finds each where it always has.
+from psgd.bench import record
 from psgd.bench.arms import (  # noqa: F401 - re-exported: transformer.py's names, as before
     FLOOR_WAIT,
     RUNNER,
@@ -291,7 +292,8 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str], RunConfig]:
     p.add_argument("--rounds", type=int, default=4, help="interleaved rounds, each running every arm (4: every order)")
     p.add_argument("--arms", default=",".join(ARMS), help=f"a comma-separated subset of {', '.join(ARMS)}")
     p.add_argument("--no-memory", action="store_true", help="skip counting bytes per parameter")
-    p.add_argument("--out", default="results/bench/transformer", help="folder for the JSON, CSV, tables, command")
+    p.add_argument("--out", default=record.scratch("bench/transformer"), help="folder for the JSON, CSV, tables, "
+                   "command (default: %(default)s, git-ignored)")
     p.add_argument("--runs", default="results/runs/bench-transformer", help="folder for the runs themselves")
     a = p.parse_args(argv)
     arms = [x.strip() for x in a.arms.split(",") if x.strip()]

@@ -191,7 +191,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--width", type=int, default=1024, help="wide_mlp width (1024: about 2.1M parameters)")
     p.add_argument("--batch-size", type=int, default=8, help="samples per worker per step")
     shaped.add_cluster_flags(p, name="ut", repeat=3)
-    p.add_argument("--out", default="results/bench/utilisation", help="folder for the CSV, table and command")
+    p.add_argument("--out", default=record.scratch("bench/utilisation"), help="folder for the CSV, table and "
+                   "command (default: %(default)s, git-ignored)")
     p.add_argument("--runs", default="results/runs/bench-utilisation", help="folder for the runs themselves")
     a = p.parse_args(argv)
     a.local_steps = parse_int_list(a.local_steps, "--local-steps")

@@ -39,14 +39,18 @@ class Flag:
     aliases: tuple[str, ...] = ()                       # more option strings (`--num-shards`)
     parse: Callable[[str], Any] | None = None           # text -> value, ValueError if bad (default: the type)
     from_arg: Callable[[Any], Any] | None = None        # parsed value -> field value (default: as is)
+    shown: str | None = None                            # the default as a user types it (`auto` for -1)
 
 
 def opt(default: Any, help: str, *, choices: Collection[str] = (), metavar: str | None = None,
         aliases: tuple[str, ...] = (), parse: Callable[[str], Any] | None = None,
-        from_arg: Callable[[Any], Any] | None = None) -> Any:
-    """A config field that is also a flag: `lr: float = opt(0.05, "learning rate")`."""
+        from_arg: Callable[[Any], Any] | None = None, shown: str | None = None) -> Any:
+    """A config field that is also a flag: `lr: float = opt(0.05, "learning rate")`. `shown`: the
+    default in the help when the value stored is a sentinel the user does not type (`parse` must
+    take `shown` to `default`)."""
     assert not isinstance(default, (list, dict, set)), "config defaults are immutable (frozen dataclasses)"
-    return field(default=default, metadata={"flag": Flag(help, choices, metavar, aliases, parse, from_arg)})
+    assert shown is None or (parse is not None and parse(shown) == default), f"{shown!r} must parse to {default!r}"
+    return field(default=default, metadata={"flag": Flag(help, choices, metavar, aliases, parse, from_arg, shown)})
 
 
 def parse_pair(text: str) -> tuple[int, int]:
@@ -180,7 +184,7 @@ def _default_note(leaf: Leaf) -> str:
     """
     if leaf.type is bool or leaf.default in ("", ()):
         return ""
-    return f" (default: {leaf.default})"
+    return f" (default: {leaf.flag.shown if leaf.flag.shown is not None else leaf.default})"
 
 
 def _for_argparse(parse: Callable[[str], Any]) -> Callable[[str], Any]:

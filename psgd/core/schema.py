@@ -64,9 +64,9 @@ class RunConfig:
                               "N arrivals, psgd/core/delayed_nesterov.py; 1 = average every step)", metavar="H")
     seed: int = opt(0, "seed of model init and batch order")
     eval_every: int = opt(-1, "snapshot parameters every this many updates, evaluated after the run (0: end only; "
-                              "auto, the default: every 20, or every 1/15 of a longer run, so that evaluating costs "
+                              "auto: every 20, or every 1/15 of a longer run, so that evaluating costs "
                               "a run at most about 16 evaluations: eval_interval)", metavar="N|auto",
-                          parse=lambda text: AUTO if text == "auto" else int(text))
+                          parse=lambda text: AUTO if text == "auto" else int(text), shown="auto")
     device: str = opt("auto", "where workers compute: auto (a GPU when there is one), cpu, cuda (worker r takes "
                               "cuda:(LOCAL_RANK or r) % GPUs) or cuda:N (every worker on GPU N; psgd/core/devices.py)",
                       metavar="auto|cpu|cuda|cuda:N")

@@ -1,9 +1,11 @@
 """`-h` as one line per flag, `--help` in full: a process's settings on a screen or two.
 
-`psgd server` and `psgd worker` take some 60 settings each; argparse's help gives every one its
-whole sentence, which makes ~200 lines nobody reads. `add_short_help(parser)` makes `-h` print
-each flag with the first clause of its help and its default, grouped as the full help is, and
-leaves `--help` as argparse prints it. Stdlib only.
+`psgd run`, `psgd server` and `psgd worker` take some 60 settings each; argparse's help gives every
+one its whole sentence, which makes 200-300 lines nobody reads. `add_short_help(parser)` makes `-h`
+print each flag with the gist of its help and its default, grouped as the full help is, and leaves
+`--help` as argparse prints it. The gist (`gist`) is the help's first clause with its asides left
+out, whole words only: a line too long for the terminal ends in "..." before its default, so that
+a cut is seen as one, never taken for the whole help. Stdlib only.
 """
 
 from __future__ import annotations
@@ -13,12 +15,40 @@ import re
 import shutil
 
 _DEFAULT = re.compile(r" \(default: (.*)\)$")
-_CLAUSE = re.compile(r"(; |: |\. | \(| e\.g\.)")  # where a help's first clause ends
-_QUALIFIER = re.compile(r"^([^:;(]{1,24}): ")  # "PS: ", "async / SSP: ", "with --topk < 1: " lead the clause
+_END = re.compile(r"(; |(?<!\.)\. | e\.g\. )")  # where a help's first clause ends ("HOST:PORT,... of" goes on)
+_TRAIL = " ,;:"                          # what a clause cut before " e.g." may end with
+
+
+def gist(text: str) -> str:
+    """A help's first clause, without its parenthesised asides: `async / SSP: DC-ASGD (Zheng et al.
+    2017): the shard adds ...` -> `async / SSP: DC-ASGD: the shard adds ...`. An aside is a
+    parenthesis after a word (`quorum (the sum ...)`); one after an operator is the formula's own
+    (`m * MS + (1 - m) * g * g` keeps it)."""
+    out, depth, i = [], 0, 0
+    while i < len(text):
+        c = text[i]
+        if depth == 0 and c == "(" and i >= 2 and text[i - 1] == " " and (text[i - 2].isalnum() or text[i - 2] in ".)"):
+            depth, i = 1, i + 1
+            out.pop()  # the space before the aside
+            continue
+        if depth:
+            depth += {"(": 1, ")": -1}.get(c, 0)
+        else:
+            out.append(c)
+        i += 1
+    return _END.split("".join(out), maxsplit=1)[0].rstrip(_TRAIL)
+
+
+def fit(body: str, room: int) -> str:
+    """`body` in `room` characters, cut after a whole word and marked "..." when it does not fit."""
+    if len(body) <= room:
+        return body
+    cut = body[:max(0, room - 3)].rsplit(" ", 1)[0].rstrip(_TRAIL)
+    return cut + "..."
 
 
 class OneLine(argparse.RawDescriptionHelpFormatter):
-    """Each option on one line: its flags, the first clause of its help, its default."""
+    """Each option on one line: its flags, the gist of its help, its default."""
 
     def _format_action(self, action: argparse.Action) -> str:
         if action.help == argparse.SUPPRESS:
@@ -28,14 +58,11 @@ class OneLine(argparse.RawDescriptionHelpFormatter):
         head = self._format_action_invocation(action)
         text = self._expand_help(action) if action.help else ""
         default = _DEFAULT.search(text)
-        text = text[:default.start()] if default else text
-        lead = _QUALIFIER.match(text)
-        body = (lead.group(0) if lead else "") + _CLAUSE.split(text[lead.end() if lead else 0:], maxsplit=1)[0]
-        if default:
-            body += f" [{default.group(1)}]"
+        tail = f" [{default.group(1).split('; ')[0]}]" if default else ""  # `127.0.0.1; another needs...`: its value
+        lead = f"  {head:<30} " if len(head) <= 30 else f"  {head} "
         width = max(shutil.get_terminal_size((100, 24)).columns, 80)
-        line = f"  {head:<30} {body}" if len(head) <= 30 else f"  {head} {body}"
-        return (line if len(line) <= width else line[:width - 3] + "...") + "\n"
+        body = fit(gist(text[:default.start()] if default else text), width - len(lead) - len(tail))
+        return f"{lead}{body}{tail}".rstrip() + "\n"
 
 
 class _ShortHelp(argparse.Action):

@@ -16,8 +16,8 @@ Contract:
                        against the hand-written ring (the NCCL all-reduce equivalence test is one
                        of the gpu-tests, marked gpu(devices=2))
   It writes OUT/gpu-check.json (host, versions, every step's command, outcome, seconds and
-  figures) and OUT/SUMMARY.md (the same, short, with the device name), default OUT results/gpu;
-  exit 1 if any step failed.
+  figures) and OUT/SUMMARY.md (the same, short, with the device name), default OUT results/tmp/gpu
+  (git-ignored; make gpu-check names results/gpu); exit 1 if any step failed.
 
 The CPU-vs-GPU tolerance. With 2 workers a sync shard's sum of the two gradients is the same in
 either arrival order (fp addition commutes; only 3 or more terms depend on order), so two CPU runs
@@ -215,8 +215,8 @@ def summary_markdown(report: dict) -> str:
 def main(argv: list[str]) -> int:
     p = Parser(prog="psgd doctor", description=__doc__.split("\n\n")[0])
     p.add_argument("--gpu", action="store_true", help="check psgd on this host's GPUs (what make gpu-check runs)")
-    p.add_argument("--out", default="results/gpu", help="where --gpu writes gpu-check.json and SUMMARY.md "
-                                                        "(default: results/gpu)")
+    p.add_argument("--out", default="results/tmp/gpu", help="where --gpu writes gpu-check.json and SUMMARY.md "
+                                                            "(default: results/tmp/gpu, git-ignored)")
     p.add_argument("--budget-s", type=float, default=300.0, help="--gpu: seconds for all steps together (default 300)")
     a = p.parse_args(argv)
     if a.budget_s <= 0:

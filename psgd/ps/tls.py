@@ -25,6 +25,8 @@ from pathlib import Path
 
 import grpc
 
+from psgd.core.errors import UsageError
+
 
 class TlsError(ValueError):
     """Files that cannot make a TLS setup (missing, unreadable, mismatched)."""
@@ -117,3 +119,20 @@ def make_certs(folder: Path, hosts: list[str]) -> list[Path]:
             f.write(data)
         written.append(path)
     return written
+
+
+def cmd_certs(folder: str, hosts: str) -> int:
+    """`psgd certs DIR --hosts A,B`: a lab CA and a shard certificate in a folder that holds no keys yet
+    (psgd never overwrites one); the paths it wrote, a line each."""
+    names = [h.strip() for h in hosts.split(",") if h.strip()]
+    if not names:
+        raise UsageError("--hosts needs at least one address")
+    out = Path(folder)
+    if out.exists() and not out.is_dir():
+        raise UsageError(f"{out} is a file, not a folder")
+    taken = [f for f in ("ca.pem", "ca-key.pem", "server.pem", "server-key.pem") if (out / f).exists()]
+    if taken:
+        raise UsageError(f"{out} already holds {', '.join(taken)}: psgd never overwrites keys; choose another folder")
+    for path in make_certs(out, names):
+        print(path)
+    return 0

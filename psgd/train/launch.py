@@ -25,6 +25,9 @@ Contract:
 - The launcher imports torch (and what imports it) only where it needs it, after training: before
   the children start that import would be on every run's start-up, and during training it would
   compete with the children for the cores.
+- What it does is logged to the `psgd.train.launch` logger (`logging`; psgd/__init__.py): each
+  attempt, the shards' addresses, the evaluation and the summary at INFO / DEBUG; a restart and a
+  cluster's caveat as the warnings `psgd run` shows on stderr (psgd/cli.py).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import logging
 import signal
 import sys
 from collections.abc import Iterator
@@ -46,6 +50,7 @@ from psgd.train.supervise import Child, Interrupted, RunFailed, ShardDied  # noq
 from psgd.train.warm import Zygote
 
 EXE = [sys.executable, "-m", "psgd"]
+log = logging.getLogger(__name__)
 
 
 def run(cfg: RunConfig, resume: bool = False, cold_start: bool = False, zygote: Zygote | None = None,
@@ -71,7 +76,11 @@ def run(cfg: RunConfig, resume: bool = False, cold_start: bool = False, zygote: 
                 cfg = crew.cfg
                 with _children(crew):
                     supervise.wait_workers(crew.workers, crew.servers, cfg, crew.restart, crew.zygote)
-                return finish.in_fork(cfg, crew.zygote)
+                log.debug("%s: training ended; evaluating its snapshots", cfg.out)
+                summary = finish.in_fork(cfg, crew.zygote)
+                log.info("%s: finished, %s updates, summary in %s", cfg.out, summary.get("global_updates"),
+                         Path(cfg.out) / "summary.json")
+                return summary
         except ShardDied as e:
             cfg, resume = restart.after(cfg, e, restarts)
             restarts, prepared = restarts + 1, False
@@ -137,6 +146,9 @@ def _attempt(cfg: RunConfig, resume: bool, cold_start: bool, shared: Zygote | No
     rundir.write_launch(out, "psgd run --resume" if resume else "psgd run")
     forks = not (cold_start or cfg.hosts)
     own = forks and (shared is None or shared.gone)
+    log.info("%s: %s%s run, %d workers, %d shards; children %s", out, "resumed " if resume else "", cfg.mode,
+             cfg.workers, 0 if cfg.mode == "allreduce" else cfg.servers,
+             "exec'd" if not forks else "forked from the run's warm parent" if own else "forked from a shared parent")
     zygote = Zygote.start(str(out), supervise.child_env(cfg), reloads=cfg.restart_servers + cfg.restart_workers,
                           on_reload=lambda how: _zygote_reloaded(cfg, how)) if own else (shared if forks else None)
     follower = quotas = None
@@ -162,8 +174,8 @@ def _attempt(cfg: RunConfig, resume: bool, cold_start: bool, shared: Zygote | No
 
 def _zygote_reloaded(cfg: RunConfig, how: str) -> None:
     """The run's zygote died while it loaded (nothing forked yet): a new one is on its way."""
-    print(f"psgd run: the zygote {how} while loading; starting a new one (--restart-servers / --restart-workers)",
-          file=sys.stderr, flush=True)
+    log.warning("psgd run: the zygote %s while loading; starting a new one (--restart-servers / --restart-workers)",
+                how)
     rundir.event(cfg.out, event="zygote_restarted", how=how)
 
 
@@ -204,7 +216,7 @@ def _start(crew: Crew) -> None:
     if seats.record is not None:
         (Path(cfg.out) / "cluster.json").write_text(json.dumps(seats.record, indent=1))
     if seats.note:
-        print(seats.note, file=sys.stderr, flush=True)
+        log.warning("%s", seats.note)
     crew.env = seats.environment(supervise.child_env(cfg))
     tail = ["--servers-on-stdin"]  # the workers read the shards' addresses once they have loaded
     if cfg.mode == "allreduce":
@@ -221,8 +233,10 @@ def _start(crew: Crew) -> None:
     for r in range(cfg.workers):
         crew.workers.append(crew.worker(r, [*flags, "--rank", str(r), *tail], f"worker-{r}.log",
                                         stdin_pipe=cfg.mode != "allreduce"))
+    log.debug("%s: started %d shards and %d workers", cfg.out, len(crew.servers), len(crew.workers))
     if crew.servers:
         crew.addresses = ",".join(supervise.read_ready(c) for c in crew.servers)
+        log.debug("%s: shards ready at %s; handing the workers their addresses", cfg.out, crew.addresses)
         for c in crew.workers:
             try:
                 c.proc.stdin.write(f"{crew.addresses}\n".encode())

@@ -14,8 +14,10 @@ Contract:
   fault messages use (`worker 1/2 (pid 4242) died with signal SIGKILL`), so a message names the
   process `ps` shows. OUT, the run folder, tells two runs' processes apart.
 - `name_from_args(args)`: psgd/cli.py's parsed arguments; a `psgd server` or `psgd worker` names
-  itself (forked by the zygote, exec'd by `psgd run --cold-start`, or started by hand), any
-  other command is left as it is.
+  itself (forked by the zygote, exec'd by `psgd run --cold-start`, or started by hand), and so
+  does a `psgd node` under torchrun or srun, by the role its rank gives it (psgd/train/node.py
+  `role`: `psgd shard K/S OUT` or `psgd worker R/N OUT`, not `python -u -m psgd node ...` for
+  every one); any other command is left as it is.
 """
 
 from __future__ import annotations
@@ -82,9 +84,23 @@ def name_from_args(args) -> str | None:
         elif args.command == "worker":
             rank = args.rank if args.rank is not None else os.environ.get("RANK", "?")  # --join: not known yet
             text = title(worker_name(rank, args.workers), args.out or BY_HAND_OUT)
+        elif args.command == "node":
+            text = title(node_name(args, os.environ), args.out or BY_HAND_OUT)
         else:
             return None
     except (AttributeError, TypeError, ValueError):
         return None
     set_title(text)
     return text
+
+
+def node_name(args, environ) -> str:
+    """`psgd node`'s name by its rank under torchrun or srun; a UsageError (a ValueError) where the
+    variables or flags give none: cmd_node then refuses the process in its own words."""
+    from psgd.train import node  # noqa: PLC0415 - stdlib only; the one command that needs it
+
+    env, servers = node.from_environ(environ), args.servers
+    me = node.role(env.rank, servers)
+    if me.kind == "shard":
+        return shard_name(me.index, servers)
+    return worker_name(me.index, node.workers_of(env.world_size, servers, args.workers))

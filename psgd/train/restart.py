@@ -11,15 +11,16 @@ Contract:
 - `after(cfg, died, restarts)`: a shard died (ShardDied): with --restart-servers left, the config
   and resume flag of the next attempt (from the newest common checkpoint, or from scratch when
   there is none yet), the restart noted in OUT/restart.json for it (which shard, how, the version
-  reached, the one resumed from, the updates lost between them); otherwise the error is raised.
+  reached, the one resumed from, the updates lost between them) and said as a warning (this
+  module's logger, which `psgd run` prints as its line); otherwise the error is raised.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
-import sys
 from pathlib import Path
 
 from psgd.core.config import RunConfig, from_dict
@@ -27,6 +28,8 @@ from psgd.core.errors import UsageError
 from psgd.train.metrics import Metrics, read_events
 from psgd.train.rundir import MARKER
 from psgd.train.supervise import ClocksSplit, RunFailed, ShardDied
+
+log = logging.getLogger(__name__)
 
 
 def resumable(out: Path) -> RunConfig:
@@ -95,9 +98,8 @@ def after(cfg: RunConfig, died: ShardDied, restarts: int) -> tuple[RunConfig, bo
     # A shard that died before any checkpoint (while starting, say) restarts the run from
     # scratch: nothing was lost that a checkpoint would have kept.
     scratch = not checkpoint_versions(cfg)
-    print(f"psgd run: {died}; restart {restarts + 1} of {cfg.restart_servers} "
-          + ("from scratch (no checkpoint yet)" if scratch else "from the newest checkpoint"),
-          file=sys.stderr, flush=True)
+    log.warning("psgd run: %s; restart %d of %d %s", died, restarts + 1, cfg.restart_servers,
+                "from scratch (no checkpoint yet)" if scratch else "from the newest checkpoint")
     # Injected faults stopped this attempt; they are not part of the training to continue.
     cfg = dataclasses.replace(cfg, fail_at=(), fail_shard_at=())
     _note(Path(cfg.out), died, 0 if scratch else resume_version(cfg))

@@ -30,10 +30,21 @@ from psgd.core import rules
 from psgd.core.errors import UsageError
 
 # `psgd run -h`'s epilog: each registered mode's own lines (psgd/core/rules.py), then all-reduce.
+ALLREDUCE_HELP = ("  allreduce  No servers: workers all-reduce their gradients (torch.distributed, NCCL or gloo,\n"
+                  "             or the hand-written ring) and every replica takes the same optimizer step.\n")
 MODES_HELP = "modes:\n" + "".join(
     f"  {name:<10} " + rule.help.replace("\n", "\n" + " " * 13) + "\n" for name, rule in rules.RULES.items()) + (
-    "  allreduce  No servers: workers all-reduce their gradients (torch.distributed, NCCL or gloo,\n"
-    "             or the hand-written ring) and every replica takes the same optimizer step.\n")
+    ALLREDUCE_HELP)
+
+
+def shards_only(parser, epilog: str) -> str:
+    """`psgd server` and `psgd node` serve shards and refuse --mode allreduce (one line, exit 2):
+    their help lists the parameter-server modes alone. Sets the parser's --mode metavar; returns
+    `epilog` (the modes) without all-reduce's lines."""
+    for action in parser._actions:
+        if action.dest == "mode":
+            action.metavar = "{" + ",".join(m for m in action.choices if m != "allreduce") + "}"
+    return epilog.replace(ALLREDUCE_HELP, "")
 
 
 # The settings only a shard reads: the policy's (SSP's bound), the remedies it applies to arriving

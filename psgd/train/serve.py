@@ -53,6 +53,7 @@ def add_parser(sub, epilog: str) -> None:
                        epilog=epilog, formatter_class=fmt)
     add_short_help(p)
     C.add_flags(p, elsewhere=not_read("shard"))
+    p.epilog = roles.shards_only(p, epilog)  # a shard refuses --mode allreduce: not in its help either
     p.add_argument("--shard", type=int, required=True, help="which shard this process serves (0..K-1)")
     p.add_argument("--port", type=int, default=0,
                    help="TCP port (default: 0, any free port, printed as READY host:port)")

@@ -19,10 +19,12 @@ Contract:
   folder), its lifeline to the launcher (psgd/train/lifeline.py), loopback for gloo and NCCL, and
   the thread budget as OMP_NUM_THREADS (psgd/train/threads.py).
 The benchmarks that start psgd processes of their own (psgd/bench/transport.py, peers.py) use these.
+A worker's end is logged at DEBUG, its restart or loss as a warning (`psgd.train.supervise`'s logger).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import selectors
 import signal
@@ -42,6 +44,7 @@ SETTLE_S = 2.0  # how long a worker's lost connection waits for its shard's exit
 # What a (restarted) worker's setup says when its shards hold it at different clocks (psgd/ps/exchange.py).
 SPLIT = "at different clocks"
 INTERRUPTED = "interrupted; stopped all servers and workers"
+log = logging.getLogger(__name__)
 
 
 class RunFailed(RuntimeError):
@@ -189,12 +192,12 @@ def wait_workers(workers: list[Child], servers: list[Child], cfg: RunConfig | No
         for c in [c for c in pending if c.proc.poll() is not None]:
             pending.remove(c)
             if c.proc.returncode == 0:
+                log.debug("%s finished", c.name)
                 continue
             _not_the_shards(c, servers, cfg)
             if restarts_left > 0:
                 restarts_left -= 1
-                print(f"psgd run: {c.name} died with {c.how()}; restarting it (--restart-workers)",
-                      file=sys.stderr, flush=True)
+                log.warning("psgd run: %s died with %s; restarting it (--restart-workers)", c.name, c.how())
                 rundir.event(cfg.out, event="worker_restarted", rank=index(c), how=c.how())
                 again = restart(c)
                 workers[workers.index(c)] = again  # the launcher stops this one if the run fails
@@ -216,8 +219,7 @@ def _lose(c: Child, workers: list[Child], servers: list[Child], cfg: RunConfig |
     tolerate = cfg is not None and cfg.worker_lease > 0
     if not tolerate or not any(p.proc.poll() in (None, 0) for p in workers):
         raise RunFailed(f"{c.name} (pid {c.proc.pid}) died with {c.how()}: {c.last_error()}")
-    print(f"psgd run: {c.name} died with {c.how()}; the others go on without it (--worker-lease)",
-          file=sys.stderr, flush=True)
+    log.warning("psgd run: %s died with %s; the others go on without it (--worker-lease)", c.name, c.how())
     rundir.event(cfg.out, event="worker_lost", rank=index(c), how=c.how())
     _tell_lost(servers, index(c))
 
