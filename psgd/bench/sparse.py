@@ -44,6 +44,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from psgd.bench.record import scratch
 from psgd.bench.transport import parse_int_list
 from psgd.core import rows
 from psgd.core.config import DataConfig, ModelConfig
@@ -65,7 +66,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--lr", type=float, default=0.05)
     p.add_argument("--wire", action="store_true", help="also train over K row-server processes (TCP)")
     p.add_argument("--per-table", action="store_true", help="a store per table (default: every table fused in one)")
-    p.add_argument("--out", default="results/bench-sparse")
+    p.add_argument("--out", default=scratch("bench/sparse"), help="folder for its JSON and command")
     return p
 
 
