@@ -1,9 +1,9 @@
 """`--transport shm`'s doorbell: a connection's frames in the segment's last page, not on its socket.
 
 Why: with payloads in shared memory (psgd/ps/shm/) a small model's round trip is still two
-loopback TCP messages, and each costs its sender a pass through the kernel's TCP stack (~26 us in
-`sendmsg` on this project's 2-core VMs) and its receiver a poll loop of syscalls: together ~100 us
-of a 0.9 ms step of the 256-wide MLP (tools/roundtrip_phases.py). Here a frame's prefix and header
+loopback TCP messages, and each costs its sender a pass through the kernel's TCP stack and its
+receiver a poll loop of syscalls: a large share of a small model's step (measured in
+docs/architecture.md, "where the time went", by tools/roundtrip_phases.py). Here a frame's prefix and header
 go in a mailbox in memory both processes map, and a counter says a new one is there: when the
 reader is awake (spinning, psgd/ps/shm/ `spin_for`) no syscall is made at all. The socket stays,
 for what only a socket does: waking a reader that went to sleep, and telling it the peer is gone
@@ -31,7 +31,7 @@ looks at `seq` again every SLEEP_CHECK_S whatever happens, so no wake-up can be 
 
 A mailbox holds one frame: as on the socket, a connection carries one request at a time and its
 reply before the next, so a writer never finds its last frame unread. A header longer than the
-mailbox holds (an error's message) is cut to fit; psgd's request headers are under 100 bytes.
+mailbox holds (an error's message) is cut to fit; psgd's request headers are far shorter.
 """
 
 from __future__ import annotations

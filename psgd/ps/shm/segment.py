@@ -27,10 +27,9 @@ from psgd.ps.shm import bell
 ROOT = "/dev/shm"
 # Spin-then-block (psgd/ps/shm/bell.py, or framing.py `await_readable` without a doorbell): how long each
 # side of a shm connection polls before it sleeps, when the run's processes fit this host's cores
-# (`spin_for`: then the spinning core is its own). The worker waits for a reply (the shard's update:
-# ~0.1 ms for the 256-wide MLP, ~4 ms for the 2048-wide one, whose `consumed` comes midway), the shard
-# for the next push (the worker's step: 0.5-11 ms for those two); longer waits end in a blocking read.
-# 2 and 3 ms read the same at width 256 and 0.80x against 0.83x at 2048 (psgd bench roundtrip, 3 rounds).
+# (`spin_for`: then the spinning core is its own). The worker waits for a reply (the shard's update),
+# the shard for the next push (the worker's step); a spin long enough to cover both for the models
+# psgd ships (docs/architecture.md has the measured waits), and longer waits end in a blocking read.
 REPLY_SPIN_S = 0.02
 PUSH_SPIN_S = 0.02
 NAME = re.compile(r"psgd-\d+-[0-9a-f]{16}")
