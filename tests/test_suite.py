@@ -438,3 +438,30 @@ def test_the_papers_suite_shares_the_default_suites_base_and_profiles():
     assert papers["base"] == default["base"] and papers.get("profiles") == default.get("profiles")
     ids = {n: {e.id for e in suite.load_suite(ROOT / "experiments" / f"{n}.toml")} for n in ("default", "papers")}
     assert ids["papers"] == {"E19", "E20", "E21", "E23"} and not ids["papers"] & ids["default"]
+
+
+def test_a_suite_that_cannot_be_analysed_is_refused_before_any_run(tmp_path):
+    """Issue 54, item 12: a pattern matching no experiment file, and an analysis whose [params] name a
+    run the experiment lacks, are one-line usage errors (exit 2) before any folder or run exists,
+    not a traceback once the runs have finished."""
+    results = tmp_path / "results"
+    empty = write(tmp_path, "empty.toml", '[suite]\nexperiments = ["zz*.toml"]\n')
+    r = psgd_main("suite", str(empty), "--out", str(results))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "pattern 'zz*.toml' matches no experiment file of suite 'default'" in r.stderr
+    exp = ('id = "X"\ntitle = "t"\nclaim = "c"\nanalysis = "batch"\n'
+           '[params]\nsmall = "b8"\nfixed = "b16"\ntuned = "b16 tuned"\n' + TINY_BASE
+           + 'lr = 0.1\n[[runs]]\nlabel = "b8"\n[[runs]]\nlabel = "b16"\nbatch_size = 16\n')
+    write(tmp_path, "e1.toml", exp)
+    suite_file = write(tmp_path, "suite.toml", '[suite]\nexperiments = ["e*.toml"]\n')
+    r = psgd_main("suite", str(suite_file), "--out", str(results))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "[params] tuned names a run labelled 'b16 tuned', which the experiment does not have" in r.stderr
+    assert not results.exists()
+    write(tmp_path, "e1.toml", exp.replace('tuned = "b16 tuned"\n', ""))
+    assert "[params] needs 'tuned'" in psgd_main("suite", str(suite_file), "--out", str(results)).stderr
+    # Where it can only fail once the runs are there, the failure is still one line naming the claim.
+    def broken(*_):
+        raise ValueError("e1.toml: no run reached the target")
+    with pytest.raises(suite.SuiteError, match=r"^X: analysis 'batch' could not read its runs: e1.toml: no run"):
+        suite._analysed(type("A", (), {"analyse": staticmethod(broken)}), suite.load_suite(suite_file)[0])

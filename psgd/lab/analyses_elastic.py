@@ -17,7 +17,7 @@ import numpy as np
 
 from psgd.lab import plots, stats
 from psgd.lab import verdicts as V
-from psgd.lab.analysis_kit import Context, acc_ci, diff, variant_series
+from psgd.lab.analysis_kit import Context, Needs, acc_ci, diff, variant_series
 from psgd.lab.results import Figure, table
 
 
@@ -84,3 +84,4 @@ def elastic(ctx: Context):
 
 
 ANALYSES = {"elastic": elastic}
+NEEDS = {"elastic": Needs(params=("elastic", "small", "large"))}

@@ -212,6 +212,17 @@ def _finished_experiment(exp: Experiment, out: Path) -> tuple[tuple, set[str]] |
     return (exp, summaries, out, chosen, scores), made_by(exp, finals)
 
 
+def _analysed(analyses, exp: Experiment, *args):
+    """One experiment's section; an analysis that cannot read its runs is a SuiteError naming it (one
+    line), its runs kept for `--report` once the file is fixed."""
+    try:
+        return analyses.analyse(exp, *args)
+    except (ValueError, KeyError, IndexError) as e:
+        raise SuiteError(f"{exp.id}: analysis {exp.analysis!r} could not read its runs: "
+                         f"{e if isinstance(e, ValueError) else f'{type(e).__name__}: {e}'} "
+                         "(the runs are kept: fix the file and rerun with --report)") from None
+
+
 def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False, command: str = "",
               only: set[str] | None = None, profile: str = "default", articles: Sequence[Article] = (),
               tensorboard: Path | None = None) -> Path:
@@ -251,7 +262,7 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
     # least accuracy margin of every verdict, E0's included, so it is measured first.
     floor = next((f for e, s, *_ in pending if (f := noise_floor_of(e, s)) is not None), None)
     with V.noise_floor(floor.value if floor is not None else 0.0):
-        sections = [analyses.analyse(*args) for args in pending]
+        sections = [_analysed(analyses, *args) for args in pending]
     note = (f"{runner.reused} of {runner.total_runs} runs reused from earlier invocations (for a reference profile, "
             "the default profile's runs of the same configs too)" if runner.reused else "")
     made_as = None
@@ -267,6 +278,7 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
 
 def main(argv: list[str]) -> int:
     from psgd.core.errors import Parser, UsageError
+    from psgd.lab import analyses
 
     p = Parser(prog="psgd suite", description="Tune and run an experiment suite; write figures, CSVs and REPORT.md.")
     p.add_argument("suite", type=Path, help="suite file, e.g. experiments/default.toml")
@@ -302,6 +314,8 @@ def main(argv: list[str]) -> int:
         # Runs are keyed by the training code's version; the report names the whole code's too.
         experiments = load_suite(a.suite, profile, only, results, run_code_version())
         articles = suite_articles(a.suite, [e.id for e in experiments])
+        if problem := next((m for e in experiments if (m := analyses.missing_runs(e))), ""):
+            raise SuiteError(problem)   # before any run: an analysis must find the runs it reads
     except SuiteError as e:
         raise UsageError(str(e)) from None
     # A partial call rewrites the whole report: it must not lose what the report holds (psgd never
