@@ -465,3 +465,37 @@ def test_a_suite_that_cannot_be_analysed_is_refused_before_any_run(tmp_path):
         raise ValueError("e1.toml: no run reached the target")
     with pytest.raises(suite.SuiteError, match=r"^X: analysis 'batch' could not read its runs: e1.toml: no run"):
         suite._analysed(type("A", (), {"analyse": staticmethod(broken)}), suite.load_suite(suite_file)[0])
+
+
+def test_the_progress_bar_counts_to_its_total(tmp_path, monkeypatch):
+    """Issue 54, item 5: the quick suite's bar said 108 and counted to 110 (a grid grown past its end
+    adds runs the plan did not count); it is set again before each experiment and grows with a run
+    it did not expect, so it never counts past its total."""
+    import io
+
+    from tqdm import tqdm
+
+    from psgd.lab import runner as runner_mod
+
+    seen = []
+    monkeypatch.setattr(runner_mod, "execute", lambda spec, fresh, position, tb=None: seen.append(position) or {})
+    monkeypatch.setattr(runner_mod, "is_cached", lambda spec: False)
+    monkeypatch.setattr(runner_mod, "twin", lambda spec: None)
+    bar = tqdm(total=2, file=io.StringIO())
+    r = runner_mod.Runner(bar, False, None)
+    specs = [SimpleSpec(f"run{i}") for i in range(3)]
+    r.run_all(specs[:2] + specs[:1])   # a run met twice is one step
+    r.run_all(specs[2:])
+    assert seen == ["[1/2]", "[2/2]", "[2/2]", "[3/3]"]   # the run met again is the step it was
+    assert (bar.n, bar.total) == (3, 3)
+    r.expect(0)
+    assert bar.total == 3
+    exp = suite.load_experiment(write(tmp_path, "t.toml", TUNED), "default", tmp_path, version="v1")
+    planned = {s.cfg.out for s in (*exp.tune_specs(), *exp.planned_specs())}
+    assert suite._steps([exp], set()) == len(planned) and suite._steps([exp, exp], set(list(planned)[:1])) == \
+        len(planned) - 1
+
+
+class SimpleSpec:
+    def __init__(self, out: str) -> None:
+        self.cfg = type("Cfg", (), {"out": out})()

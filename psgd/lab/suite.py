@@ -174,6 +174,13 @@ def _made_as(results: Path, profile: str) -> dict | None:
     return summary if summary.get("profile") == profile and all(k in summary for k in keys) else None
 
 
+def _steps(exps: list[Experiment], done: set[str]) -> int:
+    """The runs (each made once, however many experiments share it) and benchmarks still to make, as
+    planned before tuning: each tuned label at its grid's first rate."""
+    outs = {s.cfg.out for e in exps for s in (*e.tune_specs(), *e.planned_specs())} - done
+    return len(outs) + sum(1 for e in exps if e.bench)
+
+
 def _announce(chosen_exps: list[Experiment], fresh: bool, profile: str, version: str, run_version: str) -> int:
     """Print what the suite will make and about how long it takes; returns its steps (runs and benchmarks)."""
     eta = estimate_s(chosen_exps, fresh)
@@ -184,7 +191,7 @@ def _announce(chosen_exps: list[Experiment], fresh: bool, profile: str, version:
           f"{len(chosen_exps)} experiments, {n_tune} tuning runs, "
           f"{n_final} evaluated runs and {len(benches)} benchmarks; about {eta / 60:.0f} min on a 2-core CPU machine "
           f"(finished runs are reused; --fresh reruns them)", file=sys.stderr, flush=True)
-    return n_tune + n_final + len(benches)
+    return _steps(chosen_exps, set())
 
 
 def _run_experiment(exp: Experiment, out: Path, runner: Runner, command: str) -> tuple[tuple, set[str]]:
@@ -241,10 +248,12 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
     runner = Runner(overall, fresh, tensorboard)
     done: dict[str, tuple[tuple, set[str]] | None] = {}  # id -> (entry to analyse, made_by), None: no results
     try:
-        for exp in chosen_exps:
+        for i, exp in enumerate(chosen_exps):
+            runner.expect(_steps(chosen_exps[i:], runner.done_outs))   # the bar ends at its total
             done[exp.id] = _run_experiment(exp, results / exp.id, runner, command)
     finally:
         WARM.close()  # the suite's runs are over: its warm parent goes
+    runner.expect(0)
     overall.close()
     if dropped := would_drop(experiments, only, results):  # decided after the runs: they may be some
         print(f"psgd suite: kept {results / 'REPORT.md'} as it was: it reports {', '.join(dropped)}, whose finished "
