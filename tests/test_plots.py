@@ -75,7 +75,8 @@ def test_a_thin_staleness_tail_does_not_shrink_the_bars(tmp_path):
 def test_a_curves_figure_has_a_title_by_default(tmp_path, monkeypatch):
     """README's first figure (psgd plot RUN RUN --x samples) is titled by what it plots."""
     seen = {}
-    monkeypatch.setattr(plots, "load_run", lambda run: type("Run", (), {"mode": Path(run).name})())
+    monkeypatch.setattr(plots, "load_run", lambda run: type("Run", (), {"mode": Path(run).name, "summary": {},
+                                                                         "evals": [{"test_accuracy": 0.5}]})())
     monkeypatch.setattr(plots, "curves", lambda series, x, y, path, title: seen.update(title=title))
     argv = ["results/runs/sync", "results/runs/async", "--x", "samples", "--out", str(tmp_path / "f.png")]
     assert plots.main(argv) == 0
@@ -235,3 +236,32 @@ def test_sync_with_backup_workers_is_not_drawn_in_sync_s_colour():
     plain, backup = series_of([group("sync", 0), group("sync b=1", 1)])
     assert plots.color(plain.mode, plain.variant) == plots.MODE_COLORS["sync"]
     assert plots.color(backup.mode, backup.variant) not in plots.MODE_COLORS.values()
+
+
+def test_regression_runs_are_plotted_by_their_loss(tmp_path):
+    """Issue 54, item 3: `psgd plot` on two --loss mse runs drew an empty figure (test accuracy, all
+    nan) with exit 0, and its loss axis said "cross-entropy"."""
+    import json
+
+    folders = []
+    for mode in ("sync", "async"):
+        folder = tmp_path / f"mse-{mode}"
+        folder.mkdir()
+        (folder / "summary.json").write_text(json.dumps({"mode": mode, "config": {"model": {"loss": "mse"}}}))
+        (folder / "metrics.jsonl").write_text("\n".join(json.dumps(
+            {"event": "eval", "version": v, "elapsed_s": 0.1 * v, "samples": 32 * v, "test_loss": 4.0 / (1 + v),
+             "test_accuracy": None}) for v in range(4)))
+        folders.append(str(folder))
+    r = psgd_main("plot", *folders, "--out", str(tmp_path / "p.png"))
+    assert r.returncode == 0, r.stderr
+    rows = (tmp_path / "p.csv").read_text().splitlines()
+    assert rows[0] == "series,mode,elapsed_s,test_loss_mean,test_loss_min,test_loss_max" and "nan" not in "".join(rows)
+    r = psgd_main("plot", *folders, "--y", "test_accuracy", "--out", str(tmp_path / "a.png"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "use --y test_loss" in r.stderr
+    assert not (tmp_path / "a.png").exists()
+    fig = plots.curves([plots.Series(Path(f).name, Path(f).name[4:], [plots.load_run(f)]) for f in folders],
+                       "samples", "test_loss", tmp_path / "l.png")
+    assert fig.axes[0].get_ylabel() == "test loss (mse)"
+    fig = plots.curves([plots.Series("sync", "sync", [fake_run("sync", 0.8, 0)])], "samples", "test_loss",
+                       tmp_path / "c.png")
+    assert fig.axes[0].get_ylabel() == "test loss (cross-entropy)"   # a run that does not say: the default
