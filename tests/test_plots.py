@@ -265,3 +265,29 @@ def test_regression_runs_are_plotted_by_their_loss(tmp_path):
     fig = plots.curves([plots.Series("sync", "sync", [fake_run("sync", 0.8, 0)])], "samples", "test_loss",
                        tmp_path / "c.png")
     assert fig.axes[0].get_ylabel() == "test loss (cross-entropy)"   # a run that does not say: the default
+
+
+def test_a_sentence_long_effect_label_does_not_squeeze_the_forest(tmp_path):
+    """Issue 54, item 6: E12's label, a sentence, squeezed the forest's panels into a third of the
+    canvas ("Tight layout not applied"); the row's name is cut, the CSV keeps it whole."""
+    import warnings
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from psgd.lab import verdicts as V
+    from psgd.lab.forest import LABEL_CHARS
+    from psgd.lab.stats import Interval
+
+    long = ("one worker (control) - plain async (the gap), at N=4, lr 0.03 (plain async's best rate of {0.03, 0.1, "
+            "0.3}: the lowest of the grid, a smaller rate may do better), the one-worker control minus plain async "
+            "is +0.042 [+0.004, +0.080]")
+    claims = [("E12", V.INCONCLUSIVE, [V.part(long, Interval(0.04, 0.004, 0.08, 3), 0.05, "effect")]),
+              ("E1", V.INCONCLUSIVE, list(V.sync_beats_async(Interval(0.01, -0.02, 0.04, 3)).effects))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # "Tight layout not applied" is a UserWarning
+        fig = plots.forest(claims, tmp_path / "forest.png", "t")
+    ax = fig.axes[0]
+    assert all(len(t.get_text()) <= len("E12: ") + LABEL_CHARS for t in ax.get_yticklabels())
+    FigureCanvasAgg(fig).draw()
+    assert ax.get_position().width * fig.get_figwidth() > 4.0   # inches: the panel keeps its width
+    assert long in (tmp_path / "forest.csv").read_text()
