@@ -291,3 +291,23 @@ def test_a_sentence_long_effect_label_does_not_squeeze_the_forest(tmp_path):
     FigureCanvasAgg(fig).draw()
     assert ax.get_position().width * fig.get_figwidth() > 4.0   # inches: the panel keeps its width
     assert long in (tmp_path / "forest.csv").read_text()
+
+
+def test_staleness_is_counted_once_per_gradient_on_whole_number_ticks(tmp_path):
+    """Issue 54, item 6: staleness histograms had fractional ticks (0.25, 0.5 ... between whole
+    updates) and summary.json counted a gradient once per shard (400 for 200 pushed)."""
+    from psgd.core.config import RunConfig
+    from psgd.train.metrics import Metrics, summarize
+
+    fig = plots.histograms({"async": ("async", {"0": 120, "1": 80})}, tmp_path / "h.png")
+    ticks = [t for t in fig.axes[0].get_xticks() if -0.6 < t < 1.6]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    m = Metrics(tmp_path / "metrics.jsonl")
+    for rank in range(2):
+        m.write(event="worker_end", rank=rank, steps=100, train_start=0.0, train_end=1.0, process_start=0.0,
+                bytes_pushed=0, bytes_pulled=0, compute_s=0.0, push_s=0.0, pull_s=0.0, wait_s=0.0)
+    m.close()
+    shards = [{"version": 200, "staleness_hist": {"0": 120, "1": 80}, "max_clock_gap": 1},
+              {"version": 200, "staleness_hist": {"0": 118, "1": 82}, "max_clock_gap": 1}]
+    s = summarize(tmp_path, RunConfig(mode="async", workers=2, servers=2), [], 10, "", shards)
+    assert sum(s["staleness"]["hist"].values()) == 200 == s["worker_steps"]

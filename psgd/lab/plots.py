@@ -34,6 +34,7 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 from matplotlib.patches import Rectangle
+from matplotlib.ticker import MaxNLocator
 
 from psgd.core.palette import (
     LINESTYLES,
@@ -203,6 +204,7 @@ def histograms(hists: dict[str, tuple[str, dict[str, int]]], path: Path, title: 
             ax.set_xlim(min(int(k) for k in everything) - 0.6, edge + 0.6)
             ax.text(0.99, 0.97, f"axis ends at the 99.5th percentile, {edge}; {beyond} gradient(s) beyond it, "
                     f"up to {top}", transform=ax.transAxes, ha="right", va="top", fontsize=8, color=REF_COLOR)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # staleness is a whole number of updates
     if logy:
         ax.set_yscale("log")
     ax.set_xlabel(xlabel)
