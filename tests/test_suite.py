@@ -499,3 +499,20 @@ def test_the_progress_bar_counts_to_its_total(tmp_path, monkeypatch):
 class SimpleSpec:
     def __init__(self, out: str) -> None:
         self.cfg = type("Cfg", (), {"out": out})()
+
+
+def test_a_suite_is_named_or_listed_and_an_unknown_one_is_one_line(tmp_path):
+    """Issue 54, item 9: `psgd suite default` is experiments/default.toml (an installed psgd carries
+    it as psgd/experiments/, tests/test_packaging.py); `psgd suite --list` names every suite."""
+    from psgd.lab import suites
+
+    assert suites.resolve("default") == ROOT / "experiments" / "default.toml"
+    assert suites.resolve(str(ROOT / "experiments" / "papers.toml")) == ROOT / "experiments" / "papers.toml"
+    assert set(suites.available()) == {"default", "papers", "transformer"}   # not an experiment or articles file
+    r = psgd_main("suite", "--list")
+    assert r.returncode == 0 and [line.split()[0] for line in r.stdout.splitlines()] == ["default", "papers",
+                                                                                           "transformer"]
+    r = psgd_main("suite", "nope", "--out", str(tmp_path / "r"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "default, papers, transformer" in r.stderr
+    r = psgd_main("suite", "default", "--report", "--out", str(tmp_path / "r"))   # nothing ran there: one line
+    assert r.returncode == 2 and "has none of this suite's" in r.stderr and not (tmp_path / "r").exists()

@@ -23,6 +23,8 @@ Contract:
   which the report prints once.
 
     psgd suite experiments/default.toml              # what `make experiments` runs
+    psgd suite default                               # the same suite by name (an installed psgd ships it)
+    psgd suite --list                                # the suites there are, with their experiments
     psgd suite experiments/default.toml --only E2,E3   # rerun two; the report still covers all
     psgd suite experiments/default.toml --full       # 5 seeds, wider sweeps: results/full/
     psgd suite experiments/default.toml --reference  # power-sized seeds per claim: results/reference/
@@ -287,10 +289,13 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
 
 def main(argv: list[str]) -> int:
     from psgd.core.errors import Parser, UsageError
-    from psgd.lab import analyses
+    from psgd.lab import analyses, suites
 
     p = Parser(prog="psgd suite", description="Tune and run an experiment suite; write figures, CSVs and REPORT.md.")
-    p.add_argument("suite", type=Path, help="suite file, e.g. experiments/default.toml")
+    p.add_argument("suite", nargs="?", default=None,
+                   help="a suite file (experiments/default.toml) or the name of one psgd ships (default, "
+                        "transformer, papers: psgd suite --list)")
+    p.add_argument("--list", action="store_true", help="list the suites psgd has, with their experiments, and exit")
     p.add_argument("--only", default="", help="comma-separated experiment ids to run, e.g. E2,E3")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--quick", action="store_true", help="smoke profile: tiny budgets, one seed")
@@ -307,6 +312,12 @@ def main(argv: list[str]) -> int:
                    help="write every run's curves as TensorBoard event files under DIR/<experiment>/ as it finishes "
                         "(pip install 'psgd[tensorboard]')")
     a = p.parse_args(argv)
+    if a.list:
+        print(suites.listing())
+        return 0
+    if a.suite is None:
+        raise UsageError("name a suite file or a suite (e.g. psgd suite default); psgd suite --list lists them")
+    a.suite = suites.resolve(a.suite)
     if a.tensorboard is not None:
         from psgd.train import tboard
 
@@ -336,6 +347,9 @@ def main(argv: list[str]) -> int:
                          "--report would rewrite the report without them. "
                          "Run the whole suite (it reuses what it finds), "
                          "or give --out a folder of its own")
+    if a.report and not any(_has_results(e) for e in experiments):
+        raise UsageError(f"--report re-analyses finished runs, and {results} has none of this suite's "
+                         "(run the suite first)")
     from psgd.train.launch import RunFailed
 
     command = "psgd suite " + shlex.join(argv)
