@@ -295,6 +295,9 @@ def summary_line(summary: dict, out: str) -> str:
     parts += [f"start-up {summary.get('startup_s') or 0:.1f} s", f"training {summary.get('wall_time_s') or 0:.1f} s"]
     if summary.get("final_test_accuracy") is not None:
         parts.append(f"test accuracy {summary['final_test_accuracy']:.3f}")
+    elif summary.get("final_test_loss") is not None:   # a regression --loss: psgd has no accuracy to report
+        loss = ((summary.get("config") or {}).get("model") or {}).get("loss") or "cross_entropy"
+        parts.append(f"test loss {summary['final_test_loss']:.4g} ({loss})")
     workers = summary.get("workers")
     return f"{summary.get('mode')}, {workers} worker{'s' if workers != 1 else ''}: {', '.join(parts)} -> " \
            f"{Path(out) / 'summary.json'}"

@@ -101,3 +101,14 @@ def test_e4_with_rounds_judges_an_interval_over_rounds_and_shows_the_sharded_ps(
     assert part.ci.estimate == pytest.approx(sum(gaps) / 3)
     assert "3 rounds per point" in section.headline and "a 2-shard PS's" in section.headline
     assert "PS, 2 shards" in section.headline and section.key["rounds"] == 3
+
+
+def test_e4_with_one_worker_count_from_two_is_not_judged(tmp_path):
+    """Issue 54, item 5: --quick runs N=1, 2, and E4 said "refuted" from N=2 to N=2 (speedups of 1.00x)."""
+    g = "1gbit"
+    write(tmp_path / "E4", [(g, "E4", "ps", "kernel", 1, 0.16, 0.15), (g, "E4", "ps", "kernel", 2, 0.28, 0.3),
+                            (g, "E4", "gloo", "kernel", 2, 0.09, 0.08), (g, "E4", "ring", "kernel", 2, 0.1, 0.08)])
+    section = analyses.analyse(exp(tmp_path), [], tmp_path / "E4")
+    assert section.verdict == "inconclusive", section.headline
+    assert "from N=2 to N=2" not in section.headline
+    assert section.headline.startswith("not judged: the benchmark ran N=1, 2, and a speedup needs two worker counts")

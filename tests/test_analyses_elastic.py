@@ -43,3 +43,18 @@ def test_elastic_analysis_judges_the_gap_to_the_fixed_large_job_and_reads_the_se
     assert "accuracy minus fixed 4 +0.002" in section.headline
     assert "before the change 0.90" in section.headline and "after it 1.10" in section.headline
     assert (out / "throughput.png").exists() and (out / "throughput.csv").exists()
+
+
+def test_an_elastic_run_that_never_grew_is_not_judged_and_prints_no_nan(tmp_path):
+    """Issue 54, item 5: --quick's budget ends before the schedule's change, so the elastic run has no
+    segments; E15 said "samples/s before the change nanx fixed 2's" and judged it anyway."""
+    summaries = (runs(tmp_path, "fixed 2", [0.60, 0.61, 0.60], 2) + runs(tmp_path, "sync", [0.62, 0.62, 0.63], 4)
+                 + runs(tmp_path, "elastic", [0.62, 0.625, 0.63], 4, "0:2,300:4"))
+    exp = SimpleNamespace(id="E15", path="e15.toml", title="t", claim="c", quote="", quote_en="", quote_source="",
+                          why="w", analysis="elastic", seeds=(0, 1, 2),
+                          params={"elastic": "elastic", "small": "fixed 2", "large": "sync"})
+    out = tmp_path / "E15"
+    out.mkdir()
+    section = analyses.analyse(exp, summaries, out)
+    assert section.verdict == "inconclusive" and "nan" not in section.headline, section.headline
+    assert section.headline.startswith("not judged: the elastic run never changed its membership (--elastic 0:2,300:4")

@@ -205,3 +205,23 @@ def test_the_floor_arm_computes_what_the_plain_loop_does_with_its_update_in_a_se
         assert len(low["ends"]) == 12 and low["ends"] == sorted(low["ends"])
     with pytest.raises(ValueError, match="block or spin"):
         floor.floor_loop(cfg, tb.make_optimizer, "poll")
+
+
+def test_the_cluster_figure_keeps_its_title_and_tells_the_two_servers_apart(tmp_path):
+    """Issue 54, item 6: E4's cluster.png cut its title at both edges (one rate: a 4.6-inch figure) and
+    drew the 1-shard and the 2-shard PS in one colour and marker."""
+    from psgd.bench import cluster
+
+    rows = [dict(status="ok", rate="1gbit", experiment="E4", config=c, where=w, workers=n, samples_per_s=100.0 * n,
+                 global_batch=32 * n, predicted_s=0.3, busiest_bytes=1e7 * n, utilisation=0.5)
+            for c in ("ps", "ps2", "ring", "gloo") for w in ("kernel", "pacer") for n in (1, 2, 4)]
+    fig = cluster.plot(rows, argparse.Namespace(rates=["1gbit"], workers=[1, 2, 4], width=1024), tmp_path / "c.png")
+    lines = {ln.get_label(): ln for ln in fig.axes[0].get_lines()}
+    one, two = lines["PS, 1 shard, kernel"], lines["PS, 2 shards, kernel"]
+    assert one.get_color() != two.get_color() and one.get_marker() != two.get_marker()
+    title = fig._suptitle
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    box = title.get_window_extent(FigureCanvasAgg(fig).get_renderer())
+    assert 0 <= box.x0 and box.x1 <= fig.bbox.width, (box, fig.bbox)
+    assert "2 CPU cores shared by every host" in title.get_text().replace("\n", " ")

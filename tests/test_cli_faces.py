@@ -130,6 +130,9 @@ def test_the_summary_line_is_in_readme_words():
     ring = dict(s, mode="allreduce", workers=1, staleness=None)  # no staleness in all-reduce: left out
     assert summary_line(ring, "o") == ("allreduce, 1 worker: 12,345 samples/s, 1,087 gradients/s, start-up 0.5 s, "
                                        "training 1.4 s, test accuracy 0.875 -> o/summary.json")
+    # A regression run has no accuracy: its result is its test loss, named by its loss (issue 54, item 3).
+    mse = dict(s, final_test_accuracy=None, final_test_loss=0.60308, config={"model": {"loss": "mse"}})
+    assert summary_line(mse, "o").endswith("training 1.4 s, test loss 0.6031 (mse) -> o/summary.json")
 
 
 # -- data files ----------------------------------------------------------------------------------------

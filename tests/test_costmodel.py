@@ -149,3 +149,19 @@ def test_a_validate_csv_that_is_missing_or_not_a_sweeps_is_one_line_and_writes_n
         last = r.stderr.splitlines()[-1]
         assert last.startswith("psgd model: error: --validate") and says in last
         assert not out.exists()
+
+
+def test_the_model_figure_shows_coinciding_bandwidths_and_tells_k8_from_kn(tmp_path):
+    """Issue 54, item 6: model.png hid the 100 Gbit lines under the 400 Gbit ones (software-bound: the
+    same numbers) and drew K=8 and K=N both dotted."""
+    from psgd.bench.costmodel_cli import plot
+
+    rows = [dict(bandwidth=bw, mode=mode, shards_label=k, workers=n, samples_per_s=1000.0 * n ** 0.5)
+            for bw in ("10gbit", "100gbit", "400gbit") for mode, k in (("ring", "-"), ("sync", "1"), ("sync", "8"),
+                                                                       ("sync", "N")) for n in (8, 16, 32)]
+    lines = {ln.get_label(): ln for ln in plot(rows, tmp_path / "model.png", "t").axes[0].get_lines()}
+    slow, fast = lines["100gbit: PS sync, K=8"], lines["400gbit: PS sync, K=8"]
+    assert list(slow.get_ydata()) == list(fast.get_ydata())          # they coincide, and both show:
+    assert fast.get_zorder() > slow.get_zorder() and fast.get_linewidth() < slow.get_linewidth()
+    assert fast.get_marker() != slow.get_marker() and fast.get_markersize() < slow.get_markersize()
+    assert lines["10gbit: PS sync, K=8"].get_linestyle() != lines["10gbit: PS sync, K=N"].get_linestyle()

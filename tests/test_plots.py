@@ -75,7 +75,8 @@ def test_a_thin_staleness_tail_does_not_shrink_the_bars(tmp_path):
 def test_a_curves_figure_has_a_title_by_default(tmp_path, monkeypatch):
     """README's first figure (psgd plot RUN RUN --x samples) is titled by what it plots."""
     seen = {}
-    monkeypatch.setattr(plots, "load_run", lambda run: type("Run", (), {"mode": Path(run).name})())
+    monkeypatch.setattr(plots, "load_run", lambda run: type("Run", (), {"mode": Path(run).name, "summary": {},
+                                                                         "evals": [{"test_accuracy": 0.5}]})())
     monkeypatch.setattr(plots, "curves", lambda series, x, y, path, title: seen.update(title=title))
     argv = ["results/runs/sync", "results/runs/async", "--x", "samples", "--out", str(tmp_path / "f.png")]
     assert plots.main(argv) == 0
@@ -235,3 +236,78 @@ def test_sync_with_backup_workers_is_not_drawn_in_sync_s_colour():
     plain, backup = series_of([group("sync", 0), group("sync b=1", 1)])
     assert plots.color(plain.mode, plain.variant) == plots.MODE_COLORS["sync"]
     assert plots.color(backup.mode, backup.variant) not in plots.MODE_COLORS.values()
+
+
+def test_regression_runs_are_plotted_by_their_loss(tmp_path):
+    """Issue 54, item 3: `psgd plot` on two --loss mse runs drew an empty figure (test accuracy, all
+    nan) with exit 0, and its loss axis said "cross-entropy"."""
+    import json
+
+    folders = []
+    for mode in ("sync", "async"):
+        folder = tmp_path / f"mse-{mode}"
+        folder.mkdir()
+        (folder / "summary.json").write_text(json.dumps({"mode": mode, "config": {"model": {"loss": "mse"}}}))
+        (folder / "metrics.jsonl").write_text("\n".join(json.dumps(
+            {"event": "eval", "version": v, "elapsed_s": 0.1 * v, "samples": 32 * v, "test_loss": 4.0 / (1 + v),
+             "test_accuracy": None}) for v in range(4)))
+        folders.append(str(folder))
+    r = psgd_main("plot", *folders, "--out", str(tmp_path / "p.png"))
+    assert r.returncode == 0, r.stderr
+    rows = (tmp_path / "p.csv").read_text().splitlines()
+    assert rows[0] == "series,mode,elapsed_s,test_loss_mean,test_loss_min,test_loss_max" and "nan" not in "".join(rows)
+    r = psgd_main("plot", *folders, "--y", "test_accuracy", "--out", str(tmp_path / "a.png"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "use --y test_loss" in r.stderr
+    assert not (tmp_path / "a.png").exists()
+    fig = plots.curves([plots.Series(Path(f).name, Path(f).name[4:], [plots.load_run(f)]) for f in folders],
+                       "samples", "test_loss", tmp_path / "l.png")
+    assert fig.axes[0].get_ylabel() == "test loss (mse)"
+    fig = plots.curves([plots.Series("sync", "sync", [fake_run("sync", 0.8, 0)])], "samples", "test_loss",
+                       tmp_path / "c.png")
+    assert fig.axes[0].get_ylabel() == "test loss (cross-entropy)"   # a run that does not say: the default
+
+
+def test_a_sentence_long_effect_label_does_not_squeeze_the_forest(tmp_path):
+    """Issue 54, item 6: E12's label, a sentence, squeezed the forest's panels into a third of the
+    canvas ("Tight layout not applied"); the row's name is cut, the CSV keeps it whole."""
+    import warnings
+
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from psgd.lab import verdicts as V
+    from psgd.lab.forest import LABEL_CHARS
+    from psgd.lab.stats import Interval
+
+    long = ("one worker (control) - plain async (the gap), at N=4, lr 0.03 (plain async's best rate of {0.03, 0.1, "
+            "0.3}: the lowest of the grid, a smaller rate may do better), the one-worker control minus plain async "
+            "is +0.042 [+0.004, +0.080]")
+    claims = [("E12", V.INCONCLUSIVE, [V.part(long, Interval(0.04, 0.004, 0.08, 3), 0.05, "effect")]),
+              ("E1", V.INCONCLUSIVE, list(V.sync_beats_async(Interval(0.01, -0.02, 0.04, 3)).effects))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")   # "Tight layout not applied" is a UserWarning
+        fig = plots.forest(claims, tmp_path / "forest.png", "t")
+    ax = fig.axes[0]
+    assert all(len(t.get_text()) <= len("E12: ") + LABEL_CHARS for t in ax.get_yticklabels())
+    FigureCanvasAgg(fig).draw()
+    assert ax.get_position().width * fig.get_figwidth() > 4.0   # inches: the panel keeps its width
+    assert long in (tmp_path / "forest.csv").read_text()
+
+
+def test_staleness_is_counted_once_per_gradient_on_whole_number_ticks(tmp_path):
+    """Issue 54, item 6: staleness histograms had fractional ticks (0.25, 0.5 ... between whole
+    updates) and summary.json counted a gradient once per shard (400 for 200 pushed)."""
+    from psgd.core.config import RunConfig
+    from psgd.train.metrics import Metrics, summarize
+
+    fig = plots.histograms({"async": ("async", {"0": 120, "1": 80})}, tmp_path / "h.png")
+    ticks = [t for t in fig.axes[0].get_xticks() if -0.6 < t < 1.6]
+    assert ticks and all(float(t).is_integer() for t in ticks), ticks
+    m = Metrics(tmp_path / "metrics.jsonl")
+    for rank in range(2):
+        m.write(event="worker_end", rank=rank, steps=100, train_start=0.0, train_end=1.0, process_start=0.0,
+                bytes_pushed=0, bytes_pulled=0, compute_s=0.0, push_s=0.0, pull_s=0.0, wait_s=0.0)
+    m.close()
+    shards = [{"version": 200, "staleness_hist": {"0": 120, "1": 80}, "max_clock_gap": 1},
+              {"version": 200, "staleness_hist": {"0": 118, "1": 82}, "max_clock_gap": 1}]
+    s = summarize(tmp_path, RunConfig(mode="async", workers=2, servers=2), [], 10, "", shards)
+    assert sum(s["staleness"]["hist"].values()) == 200 == s["worker_steps"]

@@ -438,3 +438,81 @@ def test_the_papers_suite_shares_the_default_suites_base_and_profiles():
     assert papers["base"] == default["base"] and papers.get("profiles") == default.get("profiles")
     ids = {n: {e.id for e in suite.load_suite(ROOT / "experiments" / f"{n}.toml")} for n in ("default", "papers")}
     assert ids["papers"] == {"E19", "E20", "E21", "E23"} and not ids["papers"] & ids["default"]
+
+
+def test_a_suite_that_cannot_be_analysed_is_refused_before_any_run(tmp_path):
+    """Issue 54, item 12: a pattern matching no experiment file, and an analysis whose [params] name a
+    run the experiment lacks, are one-line usage errors (exit 2) before any folder or run exists,
+    not a traceback once the runs have finished."""
+    results = tmp_path / "results"
+    empty = write(tmp_path, "empty.toml", '[suite]\nexperiments = ["zz*.toml"]\n')
+    r = psgd_main("suite", str(empty), "--out", str(results))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "pattern 'zz*.toml' matches no experiment file of suite 'default'" in r.stderr
+    exp = ('id = "X"\ntitle = "t"\nclaim = "c"\nanalysis = "batch"\n'
+           '[params]\nsmall = "b8"\nfixed = "b16"\ntuned = "b16 tuned"\n' + TINY_BASE
+           + 'lr = 0.1\n[[runs]]\nlabel = "b8"\n[[runs]]\nlabel = "b16"\nbatch_size = 16\n')
+    write(tmp_path, "e1.toml", exp)
+    suite_file = write(tmp_path, "suite.toml", '[suite]\nexperiments = ["e*.toml"]\n')
+    r = psgd_main("suite", str(suite_file), "--out", str(results))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1, r.stderr
+    assert "[params] tuned names a run labelled 'b16 tuned', which the experiment does not have" in r.stderr
+    assert not results.exists()
+    write(tmp_path, "e1.toml", exp.replace('tuned = "b16 tuned"\n', ""))
+    assert "[params] needs 'tuned'" in psgd_main("suite", str(suite_file), "--out", str(results)).stderr
+    # Where it can only fail once the runs are there, the failure is still one line naming the claim.
+    def broken(*_):
+        raise ValueError("e1.toml: no run reached the target")
+    with pytest.raises(suite.SuiteError, match=r"^X: analysis 'batch' could not read its runs: e1.toml: no run"):
+        suite._analysed(type("A", (), {"analyse": staticmethod(broken)}), suite.load_suite(suite_file)[0])
+
+
+def test_the_progress_bar_counts_to_its_total(tmp_path, monkeypatch):
+    """Issue 54, item 5: the quick suite's bar said 108 and counted to 110 (a grid grown past its end
+    adds runs the plan did not count); it is set again before each experiment and grows with a run
+    it did not expect, so it never counts past its total."""
+    import io
+
+    from tqdm import tqdm
+
+    from psgd.lab import runner as runner_mod
+
+    seen = []
+    monkeypatch.setattr(runner_mod, "execute", lambda spec, fresh, position, tb=None: seen.append(position) or {})
+    monkeypatch.setattr(runner_mod, "is_cached", lambda spec: False)
+    monkeypatch.setattr(runner_mod, "twin", lambda spec: None)
+    bar = tqdm(total=2, file=io.StringIO())
+    r = runner_mod.Runner(bar, False, None)
+    specs = [SimpleSpec(f"run{i}") for i in range(3)]
+    r.run_all(specs[:2] + specs[:1])   # a run met twice is one step
+    r.run_all(specs[2:])
+    assert seen == ["[1/2]", "[2/2]", "[2/2]", "[3/3]"]   # the run met again is the step it was
+    assert (bar.n, bar.total) == (3, 3)
+    r.expect(0)
+    assert bar.total == 3
+    exp = suite.load_experiment(write(tmp_path, "t.toml", TUNED), "default", tmp_path, version="v1")
+    planned = {s.cfg.out for s in (*exp.tune_specs(), *exp.planned_specs())}
+    assert suite._steps([exp], set()) == len(planned) and suite._steps([exp, exp], set(list(planned)[:1])) == \
+        len(planned) - 1
+
+
+class SimpleSpec:
+    def __init__(self, out: str) -> None:
+        self.cfg = type("Cfg", (), {"out": out})()
+
+
+def test_a_suite_is_named_or_listed_and_an_unknown_one_is_one_line(tmp_path):
+    """Issue 54, item 9: `psgd suite default` is experiments/default.toml (an installed psgd carries
+    it as psgd/experiments/, tests/test_packaging.py); `psgd suite --list` names every suite."""
+    from psgd.lab import suites
+
+    assert suites.resolve("default") == ROOT / "experiments" / "default.toml"
+    assert suites.resolve(str(ROOT / "experiments" / "papers.toml")) == ROOT / "experiments" / "papers.toml"
+    assert set(suites.available()) == {"default", "papers", "transformer"}   # not an experiment or articles file
+    r = psgd_main("suite", "--list")
+    assert r.returncode == 0 and [line.split()[0] for line in r.stdout.splitlines()] == ["default", "papers",
+                                                                                           "transformer"]
+    r = psgd_main("suite", "nope", "--out", str(tmp_path / "r"))
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "default, papers, transformer" in r.stderr
+    r = psgd_main("suite", "default", "--report", "--out", str(tmp_path / "r"))   # nothing ran there: one line
+    assert r.returncode == 2 and "has none of this suite's" in r.stderr and not (tmp_path / "r").exists()

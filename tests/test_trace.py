@@ -124,3 +124,20 @@ def test_errors_are_one_line_and_exit_2(tmp_path, make, args, message):
 
 
 # A real run's trace: tests/test_readme.py traces the README's async run.
+
+
+def test_clock_labels_never_overlap_on_a_row(tmp_path):
+    """Issue 54, item 6: trace.png's step labels overlapped where a slow worker stretched the window
+    and a fast one's every 5th step stood closer than a label is wide."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    def steps(rank: int, n: int, dur: float) -> list:
+        return [trace.Segment(rank, c, k, c * dur + i * dur / 4, c * dur + (i + 1) * dur / 4)
+                for c in range(n) for i, k in enumerate(trace.KINDS)]
+    segs = steps(0, 300, 0.001) + steps(1, 300, 0.02)   # worker 0 twenty times as fast
+    fig = trace.draw(segs, tmp_path / "t.png", "t")
+    renderer = FigureCanvasAgg(fig).get_renderer()
+    for rank in (0, 1):
+        boxes = sorted((b.x0, b.x1) for t in fig.axes[0].texts if abs(t.get_position()[1] - (rank - 0.38)) < 1e-9
+                       for b in [t.get_window_extent(renderer)])
+        assert len(boxes) >= 2 and all(a1 <= b0 for (_, a1), (b0, _) in zip(boxes, boxes[1:], strict=False)), rank

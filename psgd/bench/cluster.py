@@ -43,6 +43,7 @@ import argparse
 import dataclasses
 import os
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -221,7 +222,7 @@ def report(rows: list[dict], links: list[dict], ceiling: float | None, a: argpar
     return "\n".join(lines) + "\n"
 
 
-def plot(rows: list[dict], a: argparse.Namespace, path: Path) -> None:
+def plot(rows: list[dict], a: argparse.Namespace, path: Path):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -235,6 +236,8 @@ def plot(rows: list[dict], a: argparse.Namespace, path: Path) -> None:
         for (title, value, model), ax in zip(panels, (axes[i][j] for i in range(len(panels))), strict=True):
             for config, label in CONFIGS.items():
                 mode = {"ring": "ring", "gloo": "library"}.get(config, "ps")
+                # The 2-shard PS in a variant colour and marker (as E4's samples_per_s.png): not the 1-shard PS's.
+                variant = 3 if config == "ps2" else -1
                 for where, dash in (("kernel", "-"), ("pacer", "--"), ("model", ":")):
                     pts = [(n, r) for n in a.workers if (r := ok(rows, rate=rate, experiment="E4", config=config,
                                                                  where="kernel" if where == "model" else where,
@@ -243,19 +246,21 @@ def plot(rows: list[dict], a: argparse.Namespace, path: Path) -> None:
                         continue  # one model line for the all-reduce: the ring's and gloo's are the same
                     name = "all-reduce" if where == "model" and config == "ring" else label
                     ax.plot([n for n, _ in pts], [(model if where == "model" else value)(r) for _, r in pts],
-                            color=palette.color(mode), marker=palette.marker(mode), linestyle=dash,
+                            color=palette.color(mode, variant), marker=palette.marker(mode, variant), linestyle=dash,
                             label=f"{name}, {where}")
             ax.set_title(f"{rate}: {title}", fontsize=9)
             ax.set_xlabel("workers N")
             ax.set_xticks(a.workers)
             ax.grid(True, alpha=0.3)
             ax.legend(fontsize=6)
-    fig.suptitle(f"E4 on kernel-shaped links (psgd cluster, solid) vs the Python pacer on loopback (dashed) vs the "
-                 f"cost model (dotted)\nwide MLP width {a.width}, sync; 2 CPU cores shared by every host",
-                 fontsize=9)
+    # Wrapped to the figure's width (one rate is 4.6 inches: one line of it was cut at both edges).
+    title = (f"E4 on kernel-shaped links (psgd cluster, solid) vs the Python pacer on loopback (dashed) vs the "
+             f"cost model (dotted); wide MLP width {a.width}, sync; 2 CPU cores shared by every host")
+    fig.suptitle(textwrap.fill(title, int(13 * 4.6 * len(a.rates))), fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
+    return fig
 
 
 def _parser() -> argparse.ArgumentParser:

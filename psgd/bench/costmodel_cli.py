@@ -94,7 +94,7 @@ def write_csv(rows: list[dict], path: Path) -> None:
         w.writerows(rows)
 
 
-def plot(rows: list[dict], path: Path, title: str) -> None:
+def plot(rows: list[dict], path: Path, title: str):
     import matplotlib
 
     matplotlib.use("Agg")
@@ -106,13 +106,19 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     def key(r: dict) -> tuple:
         return r["bandwidth"], r["mode"], r["shards_label"]
 
+    shards = list(dict.fromkeys(r["shards_label"] for r in rows if r["mode"] != "ring"))
     for line in dict.fromkeys(key(r) for r in rows):
         pts = [(r["workers"], r["samples_per_s"]) for r in rows if key(r) == line]
         bw, mode, k = line
-        style = "-" if mode == "ring" else ("--" if k == "1" else ":")
+        # A dash per configuration (K=8 and K=N were both dotted) and, per bandwidth, a colour, a marker
+        # and a width that narrows as it rises, drawn on top: where a faster link predicts the same
+        # (software-bound), its thin line runs inside the slower one's instead of hiding it.
+        style = "-" if mode == "ring" else palette.LINESTYLES[1 + shards.index(k) % 3]
+        i = bandwidths.index(bw)
         label = f"{bw}: ring all-reduce" if mode == "ring" else f"{bw}: PS sync, K={k}"
-        ax.plot(*zip(*pts, strict=True), style, marker="o", ms=3, label=label,
-                color=colors[bandwidths.index(bw) % len(colors)])
+        ax.plot(*zip(*pts, strict=True), linestyle=style, marker=palette.VARIANT_MARKERS[i % 6],
+                ms=max(3.0, 7.5 - 2.0 * i), lw=max(0.8, 3.0 - 1.0 * i), zorder=2 + i, label=label,
+                color=colors[i % len(colors)])
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("workers N")
@@ -123,6 +129,7 @@ def plot(rows: list[dict], path: Path, title: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+    return fig
 
 
 def _parser() -> argparse.ArgumentParser:

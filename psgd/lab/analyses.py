@@ -30,7 +30,7 @@ import psgd.lab
 from psgd.lab import power, rule
 from psgd.lab import readings as reread
 from psgd.lab import verdicts as V
-from psgd.lab.analysis_kit import Context, body
+from psgd.lab.analysis_kit import Context, Needs, body
 from psgd.lab.results import Finding, Section, load_run
 
 
@@ -87,6 +87,25 @@ def registry() -> dict:
                 raise ValueError(f"analysis {name!r} is defined twice (psgd/lab/{info.name}.py and another module)")
             table_[name] = fn
     return table_
+
+
+def needs() -> dict:
+    """The runs each analysis reads by label (its module's NEEDS, analysis_kit.Needs), by name."""
+    return {name: n for info in pkgutil.iter_modules(psgd.lab.__path__) if info.name.startswith("analyses_")
+            for name, n in getattr(importlib.import_module(f"psgd.lab.{info.name}"), "NEEDS", {}).items()}
+
+
+def missing_runs(exp) -> str:
+    """Why `exp`'s analysis could not read its runs (a line naming the file), or "" when it can: checked
+    before a suite runs anything, rather than found once the runs have finished. Any analysis reads
+    the noise floor's pair ([params] noise_floor) when it is named."""
+    if exp.analysis not in registry():
+        return f"{exp.path}: unknown analysis {exp.analysis!r}; known: {', '.join(sorted(registry()))}"
+    have = {t.label for t in exp.templates}
+    for n in (needs().get(exp.analysis, Needs()), Needs(optional=("noise_floor",))):
+        if problem := n.problem(exp.params, have):
+            return f"{exp.path}: {problem} (its runs: {', '.join(sorted(have)) or 'none'})"
+    return ""
 
 
 def analyse(exp, summaries: list, out: Path, chosen: dict | None = None, scores: dict | None = None) -> Section:

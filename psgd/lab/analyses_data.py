@@ -10,7 +10,7 @@ import math
 
 from psgd.lab import plots, stats
 from psgd.lab import verdicts as V
-from psgd.lab.analysis_kit import Context, acc_ci, diff, series_of, variant_series
+from psgd.lab.analysis_kit import Context, Needs, acc_ci, diff, series_of, variant_series
 from psgd.lab.results import Figure, table
 
 
@@ -218,3 +218,5 @@ def diloco(ctx: Context):
 
 
 ANALYSES = {"batch": batch, "noniid": noniid, "wire": wire, "accumulate": accumulate, "diloco": diloco}
+NEEDS = {"batch": Needs(params=("small", "fixed", "tuned"), optional=("scaled",)),
+         "noniid": Needs(params=("every_step", "local"))}

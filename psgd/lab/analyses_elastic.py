@@ -17,7 +17,7 @@ import numpy as np
 
 from psgd.lab import plots, stats
 from psgd.lab import verdicts as V
-from psgd.lab.analysis_kit import Context, acc_ci, diff, variant_series
+from psgd.lab.analysis_kit import Context, Needs, acc_ci, diff, variant_series
 from psgd.lab.results import Figure, table
 
 
@@ -62,6 +62,11 @@ def elastic(ctx: Context):
     headline = (f"growing {n_small} -> {n_large} workers mid-run, at equal samples: accuracy minus fixed "
                 f"{n_large} {gap.fmt(signed=True)}; samples/s before the change {before.fmt(2)}x fixed {n_small}'s, "
                 f"after it {after.fmt(2)}x fixed {n_large}'s")
+    if not any(r.summary.get("membership", {}).get("segments") for r in grown.runs):
+        # A budget that ends before the schedule's change (--quick's): the elastic arm never grew.
+        why = (f"the elastic run never changed its membership (--elastic {grown.cfg.get('elastic')}; it ended "
+               f"after {int(grown.mean('global_updates'))} updates, before the change)")
+        verdict, headline = V.Verdict(V.INCONCLUSIVE, why), f"not judged: {why}"
     body += (f"\n\nThroughput per segment is measured from the step events' times between changes of membership "
              f"(summary.json `membership.segments`), beside the fixed jobs' steady-state samples/s: ratios "
              f"{before.fmt(2)}x ({n_small} workers) and {after.fmt(2)}x ({n_large} workers), t intervals of the log "
@@ -84,3 +89,4 @@ def elastic(ctx: Context):
 
 
 ANALYSES = {"elastic": elastic}
+NEEDS = {"elastic": Needs(params=("elastic", "small", "large"))}

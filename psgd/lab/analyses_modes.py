@@ -16,7 +16,7 @@ import numpy as np
 
 from psgd.lab import plots, stats
 from psgd.lab import verdicts as V
-from psgd.lab.analysis_kit import Context, acc_ci, diff, series_of, variant_series
+from psgd.lab.analysis_kit import Context, Needs, acc_ci, diff, series_of, variant_series
 from psgd.lab.results import Figure, Group, diverged, roughness, table, time_to, up_to
 
 CHANCE_LOSS = math.log(10)  # cross-entropy of a uniform guess over 10 classes
@@ -314,3 +314,4 @@ def staleness(ctx: Context):
 
 
 ANALYSES = {"baseline": baseline, "modes": modes, "stragglers": stragglers, "staleness": staleness}
+NEEDS = {"modes": Needs(labels=("sync", "async"))}

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from psgd.lab import plots, stats
 from psgd.lab import verdicts as V
-from psgd.lab.analysis_kit import Context, acc_ci, variant_series
+from psgd.lab.analysis_kit import Context, Needs, acc_ci, variant_series
 from psgd.lab.results import Figure, table
 
 
@@ -82,3 +82,4 @@ def _stale_name(g) -> str:
 
 
 ANALYSES = {"adam_staleness": adam_staleness}
+NEEDS = {"adam_staleness": Needs(params=("sgd", "adamw"))}

@@ -129,7 +129,8 @@ def _verdict(c: Cell | None, grid: dict[float, Group], margin: float) -> tuple[V
         # The gap is the number that decided it: the forest shows it (a claim with no part would be
         # missing from it).
         return V.Verdict(V.INCONCLUSIVE, f"{where}: {why}, so there is no measured gap for a remedy to close",
-                         (V.part(f"{CONTROL} - plain async (the gap), {where}", gap, margin, "effect"),)), key
+                         (V.part(f"{CONTROL} - plain async (the gap), N={c.workers}, lr {c.lr:g}", gap, margin,
+                                 "effect"),)), key
     parts, texts = [], []
     dc = _dc_reading(c, margin, key)
     if dc is not None:

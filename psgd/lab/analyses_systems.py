@@ -243,6 +243,10 @@ class Cluster:
         self.lo, self.hi = 2, self.ns[-1]   # the ring has no N=1: compare both from N=2
         self.params = int(rows[0]["params"])
 
+    def judged(self) -> bool:
+        """Whether a speedup can be read: two worker counts from N=lo (a --quick run's N=1, 2 has one)."""
+        return self.hi > self.lo
+
     def cells(self) -> list[tuple[str, int]]:
         return [(c, n) for c in self.runs for n in self.ns if n in self.runs[c]]
 
@@ -323,12 +327,17 @@ def _cluster_text(cl: Cluster) -> tuple[str, str]:
     ps2 = cl.speedup("ps2")
     absolute = ", ".join(f"{CLUSTER_NAMES.get(c, c)} {cl.mean(c, hi, 'samples_per_s'):.0f}" for c in cl.runs
                          if hi in cl.runs[c])
-    headline = (f"on kernel-shaped {cl.rate} links (each process on a host of its own; {cl.rounds} round{plural} per "
-                f"point), from N={lo} to N={hi} the one-shard PS's samples/s grow {cl.speedup('ps'):.2f}x"
-                + (f", a 2-shard PS's {ps2:.2f}x" if math.isfinite(ps2) else "")
-                + f", gloo's all-reduce {cl.speedup('gloo'):.2f}x, the hand-written ring {cl.speedup('ring'):.2f}x; "
-                f"at N={hi}: {absolute} samples/s; the server's traffic per step grows {cl.grows('ps', n0, hi):.1f}x "
-                f"from N={n0}, a ring worker's {cl.grows('gloo', lo, hi):.2f}x from N={lo}")
+    if not cl.judged():
+        headline = (f"not judged: the benchmark ran N={', '.join(map(str, cl.ns))}, and a speedup needs two worker "
+                    f"counts from N={lo} (the ring has no N=1); at N={hi}: {absolute} samples/s")
+    else:
+        headline = (f"on kernel-shaped {cl.rate} links (each process on a host of its own; {cl.rounds} round{plural} "
+                    f"per point), from N={lo} to N={hi} the one-shard PS's samples/s grow {cl.speedup('ps'):.2f}x"
+                    + (f", a 2-shard PS's {ps2:.2f}x" if math.isfinite(ps2) else "")
+                    + f", gloo's all-reduce {cl.speedup('gloo'):.2f}x, the hand-written ring "
+                    f"{cl.speedup('ring'):.2f}x; at N={hi}: {absolute} samples/s; the server's traffic per step grows "
+                    f"{cl.grows('ps', n0, hi):.1f}x from N={n0}, a ring worker's {cl.grows('gloo', lo, hi):.2f}x "
+                    f"from N={lo}")
     body += (f"\n\nMeasured by `psgd bench cluster` in this suite run: one host per process (network namespaces "
              f"on a bridge, links shaped by the kernel's tbf and netem to {cl.rate} with 200 us of latency), the wide "
              f"MLP ({cl.params / 1e6:.1f}M parameters), sync; each point {cl.rounds} run{plural}, interleaved by "
@@ -358,7 +367,9 @@ def cluster_bench(ctx):
     headline, body = _cluster_text(cl)
     key = {"ps_speedup": cl.speedup("ps"), "ps2_speedup": cl.speedup("ps2"), "gloo_speedup": cl.speedup("gloo"),
            "ring_speedup": cl.speedup("ring"), "rounds": cl.rounds}
-    return _cluster_verdict(cl), headline, body, _cluster_figures(cl, ctx.exp.id, ctx.out), key
+    verdict = (_cluster_verdict(cl) if cl.judged() else
+               V.Verdict(V.INCONCLUSIVE, f"no speedup to weigh: no two worker counts from N={cl.lo} ran"))
+    return verdict, headline, body, _cluster_figures(cl, ctx.exp.id, ctx.out), key
 
 
 ANALYSES = {"scaling_bench": scaling_bench, "allreduce_bench": allreduce_bench, "link": link,

@@ -22,6 +22,29 @@ from psgd.lab import verdicts as V
 from psgd.lab.results import LAST_K, PLATEAU, Group, at_best_val, converged, final, groups_of, setup, table, time_to
 
 
+@dataclass(frozen=True)
+class Needs:
+    """The runs an analysis reads by label, declared beside it (a module's NEEDS, by analysis name) so
+    that a suite checks them before it runs anything: `labels` it names itself, `params` the [params]
+    keys it requires and `optional` those it reads when present, whose values name runs (a label or
+    a list of labels)."""
+    labels: tuple[str, ...] = ()
+    params: tuple[str, ...] = ()
+    optional: tuple[str, ...] = ()
+
+    def problem(self, params: dict, have: set[str]) -> str:
+        """What is missing (a clause naming the key or the label), or "" when every run it reads is there."""
+        for key in self.params:
+            if key not in params:
+                return f"[params] needs {key!r} (the label of the run it reads)"
+        named = [(f"[params] {k} names", v) for k in (*self.params, *self.optional) if k in params
+                 for v in ([params[k]] if isinstance(params[k], str) else params[k])]
+        for where, label in [("the analysis reads", x) for x in self.labels] + named:
+            if label not in have:
+                return f"{where} a run labelled {label!r}, which the experiment does not have"
+        return ""
+
+
 def scoring_of(exp) -> tuple[str, str]:
     """(how an experiment scores its runs, the validation metric best_val picks by): experiment.py's
     `scoring` and `[tune] metric`; an object without them (a test's stand-in) scores at the end."""

@@ -15,6 +15,7 @@ Contract:
 from __future__ import annotations
 
 import csv
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +28,7 @@ import numpy as np  # noqa: E402
 from psgd.core.palette import LINESTYLES, REF_COLOR  # noqa: E402
 from psgd.lab.results import RunData  # noqa: E402
 
-__all__ = ["plt", "BAND", "AXIS_LABELS", "Series", "styles", "refs", "legend", "band", "save"]
+__all__ = ["plt", "BAND", "AXIS_LABELS", "axis_label", "Series", "styles", "refs", "legend", "band", "save"]
 
 BAND = "band: min-max over seeds"
 AXIS_LABELS = {
@@ -35,6 +36,18 @@ AXIS_LABELS = {
     "test_accuracy": "test accuracy", "test_loss": "test loss (cross-entropy)",
     "train_loss": "train loss (cross-entropy)",
 }
+
+LOSS_NAMES = {"cross_entropy": "cross-entropy"}   # how an axis names a built-in --loss
+
+
+def axis_label(key: str, runs: Sequence[RunData] = ()) -> str:
+    """The axis name of `key`; a loss is named by the loss its runs trained with (config
+    model.loss: "test loss (mse)"), cross-entropy where they do not say."""
+    if key in ("test_loss", "train_loss", "val_loss") and runs:
+        losses = sorted({str(((r.summary.get("config") or {}).get("model") or {}).get("loss") or "cross_entropy")
+                         for r in runs})
+        return f"{key.split('_')[0]} loss ({', '.join(LOSS_NAMES.get(n, n) for n in losses)})"
+    return AXIS_LABELS.get(key, key)
 
 
 @dataclass

@@ -5,12 +5,13 @@ Contract:
   psgd.lab.verdicts.Effect (label, interval, margin, null, test, unit, its part's outcome). One row
   per effect, a panel per unit (ratios, null above 0, apart from differences of ratios, null 0:
   `_panel`), a grey band null +- margin; the marker and colour are the part's own
-  outcome (`VERDICT_STYLES`, readable without colour too). Writes the PNG and a CSV of one row per
-  effect (psgd/lab/figure_kit.py `save`); returns the Figure.
+  outcome (`VERDICT_STYLES`, readable without colour too); a row's name is cut to `LABEL_CHARS`.
+  Writes the PNG and a CSV of one row per effect (psgd/lab/figure_kit.py `save`); returns the Figure.
 """
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -32,10 +33,19 @@ UNIT_AXES = {"accuracy": "difference in test accuracy (each claim at its own sco
              "share": "share", "nats": "difference in test loss (nats per character, at each claim's scoring)"}
 
 
+LABEL_CHARS = 64   # a row's name at most; the canvas widens with the longest
+
+
 def _panel(e) -> str:
     """The forest's panel of an effect: its unit, with ratios (null above 0: E5's factor, E19's and E20's
     time ratios) apart from differences of ratios (null 0: E2's, E4's, E10's), so each axis says what it draws."""
     return "x ratio" if e.unit == "x" and e.null != 0 else e.unit
+
+
+def _short(label: str) -> str:
+    """A row's name within LABEL_CHARS: a sentence-long label squeezed the panels into a third of the
+    canvas (tight_layout gave up); the CSV keeps every label whole."""
+    return textwrap.shorten(label, LABEL_CHARS, placeholder=" ...")
 
 
 def forest(claims: list[tuple[str, str, list]], path: Path, title: str = ""):
@@ -54,7 +64,10 @@ def forest(claims: list[tuple[str, str, list]], path: Path, title: str = ""):
                 units.append(_panel(e))
     bare = [f"{exp_id} ({verdict})" for exp_id, verdict, effects in claims if not effects]
     counts = [sum(1 for _, _, e in rows if _panel(e) == u) for u in units] or [1]
-    fig, axes = plt.subplots(len(counts), 1, figsize=(8.4, 1.1 + 0.32 * sum(counts) + 0.5 * len(counts)),
+    # The canvas grows with the longest row name, so the panels keep their width beside it.
+    longest = max((len(f"{i}: {_short(e.label)} (no worse)") for i, _, e in rows), default=0)
+    fig, axes = plt.subplots(len(counts), 1, figsize=(max(8.4, 6.0 + 0.06 * longest),
+                                                      1.1 + 0.32 * sum(counts) + 0.5 * len(counts)),
                              gridspec_kw={"height_ratios": counts}, squeeze=False)
     seen: dict[str, object] = {}
     for ax, unit in zip(axes[:, 0], units, strict=False):
@@ -74,7 +87,7 @@ def forest(claims: list[tuple[str, str, list]], path: Path, title: str = ""):
                         markerfacecolor="white" if single or not filled else c, markeredgecolor=c, zorder=3,
                         label=e.outcome)[0]
             seen.setdefault(e.outcome, h)
-        ax.set_yticks(range(len(mine)), [f"{i}: {e.label}" + (" (no worse)" if e.test == "no_worse" else "")
+        ax.set_yticks(range(len(mine)), [f"{i}: {_short(e.label)}" + (" (no worse)" if e.test == "no_worse" else "")
                                          + (" (n=1)" if e.ci.n <= 1 else "") for i, _, e in mine], fontsize=8)
         ax.set_ylim(len(mine) - 0.5, -0.5)
         ax.set_xlabel(UNIT_AXES.get(unit, unit), fontsize=9)

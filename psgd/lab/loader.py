@@ -238,9 +238,12 @@ def suite_files(path: Path, name: str, entries: list[str]) -> list[Path]:
         if not any(c in entry for c in "*?["):
             files.append(path.parent / entry)
             continue
-        for f in sorted(path.parent.glob(entry)):
-            if f != path and read_toml(f).get("suite", "default") == name and f not in files:
-                files.append(f)
+        taken = [f for f in sorted(path.parent.glob(entry))
+                 if f != path and read_toml(f).get("suite", "default") == name]
+        if not taken:
+            raise SuiteError(f"{path}: pattern {entry!r} matches no experiment file of suite {name!r} in "
+                             f"{path.parent} (a file joins a suite by its `suite` key; none: \"default\")")
+        files += [f for f in taken if f not in files]
     return files
 
 

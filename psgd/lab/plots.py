@@ -34,6 +34,7 @@ from pathlib import Path
 import matplotlib
 import numpy as np
 from matplotlib.patches import Rectangle
+from matplotlib.ticker import MaxNLocator
 
 from psgd.core.palette import (
     LINESTYLES,
@@ -72,7 +73,7 @@ def curves(series: list[Series], x: str, y: str, path: Path, title: str = "", lo
                                                                                                  strict=True)]
     kit.refs(ax, refs)
     ax.set_xlabel(AXIS_LABELS.get(x, x))
-    ax.set_ylabel(AXIS_LABELS.get(y, y))
+    ax.set_ylabel(kit.axis_label(y, [r for s in series for r in s.runs]))
     if logy:
         ax.set_yscale("log")
     ax.set_title(title)
@@ -203,6 +204,7 @@ def histograms(hists: dict[str, tuple[str, dict[str, int]]], path: Path, title: 
             ax.set_xlim(min(int(k) for k in everything) - 0.6, edge + 0.6)
             ax.text(0.99, 0.97, f"axis ends at the 99.5th percentile, {edge}; {beyond} gradient(s) beyond it, "
                     f"up to {top}", transform=ax.transAxes, ha="right", va="top", fontsize=8, color=REF_COLOR)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))   # staleness is a whole number of updates
     if logy:
         ax.set_yscale("log")
     ax.set_xlabel(xlabel)
@@ -274,6 +276,13 @@ def lines(xs: list[float], ys: dict[str, tuple], xlabel: str, ylabel: str, path:
 VIEWS = ("curves", "staleness", "time")
 
 
+def _default_y(runs: dict[str, RunData]) -> str:
+    """Test accuracy where every run records one; else (a regression --loss: psgd reports accuracy for
+    cross-entropy alone) the test loss."""
+    return "test_accuracy" if all(any(e.get("test_accuracy") is not None for e in d.evals) for d in runs.values()) \
+        else "test_loss"
+
+
 def main(argv: list[str]) -> int:
     from psgd.core.errors import Parser, UsageError
 
@@ -285,7 +294,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--x", default=None, choices=("elapsed_s", "version", "samples"),
                    help="x axis of --view curves (default: elapsed_s)")
     p.add_argument("--y", default=None, choices=("test_accuracy", "test_loss", "train_loss"),
-                   help="y axis of --view curves (default: test_accuracy)")
+                   help="y axis of --view curves (default: test_accuracy; test_loss for runs without accuracy, "
+                        "e.g. --loss mse)")
     p.add_argument("--out", type=Path, default=None,
                    help="PNG path, a CSV is written beside (default: results/plot.png, results/plot-VIEW.png "
                         "for the other views)")
@@ -301,9 +311,14 @@ def main(argv: list[str]) -> int:
         except (FileNotFoundError, ValueError) as e:
             raise UsageError(str(e)) from None
     if a.view == "curves":
-        x, y = a.x or "elapsed_s", a.y or "test_accuracy"
+        x, y = a.x or "elapsed_s", a.y or _default_y(runs)
+        if lacking := [name for name, data in runs.items() if not any(e.get(y) is not None for e in data.evals)]:
+            raise UsageError(f"{', '.join(lacking)}: no {AXIS_LABELS.get(y, y)} recorded"
+                             + (" (a run whose --loss is not cross_entropy has no accuracy): use --y test_loss"
+                                if y == "test_accuracy" else ""))
         curves([Series(name, data.mode, [data]) for name, data in runs.items()], x, y, out,
-               a.title or f"{AXIS_LABELS.get(y, y)} against {AXIS_LABELS.get(x, x)}: {', '.join(runs)}")
+               a.title or f"{kit.axis_label(y, list(runs.values()))} against {AXIS_LABELS.get(x, x)}: "
+                          f"{', '.join(runs)}")
     elif a.view == "staleness":
         # Sync and all-reduce apply every gradient fresh: one bar at 0, or none at all (no shards).
         histograms({name: (data.mode, data.summary["staleness"]["hist"]) for name, data in runs.items()}, out,

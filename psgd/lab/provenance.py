@@ -15,8 +15,11 @@ Contract:
   never reused, while a fix to a figure, a verdict rule or a docstring re-analyses or keeps the
   finished runs instead of repeating them. (A run's settings are in the key already, through its
   config.)
-- Outside a git checkout (an sdist, a copied folder) both return "unknown-<hash of the sources>",
-  which still changes whenever the code does.
+- Outside psgd's own git checkout (a wheel or an sdist installed, a copied folder) both return
+  "psgd-<package version>-<hash of its files>" (the run key's hash leaves out LAB_FILES, as its
+  commit does), which changes whenever the code does. Git is asked only where the package's folder
+  is a checkout's root (it has .git): an installed psgd whose site-packages lies inside a user's
+  own repository never names that repository's commit, nor changes version as the user works.
 """
 
 from __future__ import annotations
@@ -98,8 +101,24 @@ def _dirty_code(root: Path, paths: tuple[str, ...]) -> list[str]:
     return kept + _git(root, "ls-files", "--others", "--exclude-standard", "--", *paths).splitlines()
 
 
+def installed_version(root: Path, run: bool) -> str:
+    """An installed psgd's own version: the package's version and a hash of its files (the run
+    key's without LAB_FILES)."""
+    from psgd import __version__
+
+    lab = tuple(root / p for p in LAB_FILES)
+    digest = hashlib.sha256()
+    files = [*(root / "psgd").rglob("*.py"), *(root / "psgd" / "experiments").glob("*.toml")]
+    for path in sorted(files):
+        if not (run and any(path == p or p in path.parents for p in lab)):
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+    return f"psgd-{__version__}-{digest.hexdigest()[:10]}"
+
+
 def _version(root: Path | None, paths: tuple[str, ...], run: bool) -> str:
     root = root or Path(__file__).resolve().parents[2]  # psgd/lab/provenance.py -> the repository
+    if not (root / ".git").exists():   # not psgd's checkout: an installed psgd (see the contract)
+        return installed_version(root, run)
     try:
         if run:
             head, dirty = _last_code_commit(root), bool(_dirty_code(root, paths))
@@ -112,11 +131,8 @@ def _version(root: Path | None, paths: tuple[str, ...], run: bool) -> str:
         for name in _git(root, "ls-files", "--others", "--exclude-standard", "--", *paths).splitlines():
             digest.update(name.encode() + (root / name).read_bytes())
         return f"{head}-dirty-{digest.hexdigest()[:8]}"
-    except (OSError, subprocess.SubprocessError):
-        digest = hashlib.sha256()
-        for path in sorted((root / "psgd").rglob("*.py")):
-            digest.update(path.read_bytes())
-        return "unknown-" + digest.hexdigest()[:10]
+    except (OSError, subprocess.SubprocessError):   # no git program, or a broken repository
+        return installed_version(root, run)
 
 
 def code_version(root: Path | None = None) -> str:

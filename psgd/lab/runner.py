@@ -159,16 +159,24 @@ class Runner:
         self.reused, self.total_runs = 0, 0
         self.done_outs: set[str] = set()   # the runs made (or reused) so far: a shared run is counted once
 
+    def expect(self, steps: int) -> None:
+        """The bar's total: the steps made so far and `steps` still to come. Set before each experiment,
+        as the rates its tuning chose (and the runs those share) are known only then."""
+        self.overall.total = self.overall.n + steps
+        self.overall.refresh()
+
     def run_all(self, specs: list[RunSpec]) -> list[tuple[RunSpec, dict]]:
         """Run (or reuse) each spec in order; returns each with its summary."""
         out = []
         for spec in specs:
             first = spec.cfg.out not in self.done_outs
+            if first and self.overall.n >= (self.overall.total or 0):
+                self.expect(1)   # a grid grown past its end (tuning.py): a run the plan did not count
             if first:
                 self.reused += int(not self.fresh and (is_cached(spec) or twin(spec) is not None))
                 self.total_runs += 1
-            out.append((spec, execute(spec, self.fresh and first, f"[{self.overall.n + 1}/{self.overall.total}]",
-                                      self.tensorboard)))
+            step = self.overall.n + int(first)   # a run met again is no new step
+            out.append((spec, execute(spec, self.fresh and first, f"[{step}/{self.overall.total}]", self.tensorboard)))
             if first:
                 self.done_outs.add(spec.cfg.out)
                 self.overall.update(1)

@@ -23,6 +23,8 @@ Contract:
   which the report prints once.
 
     psgd suite experiments/default.toml              # what `make experiments` runs
+    psgd suite default                               # the same suite by name (an installed psgd ships it)
+    psgd suite --list                                # the suites there are, with their experiments
     psgd suite experiments/default.toml --only E2,E3   # rerun two; the report still covers all
     psgd suite experiments/default.toml --full       # 5 seeds, wider sweeps: results/full/
     psgd suite experiments/default.toml --reference  # power-sized seeds per claim: results/reference/
@@ -174,6 +176,13 @@ def _made_as(results: Path, profile: str) -> dict | None:
     return summary if summary.get("profile") == profile and all(k in summary for k in keys) else None
 
 
+def _steps(exps: list[Experiment], done: set[str]) -> int:
+    """The runs (each made once, however many experiments share it) and benchmarks still to make, as
+    planned before tuning: each tuned label at its grid's first rate."""
+    outs = {s.cfg.out for e in exps for s in (*e.tune_specs(), *e.planned_specs())} - done
+    return len(outs) + sum(1 for e in exps if e.bench)
+
+
 def _announce(chosen_exps: list[Experiment], fresh: bool, profile: str, version: str, run_version: str) -> int:
     """Print what the suite will make and about how long it takes; returns its steps (runs and benchmarks)."""
     eta = estimate_s(chosen_exps, fresh)
@@ -184,7 +193,7 @@ def _announce(chosen_exps: list[Experiment], fresh: bool, profile: str, version:
           f"{len(chosen_exps)} experiments, {n_tune} tuning runs, "
           f"{n_final} evaluated runs and {len(benches)} benchmarks; about {eta / 60:.0f} min on a 2-core CPU machine "
           f"(finished runs are reused; --fresh reruns them)", file=sys.stderr, flush=True)
-    return n_tune + n_final + len(benches)
+    return _steps(chosen_exps, set())
 
 
 def _run_experiment(exp: Experiment, out: Path, runner: Runner, command: str) -> tuple[tuple, set[str]]:
@@ -212,6 +221,17 @@ def _finished_experiment(exp: Experiment, out: Path) -> tuple[tuple, set[str]] |
     return (exp, summaries, out, chosen, scores), made_by(exp, finals)
 
 
+def _analysed(analyses, exp: Experiment, *args):
+    """One experiment's section; an analysis that cannot read its runs is a SuiteError naming it (one
+    line), its runs kept for `--report` once the file is fixed."""
+    try:
+        return analyses.analyse(exp, *args)
+    except (ValueError, KeyError, IndexError) as e:
+        raise SuiteError(f"{exp.id}: analysis {exp.analysis!r} could not read its runs: "
+                         f"{e if isinstance(e, ValueError) else f'{type(e).__name__}: {e}'} "
+                         "(the runs are kept: fix the file and rerun with --report)") from None
+
+
 def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False, command: str = "",
               only: set[str] | None = None, profile: str = "default", articles: Sequence[Article] = (),
               tensorboard: Path | None = None) -> Path:
@@ -230,10 +250,12 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
     runner = Runner(overall, fresh, tensorboard)
     done: dict[str, tuple[tuple, set[str]] | None] = {}  # id -> (entry to analyse, made_by), None: no results
     try:
-        for exp in chosen_exps:
+        for i, exp in enumerate(chosen_exps):
+            runner.expect(_steps(chosen_exps[i:], runner.done_outs))   # the bar ends at its total
             done[exp.id] = _run_experiment(exp, results / exp.id, runner, command)
     finally:
         WARM.close()  # the suite's runs are over: its warm parent goes
+    runner.expect(0)
     overall.close()
     if dropped := would_drop(experiments, only, results):  # decided after the runs: they may be some
         print(f"psgd suite: kept {results / 'REPORT.md'} as it was: it reports {', '.join(dropped)}, whose finished "
@@ -251,7 +273,7 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
     # least accuracy margin of every verdict, E0's included, so it is measured first.
     floor = next((f for e, s, *_ in pending if (f := noise_floor_of(e, s)) is not None), None)
     with V.noise_floor(floor.value if floor is not None else 0.0):
-        sections = [analyses.analyse(*args) for args in pending]
+        sections = [_analysed(analyses, *args) for args in pending]
     note = (f"{runner.reused} of {runner.total_runs} runs reused from earlier invocations (for a reference profile, "
             "the default profile's runs of the same configs too)" if runner.reused else "")
     made_as = None
@@ -267,9 +289,13 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
 
 def main(argv: list[str]) -> int:
     from psgd.core.errors import Parser, UsageError
+    from psgd.lab import analyses, suites
 
     p = Parser(prog="psgd suite", description="Tune and run an experiment suite; write figures, CSVs and REPORT.md.")
-    p.add_argument("suite", type=Path, help="suite file, e.g. experiments/default.toml")
+    p.add_argument("suite", nargs="?", default=None,
+                   help="a suite file (experiments/default.toml) or the name of one psgd ships (default, "
+                        "transformer, papers: psgd suite --list)")
+    p.add_argument("--list", action="store_true", help="list the suites psgd has, with their experiments, and exit")
     p.add_argument("--only", default="", help="comma-separated experiment ids to run, e.g. E2,E3")
     group = p.add_mutually_exclusive_group()
     group.add_argument("--quick", action="store_true", help="smoke profile: tiny budgets, one seed")
@@ -286,6 +312,12 @@ def main(argv: list[str]) -> int:
                    help="write every run's curves as TensorBoard event files under DIR/<experiment>/ as it finishes "
                         "(pip install 'psgd[tensorboard]')")
     a = p.parse_args(argv)
+    if a.list:
+        print(suites.listing())
+        return 0
+    if a.suite is None:
+        raise UsageError("name a suite file or a suite (e.g. psgd suite default); psgd suite --list lists them")
+    a.suite = suites.resolve(a.suite)
     if a.tensorboard is not None:
         from psgd.train import tboard
 
@@ -302,6 +334,8 @@ def main(argv: list[str]) -> int:
         # Runs are keyed by the training code's version; the report names the whole code's too.
         experiments = load_suite(a.suite, profile, only, results, run_code_version())
         articles = suite_articles(a.suite, [e.id for e in experiments])
+        if problem := next((m for e in experiments if (m := analyses.missing_runs(e))), ""):
+            raise SuiteError(problem)   # before any run: an analysis must find the runs it reads
     except SuiteError as e:
         raise UsageError(str(e)) from None
     # A partial call rewrites the whole report: it must not lose what the report holds (psgd never
@@ -313,6 +347,9 @@ def main(argv: list[str]) -> int:
                          "--report would rewrite the report without them. "
                          "Run the whole suite (it reuses what it finds), "
                          "or give --out a folder of its own")
+    if a.report and not any(_has_results(e) for e in experiments):
+        raise UsageError(f"--report re-analyses finished runs, and {results} has none of this suite's "
+                         "(run the suite first)")
     from psgd.train.launch import RunFailed
 
     command = "psgd suite " + shlex.join(argv)

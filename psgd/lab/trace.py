@@ -45,7 +45,9 @@ from psgd.train.metrics import read_events
 
 KINDS = tuple(SEGMENT_COLORS)  # wait, pull, compute, push: loop order (psgd/train/worker.py), as the palette lists them
 DEFAULT_STEPS = (0, 30)
-LABEL_EVERY = 5  # a clock number on every 5th step: enough to read who is ahead, not a wall of text
+LABEL_EVERY = 5  # a clock number on every 5th step at most: enough to read who is ahead, not a wall of text
+AXES_INCHES = 7.0    # about the timeline's width on its 10-inch canvas (the legend takes the rest)
+LABEL_POINTS = 7     # the clock labels' font size
 
 
 @dataclass(frozen=True)
@@ -100,6 +102,23 @@ def load(run: Path) -> tuple[list[dict], float, dict]:
     return steps, origin, cfg
 
 
+def label_every(starts: dict[int, float], window_s: float) -> int:
+    """How many steps apart one row's clock labels stand: the first of 5, 10, 25, 50, 100, 250, ...
+    whose labels are a label's width apart on that row (a fast worker's every 5th step overlapped
+    where a slow one stretched the window). `starts`: clock -> its compute's start, in seconds."""
+    if not starts or window_s <= 0:
+        return LABEL_EVERY
+    digits = len(str(max(starts)))
+    width_s = window_s * (digits + 1) * 0.6 * LABEL_POINTS / 72 / AXES_INCHES   # a digit: about 0.6 em
+    every, factors, i = LABEL_EVERY, (2, 2.5, 2), 0   # 5 -> 10 -> 25 -> 50 -> 100 -> 250 ...
+    while True:
+        at = sorted(t for c, t in starts.items() if c % every == 0)
+        if all(b - a >= width_s for a, b in zip(at, at[1:], strict=False)) or every > max(starts):
+            return every
+        every = int(every * factors[i % 3])
+        i += 1
+
+
 def draw(segs: list[Segment], path: Path, title: str):
     """The timeline: one row per worker (rank 0 on top), segments coloured by kind."""
     ranks = sorted({s.rank for s in segs})
@@ -113,9 +132,13 @@ def draw(segs: list[Segment], path: Path, title: str):
             ax.broken_barh(bars, (rank - 0.35, 0.7), facecolors=SEGMENT_COLORS[kind], edgecolor="white",
                            linewidth=0.4, label=f"{kind} ({100 * totals[kind] / whole:.0f}%)" if rank == ranks[0]
                            else None)
-    for s in segs:
-        if s.kind == "compute" and s.clock % LABEL_EVERY == 0:
-            ax.text(s.start_s, s.rank - 0.38, str(s.clock), fontsize=7, va="bottom", ha="left")
+    window = max(s.end_s for s in segs) - min(s.start_s for s in segs)
+    for rank in ranks:
+        starts = {s.clock: s.start_s for s in segs if s.rank == rank and s.kind == "compute"}
+        every = label_every(starts, window)
+        for clock, start in starts.items():
+            if clock % every == 0:
+                ax.text(start, rank - 0.38, str(clock), fontsize=LABEL_POINTS, va="bottom", ha="left")
     ax.set_yticks(ranks, [f"worker {r}" for r in ranks])
     ax.set_ylim(max(ranks) + 0.6, min(ranks) - 0.75)  # rank 0 on top, room for its clock labels
     ax.set_xlabel("seconds since training start (segments reconstructed from each step's durations)")

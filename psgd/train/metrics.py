@@ -162,9 +162,9 @@ def _figures(cfg: RunConfig, events: list[dict], ends: list[dict], shard_stats: 
     launched = [e["process_start"] for e in events if "process_start" in e]
     startup = start - min(launched) if launched else None
     worker_steps = sum(e["steps"] for e in ends)
-    staleness: Counter = Counter()
-    for s in shard_stats:
-        staleness.update({int(k): v for k, v in s["staleness_hist"].items()})
+    # Each gradient once: every shard applies every push, so the shards' histograms pooled counted a
+    # gradient once per shard (400 for 200 pushed); shard 0's is the run's.
+    staleness = Counter({int(k): v for k, v in shard_stats[0]["staleness_hist"].items()} if shard_stats else {})
     if shard_stats:
         global_updates = max(s["version"] for s in shard_stats)
     else:  # all-reduce: every step is one global update (every H-th one with --local-steps H)
