@@ -8,8 +8,14 @@ hand on other hosts), waits for them, evaluates, and returns summary.json. Two t
 - no straggler: the baseline;
 - worker 0 sleeps 40 ms more per step (`--straggler 0=40`, an emulated slower device): every
   update waits for it, so the whole run pays about 40 ms per update, and worker 1 spends that
-  time blocked in its pull. The updates themselves do not change: both runs end with the same
-  parameters, bit for bit (summary.json's params_sha256).
+  time held by the shard (its push waits for worker 0's gradient of the step: sync adds a step's
+  gradients in worker order), which it records as wait_s, not push time. The updates themselves
+  do not change: both runs end with the same parameters, bit for bit (summary.json's params_sha256).
+
+torch's CPU kernels are pinned to AVX2 here, as the suite and the tests pin them
+(ATEN_CPU_CAPABILITY=avx2, psgd/lab/runner.py `pin_cpu_kernels`; a value you set is kept), so that
+the hash does not change with the machine's vector width; MKL still picks its matrix kernels by CPU
+vendor, so an AMD and an Intel CPU print two hashes (the two rows always share theirs).
 
 What async does with the same straggler (nobody waits; its gradients arrive stale) is step 07.
 
@@ -27,6 +33,7 @@ import tempfile
 from pathlib import Path
 
 from psgd.core.config import DataConfig, RunConfig
+from psgd.lab.runner import pin_cpu_kernels
 from psgd.train import launch
 from psgd.train.metrics import read_events
 
@@ -36,7 +43,8 @@ STEPS = 20
 
 def step_times(out: Path, rank: int) -> dict[str, float]:
     """Worker `rank`'s steady state from its step events in metrics.jsonl, in ms: the median time
-    from one step's end to the next (pull, wait, compute, push), and the median wait in its pulls.
+    from one step's end to the next (pull, wait, compute, push), the median time the shard held it
+    (wait_s: its push waiting for its turn, its pull held) and the median push time.
 
     Medians over steps 1.. rather than summary.json's wall_time_s: the run's clock starts with its
     earliest worker, and a worker that asks for its first pull before the chief has initialised
@@ -45,10 +53,12 @@ def step_times(out: Path, rank: int) -> dict[str, float]:
     steps = sorted((e for e in read_events(out / "metrics.jsonl") if e.get("event") == "step" and e["rank"] == rank),
                    key=lambda e: e["clock"])
     return {"step": 1000 * statistics.median(b["time"] - a["time"] for a, b in zip(steps, steps[1:], strict=False)),
-            "wait": 1000 * statistics.median(e["wait_s"] for e in steps[1:])}
+            "wait": 1000 * statistics.median(e["wait_s"] for e in steps[1:]),
+            "push": 1000 * statistics.median(e["push_s"] for e in steps[1:])}
 
 
 def main() -> None:
+    kernels = pin_cpu_kernels()  # for the processes launch.run starts (the hash follows the kernels)
     base = RunConfig(workers=2, servers=1, steps=STEPS, eval_every=0, device="cpu",
                      data=DataConfig(dataset="synthetic", num_samples=2000))
     runs = {"baseline": base, "straggler": dataclasses.replace(base, straggler=((0, DELAY_MS),))}
@@ -62,7 +72,8 @@ def main() -> None:
             summaries[name] = launch.run(dataclasses.replace(cfg, out=str(out)))
             times[name] = step_times(out, rank=1)  # the fast worker: what it pays for the slow one
 
-    print(f"sync, 2 worker processes, 1 shard process, {STEPS} updates; straggler: worker 0, +{DELAY_MS} ms per step")
+    print(f"sync, 2 worker processes, 1 shard process, {STEPS} updates; straggler: worker 0, +{DELAY_MS} ms per step;"
+          f" torch CPU kernels {kernels}")
     print("run         ms per update  worker 1 held, ms  steps w0, w1  test accuracy  final parameters")
     for name, s in summaries.items():
         steps = s["per_worker_steps"]
@@ -71,7 +82,7 @@ def main() -> None:
     cost = times["straggler"]["step"] - times["baseline"]["step"]
     print(f"(ms: medians over steps 1..{STEPS - 1} of worker 1, from metrics.jsonl)")
     print(f"sync: the straggler costs every update {cost:.0f} ms (its own delay is {DELAY_MS} ms), which worker 1 "
-          f"spends held in its pull; the updates are the same, bit for bit, only later")
+          f"spends held by the shard (wait, not push); the updates are the same, bit for bit, only later")
 
     # The claims: facts of the runs, not of the clock.
     for name, s in summaries.items():
@@ -83,6 +94,10 @@ def main() -> None:
     # The straggler computes every one of the STEPS updates and sleeps DELAY_MS in each: no run
     # that waits for it can be shorter, however fast the machine.
     assert summaries["straggler"]["wall_time_s"] >= STEPS * DELAY_MS / 1000, "sync waits for the straggler"
+    # ... and worker 1's share of that wait is recorded as waiting (the shard held its push for its
+    # turn), not as pushing: the same transfer as the baseline's, on a shard with nothing else to do.
+    held = times["straggler"]
+    assert held["wait"] > held["push"] and held["wait"] > times["baseline"]["wait"], f"worker 1 held: {held}"
 
 
 if __name__ == "__main__":

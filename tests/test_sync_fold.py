@@ -165,3 +165,30 @@ def test_a_sync_run_folds_in_turn_over_both_transports_with_the_same_parameters(
     assert got == (numerics.recorded(FOLDED, got) or got)  # unrecorded class: warned, not checked
     for k in range(2):
         assert json.loads((out / f"shard-{k}.json").read_text())["gradient_buffers"] <= 2
+
+
+@pytest.mark.parametrize("transport,separate", [("tcp", False), ("shm", False), ("grpc", False), ("tcp", True)],
+                         ids=["tcp", "shm", "grpc", "tcp --separate-pull"])
+def test_a_push_waiting_for_its_turn_is_recorded_as_wait_not_push(shards, transport, separate):
+    """Issue 54: worker 0 straggles, so worker 1's push of each step waits in the shard for worker 0's
+    gradient (its turn). The worker records that hold as wait_s, not push_s: its waits are most of
+    the straggler's compute (which includes the delay), its pushes the transfer alone."""
+    from psgd.core.config import DataConfig  # noqa: PLC0415
+    from psgd.ps.exchange import PSExchange  # noqa: PLC0415
+
+    cfg = RunConfig(mode="sync", workers=2, servers=1, steps=8, eval_every=0, straggler=((0, 25),), device="cpu",
+                    data=DataConfig(dataset="synthetic", num_samples=2000))
+    addresses, cores = shards(cfg)
+    totals: dict[int, dict] = {}
+
+    def work(rank: int) -> None:
+        exchange = PSExchange(addresses, "fp32", 30.0, transport=transport, separate_pull=separate)
+        totals[rank] = assemble.train_worker(cfg, rank, exchange)
+
+    threads = [threading.Thread(target=work, args=(r,)) for r in range(2)]
+    [t.start() for t in threads]
+    [t.join(60) for t in threads]
+    assert cores[0].policy.version == 8 and sorted(totals) == [0, 1]
+    fast, slow = totals[1], totals[0]
+    assert fast["wait_s"] > fast["push_s"], fast
+    assert fast["wait_s"] > slow["compute_s"] / 2, (fast, slow)  # most of what it waited for

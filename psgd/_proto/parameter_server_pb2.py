@@ -24,43 +24,43 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1epsgd/v1/parameter_server.proto\x12\x07psgd.v1\"\xa4\x01\n\x0cTensorHeader\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\r\n\x05\x63lock\x18\x02 \x01(\x04\x12\x14\n\x0c\x62\x61se_version\x18\x03 \x01(\x04\x12!\n\x05\x64type\x18\x04 \x01(\x0e\x32\x12.psgd.v1.WireDType\x12\r\n\x05shard\x18\x05 \x01(\r\x12\x14\n\x0cnum_elements\x18\x06 \x01(\x04\x12\x14\n\x0csparse_count\x18\x07 \x01(\x04\".\n\x0bSparseChunk\x12\x0f\n\x07indices\x18\x01 \x01(\x0c\x12\x0e\n\x06values\x18\x02 \x01(\x0c\"v\n\x0bTensorChunk\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x15.psgd.v1.TensorHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12&\n\x06sparse\x18\x03 \x01(\x0b\x32\x14.psgd.v1.SparseChunkH\x00\x42\x06\n\x04kind\"p\n\tPushReply\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\x12\x0f\n\x07skipped\x18\x03 \x01(\x08\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\x12\x11\n\tstaleness\x18\x05 \x01(\x04\x12\x0f\n\x07refused\x18\x06 \x01(\x08\";\n\tInitReply\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x1d\n\x15initialized_by_caller\x18\x02 \x01(\x08\"a\n\x0bPullRequest\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\r\n\x05\x63lock\x18\x02 \x01(\x04\x12!\n\x05\x64type\x18\x03 \x01(\x0e\x32\x12.psgd.v1.WireDType\x12\r\n\x05shard\x18\x04 \x01(\r\"\xab\x01\n\nPullHeader\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x14\n\x0cnum_elements\x18\x02 \x01(\x04\x12!\n\x05\x64type\x18\x03 \x01(\x0e\x32\x12.psgd.v1.WireDType\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\x12\x0e\n\x06wait_s\x18\x05 \x01(\x01\x12\x11\n\tclock_gap\x18\x06 \x01(\x04\x12\"\n\x06pushed\x18\x07 \x01(\x0b\x32\x12.psgd.v1.PushReply\"J\n\tPullChunk\x12%\n\x06header\x18\x01 \x01(\x0b\x32\x13.psgd.v1.PullHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"0\n\x0cLeaveRequest\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\r\n\x05shard\x18\x02 \x01(\r\"\"\n\nLeaveReply\x12\x14\n\x0cworkers_left\x18\x01 \x01(\r\"\x89\x01\n\x0bJoinRequest\x12\r\n\x05shard\x18\x01 \x01(\r\x12\x10\n\x08\x61ny_slot\x18\x02 \x01(\x08\x12\x11\n\tworker_id\x18\x03 \x01(\r\x12\x11\n\thas_clock\x18\x04 \x01(\x08\x12\r\n\x05\x63lock\x18\x05 \x01(\x04\x12\x14\n\x0cnum_elements\x18\x06 \x01(\x04\x12\x0e\n\x06\x63\x61ncel\x18\x07 \x01(\x08\">\n\tJoinReply\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\r\n\x05\x63lock\x18\x02 \x01(\x04\x12\x0f\n\x07version\x18\x03 \x01(\x04\"\r\n\x0bInfoRequest\"\xb0\x01\n\tInfoReply\x12\r\n\x05shard\x18\x01 \x01(\r\x12\x12\n\nnum_shards\x18\x02 \x01(\r\x12\x13\n\x0bnum_workers\x18\x03 \x01(\r\x12\x0c\n\x04mode\x18\x04 \x01(\t\x12\x0f\n\x07version\x18\x05 \x01(\x04\x12\x13\n\x0binitialized\x18\x06 \x01(\x08\x12\x14\n\x0cnum_elements\x18\x07 \x01(\x04\x12\x11\n\tdata_port\x18\x08 \x01(\r\x12\x0e\n\x06\x63locks\x18\t \x03(\x04*E\n\tWireDType\x12\x1a\n\x16WIRE_DTYPE_UNSPECIFIED\x10\x00\x12\x08\n\x04\x46P32\x10\x01\x12\x08\n\x04\x46P16\x10\x02\x12\x08\n\x04\x42\x46\x31\x36\x10\x03\x32\xff\x02\n\x0eParameterShard\x12\x32\n\x04Init\x12\x14.psgd.v1.TensorChunk\x1a\x12.psgd.v1.InitReply(\x01\x12\x32\n\x04Push\x12\x14.psgd.v1.TensorChunk\x1a\x12.psgd.v1.PushReply(\x01\x12\x32\n\x04Pull\x12\x14.psgd.v1.PullRequest\x1a\x12.psgd.v1.PullChunk0\x01\x12\x38\n\x08PushPull\x12\x14.psgd.v1.TensorChunk\x1a\x12.psgd.v1.PullChunk(\x01\x30\x01\x12\x33\n\x05Leave\x12\x15.psgd.v1.LeaveRequest\x1a\x13.psgd.v1.LeaveReply\x12\x30\n\x04Join\x12\x14.psgd.v1.JoinRequest\x1a\x12.psgd.v1.JoinReply\x12\x30\n\x04Info\x12\x14.psgd.v1.InfoRequest\x1a\x12.psgd.v1.InfoReplyb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1epsgd/v1/parameter_server.proto\x12\x07psgd.v1\"\xa4\x01\n\x0cTensorHeader\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\r\n\x05\x63lock\x18\x02 \x01(\x04\x12\x14\n\x0c\x62\x61se_version\x18\x03 \x01(\x04\x12!\n\x05\x64type\x18\x04 \x01(\x0e\x32\x12.psgd.v1.WireDType\x12\r\n\x05shard\x18\x05 \x01(\r\x12\x14\n\x0cnum_elements\x18\x06 \x01(\x04\x12\x14\n\x0csparse_count\x18\x07 \x01(\x04\".\n\x0bSparseChunk\x12\x0f\n\x07indices\x18\x01 \x01(\x0c\x12\x0e\n\x06values\x18\x02 \x01(\x0c\"v\n\x0bTensorChunk\x12\'\n\x06header\x18\x01 \x01(\x0b\x32\x15.psgd.v1.TensorHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x12&\n\x06sparse\x18\x03 \x01(\x0b\x32\x14.psgd.v1.SparseChunkH\x00\x42\x06\n\x04kind\"\x80\x01\n\tPushReply\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x0f\n\x07\x61pplied\x18\x02 \x01(\x08\x12\x0f\n\x07skipped\x18\x03 \x01(\x08\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\x12\x11\n\tstaleness\x18\x05 \x01(\x04\x12\x0f\n\x07refused\x18\x06 \x01(\x08\x12\x0e\n\x06wait_s\x18\x07 \x01(\x01\";\n\tInitReply\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x1d\n\x15initialized_by_caller\x18\x02 \x01(\x08\"a\n\x0bPullRequest\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\r\n\x05\x63lock\x18\x02 \x01(\x04\x12!\n\x05\x64type\x18\x03 \x01(\x0e\x32\x12.psgd.v1.WireDType\x12\r\n\x05shard\x18\x04 \x01(\r\"\xab\x01\n\nPullHeader\x12\x0f\n\x07version\x18\x01 \x01(\x04\x12\x14\n\x0cnum_elements\x18\x02 \x01(\x04\x12!\n\x05\x64type\x18\x03 \x01(\x0e\x32\x12.psgd.v1.WireDType\x12\x0c\n\x04\x64one\x18\x04 \x01(\x08\x12\x0e\n\x06wait_s\x18\x05 \x01(\x01\x12\x11\n\tclock_gap\x18\x06 \x01(\x04\x12\"\n\x06pushed\x18\x07 \x01(\x0b\x32\x12.psgd.v1.PushReply\"J\n\tPullChunk\x12%\n\x06header\x18\x01 \x01(\x0b\x32\x13.psgd.v1.PullHeaderH\x00\x12\x0e\n\x04\x64\x61ta\x18\x02 \x01(\x0cH\x00\x42\x06\n\x04kind\"0\n\x0cLeaveRequest\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\r\n\x05shard\x18\x02 \x01(\r\"\"\n\nLeaveReply\x12\x14\n\x0cworkers_left\x18\x01 \x01(\r\"\x89\x01\n\x0bJoinRequest\x12\r\n\x05shard\x18\x01 \x01(\r\x12\x10\n\x08\x61ny_slot\x18\x02 \x01(\x08\x12\x11\n\tworker_id\x18\x03 \x01(\r\x12\x11\n\thas_clock\x18\x04 \x01(\x08\x12\r\n\x05\x63lock\x18\x05 \x01(\x04\x12\x14\n\x0cnum_elements\x18\x06 \x01(\x04\x12\x0e\n\x06\x63\x61ncel\x18\x07 \x01(\x08\">\n\tJoinReply\x12\x11\n\tworker_id\x18\x01 \x01(\r\x12\r\n\x05\x63lock\x18\x02 \x01(\x04\x12\x0f\n\x07version\x18\x03 \x01(\x04\"\r\n\x0bInfoRequest\"\xb0\x01\n\tInfoReply\x12\r\n\x05shard\x18\x01 \x01(\r\x12\x12\n\nnum_shards\x18\x02 \x01(\r\x12\x13\n\x0bnum_workers\x18\x03 \x01(\r\x12\x0c\n\x04mode\x18\x04 \x01(\t\x12\x0f\n\x07version\x18\x05 \x01(\x04\x12\x13\n\x0binitialized\x18\x06 \x01(\x08\x12\x14\n\x0cnum_elements\x18\x07 \x01(\x04\x12\x11\n\tdata_port\x18\x08 \x01(\r\x12\x0e\n\x06\x63locks\x18\t \x03(\x04*E\n\tWireDType\x12\x1a\n\x16WIRE_DTYPE_UNSPECIFIED\x10\x00\x12\x08\n\x04\x46P32\x10\x01\x12\x08\n\x04\x46P16\x10\x02\x12\x08\n\x04\x42\x46\x31\x36\x10\x03\x32\xff\x02\n\x0eParameterShard\x12\x32\n\x04Init\x12\x14.psgd.v1.TensorChunk\x1a\x12.psgd.v1.InitReply(\x01\x12\x32\n\x04Push\x12\x14.psgd.v1.TensorChunk\x1a\x12.psgd.v1.PushReply(\x01\x12\x32\n\x04Pull\x12\x14.psgd.v1.PullRequest\x1a\x12.psgd.v1.PullChunk0\x01\x12\x38\n\x08PushPull\x12\x14.psgd.v1.TensorChunk\x1a\x12.psgd.v1.PullChunk(\x01\x30\x01\x12\x33\n\x05Leave\x12\x15.psgd.v1.LeaveRequest\x1a\x13.psgd.v1.LeaveReply\x12\x30\n\x04Join\x12\x14.psgd.v1.JoinRequest\x1a\x12.psgd.v1.JoinReply\x12\x30\n\x04Info\x12\x14.psgd.v1.InfoRequest\x1a\x12.psgd.v1.InfoReplyb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'psgd.v1.parameter_server_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_WIREDTYPE']._serialized_start=1386
-  _globals['_WIREDTYPE']._serialized_end=1455
+  _globals['_WIREDTYPE']._serialized_start=1403
+  _globals['_WIREDTYPE']._serialized_end=1472
   _globals['_TENSORHEADER']._serialized_start=44
   _globals['_TENSORHEADER']._serialized_end=208
   _globals['_SPARSECHUNK']._serialized_start=210
   _globals['_SPARSECHUNK']._serialized_end=256
   _globals['_TENSORCHUNK']._serialized_start=258
   _globals['_TENSORCHUNK']._serialized_end=376
-  _globals['_PUSHREPLY']._serialized_start=378
-  _globals['_PUSHREPLY']._serialized_end=490
-  _globals['_INITREPLY']._serialized_start=492
-  _globals['_INITREPLY']._serialized_end=551
-  _globals['_PULLREQUEST']._serialized_start=553
-  _globals['_PULLREQUEST']._serialized_end=650
-  _globals['_PULLHEADER']._serialized_start=653
-  _globals['_PULLHEADER']._serialized_end=824
-  _globals['_PULLCHUNK']._serialized_start=826
-  _globals['_PULLCHUNK']._serialized_end=900
-  _globals['_LEAVEREQUEST']._serialized_start=902
-  _globals['_LEAVEREQUEST']._serialized_end=950
-  _globals['_LEAVEREPLY']._serialized_start=952
-  _globals['_LEAVEREPLY']._serialized_end=986
-  _globals['_JOINREQUEST']._serialized_start=989
-  _globals['_JOINREQUEST']._serialized_end=1126
-  _globals['_JOINREPLY']._serialized_start=1128
-  _globals['_JOINREPLY']._serialized_end=1190
-  _globals['_INFOREQUEST']._serialized_start=1192
-  _globals['_INFOREQUEST']._serialized_end=1205
-  _globals['_INFOREPLY']._serialized_start=1208
-  _globals['_INFOREPLY']._serialized_end=1384
-  _globals['_PARAMETERSHARD']._serialized_start=1458
-  _globals['_PARAMETERSHARD']._serialized_end=1841
+  _globals['_PUSHREPLY']._serialized_start=379
+  _globals['_PUSHREPLY']._serialized_end=507
+  _globals['_INITREPLY']._serialized_start=509
+  _globals['_INITREPLY']._serialized_end=568
+  _globals['_PULLREQUEST']._serialized_start=570
+  _globals['_PULLREQUEST']._serialized_end=667
+  _globals['_PULLHEADER']._serialized_start=670
+  _globals['_PULLHEADER']._serialized_end=841
+  _globals['_PULLCHUNK']._serialized_start=843
+  _globals['_PULLCHUNK']._serialized_end=917
+  _globals['_LEAVEREQUEST']._serialized_start=919
+  _globals['_LEAVEREQUEST']._serialized_end=967
+  _globals['_LEAVEREPLY']._serialized_start=969
+  _globals['_LEAVEREPLY']._serialized_end=1003
+  _globals['_JOINREQUEST']._serialized_start=1006
+  _globals['_JOINREQUEST']._serialized_end=1143
+  _globals['_JOINREPLY']._serialized_start=1145
+  _globals['_JOINREPLY']._serialized_end=1207
+  _globals['_INFOREQUEST']._serialized_start=1209
+  _globals['_INFOREQUEST']._serialized_end=1222
+  _globals['_INFOREPLY']._serialized_start=1225
+  _globals['_INFOREPLY']._serialized_end=1401
+  _globals['_PARAMETERSHARD']._serialized_start=1475
+  _globals['_PARAMETERSHARD']._serialized_end=1858
 # @@protoc_insertion_point(module_scope)

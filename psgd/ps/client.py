@@ -25,9 +25,12 @@ Contract (ps-lite's worker API, in Python):
   reply). Both read `grad` while sending: do not change it until they return.
 - `push_pull(clock, grad, out)`: both in one round trip per shard (PushPull): the push of
   `clock`, answered by the pull of clock + 1 into `out`; returns a `PushPulled` (the push's
-  outcome, the pull's result, and when the replies began to arrive, which splits the round trip
-  into its push and pull parts). A dense one goes through the transport's `push_pull_direct`
+  outcome, the pull's result, when the replies began to arrive, which splits the round trip
+  into its push and pull parts, and how long the shards held it: a sync push waiting for its
+  turn, then the pull). A dense one goes through the transport's `push_pull_direct`
   (psgd/ps/transfer.py `Wire`: its fast path where it has one), a sparse one through `push_pull`.
+- `push_replies(clock, grad)`: `push`, answered by the shards' PushReplies, each with the time
+  the shard held the push for its turn (`wait_s`).
 - `lend(count)`: where the transport would keep the worker's flat buffers (`Wire.lend`), when the
   wire carries them as they are (dense fp32); else None.
 - The run is over for this worker once a shard says its budget is spent (`done`), or, with
@@ -71,6 +74,7 @@ class PushPulled:
     sent: int            # gradient bytes sent
     pulled: PullResult   # the parameters of the next clock (versions unchanged when done)
     replied_at: float    # perf_counter() when the last shard's reply header arrived
+    wait_s: float = 0.0  # the longest any shard held this round trip: the push for its turn, then the pull
 
 
 class PSClient:
@@ -186,6 +190,10 @@ class PSClient:
     def start_pull(self, clock: int, out: torch.Tensor) -> PullStreams:
         return PullStreams(self, clock, out)
 
+    def push_replies(self, clock: int, grad: torch.Tensor) -> list[pb.PushReply]:
+        """`push`, answered by every shard's PushReply (its `wait_s`: how long it held the push for its turn)."""
+        return self._push(self.shards, clock, grad.detach().to("cpu"))
+
     def _push(self, shards: list[int], clock: int, grad: torch.Tensor) -> list[pb.PushReply]:
         return self.transport.push(shards, lambda k: self._push_header(k, clock),
                                    lambda k: self._push_payload(grad, k, clock))
@@ -195,7 +203,7 @@ class PSClient:
 
     def push(self, clock: int, grad: torch.Tensor) -> tuple[bool, bool, int]:
         """Send each shard its slice; returns (budget spent, refused by any shard, bytes sent)."""
-        return self.push_outcome(self._push(self.shards, clock, grad.detach().to("cpu")))
+        return self.push_outcome(self.push_replies(clock, grad))
 
     def push_outcome(self, replies: list[pb.PushReply]) -> tuple[bool, bool, int]:
         if self.sparsifier is not None:
@@ -224,7 +232,8 @@ class PSClient:
                 lambda k: self._push_payload(grad, k, clock), lambda k: self._slice(out, k), free_then_sent)
         done, refused, sent = self.push_outcome([h.pushed for h, _ in results])
         pulled = self.pull_result(results)
-        return PushPulled(done or pulled.done, refused, sent, pulled, replied_at)
+        waited = max(h.wait_s + h.pushed.wait_s for h, _ in results)
+        return PushPulled(done or pulled.done, refused, sent, pulled, replied_at, waited)
 
     def close(self, failed: bool = False) -> None:
         """Tell every shard this worker has finished (Leave: the last of N ends the shards' run),

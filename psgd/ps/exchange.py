@@ -10,8 +10,10 @@ gradient of clock c and receives the parameters of clock c + 1 in the reply, and
 `before_compute` has nothing left to fetch (only clock 0 pulls on its own). The same requests
 reach the same policy in the same order, so the parameters are the same bit for bit as with
 `--separate-pull` (push, then pull: two round trips, the textbook pattern); the time of the
-round trip is split at the first byte of the reply: before it, less the policy's hold, is push
-time; after it, pull time.
+round trip is split at the first byte of the reply: before it, less the policy's holds, is push
+time; after it, pull time. The holds are wait time, whichever part they held: a sync push waiting
+for its turn (the lower-ranked workers' gradients of its step: psgd/core/sync.py `turn`), which the
+shard reports in its PushReply, and a pull held by the policy.
 With `local_steps` H > 1 (local SGD, sync or async, psgd/core/localsgd.py) the worker steps its own
 replica with a local optimizer, pulls only at the start of each round of H steps and pushes the
 delta w_pulled - w_local at its end; pull and push carry the round as clock.
@@ -186,10 +188,12 @@ class PSExchange:
             self._next = o.pulled
             end, r = time.perf_counter(), o.pulled
             return StepReport(done=o.done, counted=not o.refused, compute_s=local_s,
-                              push_s=max(0.0, o.replied_at - t0 - r.wait_s), pull_s=end - o.replied_at,
-                              wait_s=r.wait_s, bytes_pushed=0 if o.refused else o.sent, bytes_pulled=r.bytes)
-        done, refused, sent = self.client.push(clock // self.local_steps, pushed)
-        return StepReport(done=done, counted=not refused, push_s=time.perf_counter() - t0,
+                              push_s=max(0.0, o.replied_at - t0 - o.wait_s), pull_s=end - o.replied_at,
+                              wait_s=o.wait_s, bytes_pushed=0 if o.refused else o.sent, bytes_pulled=r.bytes)
+        replies = self.client.push_replies(clock // self.local_steps, pushed)
+        done, refused, sent = self.client.push_outcome(replies)
+        elapsed, waited = time.perf_counter() - t0, max(r.wait_s for r in replies)  # waited: a sync push's turn
+        return StepReport(done=done, counted=not refused, push_s=max(0.0, elapsed - waited), wait_s=waited,
                           bytes_pushed=0 if refused else sent, compute_s=local_s)
 
     def close(self, failed: bool = False) -> None:

@@ -10,7 +10,7 @@ core (psgd/ps/shard.py), which holds every check and state change, and writes th
   push (--topk: the header's `sparse_count`) sends SparseChunks instead, checked and scattered
   into that buffer (psgd/core/sparsify.py `Scatter`). Between the header and the data the push
   waits for its turn (`Shard.turn`: sync folds a step in worker order), its bytes left to gRPC's
-  flow control, under the same deadline as a pull.
+  flow control, under the same deadline as a pull; the reply's `wait_s` says how long.
 - `Pull`: held by the policy, then header + ~1 MiB frames of the snapshot in the wire dtype,
   built one at a time outside the lock (`codec.frames`) and sent as they are.
 - `PushPull`: a Push, answered by the Pull of the next clock (one round trip per step): the
@@ -65,8 +65,9 @@ class ShardServicer:
 
     def Push(self, request_iterator, context):
         with aborts(context):
-            _, o = self._received_push(_header(request_iterator), request_iterator, self._timeout(context), alone=True)
-            return wire.push_reply(o)
+            _, o, waited = self._received_push(_header(request_iterator), request_iterator, self._timeout(context),
+                                               alone=True)
+            return wire.push_reply(o, waited)
 
     def _timeout(self, context) -> float:
         """How long a push or pull of this call may be held: the shard's --rpc-timeout, or the call's
@@ -77,11 +78,12 @@ class ShardServicer:
     def _received_push(self, h: pb.TensorHeader, request_iterator, timeout: float, alone: bool = False):
         """Read a push's data (its header `h` checked, and its turn waited for, before any) and hand
         it to the shard's policy; the receive buffer goes back to the pool before anything may wait.
-        (header, PushOutcome). `alone`: the stream's only message (Push): nothing may follow its data.
-        While a push waits for its turn, gRPC's flow control keeps its bytes in the worker."""
+        (header, PushOutcome, seconds it waited for its turn). `alone`: the stream's only message
+        (Push): nothing may follow its data. While a push waits for its turn, gRPC's flow control
+        keeps its bytes in the worker."""
         dtype = wire.dtype_name(h.dtype)
         self.shard.check_push(h.worker_id, h.shard, h.num_elements, h.sparse_count)
-        self.shard.turn(h.worker_id, h.clock, timeout)
+        waited = self.shard.turn(h.worker_id, h.clock, timeout)
         with self.shard.receive_buffer() as buf:
             chunks = link.paced(request_iterator, self.shard.link_in, _chunk_len)
             if h.sparse_count:
@@ -90,7 +92,7 @@ class ShardServicer:
                 grad, nbytes = _receive(h, chunks, dtype, buf), None
             if alone:
                 _expect_end(request_iterator)
-            return h, self.shard.push(h.worker_id, h.clock, h.base_version, grad, dtype, nbytes)
+            return h, self.shard.push(h.worker_id, h.clock, h.base_version, grad, dtype, nbytes), waited
 
     def Pull(self, request, context):
         with contextlib.ExitStack() as stack:
@@ -119,10 +121,10 @@ class ShardServicer:
                     h = _header(request_iterator, end_ok=True)
                     if h is None:
                         return  # the worker closed its side: its run is over
-                    h, o = self._received_push(h, request_iterator, self._timeout(context))
+                    h, o, waited = self._received_push(h, request_iterator, self._timeout(context))
                     p = stack.enter_context(self.shard.next_pull(o, h.worker_id, h.shard, h.clock,
                                                                  wire.dtype_name(h.dtype), self._timeout(context)))
-                yield from self._pulled(p, h.dtype, pushed=wire.push_reply(o))
+                yield from self._pulled(p, h.dtype, pushed=wire.push_reply(o, waited))
 
     def Leave(self, request, context):
         with aborts(context):

@@ -141,7 +141,11 @@ class Overlap:
             self._start_push(k)
         replies = [f.result() for f in self._futures]
         done, refused, sent = self.client.push_outcome(replies)
-        return StepReport(done=done, counted=not refused, push_s=time.perf_counter() - t0,
+        # A sync push held for its turn (psgd/core/sync.py) is waiting, not pushing: as much of it as
+        # this call spent blocked (the rest was overlapped with backward).
+        elapsed = time.perf_counter() - t0
+        waited = min(elapsed, max(r.wait_s for r in replies))
+        return StepReport(done=done, counted=not refused, push_s=elapsed - waited, wait_s=waited,
                           pull_s=self._blocked_s, overlapped_s=self._blocked_s,
                           bytes_pulled=pulled.bytes, bytes_pushed=0 if refused else sent)
 

@@ -15,10 +15,10 @@ Contract (every method thread-safe; a refusal raises `ShardError(code, message)`
   length from the server's config (`num_params`) when given, before any memory is sized by it.
 - `check_push(worker_id, shard, num_elements, sparse_count)`: validates a push's header before any
   byte of its data is read. `turn(worker_id, clock, timeout)`: then waits, still before any byte is
-  read, until the policy takes that worker's gradient next (sync folds a step in worker order, so
-  an early push waits in its worker, not in the shard's memory: psgd/core/sync.py `turn`);
-  DEADLINE_EXCEEDED after `timeout`. `receive_buffer()`: a reused fp32 buffer of the shard's
-  length to read it into.
+  read, until the policy takes that worker's gradient next (sync folds a step in worker order, so an
+  early push waits in its worker, not in the shard's memory: psgd/core/sync.py `turn`); returns the
+  seconds waited (the reply's `wait_s`: waiting, not pushing); DEADLINE_EXCEEDED after `timeout`.
+  `receive_buffer()`: a reused fp32 buffer of the shard's length to read it into.
 - A sparse push (--topk) arrives as indices and values; its adapter scatters them into the pooled
   buffer (psgd/core/sparsify.py `Scatter`), so `push` always sees a dense gradient and every
   policy and the optimizer work unchanged; `check_push` refuses a count above the shard's length.
@@ -133,8 +133,7 @@ class Shard(Lending, Membership, Persistence):
         self.left: set[int] = set()  # workers that said they finished (Leave)
         self.finished = threading.Event()  # set once all N workers have left
         self.snapshots: list[tuple[int, float, torch.Tensor]] = []  # (version, unix time, params)
-        self.bytes_in = 0
-        self.bytes_out = 0
+        self.bytes_in = self.bytes_out = 0
         self.apply_s = 0.0
         self._pending: dict | None = None  # a checkpoint taken under the lock, not written yet
         self.checkpoints, self.checkpoint_s = 0, 0.0
@@ -242,14 +241,16 @@ class Shard(Lending, Membership, Persistence):
         if worker_id >= self.workers:
             raise ShardError(Code.INVALID_ARGUMENT, f"worker id {worker_id} out of range 0..{self.workers - 1}")
 
-    def turn(self, worker_id: int, clock: int, timeout: float | None) -> None:
-        """Before a checked push's data is read: wait for its turn (see the module docstring)."""
+    def turn(self, worker_id: int, clock: int, timeout: float | None) -> float:
+        """Before a checked push's data is read: wait for its turn; the seconds waited (module docstring)."""
         try:
+            start = time.perf_counter()
             if not self.policy.turn(worker_id, clock, timeout, lambda: self._lent == 0):
                 raise ShardError(Code.DEADLINE_EXCEEDED, f"worker {worker_id}'s push of clock {clock} waited "
                                  f"{timeout}s for the lower-ranked workers' gradients of its step")
         except PolicyError as e:
             raise ShardError(Code.INVALID_ARGUMENT, str(e)) from None
+        return time.perf_counter() - start
 
     def push(self, worker_id: int, clock: int, base_version: int, grad: torch.Tensor, dtype: str,
              wire_bytes: int | None = None) -> PushOutcome:

@@ -172,9 +172,10 @@ class _Connection(socketserver.BaseRequestHandler):
         request) or closes (handle() returns: no token, no room)."""
         self.frames.send(fr.ERROR, message.encode())
 
-    def _received_push(self, header: bytes, payload_len: int) -> tuple[pb.TensorHeader, object]:
-        """Read a push's frame and hand it to the shard: (header, PushOutcome), or (header, None)
-        after answering an ERROR (a refusal once the payload is read: nothing left to drain)."""
+    def _received_push(self, header: bytes, payload_len: int) -> tuple[pb.TensorHeader, object, float]:
+        """Read a push's frame and hand it to the shard: (header, PushOutcome, seconds it waited for
+        its turn), or (header, None, ...) after answering an ERROR (a refusal once the payload is
+        read: nothing left to drain)."""
         shard = self.server.shard
         h = wire.parse_header(pb.TensorHeader, header)
         dtype = wire.dtype_name(h.dtype)
@@ -188,7 +189,7 @@ class _Connection(socketserver.BaseRequestHandler):
             raise ShardError(Code.INVALID_ARGUMENT, f"payload of {payload_len} bytes; {what} are {expected}")
         # Before any payload byte is read: an early sync push waits for its turn with its bytes in
         # the socket's buffers and the worker (TCP's flow control), not in the shard's memory.
-        shard.turn(h.worker_id, h.clock, shard.options.rpc_timeout)
+        waited = shard.turn(h.worker_id, h.clock, shard.options.rpc_timeout)
         pace = _pacer(shard.link_in)
         # A dense gradient the connection holds where it can be read (in memory the worker wrote):
         # no receive buffer lent; the shard's policy copies what it keeps.
@@ -197,7 +198,7 @@ class _Connection(socketserver.BaseRequestHandler):
             o = self._hand_over(h, grad, dtype, payload_len)
             if o is not None:
                 self.frames.consumed()  # the worker may write there again (before the reply)
-            return h, o
+            return h, o, waited
         with shard.receive_buffer() as buf:
             try:
                 if h.sparse_count:
@@ -206,8 +207,8 @@ class _Connection(socketserver.BaseRequestHandler):
                     self.frames.recv_tensor(buf, dtype, pace)
             except ShardError as e:  # refused once the payload is read: nothing left to drain
                 self._error(e)
-                return h, None
-            return h, self._hand_over(h, buf, dtype, payload_len)
+                return h, None, waited
+            return h, self._hand_over(h, buf, dtype, payload_len), waited
 
     def _hand_over(self, h: pb.TensorHeader, grad, dtype: str, payload_len: int):
         """shard.push of a received gradient: its PushOutcome, or None after answering an ERROR (a
@@ -219,19 +220,19 @@ class _Connection(socketserver.BaseRequestHandler):
             return None
 
     def _push(self, header: bytes, payload_len: int) -> None:
-        _, o = self._received_push(header, payload_len)
+        _, o, waited = self._received_push(header, payload_len)
         if o is not None:
-            self.frames.send(fr.PUSHED, wire.push_reply(o).SerializeToString())
+            self.frames.send(fr.PUSHED, wire.push_reply(o, waited).SerializeToString())
 
     def _push_pull(self, header: bytes, payload_len: int) -> None:
-        h, o = self._received_push(header, payload_len)
+        h, o, waited = self._received_push(header, payload_len)
         if o is None:
             return
         shard = self.server.shard
         try:
             with shard.next_pull(o, h.worker_id, h.shard, h.clock, wire.dtype_name(h.dtype),
                                  shard.options.rpc_timeout) as p:
-                self._send_pulled(p, h.dtype, wire.push_reply(o))
+                self._send_pulled(p, h.dtype, wire.push_reply(o, waited))
         except ShardError as e:  # the payload is read: answer without draining anything
             self._error(e)
 

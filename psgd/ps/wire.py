@@ -6,7 +6,7 @@
 - The (de)serialisers of the tensor streams: data frames built by `codec.frames` go out as they
   are, and come in as zero-copy memoryviews (`codec.data_view`); every other message is parsed
   by protobuf. The bytes on the wire are exactly the protobuf messages of the .proto.
-- `push_reply(outcome)`: a push's outcome as the .proto's PushReply.
+- `push_reply(outcome, wait_s)`: a push's outcome (and its wait for its turn) as the .proto's PushReply.
 - `parse_header`, `scatter_sparse`: a raw-TCP frame's header and a sparse push's payload, read
   with ShardError(INVALID_ARGUMENT) for bytes that do not parse (psgd/ps/tcp_server.py).
 - `reuse_freed_memory()`: a process-wide allocator setting both ends make (see its docstring).
@@ -30,10 +30,11 @@ CHANNEL_OPTIONS = [("grpc.max_receive_message_length", codec.MAX_MESSAGE_BYTES),
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc <malloc.h>
 
 
-def push_reply(outcome) -> pb.PushReply:
-    """A policy's PushOutcome (psgd/core/consistency.py) as the .proto's PushReply (both transports)."""
+def push_reply(outcome, wait_s: float = 0.0) -> pb.PushReply:
+    """A policy's PushOutcome (psgd/core/consistency.py) as the .proto's PushReply (both transports);
+    `wait_s`: the seconds the push waited for its turn (`Shard.turn`)."""
     return pb.PushReply(version=outcome.version, applied=outcome.applied, skipped=outcome.skipped,
-                        done=outcome.done, staleness=outcome.staleness, refused=outcome.refused)
+                        done=outcome.done, staleness=outcome.staleness, refused=outcome.refused, wait_s=wait_s)
 
 
 def serialize_frame(message) -> bytes:

@@ -7,7 +7,8 @@ Contract:
 - `restore_flags(cfg)`: the shards' `--restore DIR --restore-upto V`, V the newest checkpoint
   version every shard holds intact (`resume_version`; RunFailed when there is none).
 - `carry_over(out)`: a resumed attempt's metrics.jsonl starts with the restarts of the attempts
-  before it; the stopped attempt's lines are kept apart, as metrics-attempt-N.jsonl.
+  before it (of the run, of workers, of the warm parent: rundir.py `CARRIED`); the stopped
+  attempt's lines are kept apart, as metrics-attempt-N.jsonl.
 - `after(cfg, died, restarts)`: a shard died (ShardDied): with --restart-servers left, the config
   and resume flag of the next attempt (from the newest common checkpoint, or from scratch when
   there is none yet), the restart noted in OUT/restart.json for it (which shard, how, the version
@@ -25,6 +26,7 @@ from pathlib import Path
 
 from psgd.core.config import RunConfig, from_dict
 from psgd.core.errors import UsageError
+from psgd.train import rundir
 from psgd.train.metrics import Metrics, read_events
 from psgd.train.rundir import MARKER
 from psgd.train.supervise import ClocksSplit, RunFailed, ShardDied
@@ -75,7 +77,7 @@ def restore_flags(cfg: RunConfig) -> list[str]:
 def carry_over(out: Path) -> None:
     """A resumed attempt's metrics.jsonl (see the module docstring)."""
     metrics = out / "metrics.jsonl"
-    earlier = [e for e in read_events(metrics) if e.get("event") == "restart"] if metrics.exists() else []
+    earlier = rundir.carried(out)
     if metrics.exists():  # the stopped attempt's lines, kept apart
         n = len(list(out.glob("metrics-attempt-*.jsonl"))) + 1
         os.replace(metrics, out / f"metrics-attempt-{n}.jsonl")

@@ -7,7 +7,9 @@ Contract:
 - No --out: `with_out_resolved` makes a new results/runs/<mode>-<time>, and results/runs/latest a
   link to it.
 - `fresh(cfg)`: a fresh start's folder, prepared once: emptied of the last run's files, config.json
-  written, the record of a restart from scratch kept (psgd/train/restart.py). The pre-flight does it
+  written; a restart from scratch (psgd/train/restart.py) keeps its record and the run's earlier
+  records of restarts (`CARRIED` events: of the run, of workers, of the warm parent), so that
+  summary.json counts every restart of any number of attempts. The pre-flight does it
   for `psgd run` and `psgd.fit` (psgd/train/preflight.py), before the live line reads the folder;
   `launch.run` does it for each later fresh attempt and for callers that did not.
 - Runs started by hand or by torchrun: the first process (`psgd server --shard 0`, or all-reduce
@@ -29,9 +31,12 @@ from pathlib import Path
 
 from psgd.core.config import RunConfig, leaves, to_dict
 from psgd.core.errors import UsageError
-from psgd.train.metrics import Metrics, process_start_time
+from psgd.train.metrics import Metrics, process_start_time, read_events
 
 MARKER = ".psgd-run"  # in every folder psgd made for a run: the proof that its files are psgd's
+# The events of a run's life that a later attempt carries forward (a resume moves metrics.jsonl
+# aside, a restart from scratch empties the folder): every restart, however many attempts ago.
+CARRIED = ("restart", "worker_restarted", "zygote_restarted")
 RUNS = Path("results/runs")
 # Everything psgd writes into a run folder, and nothing else: what a rerun removes, so that no file
 # of the last run (a trace of other steps, a checkpoint of other parameters) sits beside the new
@@ -97,11 +102,21 @@ def fresh(cfg: RunConfig) -> RunConfig:
     cfg = with_out_resolved(cfg)
     out = Path(cfg.out)
     pending = json.loads((out / "restart.json").read_text()) if (out / "restart.json").exists() else None
+    earlier = carried(out) if pending is not None else []  # a new run in an old folder carries nothing
     prepare_out(out)
     (out / "config.json").write_text(json.dumps(config_record(cfg), indent=1))
     if pending is not None:
-        event(out, event="restart", **pending)
+        m = Metrics(out / "metrics.jsonl")
+        for e in [*earlier, dict(event="restart", **pending)]:
+            m.write(**e)
+        m.close()
     return cfg
+
+
+def carried(out: Path) -> list[dict]:
+    """The CARRIED events of OUT/metrics.jsonl (none without one), as they were written (times kept)."""
+    metrics = out / "metrics.jsonl"
+    return [e for e in read_events(metrics) if e.get("event") in CARRIED] if metrics.exists() else []
 
 
 def prepare_by_hand(cfg: RunConfig) -> None:
