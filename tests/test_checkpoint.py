@@ -119,6 +119,8 @@ def test_a_torn_last_metrics_line_is_left_out_and_resume_goes_on_from_the_newest
     assert r.returncode == 0, r.stderr
     s = summary(out)
     assert s["resumed_from"] == 10 and s["global_updates"] == 12 and s["params_sha256"] == calm
+    # Every step of both attempts, each clock once (issue 54, item 2: the resumed attempt's 2 only).
+    assert s["per_worker_steps"] == {"0": 12} and s["worker_steps"] == 12
 
 
 def test_metrics_end_a_torn_line_before_their_own_and_reading_leaves_it_out(tmp_path):

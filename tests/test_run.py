@@ -119,6 +119,12 @@ def test_with_a_lease_an_async_run_survives_a_killed_worker(tmp_path):
     lost, s = summary(out)["lost_workers"], summary(out)
     assert [(w["worker"], w["how"]) for w in lost] == [(1, "signal SIGKILL")]
     assert s["global_updates"] == 90 and math.isfinite(s["final_test_loss"])  # the others spent the budget
+    # The killed worker's steps are in metrics.jsonl and in the summary (issue 54, item 2: they were not,
+    # 1,150 worker steps against 1,200 updates): async, every counted step is an update (a push the
+    # shards refused once the budget was spent says `counted: false`).
+    steps = {str(r): len({e["clock"] for e in events(out)
+                          if e.get("event") == "step" and e["rank"] == r and e.get("counted", True)}) for r in range(3)}
+    assert s["per_worker_steps"] == steps and s["worker_steps"] == sum(steps.values()) == 90
 
 
 def test_a_restarted_worker_rejoins_at_its_clock(tmp_path):
@@ -132,6 +138,7 @@ def test_a_restarted_worker_rejoins_at_its_clock(tmp_path):
     assert s["restarted_workers"] == [{"worker": 1, "how": "signal SIGKILL"}] and s["global_updates"] == 16
     clocks = [e["clock"] for e in events(out) if e.get("event") == "step" and e["rank"] == 1]
     assert clocks == list(range(8))  # steps 0-2, then the restarted process's 3-7
+    assert s["per_worker_steps"] == {"0": 8, "1": 8} and s["worker_steps"] == 16  # both of its processes' steps
 
 
 def test_ctrl_c_stops_everything(tmp_path):

@@ -145,13 +145,42 @@ def summarize(out: Path, cfg: RunConfig, evals: list[dict], params: int, params_
     if not ends:
         raise RuntimeError(f"no worker_end events in {out / 'metrics.jsonl'}: did any worker finish?")
     start = min(e["train_start"] for e in ends)
-    wall = max(e["train_end"] for e in ends) - start
-    summary = {**_figures(cfg, events, ends, shard_stats, evals, params, start, wall),
+    wall = max(e["train_end"] for e in ends) - start + _earlier_training_s(out)
+    summary = {**_figures(cfg, events, _with_every_step(out, events, ends), shard_stats, evals, params, start, wall),
                **runlog.life(cfg, events, ends, shard_stats, params, start, wall),
                "params_sha256": params_sha256, "config": to_dict(cfg)}
     summary.update(extra or {})
     (out / "summary.json").write_text(json.dumps(summary, indent=1))
     return summary
+
+
+def _earlier_training_s(out: Path) -> float:
+    """The training time of a resumed run's earlier attempts (metrics-attempt-N.jsonl): from each
+    one's first step line to its last, so that a run resumed k times reports all of its training."""
+    total = 0.0
+    for path in sorted(out.glob("metrics-attempt-*.jsonl")):
+        times = [e["time"] for e in read_events(path) if e.get("event") == "step" and "time" in e]
+        total += max(times) - min(times) if times else 0.0
+    return total
+
+
+def _with_every_step(out: Path, events: list[dict], ends: list[dict]) -> list[dict]:
+    """The workers' `worker_end`s with `steps` as every counted step line of that rank holds, across
+    this attempt and a resumed run's earlier ones, each clock once: a worker killed (its lease ran
+    out) or restarted, or a run resumed, keeps the steps its earlier processes made. A rank with no
+    step lines keeps its own count; a rank lost before any `worker_end` gets one of its own."""
+    clocks: dict[int, set[int]] = {}
+    earlier = [read_events(p) for p in sorted(out.glob("metrics-attempt-*.jsonl"))]
+    for e in [e for attempt in earlier for e in attempt] + events:
+        if e.get("event") == "step" and e.get("counted", True) and "rank" in e and "clock" in e:
+            clocks.setdefault(int(e["rank"]), set()).add(int(e["clock"]))
+    by_rank = {int(e["rank"]): e for e in ends}
+    zero = {k: 0.0 for k in ("compute_s", "push_s", "pull_s", "wait_s", "bytes_pushed", "bytes_pulled")}
+    merged = []
+    for rank in sorted(set(by_rank) | set(clocks)):
+        end = by_rank.get(rank) or {**zero, "rank": rank, "steps": 0}
+        merged.append({**end, "steps": max(int(end["steps"]), len(clocks.get(rank, ())))})
+    return merged
 
 
 def _figures(cfg: RunConfig, events: list[dict], ends: list[dict], shard_stats: list[dict], evals: list[dict],
@@ -170,7 +199,7 @@ def _figures(cfg: RunConfig, events: list[dict], ends: list[dict], shard_stats: 
     else:  # all-reduce: every step is one global update (every H-th one with --local-steps H)
         global_updates = min(e["steps"] for e in ends) // cfg.local_steps
     final = evals[-1] if evals else {}
-    n = len(ends)
+    ended = [e for e in ends if "train_start" in e] or ends  # the time split: the processes that ended
     return {
         "mode": cfg.mode, "workers": cfg.workers, "servers": cfg.servers if cfg.mode != "allreduce" else 0,
         "clock_gap_bound": cfg.staleness if cfg.mode == "ssp" else (0 if cfg.mode in ("sync", "allreduce") else None),
@@ -188,7 +217,8 @@ def _figures(cfg: RunConfig, events: list[dict], ends: list[dict], shard_stats: 
         # Per worker step (a local step with --local-steps H: it falls as 1/H, DiLoCo's saving).
         "bytes_per_step": (sum(e["bytes_pushed"] + e["bytes_pulled"] for e in ends)
                            / max(1, sum(e["steps"] for e in ends))),
-        "time_breakdown_s": {k: sum(e[f"{k}_s"] for e in ends) / n for k in ("compute", "push", "pull", "wait")},
+        "time_breakdown_s": {k: sum(e[f"{k}_s"] for e in ended) / len(ended)
+                             for k in ("compute", "push", "pull", "wait")},
         "per_worker_steps": {str(e["rank"]): e["steps"] for e in sorted(ends, key=lambda e: e["rank"])},
         "samples_per_worker": {str(e["rank"]): e["steps"] * cfg.batch_size * cfg.accumulate
                                for e in sorted(ends, key=lambda e: e["rank"])},

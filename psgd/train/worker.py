@@ -161,7 +161,8 @@ def train(exchange: Exchange, model: torch.nn.Module, batches: Batches, loss: lo
             if metrics is not None:  # written while the next push is answered (`while_waiting`), or next
                 metrics.defer(event="step", rank=rank, clock=clock, loss=loss_sum, compute_s=compute_s,
                               pull_s=before.pull_s + after.pull_s, wait_s=before.wait_s + after.wait_s,
-                              push_s=after.push_s, clock_gap=before.clock_gap)
+                              push_s=after.push_s, clock_gap=before.clock_gap,
+                              **({} if after.counted else {"counted": False}))
             clock += 1
             totals["steps"] += int(after.counted)
             if after.done:
