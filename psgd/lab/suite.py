@@ -287,9 +287,8 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
     return path
 
 
-def main(argv: list[str]) -> int:
-    from psgd.core.errors import Parser, UsageError
-    from psgd.lab import analyses, suites
+def _parser():
+    from psgd.core.errors import Parser
 
     p = Parser(prog="psgd suite", description="Tune and run an experiment suite; write figures, CSVs and REPORT.md.")
     p.add_argument("suite", nargs="?", default=None,
@@ -311,7 +310,14 @@ def main(argv: list[str]) -> int:
     p.add_argument("--tensorboard", type=Path, default=None, metavar="DIR",
                    help="write every run's curves as TensorBoard event files under DIR/<experiment>/ as it finishes "
                         "(pip install 'psgd[tensorboard]')")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str]) -> int:
+    from psgd.core.errors import UsageError
+    from psgd.lab import analyses, suites
+
+    a = _parser().parse_args(argv)
     if a.list:
         print(suites.listing())
         return 0
@@ -350,7 +356,7 @@ def main(argv: list[str]) -> int:
     if a.report and not any(_has_results(e) for e in experiments):
         raise UsageError(f"--report re-analyses finished runs, and {results} has none of this suite's "
                          "(run the suite first)")
-    from psgd.train.launch import RunFailed
+    from psgd.train.supervise import RunFailed
 
     command = "psgd suite " + shlex.join(argv)
     if not a.report:
