@@ -130,8 +130,8 @@ class PSClient:
         return self.transport.lend(count)
 
     def _slices(self, flat: torch.Tensor) -> list[torch.Tensor]:
-        """Every shard's slice of `flat`, cut once per buffer (a tensor slice costs ~5 us): the cache
-        holds the slices, so no other live tensor can be at the same address."""
+        """Every shard's slice of `flat`, cut once per buffer (not at every step of a small model): the
+        cache holds the slices, so no other live tensor can be at the same address."""
         key = (flat.data_ptr(), flat.numel(), flat.dtype)
         cut = self._cuts.get(key)
         if cut is None:

@@ -56,7 +56,7 @@ def reuse_freed_memory() -> None:
     Every chunk gRPC hands us (and every frame we build) is a fresh 1 MiB `bytes`; by default
     glibc serves blocks that size with mmap and unmaps them on free, so each one page-faults
     afresh. Raising the mmap threshold to its maximum (32 MiB) and the trim threshold keeps them
-    in the heap: the client's CPU per 64 MiB pull fell from ~52 to ~40 ms here. Process-wide
+    in the heap, and a large pull costs the client less CPU (docs/architecture.md). Process-wide
     and idempotent; a no-op where libc has no mallopt (not glibc).
     """
     try:

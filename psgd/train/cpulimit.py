@@ -2,8 +2,8 @@
 
 Why: on a few shared cores, a straggler that sleeps lends its core to the others, so sync's loss to
 a straggler and async's immunity both look unlike independent devices (issue 24: E2's async slowdown
-1.09x shared vs about 1.28x on devices of their own). A CPU quota per process makes a core that one
-process does not use go unused, as Mininet's CPULimitedHost does for its hosts.
+was much smaller shared than on devices of their own, docs/architecture.md). A CPU quota per
+process makes a core that one process does not use go unused, as Mininet's CPULimitedHost does.
 
 Contract:
 - The kernel's cgroup v1 cpu controller, CFS bandwidth control: a group per process under

@@ -66,7 +66,7 @@ class Metrics:
         """The line of `fields`, timed now, written by the next `flush`, `write`, `defer` or
         `close`: a worker defers its step's line and its exchange flushes it while the shards
         answer the next push (psgd/ps/exchange.py `while_waiting`), off the step's critical path
-        (~45 us of a 1.8 ms step of the 256-wide MLP). Lines keep their order; a worker stopped by
+        (a visible share of a small model's step). Lines keep their order; a worker stopped by
         SIGTERM writes it first (psgd/train/work.py), and only a SIGKILL loses it."""
         self.flush()
         fields.setdefault("time", time.time())

@@ -28,7 +28,7 @@ Contract:
 - Without slowing the workers: the follower is a thread of the launcher (which only waits while
   the children train), at a lower CPU priority than they are (nice +10, per thread on Linux), and
   it imports neither torch nor TensorFlow: `EventFile` (tfevents.py) writes TensorBoard's file format (TFRecord
-  framing of its Event protos, from the tensorboard package) itself, about 40 ms of imports.
+  framing of its Event protos, from the tensorboard package) itself, a light import.
   Each clock is one record holding all its scalars, flushed at every read of the file.
 - `write(out, logdir)`: the same scalars from a finished run's files, after the fact (`psgd
   summarize OUT --tensorboard DIR`, the suite's cached runs, runs made before this existed).

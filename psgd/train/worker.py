@@ -233,7 +233,7 @@ def jitter_draw(rng: random.Random, mean_ms: float, tail: str = "exp") -> float:
 
 class Ahead:
     """The next step's micro-batches, gathered while the shards answer this step's push (the
-    exchange's `while_waiting`): ~30 us of a 0.8 ms step of the 256-wide MLP off its critical path.
+    exchange's `while_waiting`): off the critical path of a small model's step.
     A step that was not fetched ahead gathers its own; the batches are the same either way."""
 
     def __init__(self, batches: Batches, accumulate: int) -> None:
