@@ -197,7 +197,7 @@ def _children(crew: Crew) -> Iterator[None]:
         supervise.stop(crew.servers)
         for c in crew.servers:
             if c.proc.returncode != 0:
-                raise RunFailed(f"{c.name} exited with code {c.proc.returncode}: {c.last_error()}")
+                raise RunFailed(f"{c.name} exited with code {c.proc.returncode}: {c.why(crew.servers)}")
     except KeyboardInterrupt:
         supervise.stop(crew.workers + crew.servers)
         raise Interrupted(supervise.INTERRUPTED) from None
