@@ -9,9 +9,8 @@ Contract:
   ShardDied, a shard that died while starting) naming it otherwise.
 - `wait_workers(workers, servers, cfg, restart, zygote)`: returns when every worker exited 0; waits
   for any child to exit, no polling (the warm parent's exit reports, or os.waitid for exec'd
-  children). A worker that fails fails the run (RunFailed naming it and quoting its log's last
-  line; a child whose log is empty, as on a full disk, is explained by the first other child's
-  log with an error line, named: `why`), unless --restart-workers
+  children). A worker that fails fails the run (RunFailed naming it, quoting its log's last line
+  or, if it wrote none (a full disk), another child's last error line, named: `why`), unless --restart-workers
   restarts it or --worker-lease lets the others go on (the shards told at once, `lost RANK` on
   their stdin); a server that dies is ShardDied, which --restart-servers recovers
   (psgd/train/launch.py `run`).
@@ -102,31 +101,19 @@ class Child:
             except (ZygoteError, OSError, subprocess.SubprocessError) as e:
                 raise RunFailed(f"cannot start {name}: {e}") from None
 
-    def last_error(self) -> str:
-        lines = self._lines()
-        return lines[-1] if lines else "(no output)"
-
-    def error_line(self) -> str | None:
-        """The last line of its log that reads as an error (a traceback's last line, a usage error)."""
-        return next((ln for ln in reversed(self._lines()) if ERROR_LINE.search(ln)), None)
-
-    def _lines(self) -> list[str]:
-        try:
-            return [ln.strip() for ln in self.log.read_text(errors="replace").splitlines() if ln.strip()]
-        except OSError:
-            return []
+    def last_error(self, errors_only: bool = False) -> str:
+        """Its log's last line ("(no output)" if none); `errors_only`: the last that reads as an error."""
+        for ln in reversed(self.log.read_text(errors="replace").splitlines()):
+            if ln.strip() and (not errors_only or ERROR_LINE.search(ln)):
+                return ln.strip()
+        return "(no output)"
 
     def why(self, others: list[Child]) -> str:
         """Its log's last line; a child that could write nothing (a full disk takes its log first)
         is explained by the first of `others` whose log has an error line, named."""
         own = self.last_error()
-        if own != "(no output)":
-            return own
-        for o in others:
-            line = o.error_line() if o is not self else None
-            if line:
-                return f"(no output); {o.name} said: {line}"
-        return own
+        said = ((o.name, o.last_error(errors_only=True)) for o in others if o is not self and own == "(no output)")
+        return next((f"{own}; {name} said: {line}" for name, line in said if line != "(no output)"), own)
 
     def how(self) -> str:
         """How it ended: `exit code N` or `signal NAME`."""
