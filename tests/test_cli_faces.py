@@ -19,6 +19,7 @@ import pytest
 
 from psgd import cli
 from psgd.cli import summary_line
+from psgd.core.errors import UsageError
 from tests.helpers import ENV, events, processes_mentioning, psgd_main, summary
 
 # The runs this file makes in this process fork from one warm parent (tests/warm.py).
@@ -146,6 +147,43 @@ def test_mnist_without_its_files_is_refused_before_anything_starts(tmp_path, mon
     assert not out.exists()  # nothing started, no folder made
     r = psgd_main("run", "--dataset", "mnist", "--data-dir", str(tmp_path / "mine"), "--out", str(out))
     assert r.returncode == 2 and f"{tmp_path / 'mine'} has no" in r.stderr and not out.exists()
+
+
+# -- limits and misuse (psgd/train/preflight.py, psgd/train/limits.py) --------------------------------
+@pytest.mark.parametrize("flags, says", [
+    (["--workers", "100000"], "this host has"),           # processes (pid_max / RLIMIT_NPROC) or memory
+    (["--width", "1000000000"], "available (MemAvailable)"),
+    (["--workers", "3", "--max-workers", "1"], "--max-workers is every worker slot"),
+    (["--token-file", "/nonexistent"], "--token-file /nonexistent: cannot read it"),
+])
+def test_each_misuse_is_one_line_exit_2_before_any_folder(tmp_path, flags, says):
+    out = tmp_path / "run"
+    r = psgd_main("run", "--steps", "1", "--out", str(out), *flags)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and says in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr and not out.exists()  # nothing started, no folder made
+
+
+def test_an_out_it_cannot_write_is_one_line(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    r = psgd_main("run", "--steps", "1", "--out", str(tmp_path / "a-file" / "run"))
+    assert r.returncode == 2 and r.stderr.strip().endswith("cannot make the run folder there (Not a directory)")
+    assert len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_limits_come_from_the_host_and_are_stated():
+    from psgd.core.config import RunConfig
+    from psgd.train import limits
+
+    cfg = RunConfig(mode="async", workers=10, servers=2)
+    roomy = limits.Host(pid_room=10_000, pid_source="pid_max 32768, 100 pids in use", mem_available=64 << 30)
+    limits.check(cfg, 1_000_000, roomy)  # 13 processes, 11 MB of parameters x 44 copies: room enough
+    tight = limits.Host(pid_room=100, pid_source="RLIMIT_NPROC 200, 100 pids in use", mem_available=64 << 30)
+    with pytest.raises(UsageError, match=r"start 13 processes .* room for 6 \(RLIMIT_NPROC 200, 100 pids in use\)"):
+        limits.check(cfg, None, tight)
+    small = limits.Host(pid_room=10_000, pid_source="", mem_available=1 << 30)
+    with pytest.raises(UsageError, match=r"need about 16.8 GiB \(100,000,000 parameters x 44 copies and 13 "
+                                         r"processes\); this host has 1.0 GiB available"):
+        limits.check(cfg, 100_000_000, small)
 
 
 # -- reruns --------------------------------------------------------------------------------------------

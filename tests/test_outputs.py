@@ -6,6 +6,7 @@ import argparse
 import importlib
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -43,7 +44,28 @@ def test_a_rerun_replaces_psgd_files_only(tmp_path):
         (tmp_path / name).write_text("old")
     rundir.prepare_out(tmp_path)
     left = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*"))
-    assert left == [rundir.MARKER, "logs", "logs/mine.txt", "notes.md"]
+    assert left == [rundir.LOCK, rundir.MARKER, "logs", "logs/mine.txt", "notes.md"]
+
+
+def test_a_folder_a_run_is_writing_is_refused_to_a_second_run_naming_the_first(tmp_path):
+    """Two runs into one folder at once: before, both "succeeded" into one mixed metrics.jsonl; now
+    the second is refused (one line, exit 2, the holder's pid) and touches nothing of the first's."""
+    out = tmp_path / "run"
+    holder = subprocess.Popen(  # another launcher holding the folder: it locks it as psgd run does
+        [sys.executable, "-c", "import sys; from pathlib import Path; from psgd.train import rundir; "
+         f"rundir.prepare_out(Path({str(out)!r})); print('held', flush=True); sys.stdin.read()"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        (out / "metrics.jsonl").write_text("the first run's\n")
+        r = psgd_main("run", "--steps", "3", "--dataset", "synthetic", "--out", str(out))
+        assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert f"--out {out} is being written by another run (pid {holder.pid})" in r.stderr
+        assert (out / "metrics.jsonl").read_text() == "the first run's\n"
+    finally:
+        holder.communicate("")  # it ends, and its lock with it
+    rundir.lock(out)  # free again
+    rundir.unlock(out)
 
 
 def test_without_out_every_run_gets_a_new_folder_and_latest_follows(tmp_path):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import random
 import socket
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
@@ -111,26 +113,91 @@ def test_serving_beyond_loopback_needs_a_token_or_insecure(tmp_path, monkeypatch
     assert r.returncode == 2 and "cannot read it" in r.stderr
 
 
-def test_a_full_shard_refuses_more_connections_and_silent_ones_are_cut(gated, monkeypatch):
+def test_silent_strangers_are_cut_and_only_admitted_connections_fill_the_room(gated):
     srv, good = gated
-    monkeypatch.setattr(tcp_server, "FIRST_FRAME_S", 0.5)  # a silent connection is cut this soon
+    ds = srv.data_server
+    ds.auth_deadline = 0.5  # a silent connection is cut this soon
     out = torch.empty(10)
     good.pull(0, out)  # the worker's pooled connection is open before the crowd arrives
     crowd = [socket.create_connection(("127.0.0.1", srv.data_port), timeout=30) for _ in range(200)]
+    hellos = []
     try:
-        answers = []
-        for s in crowd:  # each either is cut for silence (EOF) or refused at once for lack of room
-            head = fr.recv_head(s)
-            answers.append("cut" if head is None else head[1].decode().split(":")[0])
-        # Never more than max_connections at once: most of the 200 find no room (the ones let in
-        # are cut half a second later, and only then could another take their place).
-        assert "RESOURCE_EXHAUSTED" in answers and set(answers) <= {"cut", "RESOURCE_EXHAUSTED"}
-        # ...and through all of it the real worker was served, on its own connection.
-        good.push(0, torch.ones(10))
+        # Silent, they take no room: each is cut at the deadline, none refused for lack of room.
+        assert all(_answer(s) == "cut" for s in crowd)
+        # Peers holding the token do: past max_connections they are refused at once.
+        room = ds.max_connections - len(ds.connections)
+        for _ in range(room + 5):
+            s = socket.create_connection(("127.0.0.1", srv.data_port), timeout=30)
+            hellos.append(s)
+            fr.send_frame(s, fr.HELLO, TOKEN)
+        answers = [fr.recv_head(s)[0] for s in hellos]
+        assert answers == [fr.WELCOME] * room + [fr.ERROR] * 5
+        good.push(0, torch.ones(10))  # ...and through all of it the real worker was served
         assert not good.pull(1, out).done and torch.equal(out, torch.arange(10) - 0.05)
     finally:
-        for s in crowd:
+        for s in crowd + hellos:
             s.close()
+
+
+def _answer(sock: socket.socket) -> str:
+    """How the shard ended a stranger's connection: "cut" (EOF or reset) or its ERROR's status."""
+    try:
+        head = fr.recv_head(sock)
+    except ConnectionResetError:
+        return "cut"
+    return "cut" if head is None else head[1].decode().split(":")[0]
+
+
+def _trickle(port: int, pace: float, stop: threading.Event, started: threading.Barrier | None) -> str:
+    """A stranger sending a HELLO one byte per `pace` seconds (its header says 200 bytes): "cut"
+    when the shard closes it first, "answered" when it says something, "stopped" when told to."""
+    frame = fr.PREFIX.pack(fr.HELLO, 200, 0) + b"x" * 200
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        for i in range(len(frame)):
+            try:
+                s.sendall(frame[i:i + 1])
+                if started is not None and i == 0:
+                    started.wait()
+                s.settimeout(pace)  # the trickle's cadence: wait this long for an answer, then a byte more
+                if s.recv(64):
+                    return "answered"
+                return "cut"
+            except TimeoutError:
+                if stop.is_set():
+                    return "stopped"
+            except (ConnectionResetError, BrokenPipeError):
+                return "cut"
+    return "finished"
+
+
+def test_fifty_trickling_strangers_neither_lock_a_worker_out_nor_outstay_the_deadline(gated):
+    """Strangers sending a byte now and then: before, they counted against the 4N+8 cap and each
+    byte bought another --rpc-timeout, so 12 kept a worker out; now they count for nothing until
+    their first frame is whole, and the whole of it must come within the deadline."""
+    srv, _ = gated
+    ds, stop = srv.data_server, threading.Event()
+    ds.auth_deadline = 60.0  # first: they stay (pending) while the worker comes
+    started = threading.Barrier(51)
+    with ThreadPoolExecutor(50) as pool:
+        tricklers = [pool.submit(_trickle, srv.data_port, 0.05, stop, started) for _ in range(50)]
+        started.wait(timeout=30)
+        while len(ds.connections) + len(getattr(ds, "pending", ())) < min(50, ds.max_connections):
+            stop.wait(0.01)  # the server has not accepted them all yet (a condition, not a delay)
+        worker = make_client("tcp", [f"127.0.0.1:{srv.port}"], 1, 10, token=TOKEN)
+        try:
+            worker.wait_ready()
+            out = torch.empty(10)
+            assert not worker.pull(0, out).done and torch.equal(out, torch.arange(10, dtype=torch.float32))
+            assert len(ds.pending) == 50  # they were all there, and took no place
+        finally:
+            stop.set()
+            worker.close()
+        assert {t.result() for t in tricklers} == {"stopped"}
+    # Then: a deadline far shorter than a trickle takes (200+ bytes at 20 ms each) cuts every one.
+    ds.auth_deadline = 0.3
+    with ThreadPoolExecutor(50) as pool:
+        results = list(pool.map(lambda _: _trickle(srv.data_port, 0.02, threading.Event(), None), range(50)))
+    assert results == ["cut"] * 50
 
 
 # -- fuzzing ------------------------------------------------------------------------------------

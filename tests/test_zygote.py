@@ -179,3 +179,24 @@ def test_a_torn_report_stream_falls_back_to_asking_the_kernel(monkeypatch):
     handle.proc.wait()
     theirs.close()
     ours.close()
+
+
+def test_a_child_that_could_write_nothing_is_explained_by_the_first_log_that_says_why(tmp_path):
+    """A full disk: the worker dies with exit code 1 and an empty log (its log could not be
+    written), ENOSPC is only in a shard's log. Before, the run failed with "(no output)"; now the
+    failure quotes the shard's error line, naming the shard."""
+    shard = supervise.Child("shard 0/1", [sys.executable, "-c", (
+        "import sys; print('INFO a line that is no error', file=sys.stderr); "
+        "print(\"OSError: [Errno 28] No space left on device: 'shard-0.ckpt'\", file=sys.stderr, flush=True); "
+        "print('READY 127.0.0.1:1', flush=True); sys.stdin.read()")], tmp_path / "server-0.log",
+        capture_stdout=True, stdin_pipe=True)
+    try:
+        supervise.read_ready(shard)  # its error line is in its log by now
+        worker = supervise.Child("worker 1/2", [sys.executable, "-c", "raise SystemExit(1)"], tmp_path / "worker-1.log")
+        with pytest.raises(supervise.RunFailed) as failed:
+            supervise.wait_workers([worker], [shard])
+        assert str(failed.value) == (f"worker 1/2 (pid {worker.proc.pid}) died with exit code 1: (no output); shard "
+                                     "0/1 said: OSError: [Errno 28] No space left on device: 'shard-0.ckpt'")
+    finally:
+        shard.proc.stdin.close()
+        supervise.stop([shard])

@@ -261,6 +261,8 @@ def _check_elastic(cfg: RunConfig) -> list[Check]:
          "resumed run would wait for the lost worker; use one or the other"),
         (not cfg.elastic or _error(elastic.parse, cfg.elastic) is None, _error(elastic.parse, cfg.elastic or "0:1")),
         (cfg.max_workers >= 0, f"--max-workers must be >= 0, got {cfg.max_workers}"),
+        (cfg.max_workers not in range(1, cfg.workers), f"--max-workers is every worker slot, the --workers "
+         f"{cfg.workers} included: give at least {cfg.workers}, got {cfg.max_workers}"),
         (not (cfg.elastic or cfg.max_workers > cfg.workers) or cfg.mode in PS_MODES,
          "--elastic and --max-workers change a parameter-server job's workers: an all-reduce group is fixed"),
         (not (cfg.elastic or cfg.max_workers > cfg.workers) or (cfg.backup_workers == 0 and cfg.local_steps == 1),

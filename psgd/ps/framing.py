@@ -96,32 +96,48 @@ def await_readable(sock: socket.socket, seconds: float) -> None:
         pass
 
 
-def recv_exact(sock: socket.socket, view: memoryview) -> None:
-    """Fill `view` from the socket; ConnectionError when the peer closes first."""
+def _by(sock: socket.socket, deadline: float | None) -> None:
+    """Give the next read what is left of `deadline` (time.monotonic()); TimeoutError once none is."""
+    if deadline is None:
+        return
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise TimeoutError("the frame did not arrive by its deadline")
+    sock.settimeout(left)
+
+
+def recv_exact(sock: socket.socket, view: memoryview, deadline: float | None = None) -> None:
+    """Fill `view` from the socket; ConnectionError when the peer closes first. With `deadline`
+    (time.monotonic()) the whole of `view` must arrive by then, however the reads are spaced."""
     got = 0
     while got < len(view):
+        _by(sock, deadline)
         n = sock.recv_into(view[got:])
         if n == 0:
             raise ConnectionError("connection closed in the middle of a frame")
         got += n
 
 
-def recv_head(sock: socket.socket, started: Callable[[], None] | None = None) -> tuple[int, bytes, int] | None:
+def recv_head(sock: socket.socket, started: Callable[[], None] | None = None,
+              deadline: float | None = None) -> tuple[int, bytes, int] | None:
     """(op, header bytes, payload length) of the next frame; None when the peer closed cleanly.
     `started()` is called once the frame's first bytes arrived (a server tightens its read
-    deadline there: waiting for a frame may take long, a frame once begun may not)."""
+    deadline there: waiting for a frame may take long, a frame once begun may not). With
+    `deadline` (time.monotonic()) the whole head must arrive by then: a peer trickling a byte at a
+    time gets no more time than a silent one."""
     prefix = bytearray(PREFIX.size)
+    _by(sock, deadline)
     n = sock.recv_into(prefix)
     if n == 0:
         return None
     if started is not None:
         started()
-    recv_exact(sock, memoryview(prefix)[n:])
+    recv_exact(sock, memoryview(prefix)[n:], deadline)
     op, header_len, payload_len = PREFIX.unpack(prefix)
     if header_len > MAX_HEADER:
         raise FrameError(f"frame header of {header_len} bytes (at most {MAX_HEADER}): not a psgd peer")
     header = bytearray(header_len)
-    recv_exact(sock, memoryview(header))
+    recv_exact(sock, memoryview(header), deadline)
     return op, bytes(header), payload_len
 
 
@@ -180,8 +196,10 @@ def drain(sock: socket.socket, nbytes: int) -> None:
 class Frames:
     """A shard's side of one data-plane connection: how its frames come in and its payloads move.
 
-    `next_head(first_timeout)`: the next frame's (op, header, payload length), None at EOF (a frame
-    once begun must progress within `rpc_timeout`; between frames a worker may compute); `send`:
+    `next_head(deadline)`: the next frame's (op, header, payload length), None at EOF; with a
+    `deadline` (time.monotonic(): a connection's first frame) the whole head must arrive by then,
+    without one a frame once begun must progress within `rpc_timeout` (between frames a worker may
+    compute); `send`:
     one frame; `send_values`: a reply with fp32 values in a wire dtype; `in_place`: a push's dense
     gradient where it lies (None here: it is still in the socket); `recv_tensor` / `recv_bytes`:
     a payload into a buffer / as bytes; `drain`: drop a refused payload; `consumed`: the shard reads
@@ -191,9 +209,13 @@ class Frames:
     def __init__(self, sock: socket.socket, rpc_timeout: float) -> None:
         self.sock, self.rpc_timeout = sock, rpc_timeout
 
-    def next_head(self, first_timeout: float | None) -> tuple[int, bytes, int] | None:
+    def next_head(self, deadline: float | None) -> tuple[int, bytes, int] | None:
         sock = self.sock
-        sock.settimeout(first_timeout)
+        if deadline is not None:
+            head = recv_head(sock, deadline=deadline)
+            sock.settimeout(self.rpc_timeout)  # its payload, if any, reads as any frame's
+            return head
+        sock.settimeout(None)
         return recv_head(sock, lambda: sock.settimeout(self.rpc_timeout))
 
     def send(self, op: int, header: bytes, payload: memoryview | None = None, on_chunk=None) -> None:

@@ -20,12 +20,18 @@ gets an ERROR and the connection is closed.
 Bounds (a slow, silent or hostile client must not take the shard from its workers):
 - With a token (psgd/ps/auth.py) the first frame must be HELLO with it; anything else is
   UNAUTHENTICATED and the connection is closed. Nothing reaches the shard before that.
-- At most `max_connections` connections at once (4 per worker + 8: a client keeps a small pool
-  per shard); one more is answered RESOURCE_EXHAUSTED and closed at once.
-- The first frame must arrive within FIRST_FRAME_S of connecting, and once a frame has begun,
-  each read must make progress within the run's --rpc-timeout: a client that connects and says
-  nothing, or stops mid-frame, loses its connection. Between frames a connection may idle (a
-  worker computing). No read or send ever happens with the shard's lock held.
+- The whole first frame's head (the HELLO, or without a token the first request's) must arrive
+  within `auth_deadline` seconds of connecting (AUTH_DEADLINE_S unless told; TLS's handshake
+  included), however its bytes are spaced: a peer that says nothing, or trickles a byte at a time,
+  is cut then. Until that frame arrived a connection is pending and counts for nothing.
+- At most `max_connections` admitted connections at once (4 per worker + 8: a client keeps a small
+  pool per shard); only a connection whose first frame arrived (and, with a token, carried it) is
+  admitted or counted, so strangers cannot fill the room; one more is answered RESOURCE_EXHAUSTED
+  and closed. Pending connections hold a thread each for at most the deadline (a thread that cannot
+  start refuses its connection only: socketserver's handle_error).
+- Once admitted, a frame once begun must progress within the run's --rpc-timeout per read; between
+  frames a connection may idle (a worker computing). No read or send ever happens with the shard's
+  lock held.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ import socket
 import socketserver
 import ssl
 import threading
+import time
 
 from psgd._proto import parameter_server_pb2 as pb
 from psgd.core import codec, sparsify
@@ -43,7 +50,7 @@ from psgd.ps import auth, wire
 from psgd.ps import framing as fr
 from psgd.ps.shard import Shard
 
-FIRST_FRAME_S = 10.0  # a connection's first frame (HELLO, or a request) must arrive this soon
+AUTH_DEADLINE_S = 5.0  # a connection's whole first frame (HELLO, or a request) must arrive this soon
 
 
 class DataServer(socketserver.ThreadingTCPServer):
@@ -55,16 +62,19 @@ class DataServer(socketserver.ThreadingTCPServer):
     allow_reuse_address = False
 
     def __init__(self, shard: Shard, host: str = "127.0.0.1", token: bytes | None = None,
-                 tls: ssl.SSLContext | None = None, upgrades: dict | None = None) -> None:
+                 tls: ssl.SSLContext | None = None, upgrades: dict | None = None,
+                 auth_deadline: float = AUTH_DEADLINE_S) -> None:
         self.shard = shard
+        self.auth_deadline = auth_deadline
         self.token = token
         self.tls = tls
         # op -> upgrade(frames, header, payload_len, server) -> the connection's Frames from now on
         # (it answers the op itself, WELCOME or ERROR): the transports' own ops (psgd/ps/transport.py)
         self.upgrades = upgrades or {}
         self.max_connections = 4 * shard.workers + 8
-        self.connections: set[socket.socket] = set()
-        self.lock = threading.Lock()  # guards connections and stopping
+        self.connections: set[socket.socket] = set()  # admitted: they count against max_connections
+        self.pending: set[socket.socket] = set()      # their first frame has not arrived yet
+        self.lock = threading.Lock()  # guards connections, pending and stopping
         self.stopping = False
         super().__init__((host, 0), _Connection)
         self.port = self.server_address[1]
@@ -78,7 +88,7 @@ class DataServer(socketserver.ThreadingTCPServer):
         sock, address = super().get_request()
         if self.tls is None:
             return sock, address
-        # The handshake runs in the connection's thread, on its first read (under FIRST_FRAME_S),
+        # The handshake runs in the connection's thread, on its first read (under auth_deadline),
         # never in the accept loop, where one silent client would hold every other.
         return self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), address
 
@@ -90,7 +100,7 @@ class DataServer(socketserver.ThreadingTCPServer):
             # A connection accepted just before shutdown() registers itself in setup(), after
             # this: the flag makes it cut itself, so that server_close() never waits on it.
             self.stopping = True
-            for conn in self.connections:
+            for conn in self.connections | self.pending:
                 with contextlib.suppress(OSError):
                     conn.shutdown(socket.SHUT_RDWR)
         self.server_close()
@@ -101,40 +111,47 @@ class _Connection(socketserver.BaseRequestHandler):
     server: DataServer
 
     def setup(self) -> None:
-        # Before anything is sent or read (a refusal on a TLS socket runs its handshake first):
-        # a silent client must not hold this thread, counted or not.
-        self.request.settimeout(FIRST_FRAME_S)
+        # The deadline runs from here: connecting, TLS's handshake and the first frame all fit in it.
+        self.deadline = time.monotonic() + self.server.auth_deadline
         self.request.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.full = False
         self.frames = fr.Frames(self.request, self.server.shard.options.rpc_timeout)  # an upgrade replaces it
         with self.server.lock:
             if self.server.stopping:
                 with contextlib.suppress(OSError):
                     self.request.shutdown(socket.SHUT_RDWR)  # handle() then reads EOF and returns
-            self.full = len(self.server.connections) >= self.server.max_connections
-            if not self.full:
-                self.server.connections.add(self.request)
+            self.server.pending.add(self.request)
 
     def finish(self) -> None:
         with self.server.lock:
             self.server.connections.discard(self.request)
+            self.server.pending.discard(self.request)
         self.frames.close()
 
+    def _admit(self) -> bool:
+        """Count this connection against the cap now that its first frame came (False: no room)."""
+        with self.server.lock:
+            self.server.pending.discard(self.request)
+            if len(self.server.connections) >= self.server.max_connections:
+                return False
+            self.server.connections.add(self.request)
+            return True
+
     def handle(self) -> None:
-        if self.full:
-            with contextlib.suppress(OSError):
-                self._refuse(f"RESOURCE_EXHAUSTED: shard {self.server.shard.index} has "
-                             f"{self.server.max_connections} connections open already")
-            return
         trusted = self.server.token is None  # without a token every peer is (loopback runs)
         first = True
         while True:
             try:
-                head = self.frames.next_head(FIRST_FRAME_S if first else None)
+                head = self.frames.next_head(self.deadline if first else None)
                 if head is None:
                     return
-                first = False
                 op, header, payload_len = head
+                # Its first frame came whole and in time, with the token if one is needed: only
+                # now does it take a place (a wrong token or a request without one is refused below).
+                good = op == fr.HELLO and not payload_len and auth.accepts(self.server.token, header)
+                if first and (good or (trusted and op != fr.HELLO)) and not self._admit():
+                    return self._refuse(f"RESOURCE_EXHAUSTED: shard {self.server.shard.index} has "
+                                        f"{self.server.max_connections} connections open already")
+                first = False
                 if op == fr.HELLO:
                     if payload_len or not auth.accepts(self.server.token, header):
                         return self._refuse("UNAUTHENTICATED: wrong psgd token (--token-file / PSGD_TOKEN)")

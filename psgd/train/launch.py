@@ -70,20 +70,26 @@ def run(cfg: RunConfig, resume: bool = False, cold_start: bool = False, zygote: 
     `after`; summary.json lists them). The workers are restarted too: in sync every shard and
     worker must go back to one step, and the checkpoint is that step."""
     restarts = 0
-    while True:
-        try:
-            with _attempt(cfg, resume, cold_start, zygote, tensorboard, prepared) as crew:
-                cfg = crew.cfg
-                with _children(crew):
-                    supervise.wait_workers(crew.workers, crew.servers, cfg, crew.restart, crew.zygote)
-                log.debug("%s: training ended; evaluating its snapshots", cfg.out)
-                summary = finish.in_fork(cfg, crew.zygote)
-                log.info("%s: finished, %s updates, summary in %s", cfg.out, summary.get("global_updates"),
-                         Path(cfg.out) / "summary.json")
-                return summary
-        except ShardDied as e:
-            cfg, resume = restart.after(cfg, e, restarts)
-            restarts, prepared = restarts + 1, False
+    if resume:  # a fresh start locks its folder as it prepares it (rundir.py `fresh`); a resumed one here
+        rundir.lock(Path(cfg.out))
+    try:
+        while True:
+            try:
+                with _attempt(cfg, resume, cold_start, zygote, tensorboard, prepared) as crew:
+                    cfg = crew.cfg
+                    with _children(crew):
+                        supervise.wait_workers(crew.workers, crew.servers, cfg, crew.restart, crew.zygote)
+                    log.debug("%s: training ended; evaluating its snapshots", cfg.out)
+                    summary = finish.in_fork(cfg, crew.zygote)
+                    log.info("%s: finished, %s updates, summary in %s", cfg.out, summary.get("global_updates"),
+                             Path(cfg.out) / "summary.json")
+                    return summary
+            except ShardDied as e:
+                cfg, resume = restart.after(cfg, e, restarts)
+                restarts, prepared = restarts + 1, False
+    finally:
+        if cfg.out:  # the run's folder, free for the next run (the lock dies with this process anyway)
+            rundir.unlock(Path(cfg.out))
 
 
 def warm_parent(tag: str = "suite") -> Zygote:
@@ -191,7 +197,7 @@ def _children(crew: Crew) -> Iterator[None]:
         supervise.stop(crew.servers)
         for c in crew.servers:
             if c.proc.returncode != 0:
-                raise RunFailed(f"{c.name} exited with code {c.proc.returncode}: {c.last_error()}")
+                raise RunFailed(f"{c.name} exited with code {c.proc.returncode}: {c.why(crew.servers)}")
     except KeyboardInterrupt:
         supervise.stop(crew.workers + crew.servers)
         raise Interrupted(supervise.INTERRUPTED) from None

@@ -5,7 +5,9 @@ starts, then its folder, prepared once.
 ValueError from psgd.fit) a CUDA --device this host lacks, --dataset mnist without its files, your
 own model / data / loss that fails on one batch (psgd/train/workload.py), --cpu-quota where CPU
 groups are not available, --tensorboard without its package, --hosts without the cluster up and
-large enough; then resolves --epochs into steps and, for a fresh run, makes the run folder
+large enough, a --token-file it cannot read, more processes or memory than this host has
+(psgd/train/limits.py), an --out it cannot write; then resolves --epochs into steps and, for a
+fresh run, makes the run folder
 (psgd/train/rundir.py `fresh`: the only preparation of a fresh run's folder; `launch.run(...,
 prepared=True)` takes it as it is). It returns the config the run goes on with. Imports no torch
 unless a check needs it (a CUDA device, a dataset's size for --epochs, your own model).
@@ -15,8 +17,10 @@ from __future__ import annotations
 
 from psgd.core import config as C
 from psgd.core.errors import UsageError
-from psgd.train import hosts, rundir
-from psgd.train.roles import check_data, worker_device_of
+from psgd.train import hosts, limits, rundir
+from psgd.train.roles import check_data, token, worker_device_of
+
+SMALL_MODELS = ("logreg", "mlp")  # at their default width, too small to count (no torch for them)
 
 
 def prepare(cfg: C.RunConfig, tensorboard: bool = False, resume: bool = False) -> C.RunConfig:
@@ -35,11 +39,30 @@ def prepare(cfg: C.RunConfig, tensorboard: bool = False, resume: bool = False) -
 
         tboard.require()
     hosts.seats(cfg)  # --hosts: the cluster is up and large enough, before a run folder is made
+    token(cfg)  # --token-file: readable and a token, here rather than as the first shard's failure
+    limits.check(cfg, count_params(cfg))  # --hosts' namespaces share this host's pids and memory
     if cfg.epochs > 0:
         from psgd.train import data  # noqa: PLC0415 - torch: only --epochs needs the dataset's size
 
         cfg = C.with_epochs_resolved(cfg, data.train_size(cfg.data))
-    return cfg if resume else rundir.fresh(cfg)
+    if resume:
+        return cfg
+    try:
+        return rundir.fresh(cfg)
+    except OSError as e:  # read-only, under a file, no room: one line, not a traceback
+        where = cfg.out or rundir.RUNS
+        raise UsageError(f"--out {where}: cannot make the run folder there ({e.strerror or e})") from None
+
+
+def count_params(cfg: C.RunConfig) -> int | None:
+    """The model's parameter count (torch's meta device: nothing allocated), or None for a small
+    built-in model at its default width and for your own data (its shape is known once loaded)."""
+    if (cfg.model.model in SMALL_MODELS and not cfg.model.width) or C.is_spec(cfg.data.dataset):
+        return None
+    from psgd.train import data, models  # noqa: PLC0415 - torch
+
+    shape = data.SHAPES.get(cfg.data.dataset)
+    return None if shape is None else models.count(cfg.model, *shape)
 
 
 def check_device(cfg: C.RunConfig) -> None:

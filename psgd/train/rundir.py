@@ -16,6 +16,11 @@ Contract:
   rank 0) prepares the folder with `prepare_by_hand` (children of `psgd run` find $PSGD_LAUNCHED
   set and leave it to the launcher); worker 0 adds its settings to config.json
   (`record_worker_settings`).
+- A run folder is locked while a run writes it: `lock(out)` takes an exclusive flock on OUT/LOCK
+  (never removed, so that every run locks the same file) before any of its files is touched, and
+  holds it until `unlock(out)` (launch.run's end) or the process's death (the kernel drops it). A
+  second run into the folder is refused with one line naming the holder's pid, exit 2. Only the
+  launcher holds it: its children are exec'd or forked by an exec'd zygote, which do not inherit it.
 - `write_launch(out, by)`: the run's first line, when it started (summary.json's startup_s counts
   from it); `event(out, **fields)`: one line of the launcher's own in metrics.jsonl.
 """
@@ -23,6 +28,7 @@ Contract:
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import itertools
 import json
 import os
@@ -37,6 +43,8 @@ MARKER = ".psgd-run"  # in every folder psgd made for a run: the proof that its 
 # The events of a run's life that a later attempt carries forward (a resume moves metrics.jsonl
 # aside, a restart from scratch empties the folder): every restart, however many attempts ago.
 CARRIED = ("restart", "worker_restarted", "zygote_restarted")
+LOCK = ".psgd-lock"   # flock'ed by the run writing the folder; holds its pid
+_HELD: dict[Path, int] = {}  # the folders this process holds: their lock files' descriptors
 RUNS = Path("results/runs")
 # Everything psgd writes into a run folder, and nothing else: what a rerun removes, so that no file
 # of the last run (a trace of other steps, a checkpoint of other parameters) sits beside the new
@@ -86,6 +94,7 @@ def prepare_out(out: Path, keep: tuple[str, ...] = ()) -> None:
     if out.is_dir() and any(out.iterdir()) and not (out / MARKER).exists():
         raise UsageError(f"--out {out} holds files psgd did not write (no {MARKER} in it): give a new or empty "
                          "folder, or an earlier psgd run's folder")
+    lock(out)  # before any file of another run's is removed
     for name in OWN_FILES:
         if name not in keep:
             (out / name).unlink(missing_ok=True)
@@ -94,6 +103,33 @@ def prepare_out(out: Path, keep: tuple[str, ...] = ()) -> None:
             p.unlink()
     (out / "logs").mkdir(parents=True, exist_ok=True)
     (out / MARKER).write_text("psgd run folder\n")
+
+
+def lock(out: Path) -> None:
+    """Hold the run folder `out` for this process (see the module docstring); UsageError naming the
+    holder's pid when another run holds it. Taking it again in the same process is a no-op."""
+    key = out.resolve()
+    if key in _HELD:
+        return
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+        os.close(fd)
+        raise UsageError(f"--out {out} is being written by another run (pid {holder}): wait for it to end, "
+                         "or give another folder") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    _HELD[key] = fd
+
+
+def unlock(out: Path) -> None:
+    """Let the run folder `out` go (a no-op when this process does not hold it)."""
+    fd = _HELD.pop(out.resolve(), None)
+    if fd is not None:
+        os.close(fd)  # closing the descriptor drops the flock; the file stays for the next run
 
 
 def fresh(cfg: RunConfig) -> RunConfig:

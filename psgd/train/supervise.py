@@ -9,7 +9,8 @@ Contract:
   ShardDied, a shard that died while starting) naming it otherwise.
 - `wait_workers(workers, servers, cfg, restart, zygote)`: returns when every worker exited 0; waits
   for any child to exit, no polling (the warm parent's exit reports, or os.waitid for exec'd
-  children). A worker that fails fails the run (RunFailed naming it), unless --restart-workers
+  children). A worker that fails fails the run (RunFailed naming it, quoting its log's last line
+  or, if it wrote none (a full disk), another child's last error line, named: `why`), unless --restart-workers
   restarts it or --worker-lease lets the others go on (the shards told at once, `lost RANK` on
   their stdin); a server that dies is ShardDied, which --restart-servers recovers
   (psgd/train/launch.py `run`).
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import selectors
 import signal
 import subprocess
@@ -43,6 +45,7 @@ STOP_TIMEOUT_S = 30.0
 SETTLE_S = 2.0  # how long a worker's lost connection waits for its shard's exit to show
 # What a (restarted) worker's setup says when its shards hold it at different clocks (psgd/ps/exchange.py).
 SPLIT = "at different clocks"
+ERROR_LINE = re.compile(r"Error\b|Exception\b|error:|\[Errno \d+\]")  # a line that says what went wrong
 INTERRUPTED = "interrupted; stopped all servers and workers"
 log = logging.getLogger(__name__)
 
@@ -98,9 +101,19 @@ class Child:
             except (ZygoteError, OSError, subprocess.SubprocessError) as e:
                 raise RunFailed(f"cannot start {name}: {e}") from None
 
-    def last_error(self) -> str:
-        lines = [ln for ln in self.log.read_text(errors="replace").splitlines() if ln.strip()]
-        return lines[-1] if lines else "(no output)"
+    def last_error(self, errors_only: bool = False) -> str:
+        """Its log's last line ("(no output)" if none); `errors_only`: the last that reads as an error."""
+        for ln in reversed(self.log.read_text(errors="replace").splitlines()):
+            if ln.strip() and (not errors_only or ERROR_LINE.search(ln)):
+                return ln.strip()
+        return "(no output)"
+
+    def why(self, others: list[Child]) -> str:
+        """Its log's last line; a child that could write nothing (a full disk takes its log first)
+        is explained by the first of `others` whose log has an error line, named."""
+        own = self.last_error()
+        said = ((o.name, o.last_error(errors_only=True)) for o in others if o is not self and own == "(no output)")
+        return next((f"{own}; {name} said: {line}" for name, line in said if line != "(no output)"), own)
 
     def how(self) -> str:
         """How it ended: `exit code N` or `signal NAME`."""
@@ -218,7 +231,7 @@ def _lose(c: Child, workers: list[Child], servers: list[Child], cfg: RunConfig |
     """Worker `c` failed for good: with --worker-lease the others go on while any is left, else RunFailed."""
     tolerate = cfg is not None and cfg.worker_lease > 0
     if not tolerate or not any(p.proc.poll() in (None, 0) for p in workers):
-        raise RunFailed(f"{c.name} (pid {c.proc.pid}) died with {c.how()}: {c.last_error()}")
+        raise RunFailed(f"{c.name} (pid {c.proc.pid}) died with {c.how()}: {c.why(servers + workers)}")
     log.warning("psgd run: %s died with %s; the others go on without it (--worker-lease)", c.name, c.how())
     rundir.event(cfg.out, event="worker_lost", rank=index(c), how=c.how())
     _tell_lost(servers, index(c))
@@ -241,7 +254,7 @@ def _check_servers(servers: list[Child]) -> None:
     leave: the workers end next.)"""
     for c in servers:
         if c.proc.poll() not in (None, 0):
-            raise ShardDied(index(c), c.how(), f"{c.name} died with {c.how()}: {c.last_error()}")
+            raise ShardDied(index(c), c.how(), f"{c.name} died with {c.how()}: {c.why(servers)}")
 
 
 def _split(cfg: RunConfig, c: Child) -> None:
