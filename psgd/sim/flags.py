@@ -21,13 +21,14 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help="run the job as a SIMULATED cluster: N virtual workers and K real shards in this one "
                         "process on a virtual clock (PS modes); every time it reports is the time model's")
     g.add_argument("--sim-compute", default="", metavar="DURATION",
-                   help="a step's compute, e.g. 120ms, or per sample, e.g. 40us/sample (default: the profile's, "
-                        "else measured here first: one process, one thread)")
+                   help="a step's compute, e.g. 120ms, or per sample, e.g. 40us/sample; without it the profile's, "
+                        "else measured here first in one process on one thread (default: measured)")
     g.add_argument("--sim-speeds", default="", metavar="S,S,...|lognormal:SIGMA",
                    help="each worker's device speed (its compute takes the step's time / speed), repeated over the "
                         "ranks, or drawn log-normal (default: all 1)")
     g.add_argument("--sim-apply", default="", metavar="DURATION",
-                   help="a shard's CPU per byte of a push, e.g. 0.25ns (default: the profile's, else measured here)")
+                   help="a shard's CPU per byte of a push, e.g. 0.25ns; without it the profile's, else measured here "
+                        "(default: measured)")
     g.add_argument("--sim-profile", default="", metavar="FILE.toml",
                    help="a hardware profile: compute, speeds, link, apply, message (psgd/sim/timemodel.py); "
                         "the flags win over it")
