@@ -50,8 +50,11 @@ def _sample() -> None:
         # The worker leaves by os._exit: write as it goes (each new stack at once, the counts now and then).
         if new or (seen and time.monotonic() - written > 0.2):
             written = time.monotonic()
-            with open(os.path.join(_DIR, f"{os.getpid()}.json"), "w") as f:
+            # Whole or not at all: the worker's os._exit may come mid-write (a torn file read as JSON).
+            path = os.path.join(_DIR, f"{os.getpid()}.json")
+            with open(path + ".tmp", "w") as f:
                 json.dump([[list(k), n] for k, n in seen.most_common()], f)
+            os.replace(path + ".tmp", path)
 
 
 def _start() -> None:
