@@ -214,7 +214,7 @@ class Cluster:
             return
         tm = self.tm
         compute = worker.compute_s(tm.compute_s, tm.speeds[worker.rank], tm.delays_s[worker.rank], tm.jitter_s,
-                                   tm.jitter_tail)
+                                   tm.jitter_tail, tm.spread)
         worker.times = type(worker.times)(sent=now + compute, gap=worker.next_gap, compute=compute)
         worker.loss, worker.taken, worker.pushed = None, 0, True
         self.clock.at(now + compute, self._push, worker.rank)
