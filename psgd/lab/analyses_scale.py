@@ -122,12 +122,23 @@ def sim_time_to_accuracy(ctx: Context) -> Finding:
     arms = tta.arms_of(ctx)
     said = said_of(arms.values())
     targets = T.targets_of(ctx.params)
+    plateaus = {f"{m} ({c})": g.ci().estimate for (m, c), g in arms.items()}
+    if not T.split_by_plateau(targets, plateaus)[0]:  # every target at or above some arm's plateau: no speed to read
+        lowest = min(plateaus, key=plateaus.get)
+        reason = (f"SIMULATED: every target ({', '.join(f'{t:.0%}' for t in targets)}) is at or above the plateau of "
+                  f"{lowest} ({plateaus[lowest]:.3f}): time to it would measure the plateau, not the speed")
+        return Finding(V.Verdict(V.INCONCLUSIVE, reason), f"{said}: {reason}", f"Every time here is {said}.\n\n"
+                       f"{reason}.", _tta_figures(ctx, arms, target, {}, targets, "N=" + str(arms_n(arms))),
+                       {"simulated": True, "time_model": said, "targets_dropped": list(targets)})
     verdict, key = tta.measure(arms, targets)
     headline, text = tta.write(arms, target, verdict)
-    n = sorted({int(g.cfg["workers"]) for g in arms.values()})
-    figures = _tta_figures(ctx, arms, target, key, targets, f"N={'/'.join(map(str, n))}")
+    figures = _tta_figures(ctx, arms, target, key, targets, f"N={arms_n(arms)}")
     key.update(simulated=True, time_model=said)
     return Finding(verdict, f"{said}: {headline}", f"Every time here is {said}.\n\n{text}", figures, key)
+
+
+def arms_n(arms: dict) -> str:
+    return "/".join(map(str, sorted({int(g.cfg["workers"]) for g in arms.values()})))
 
 
 def _tta_figures(ctx: Context, arms: dict, target: float, key: dict, targets, workers: str) -> list[Figure]:
