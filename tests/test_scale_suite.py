@@ -37,23 +37,29 @@ def test_simulate_keys_are_checked():
         sim_settings({"simulate": "yes"}, "f")
 
 
+def swap(text: str, *pairs: tuple[str, str]) -> str:
+    for old, new in pairs:
+        assert old in text, f"the experiment file no longer says {old!r}: update this test's copy"
+        text = text.replace(old, new)
+    return text
+
+
 def tiny(tmp_path: Path) -> Path:
     """The suite's two experiment files, shrunk: S1 on N = 2, 4 and K = 1, 2; S2 on 4 workers, briefly."""
-    s1 = (ROOT / "experiments" / "s01_sim_bottleneck.toml").read_text()
-    s1 = (s1.replace("workers = [2, 4, 8, 16, 32, 64, 128, 256]", "workers = [2, 4]")
-          .replace("servers = [1, 2, 4]", "servers = [1, 2]").replace("num_samples = 40000", "num_samples = 1000")
-          .replace('link = "1gbit,100us"', 'link = "10mbit,100us"').replace("seeds = [0, 1, 2]", "seeds = [0, 1]"))
-    s2 = (ROOT / "experiments" / "s02_sim_time_to_accuracy.toml").read_text()
-    s2 = (s2.replace("workers = 32", "workers = 4").replace("epochs = 20.0", "epochs = 3.0")
-          .replace("seeds = [0, 1, 2]", "seeds = [0, 1]").replace("tune_lr = [0.003, 0.01]", "tune_lr = [0.01]")
-          .replace("[tune]\nlr = [0.1, 0.3]", "[tune]\nlr = [0.3]")
-          .replace("eval_samples = 4096", "eval_samples = 256").replace("targets = [0.40, 0.45, 0.50, 0.55]",
-                                                                        "targets = [0.11, 0.12]"))
+    s1 = swap((ROOT / "experiments" / "s01_sim_bottleneck.toml").read_text(),
+              ("workers = [2, 4, 8, 16, 32, 64, 128, 256]", "workers = [2, 4]"),
+              ("servers = [1, 2, 4]", "servers = [1, 2]"), ("num_samples = 40000", "num_samples = 1000"),
+              ('link = "1gbit,100us"', 'link = "10mbit,100us"'), ("seeds = [0, 1, 2]", "seeds = [0, 1]"))
+    s2 = swap((ROOT / "experiments" / "s02_sim_time_to_accuracy.toml").read_text(),
+              ("workers = 32", "workers = 4"), ("epochs = 60.0", "epochs = 3.0"),
+              ("seeds = [0, 1, 2, 3, 4]", "seeds = [0, 1]"), ("tune_lr = [0.01, 0.03]", "tune_lr = [0.03]"),
+              ("[tune]\nlr = [0.3, 1.0]", "[tune]\nlr = [0.3]"), ("eval_samples = 4096", "eval_samples = 256"),
+              ("targets = [0.30, 0.35, 0.40, 0.45]", "targets = [0.11, 0.12]"))
     (tmp_path / "s01.toml").write_text(s1)
     (tmp_path / "s02.toml").write_text(s2)
     suite_file = tmp_path / "scale.toml"
-    suite_file.write_text((ROOT / "experiments" / "scale.toml").read_text()
-                          .replace("num_samples = 5000", "num_samples = 1000"))
+    suite_file.write_text(swap((ROOT / "experiments" / "scale.toml").read_text(),
+                               ("num_samples = 5000", "num_samples = 1000")))
     return suite_file
 
 
