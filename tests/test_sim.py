@@ -91,6 +91,7 @@ def test_the_central_shard_is_a_queue_the_bottleneck_emerges_from_it(tmp_path):
     (["--simulate", "--mode", "allreduce"], "--mode allreduce is not simulated yet"),
     (["--simulate", "--sim-compute", "5 parsecs"], "--sim-compute expects a duration"),
     (["--simulate", "--sim-speeds", "1,-1"], "every speed must be a positive number"),
+    (["--simulate", "--sim-spread", "-0.2"], "--sim-spread must be a finite number >= 0"),
 ])
 def test_a_bad_simulation_flag_is_one_line_and_exit_2(tmp_path, argv, says):
     r = psgd_main("run", *argv, "--out", str(tmp_path / "x"))
@@ -150,11 +151,44 @@ def test_bench_sim_reports_the_cost_of_each_worker_count(tmp_path):
 
 
 def test_bench_sim_vs_real_puts_a_real_run_beside_its_calibrated_simulation(tmp_path):
-    r = psgd_main("bench", "sim-vs-real", "--modes", "async", "--workers", "2", "--steps", "5", "--out", str(tmp_path))
+    r = psgd_main("bench", "sim-vs-real", "--modes", "async", "--workers", "2", "--steps", "5", "--seeds", "2",
+                  "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
-    (row,) = json.loads((tmp_path / "bench.json").read_text())["rows"]
+    got = json.loads((tmp_path / "bench.json").read_text())
+    assert [row["seed"] for row in got["rows"]] == [0, 1]
+    row = got["rows"][0]
     assert set(row["real"]) == set(row["simulated"]) and row["simulated"]["updates_per_s"] > 0
-    assert row["sim_compute"].endswith("us") and set(row["within_tolerance"]) == {"staleness_mean", "updates_per_s"}
+    assert row["law"]["compute_s"] > 0 and len(row["law"]["speeds"]) == 2 and "spread" in row["time_model"]
+    by_metric = {t["metric"]: t for t in got["summary"]}
+    assert by_metric["staleness_mean"]["seeds"] == 2 and by_metric["updates_per_s"]["passes"] in (True, False)
+    assert by_metric["final_test_accuracy"]["sim_minus_real"]["n"] == 2
+
+
+def test_a_run_s_step_lines_give_back_the_law_that_made_them(tmp_path):
+    # A simulated run with a known law (no link: a step's own time is its compute alone), then step_law
+    # on its step lines: the mean, the speeds and the spread come back.
+    from psgd.sim.calibrate import step_law
+
+    run(tmp_path / "law", "--mode", "async", "--workers", "3", "--steps", "150", "--eval-every", "0",
+        "--sim-speeds", "1,0.5,2", "--sim-spread", "0.4", *SIM)
+    law = step_law(events(tmp_path / "law"), 3)
+    means = [0.002 / s for s in (1, 0.5, 2)]
+    assert law["compute_s"] == pytest.approx(sum(means) / 3, rel=0.1)
+    assert law["message_s"] < 1e-4  # the floor: the apply's time alone
+    assert [law["compute_s"] / s for s in law["speeds"]] == pytest.approx(means, rel=0.1)
+    assert law["spread"] == pytest.approx(0.4, rel=0.2)
+
+
+def test_spread_lets_ssp_s_bound_bind(tmp_path):
+    # Equal steps keep 4 workers in lockstep: SSP(1) never holds anyone and is async. With a spread the
+    # workers drift apart, the bound holds the fast ones, and fewer updates land between a pull and its push.
+    flags = ("--workers", "4", "--steps", "60", "--eval-every", "0", *SIM)
+    a0, s0 = run(tmp_path / "a0", "--mode", "async", *flags), run(tmp_path / "s0", "--mode", "ssp", "--staleness", "1",
+                                                                  *flags)
+    assert a0["staleness"]["mean"] == s0["staleness"]["mean"]
+    a, s = (run(tmp_path / m, "--mode", m, "--staleness", "1", *flags, "--sim-spread", "0.6") for m in ("async", "ssp"))
+    assert s["staleness"]["mean"] < a["staleness"]["mean"] and s["max_clock_gap"] <= 1 < a["max_clock_gap"]
+    assert "log-normal spread CV 0.6" in s["time_model"]["said"]
 
 
 def test_backup_workers_under_simulate_drop_the_late_and_step_sooner(tmp_path):

@@ -33,6 +33,7 @@ from typing import TypeVar
 
 import torch
 
+from psgd.core.clocks import Clocks
 from psgd.core.outcomes import PolicyError, PullOutcome, PullTimeout, PushOutcome, Stats
 from psgd.core.roster import Membership, Roster
 from psgd.core.rules import Rule
@@ -62,7 +63,7 @@ class Policy(Membership):
         self.cond = threading.Condition()
         self.version = 0
         self.accepted = 0
-        self.clocks = [0] * num_workers
+        self.clocks = Clocks([0] * num_workers)  # a list that keeps its slowest (psgd/core/clocks.py)
         self.closed = False
         self.pushing: tuple[int, int] | None = None  # (worker, clock) of the push being handled
         self.stats = Stats()

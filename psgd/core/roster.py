@@ -47,6 +47,7 @@ import threading
 import time
 
 from psgd.core import rules
+from psgd.core.clocks import Clocks
 from psgd.core.outcomes import PolicyError, Stats
 
 
@@ -64,6 +65,7 @@ class Roster:
         self.last_seen: list[float | None] = [None] * num_workers
         self.first_seen: float | None = None
         self.held: set[int] = set()              # workers whose pull the policy is holding now
+        self.epoch = 0                           # in-place offset changes (Clocks' index is rebuilt on one)
 
     def gone(self) -> set[int]:
         """Workers nobody waits for: lost, departed, absent, or admitted and not yet served."""
@@ -71,7 +73,9 @@ class Roster:
 
     def slowest(self, clocks: list[int]) -> int:
         """The rules' `slowest` (psgd/core/rules.py) over this run's workers: the gone ones left out,
-        joiners' offsets counted."""
+        joiners' offsets counted. The policy's `Clocks` answers from its index (psgd/core/clocks.py)."""
+        if isinstance(clocks, Clocks):
+            return clocks.slowest(self.gone(), self.offset, self.epoch)
         return rules.slowest(clocks, self.gone(), self.offset)
 
     def check_live(self, worker: int) -> None:
@@ -142,11 +146,13 @@ class Roster:
         """Undo an admission whose worker has not begun: the slot is absent again."""
         self.absent.add(worker)
         self.offset[worker], self.last_seen[worker] = 0, None
+        self.epoch += 1
         self.at_start.discard(worker)
 
     def served(self, worker: int, clock: int, slowest: int, version: int) -> None:
         """A pending joiner's first pull is served: it is in the run from here, at the slowest clock."""
         self.offset[worker] = slowest - clock
+        self.epoch += 1
         del self.pending[worker]
         self.log(worker, "joined", version, clock)
 

@@ -75,10 +75,12 @@ class RunSpec:
     cfg: C.RunConfig
     phase: str = "final"          # final | tune (a point of a learning-rate sweep)
     version: str = ""             # code version that must have made a reusable result
+    sim: dict = field(default_factory=dict)  # a simulated run's SimConfig fields (psgd/sim/); {}: a real run
 
     @property
     def command(self) -> str:
-        return "psgd run " + shlex.join(C.to_argv(self.cfg))
+        sim = ["--simulate"] + [a for k, v in self.sim.items() for a in (f"--sim-{k}", v)] if self.sim else []
+        return "psgd run " + shlex.join(C.to_argv(self.cfg) + sim)
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,7 @@ class RunTemplate:
     lr_from: str = ""                 # or: the chosen rate of another label ...
     lr_factor: float = 1.0            # ... times this
     eval_samples: int = 0
+    sim: dict = field(default_factory=dict)  # simulate = true: its time model's settings (settings.py `sim_settings`)
 
 
 @dataclass(frozen=True)
@@ -169,19 +172,21 @@ class Experiment:
             # poor score (its shards skip the non-finite gradients), never a failed suite; a run
             # that stays finite is the same run either way.
             cfg = dataclasses.replace(cfg, skip_nonfinite=True)
-        cfg = dataclasses.replace(cfg, out=str(self.results / "runs" / run_digest(cfg, self.version)))
-        return RunSpec(self.id, t.label, seed, cfg, phase, self.version)
+        cfg = dataclasses.replace(cfg, out=str(self.results / "runs" / run_digest(cfg, self.version, t.sim)))
+        return RunSpec(self.id, t.label, seed, cfg, phase, self.version, t.sim)
 
 
-def run_digest(cfg: C.RunConfig, version: str) -> str:
-    """Names a run folder by what made it: the config (out aside), the code version and the hashes
-    of the user's own files (psgd/train/workload.py `sources`)."""
+def run_digest(cfg: C.RunConfig, version: str, sim: dict | None = None) -> str:
+    """Names a run folder by what made it: the config (out aside), the code version, the hashes
+    of the user's own files (psgd/train/workload.py `sources`) and, for a simulated run, its time model's settings."""
     from psgd.train import workload  # noqa: PLC0415 - hashes the user's files, imports nothing of theirs
 
     d = C.to_dict(dataclasses.replace(cfg, out=""))
     # The user's own model / data / loss: their files' hashes too, so an edited file is a new run.
     found = workload.sources(cfg)
     key = [d, version, {k: v["sha256"] for k, v in found.items()}] if found else [d, version]
+    if sim:
+        key.append({"simulate": sim})  # never the folder of the real run of the same config
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 

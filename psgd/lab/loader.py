@@ -20,7 +20,7 @@ from pathlib import Path
 
 from psgd.core import config as C
 from psgd.lab.experiment import PROFILES, SCORINGS, TUNE_METRICS, TUNE_MIN_SEEDS, Experiment, RunTemplate
-from psgd.lab.settings import PROFILE_KEYS, RUN_KEYS, SuiteError, check_table, known_keys
+from psgd.lab.settings import PROFILE_KEYS, RUN_KEYS, SuiteError, check_table, known_keys, sim_settings
 
 __all__ = ["EXPERIMENT_KEYS", "TUNE_KEYS", "read_toml", "load_experiment", "suite_files", "load_suite"]
 
@@ -152,7 +152,7 @@ def _template(label: str, run: dict, base: dict, overrides: dict, grid: tuple[fl
     eval_samples = meta.get("eval_samples", 0)
     if not isinstance(eval_samples, int) or isinstance(eval_samples, bool) or eval_samples < 0:
         raise SuiteError(f"{where}: key 'eval_samples' must be an integer >= 0")
-    return RunTemplate(label, settings, lr_grid, str(lr_from), float(factor), eval_samples)
+    return RunTemplate(label, settings, lr_grid, str(lr_from), float(factor), eval_samples, sim_settings(meta, where))
 
 
 def _templates(runs_doc: list, base: dict, overrides: dict, grid: tuple[float, ...],

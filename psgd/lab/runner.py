@@ -123,8 +123,14 @@ def execute(spec: RunSpec, fresh: bool, position: str, tensorboard: Path | None 
         return json.loads((Path(spec.cfg.out) / "summary.json").read_text())
     cfg = C.with_epochs_resolved(spec.cfg, data.train_size(spec.cfg.data))
     tag = f"{position} {spec.experiment} {spec.label}" + (f" lr={spec.cfg.optim.lr:g}" if spec.phase == "tune" else "")
-    with progress.live(Path(cfg.out), cfg.budget, f"{tag} s{spec.seed}"):
-        summary = launch.run(cfg, zygote=WARM.get(), tensorboard=_tensorboard_dir(spec, tensorboard))
+    if spec.sim:  # a SIMULATED arm: psgd run --simulate, in this process (psgd/sim/)
+        from psgd.sim.run import SimConfig, simulate
+
+        tqdm.write(f"{tag} s{spec.seed}: SIMULATED", file=sys.stderr)
+        summary = simulate(cfg, SimConfig(**spec.sim))
+    else:
+        with progress.live(Path(cfg.out), cfg.budget, f"{tag} s{spec.seed}"):
+            summary = launch.run(cfg, zygote=WARM.get(), tensorboard=_tensorboard_dir(spec, tensorboard))
     # Record the config as specified (before --epochs was resolved), so the cache check matches.
     out = Path(cfg.out)
     (out / "config.json").write_text(json.dumps(rundir.config_record(spec.cfg), indent=1))

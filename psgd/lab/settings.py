@@ -15,9 +15,12 @@ import re
 
 from psgd.core import config as C
 
-__all__ = ["SuiteError", "RUN_KEYS", "PROFILE_KEYS", "known_keys", "coerce", "check_table", "config_from_settings"]
+__all__ = ["SuiteError", "SIM_KEYS", "RUN_KEYS", "PROFILE_KEYS", "known_keys", "coerce", "check_table",
+           "sim_settings", "config_from_settings"]
 
-RUN_KEYS = {"label", "lr_from", "lr_factor", "tune_lr", "tune", "eval_samples"}  # besides RunConfig fields
+# A simulated arm (`simulate = true`, psgd/sim/): its time model's settings, `psgd run --simulate`'s flags.
+SIM_KEYS = {"simulate", "sim_compute", "sim_speeds", "sim_spread", "sim_apply", "sim_profile"}
+RUN_KEYS = {"label", "lr_from", "lr_factor", "tune_lr", "tune", "eval_samples"} | SIM_KEYS  # besides RunConfig fields
 
 
 class SuiteError(ValueError):
@@ -79,6 +82,26 @@ def check_table(table: object, where: str, skip: frozenset[str] | set[str] = fro
             raise SuiteError(f"{where}: unknown key {key!r} (known: {', '.join(sorted(keys))})")
         coerce(key, keys[key][1], value, where)
     return table
+
+
+def sim_settings(meta: dict, where: str) -> dict:
+    """A run's simulation settings (SIM_KEYS popped from its table): {} for a real run, else
+    psgd/sim/run.py `SimConfig`'s fields (compute, speeds, spread, apply, profile) as strings."""
+    sim = {k: v for k, v in meta.items() if k in SIM_KEYS}
+    if not sim:
+        return {}
+    on = sim.pop("simulate", False)
+    if not isinstance(on, bool):
+        raise SuiteError(f"{where}: key 'simulate' must be true or false, got {on!r}")
+    if not on:
+        if sim:
+            raise SuiteError(f"{where}: keys {', '.join(sorted(sim))} set a simulated run's time model: "
+                             "add simulate = true")
+        return {}
+    for k, v in sim.items():
+        if not isinstance(v, (str, int, float)) or isinstance(v, bool):
+            raise SuiteError(f"{where}: key {k!r} must be a string like \"5ms\", got {v!r}")
+    return {k.removeprefix("sim_"): str(v) for k, v in sorted(sim.items())}
 
 
 def config_from_settings(settings: dict, where: str) -> C.RunConfig:

@@ -69,7 +69,7 @@ class Persistence:
         self.init(param, opt)
         with self.lock:
             p = self.policy
-            p.version, p.accepted, p.clocks = state["version"], state["accepted"], list(state["clocks"])
+            p.version, p.accepted, p.clocks[:] = state["version"], state["accepted"], state["clocks"]
             p.roster.started = True  # the workers of a resumed run start at their clocks, not at 0
         if "membership" in state:  # who was in the run at that version (elastic runs, departures)
             self.policy.restore_membership(state["membership"])

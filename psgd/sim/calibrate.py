@@ -12,6 +12,7 @@ repeat bit for bit.
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -65,3 +66,31 @@ def apply_s_per_byte(optim_cfg, num_params: int, shards: int, repeats: int = REP
             opt.step()
             times.append(time.perf_counter() - t0)
     return statistics.median(times) / (4 * (hi - lo))
+
+
+def step_law(lines: list[dict], workers: int) -> dict:
+    """A real run's time law from its step lines (metrics.jsonl), for a simulation of that run.
+
+    A step's own time is its compute + push + pull (its `wait_s`, the policy holding its pull, is
+    the simulation's to produce). On this machine that time is mostly the processes sharing cores,
+    not the wire, and it varies from step to step (a descheduled process pays milliseconds): SSP's
+    bound binds on that variation. So the law puts it into the model's compute: the message is the
+    run's floor (the smallest push + pull of any step, over its two messages), and a step's compute
+    is its own time less that floor, each worker's mean giving its speed, the spread (a log-normal
+    CV) the per-step variation about the worker's mean, pooled. Clock 0 is left out: it holds the
+    process's warm-up. Returns compute_s (the mean over workers), speeds, spread (CV) and message_s.
+    ValueError when a worker has no step line past clock 0."""
+    own: dict[int, list[float]] = {w: [] for w in range(workers)}
+    floor = math.inf
+    for e in lines:
+        if e.get("event") == "step" and e.get("clock", 0) > 0 and e.get("rank") in own:
+            own[e["rank"]].append(float(e["compute_s"]) + float(e["push_s"]) + float(e["pull_s"]))
+            floor = min(floor, (float(e["push_s"]) + float(e["pull_s"])) / 2)
+    if any(not v for v in own.values()):
+        raise ValueError("step_law: every worker needs step lines past clock 0")
+    comp = {w: [max(x - 2 * floor, 1e-9) for x in v] for w, v in own.items()}
+    means = {w: statistics.fmean(v) for w, v in comp.items()}
+    mean = statistics.fmean(means.values())
+    ratios = [x / means[w] for w, v in comp.items() for x in v]
+    return {"compute_s": mean, "speeds": tuple(mean / means[w] for w in range(workers)),
+            "spread": statistics.stdev(ratios) if len(ratios) > 1 else 0.0, "message_s": floor}

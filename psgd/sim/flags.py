@@ -1,4 +1,4 @@
-"""`psgd run`'s simulation flags (--simulate, --sim-compute, --sim-speeds, --sim-apply, --sim-profile) and
+"""`psgd run`'s simulation flags (--simulate, --sim-compute, --sim-speeds, --sim-spread, --sim-apply, --sim-profile) and
 what `psgd run --simulate` does with them. No torch at import: the CLI imports this to build its parser.
 
     psgd run --mode async --workers 1024 --servers 4 --steps 4 --simulate --sim-compute 20ms --link 25gbit,5us
@@ -12,7 +12,7 @@ import sys
 from psgd.core.errors import UsageError
 from psgd.sim.run import SimConfig
 
-FLAGS = ("sim_compute", "sim_speeds", "sim_apply", "sim_profile")
+FLAGS = ("sim_compute", "sim_speeds", "sim_spread", "sim_apply", "sim_profile")
 
 
 def add_flags(p: argparse.ArgumentParser) -> None:
@@ -26,6 +26,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sim-speeds", default="", metavar="S,S,...|lognormal:SIGMA",
                    help="each worker's device speed (its compute takes the step's time / speed), repeated over the "
                         "ranks, or drawn log-normal (default: all 1)")
+    g.add_argument("--sim-spread", default="", metavar="CV",
+                   help="how much a worker's step time varies from step to step: a log-normal factor of mean 1 "
+                        "and this coefficient of variation, e.g. 0.3 (default: the profile's, else 0)")
     g.add_argument("--sim-apply", default="", metavar="DURATION",
                    help="a shard's CPU per byte of a push, e.g. 0.25ns; without it the profile's, else measured here "
                         "(default: measured)")
@@ -43,7 +46,8 @@ def sim_config(args: argparse.Namespace) -> SimConfig | None:
         return None
     if getattr(args, "resume", ""):
         raise UsageError("--simulate runs a job from its start: --resume continues a real one")
-    return SimConfig(compute=args.sim_compute, speeds=args.sim_speeds, apply=args.sim_apply, profile=args.sim_profile)
+    return SimConfig(compute=args.sim_compute, speeds=args.sim_speeds, spread=args.sim_spread, apply=args.sim_apply,
+                     profile=args.sim_profile)
 
 
 def run_simulated(cfg, sim: SimConfig, report) -> int:

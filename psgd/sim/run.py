@@ -39,6 +39,7 @@ class SimConfig:
     """The simulation's own settings (the run's are its RunConfig): where its time model comes from."""
     compute: str = ""   # --sim-compute: "120ms" per step or "40us/sample"; "": the profile's, else measured
     speeds: str = ""    # --sim-speeds: "1,1,0.5" or "lognormal:SIGMA"; "": the profile's, else all 1
+    spread: str = ""    # --sim-spread: CV of a step's compute (log-normal, mean 1); "": the profile's, else 0
     apply: str = ""     # --sim-apply: a shard's seconds per byte, "0.25ns"; "": the profile's, else measured
     profile: str = ""   # --sim-profile: a TOML hardware profile (psgd/sim/timemodel.py)
 
@@ -87,6 +88,7 @@ def time_model(cfg: RunConfig, sim: SimConfig, replica, batches) -> timemodel.Ti
             source = (f"measured here: median of {calibrate.REPEATS} forward/backward steps of this model, "
                       "one process, one thread")
         speeds = timemodel.speeds_of(sim.speeds or prof.get("speeds", ""), cfg.workers, cfg.seed)
+        spread = timemodel.spread_of(sim.spread or prof.get("spread", ""))
         link = link_mod.parse(cfg.link or prof.get("link", ""))
         if sim.apply or "apply" in prof:
             apply = timemodel.seconds(sim.apply or prof["apply"], "--sim-apply")
@@ -100,7 +102,7 @@ def time_model(cfg: RunConfig, sim: SimConfig, replica, batches) -> timemodel.Ti
         raise UsageError(str(e)) from None
     delays = dict(cfg.straggler)
     return timemodel.TimeModel(
-        compute_s=step_s, compute_source=source, speeds=speeds,
+        compute_s=step_s, compute_source=source, speeds=speeds, spread=spread,
         delays_s=tuple(delays.get(w, 0) / 1e3 for w in range(cfg.workers)), jitter_s=cfg.jitter / 1e3,
         jitter_tail=cfg.jitter_tail, seed=cfg.seed, bits_per_s=link.bits_per_s if link else math.inf,
         latency_s=link.latency_s if link else 0.0, message_s=message, apply_s_per_byte=apply,
@@ -176,8 +178,8 @@ def _cluster(cfg: RunConfig, sim: SimConfig, write, base: float):
     shards = [assemble.shard(cfg, k, initial.numel()) for k in range(cfg.servers)]
     for shard, (lo, hi) in zip(shards, shard_ranges(initial.numel(), cfg.servers), strict=True):
         shard.init(initial[lo:hi].clone())  # every worker's Init offers these; the first wins
-    jitter = tm.jitter_streams()
-    workers = [VWorker(w, batches[w], cfg.servers, jitter[w]) for w in range(cfg.workers)]
+    jitter, spread = tm.jitter_streams(), tm.spread_streams() if tm.spread else [None] * cfg.workers
+    workers = [VWorker(w, batches[w], cfg.servers, jitter[w], spread[w]) for w in range(cfg.workers)]
     return Cluster(shards, workers, replica, tm, cfg.wire_dtype, cfg.backup_workers > 0, write, base), tm
 
 

@@ -10,6 +10,11 @@ statement as its `time_model`.
   and `--jitter MS` drawn from `jitter_draw` (exp or pareto, `--jitter-tail`) with worker w's own
   stream seeded `seed * 7919 + w`, as psgd/train/assemble.py seeds a real worker's. Each worker
   draws in its own step order, so a draw never depends on the others' interleaving.
+- Spread (`--sim-spread CV`, a profile's `spread`): each step's device time is multiplied by a
+  log-normal factor of mean 1 and coefficient of variation CV (sigma^2 = ln(1 + CV^2)), drawn from
+  worker w's own spread stream (seeded `seed * 7919 + w + SPREAD_STREAM`, apart from its jitter
+  stream, so a run without spread draws as before). 0: every step of a worker takes the same time.
+  `psgd bench sim-vs-real` measures it from the real run's step lines (psgd/sim/calibrate.py `step_law`).
 - Heterogeneous devices: `--sim-speeds 1,1,0.5` (a worker's speed, repeated over the ranks when
   shorter than N) or `lognormal:SIGMA` (speed e^X, X ~ N(0, SIGMA^2), seeded by the run's seed).
 - The network: the alpha-beta (Hockney) model of psgd/core/link.py, from `--link BANDWIDTH,LATENCY`:
@@ -34,7 +39,8 @@ from pathlib import Path
 
 _UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
 _NUMBER = r"(\d+(?:\.\d*)?(?:e-?\d+)?|\.\d+)"
-PROFILE_KEYS = ("compute", "speeds", "link", "apply", "message")
+PROFILE_KEYS = ("compute", "speeds", "spread", "link", "apply", "message")
+SPREAD_STREAM = 1_000_003  # worker w's spread stream: seed * 7919 + w + this (its jitter stream has no offset)
 
 
 def seconds(text: str, what: str = "a duration") -> float:
@@ -73,6 +79,25 @@ def speeds_of(text: str, workers: int, seed: int) -> tuple[float, ...]:
     return tuple(given[w % len(given)] for w in range(workers))
 
 
+def spread_of(text: str) -> float:
+    """`--sim-spread`: a coefficient of variation >= 0 ("" -> 0)."""
+    try:
+        cv = float(text) if str(text).strip() else 0.0
+    except ValueError:
+        raise ValueError(f"--sim-spread expects a coefficient of variation like 0.3, got {text!r}") from None
+    if not (cv >= 0 and math.isfinite(cv)):
+        raise ValueError(f"--sim-spread must be a finite number >= 0, got {text!r}")
+    return cv
+
+
+def spread_factor(rng: random.Random, cv: float) -> float:
+    """One step's log-normal factor of mean 1 and coefficient of variation `cv` (1.0 when cv is 0, no draw)."""
+    if cv <= 0:
+        return 1.0
+    sigma = math.sqrt(math.log1p(cv * cv))
+    return math.exp(rng.gauss(-sigma * sigma / 2, sigma))
+
+
 def load_profile(path: str) -> dict[str, str]:
     """A hardware profile (TOML): its keys as strings; ValueError for an unknown key or a bad file."""
     try:
@@ -94,6 +119,7 @@ class TimeModel:
     delays_s: tuple[float, ...] = ()          # per worker: --straggler's extra seconds per step
     jitter_s: float = 0.0                     # --jitter's mean, seconds
     jitter_tail: str = "exp"                  # --jitter-tail
+    spread: float = 0.0                       # --sim-spread: CV of a step's device time (log-normal, mean 1)
     seed: int = 0                             # the run's seed (each worker's jitter stream)
     bits_per_s: float = math.inf              # the link's bandwidth, one direction (--link)
     latency_s: float = 0.0                    # the link's one-way latency
@@ -114,6 +140,10 @@ class TimeModel:
         """Worker w's jitter stream, seeded as a real worker's (psgd/train/assemble.py)."""
         return [random.Random(self.seed * 7919 + w) for w in range(len(self.speeds))]
 
+    def spread_streams(self) -> list[random.Random]:
+        """Worker w's spread stream (its own, apart from its jitter stream)."""
+        return [random.Random(self.seed * 7919 + w + SPREAD_STREAM) for w in range(len(self.speeds))]
+
     def describe(self) -> dict:
         """The model as summary.json states it (SIMULATED figures are made of these numbers)."""
         return {
@@ -122,6 +152,7 @@ class TimeModel:
             "speeds": list(self.speeds) if len(set(self.speeds)) > 1 else self.speeds[0] if self.speeds else 1.0,
             "straggler_s": {str(w): d for w, d in enumerate(self.delays_s) if d},
             "jitter_s": self.jitter_s, "jitter_tail": self.jitter_tail,
+            "spread_cv": self.spread, "spread_law": "log-normal, mean 1" if self.spread else None,
             "link": None if math.isinf(self.bits_per_s) and not self.latency_s else
             {"bits_per_s": None if math.isinf(self.bits_per_s) else self.bits_per_s, "latency_s": self.latency_s},
             "message_s": self.message_s,
@@ -135,5 +166,6 @@ class TimeModel:
         """One line for the terminal: SIMULATED and what made the clock."""
         link = "no link time" if math.isinf(self.bits_per_s) and not self.latency_s else \
             f"link {self.bits_per_s / 1e9:g} Gbit/s, {self.latency_s * 1e6:g} us"
-        return (f"SIMULATED (time model: compute {self.compute_s * 1e3:.3g} ms/step, {self.compute_source}; "
+        spread = f" x log-normal spread CV {self.spread:.3g}" if self.spread else ""
+        return (f"SIMULATED (time model: compute {self.compute_s * 1e3:.3g} ms/step{spread}, {self.compute_source}; "
                 f"{link}; apply {self.apply_s_per_byte * 1e9:.3g} ns/byte)")

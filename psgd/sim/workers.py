@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from psgd.sim.timemodel import spread_factor
 from psgd.train import losses, models
 from psgd.train.worker import Batches, jitter_draw
 
@@ -66,6 +67,7 @@ class VWorker:
     batches: Batches
     shards: int
     jitter: random.Random
+    spread: random.Random | None = None  # its spread stream (psgd/sim/timemodel.py), None: no spread
     clock: int = 0
     versions: list[int] = field(default_factory=list)  # per shard: the version its last pull returned
     replies: int = 0                                  # replies of this step arrived so far
@@ -92,10 +94,12 @@ class VWorker:
         self.replies, self.done_flags, self.refused = 0, [], False
         self.next_gap, self.next_wait = 0, 0.0
 
-    def compute_s(self, base_s: float, speed: float, delay_s: float, jitter_s: float, tail: str) -> float:
-        """This step's compute time: the device's time at its speed, plus its straggler laws."""
+    def compute_s(self, base_s: float, speed: float, delay_s: float, jitter_s: float, tail: str,
+                  cv: float = 0.0) -> float:
+        """This step's compute time: the device's time at its speed times its spread, plus its straggler laws."""
         extra_ms = jitter_draw(self.jitter, jitter_s * 1e3, tail)
-        return base_s / speed + delay_s + extra_ms / 1e3
+        factor = spread_factor(self.spread, cv) if self.spread is not None else 1.0
+        return base_s / speed * factor + delay_s + extra_ms / 1e3
 
 
 def step_line(w: VWorker, now: float, base: float) -> dict:
