@@ -57,6 +57,6 @@ def test_a_sync_worker_lost_mid_run_shrinks_the_quorum_under_a_lease(tmp_path):
     assert r.returncode == 0, r.stderr
     s = summary(out)
     assert s["global_updates"] == 40 and s["lost_workers"] == [{"worker": 1, "clock": 10, "how": "signal SIGKILL"}]
-    assert s["per_worker_steps"] == {"0": 40, "2": 40}
+    assert s["per_worker_steps"] == {"0": 40, "1": 10, "2": 40}  # the lost worker's 10 steps too (issue 54, item 2)
     refused = psgd_main("run", "--mode", "sync", "--worker-lease", "2", "--backup-workers", "1", "--workers", "3")
     assert refused.returncode == 2 and "use one of them" in refused.stderr

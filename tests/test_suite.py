@@ -508,11 +508,12 @@ def test_a_suite_is_named_or_listed_and_an_unknown_one_is_one_line(tmp_path):
 
     assert suites.resolve("default") == ROOT / "experiments" / "default.toml"
     assert suites.resolve(str(ROOT / "experiments" / "papers.toml")) == ROOT / "experiments" / "papers.toml"
-    assert set(suites.available()) == {"default", "papers", "transformer"}   # not an experiment or articles file
+    shipped = {"default", "papers", "transformer", "scale"} | (
+        {"sparse"} if (ROOT / "experiments" / "sparse.toml").exists() else set())
+    assert set(suites.available()) == shipped  # not an experiment or articles file
     r = psgd_main("suite", "--list")
-    assert r.returncode == 0 and [line.split()[0] for line in r.stdout.splitlines()] == ["default", "papers",
-                                                                                           "transformer"]
+    assert r.returncode == 0 and [line.split()[0] for line in r.stdout.splitlines()] == sorted(shipped)
     r = psgd_main("suite", "nope", "--out", str(tmp_path / "r"))
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "default, papers, transformer" in r.stderr
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and ", ".join(sorted(shipped)) in r.stderr
     r = psgd_main("suite", "default", "--report", "--out", str(tmp_path / "r"))   # nothing ran there: one line
     assert r.returncode == 2 and "has none of this suite's" in r.stderr and not (tmp_path / "r").exists()
