@@ -91,7 +91,7 @@ def _drain(sock: socket.socket, n: int) -> None:
 
 
 def _bytes(t: torch.Tensor) -> memoryview:
-    return memoryview(t.contiguous().numpy()).cast("B")
+    return memoryview(t.detach().cpu().contiguous().numpy()).cast("B")
 
 
 class _Handler(socketserver.BaseRequestHandler):
