@@ -26,7 +26,6 @@ from collections.abc import Callable
 from typing import Any
 
 from psgd.core import devices, elastic, flags, link
-from psgd.core.rowconfig import check_rows
 from psgd.core.flags import (
     Flag,
     Leaf,
@@ -44,6 +43,7 @@ from psgd.core.flags import (
     to_argv,
     to_dict,
 )
+from psgd.core.rowconfig import check_rows
 from psgd.core.schema import (
     ALLREDUCE_IMPLS,
     AUTO,

@@ -26,9 +26,9 @@ other ids) raises RuntimeError: its rows would be stale. Not thread-safe (one wo
 `every_shard=True`: every step asks every shard once to pull and once to push, empty requests
 included, so that a shard counts a worker's clock by its requests (sync and SSP for rows,
 psgd/core/rowrounds.py; a step must then `prefetch`). `enabled = False`: the hooks pull nothing
-(a warm-up forward reads the worker's copy as it is). `dense_parameters(model)` is what the dense path still moves; `make_local` builds K shards' stores
-in this process (fused or not), `assemble` a store's rows whole from them. Tests:
-tests/test_rowtrain.py.
+(a warm-up forward reads the worker's copy as it is). `dense_parameters(model)` is what the dense
+path still moves; `make_local` builds K shards' stores in this process (fused or not), `assemble`
+a store's rows whole from them. Tests: tests/test_rowtrain.py.
 """
 
 from __future__ import annotations
