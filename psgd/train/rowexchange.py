@@ -32,8 +32,8 @@ from torch import nn
 from psgd.core.config import RunConfig
 from psgd.core.errors import ExchangeError, UsageError
 from psgd.core.rowconfig import row_mode
-from psgd.core.rows import RowPartition
 from psgd.core.step import StepReport
+from psgd.train import rowshard
 from psgd.train.dlrm import embedding_tables
 from psgd.train.rowtrain import SparseRows, dense_parameters
 
@@ -81,8 +81,9 @@ def attach(cfg: RunConfig, dense, parts, rank: int):
         clients = [RowClient(a, token, cfg.rpc_timeout) for a in row_addresses(cfg.out, dense.addresses)]
     except OSError as e:
         raise ExchangeError(f"the shards' row services: {e}") from None
-    partitions = [RowPartition(m.num_embeddings, cfg.servers, cfg.row_partition) for m in tables]
-    rows = SparseRows(model, clients, partitions, rank, every_shard=prefetch)
+    shapes = [tuple(m.weight.shape) for m in tables]
+    rows = SparseRows(model, clients, rowshard.partitions(cfg, shapes, rowshard.fusable(model)), rank,
+                      every_shard=prefetch)
     rows.enabled = False  # until setup: the warm-up forward reads the seeded tables as they are
     batches, accumulate = parts.batches, cfg.accumulate
 

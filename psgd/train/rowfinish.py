@@ -26,12 +26,14 @@ from psgd.train.metrics import hist_stats
 
 
 def _tables(saved: list[dict], at: list[int], shapes: list[tuple[int, int]]) -> list[torch.Tensor]:
-    """Each table whole from the shards' blocks of one snapshot (`at[k]`: its index in shard k's)."""
-    out = [torch.empty(rows, dim) for rows, dim in shapes]
+    """Each table whole from the shards' blocks of one snapshot (`at[k]`: its index in shard k's);
+    one store for every table (fused, psgd/train/rowshard.py `fusable`) is cut back into them."""
+    fused = len(saved[0]["ids"]) == 1 < len(shapes)
+    out = [torch.empty(sum(r for r, _ in shapes), shapes[0][1])] if fused else [torch.empty(r, d) for r, d in shapes]
     for s, i in zip(saved, at, strict=True):
         for t, ids in enumerate(s["ids"]):
             out[t][ids] = s["snapshots"][i][2][t]
-    return out
+    return list(out[0].split([r for r, _ in shapes])) if fused else out
 
 
 def join(model: torch.nn.Module, dense: torch.Tensor, tables: list[torch.Tensor]) -> torch.Tensor:

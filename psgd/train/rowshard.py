@@ -3,9 +3,10 @@
 `psgd server` (psgd/train/serve.py) calls `start` before it says READY, when the run moves rows by
 key (psgd/core/rowconfig.py): shard K of the run then also owns its rows of every `nn.Embedding`
 table of the model (psgd/core/rows.py `RowPartition` by --row-partition, one store per table,
-psgd/core/rowstore.py), serves them on a port of its own (psgd/ps/rows_tcp.py, same bind and
-token as the dense shard) under the rows' mode (psgd/core/rowrounds.py), and writes that port to
-OUT/rows-K.port, where a worker that knows the shard's address finds it (psgd/train/rowexchange.py).
+psgd/core/rowstore.py; one store for every table when they are `fusable`), serves them on a port
+of its own (psgd/ps/rows_tcp.py, same bind and token as the dense shard) under the rows' mode
+(psgd/core/rowrounds.py), and writes that port to OUT/rows-K.port, where a worker that knows the
+shard's address finds it (psgd/train/rowexchange.py).
 The dense shard then holds only the model's other parameters (`dense_count`).
 
 The stores start empty: the tables' shapes come from the model built on the meta device (no
@@ -59,11 +60,31 @@ def dense_count(cfg: RunConfig) -> int:
     return sum(p.numel() for p in dense_parameters(meta_model(cfg)))
 
 
+def fusable(model) -> bool:
+    """Whether the model's tables go in one store per shard (psgd/train/rowtrain.py's fused layout:
+    one id space, each table partitioned as if alone, one directory entry per request): several
+    tables of one width, looked up by ids known before forward (`row_ids`). Worker and shard ask it
+    of the same model, so they agree."""
+    from psgd.train.dlrm import embedding_tables  # noqa: PLC0415
+
+    tables = [m for _, m in embedding_tables(model)]
+    return len(tables) > 1 and hasattr(model, "row_ids") and len({m.embedding_dim for m in tables}) == 1
+
+
+def partitions(cfg: RunConfig, shapes: list[tuple[int, int]], fused: bool) -> list[RowPartition]:
+    """The run's row partitions: one over every table (fused), or one per table."""
+    if fused:
+        return [RowPartition(sum(r for r, _ in shapes), cfg.servers, cfg.row_partition, tuple(r for r, _ in shapes))]
+    return [RowPartition(r, cfg.servers, cfg.row_partition) for r, _ in shapes]
+
+
 def stores(cfg: RunConfig, index: int) -> list[RowStore]:
-    """Shard `index`'s empty stores, one per table (zeros until an INIT)."""
+    """Shard `index`'s empty stores, one per table or one for all (`fusable`): zeros until an INIT."""
     opt = functools.partial(OPTIMIZERS[cfg.row_optimizer], lr=cfg.optim.lr)
-    return [RowStore(RowPartition(rows, cfg.servers, cfg.row_partition), index, torch.zeros(rows, dim), opt,
-                     initialised=False) for rows, dim in table_shapes(cfg)]
+    shapes = table_shapes(cfg)
+    return [RowStore(p, index, torch.zeros(p.rows, shapes[0][1] if p.tables else shapes[t][1]), opt,
+                     initialised=False)
+            for t, p in enumerate(partitions(cfg, shapes, fusable(meta_model(cfg))))]
 
 
 class _Tapped(list):
