@@ -17,7 +17,9 @@ times and bytes are added to the step's (StepReport: pull_s, push_s, bytes_pulle
 so summary.json's bytes per step count both parts. A model without `row_ids` has its rows pulled
 by the tables' hooks during forward (one request per table, inside compute time): async rows
 only (--embeddings hybrid, or --mode async), since sync and SSP count a worker's clock by its
-requests. A wire error is an ExchangeError naming the shard.
+requests. A wire error is an ExchangeError naming the shard. The rows go first, so a worker's
+last push in an async run whose budget the dense shards find spent (refused, not counted) has
+still updated its rows: at most one gradient per worker beyond the budget, on the rows alone.
 """
 
 from __future__ import annotations
