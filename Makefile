@@ -9,7 +9,7 @@ TORCH_SPEC ?= torch==2.13.0
 TORCH_INDEX ?=
 STAMP := $(VENV)/.psgd-installed
 
-.PHONY: install test test-fast experiments experiments-full experiments-transformer experiments-papers experiments-scale \
+.PHONY: install test test-fast experiments experiments-full experiments-transformer experiments-papers experiments-scale experiments-sparse \
 	experiments-reference readme proto \
 	lint gpu-check clean
 
@@ -95,6 +95,11 @@ experiments-papers: install
 # and verdict says SIMULATED and its time model. Budgeted at most 20 min on 2 cores.
 experiments-scale: install
 	$(BIN)/psgd suite experiments/scale.toml --out results/scale
+
+# Where parameter servers still win (E24-E26, issue 56): DLRM on click logs with its tables served by
+# row, beside the MNIST-1D MLP; at most 15 min on 2 cores at its default profile: results/sparse/.
+experiments-sparse: install
+	$(BIN)/psgd suite experiments/sparse.toml --out results/sparse
 
 # The three suites at the seeds the power rule asks for per claim (each experiment file's
 # [profiles.reference], sized by psgd/lab/power.py from the committed spread, capped so that the

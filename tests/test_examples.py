@@ -37,6 +37,7 @@ CASES = [
     ("08_your_model.py", [], ["one process, 5 epochs of batch 32, AdamW lr 0.01"]),
     ("09_your_model_psgd_fit.py", [], ["psgd.fit: 100 sync updates of 2 workers x 16"]),
     ("10_your_loop_psgd.py", [], ["your loop: 2 worker threads x batch 16, 2 shards, 5 epochs"]),
+    ("11_why_parameter_servers.py", [], ["checked: by row the PS moves under a tenth of all-reduce's bytes"]),
 ]
 
 # Run as a reader runs them, without the tests' ATEN_CPU_CAPABILITY (conftest.py): 05 shows a

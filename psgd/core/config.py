@@ -43,6 +43,7 @@ from psgd.core.flags import (
     to_argv,
     to_dict,
 )
+from psgd.core.rowconfig import check_rows
 from psgd.core.schema import (
     ALLREDUCE_IMPLS,
     AUTO,
@@ -118,7 +119,7 @@ def validate(cfg: RunConfig) -> RunConfig:
     """Raise ValueError with a one-line message naming the flag, else return cfg."""
     checks = [*_check_run(cfg), *_check_wire(cfg), *_check_allreduce(cfg), *_check_faults(cfg),
               *check_data(cfg.data), *_check_local_sgd(cfg), *_check_elastic(cfg), *_check_remedies(cfg),
-              *check_model(cfg.model), *check_optim(cfg.optim)]
+              *check_model(cfg.model), *check_optim(cfg.optim), *check_rows(cfg)]
     for ok, message in checks:
         if not ok:
             raise ValueError(message)

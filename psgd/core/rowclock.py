@@ -43,6 +43,15 @@ class RowClock:
         self.histogram.update(staleness.tolist())
         return staleness
 
+    def applied_round(self, pushes: list[tuple[int, torch.Tensor, torch.Tensor]], union: torch.Tensor) -> None:
+        """A sync round: every worker's push of one step applied as one update. `pushes` are
+        (worker, ids, at) with `at` what `check` returned; `union` the distinct ids of all of them.
+        Each row's staleness is counted against the updates before the round, and each row of
+        `union` takes one update, however many workers pushed it (the round is one update)."""
+        for worker, ids, at in pushes:
+            self.histogram.update((self.updates[ids] - self._seen[worker][1][at]).tolist())
+        self.updates[union] += 1
+
     def check(self, worker: int, ids: torch.Tensor, names: torch.Tensor | None = None,
               trusted: bool = False) -> torch.Tensor:
         """ValueError unless `applied(worker, ids)` would be accepted; else where ids sit in the pull.

@@ -21,6 +21,12 @@ dim), of which the store copies the rows it owns; `optimizer` a factory block ->
 - `bytes_in` / `bytes_out`: payload bytes of the pushes taken and pulls served (rows x dim x 4
   plus 8 per id, `rows.wire_bytes`): accounting by construction, not a measurement of a wire.
 - `snapshot()` the full table's rows this store owns, as (ids, block) copies.
+- `initialised=False`: the store holds zeros until `init(ids, values)` gives it its rows (a
+  worker's seeded table, psgd/ps/rows_tcp.py's INIT; the first one wins, as the dense Init does).
+- `apply_round(checked, divisor)`: a sync round, every worker's checked push of one step as one
+  update: the gradients summed row by row in the order given (worker order: the dense shard's
+  step sum, psgd/core/stepsum.py, adds zeros where a worker did not touch a row, and x + 0 is x),
+  divided by `divisor` (the workers), one optimizer step on the union of their rows.
 Thread-safe: one lock guards the block, the optimizer's state, the clock and the counters.
 """
 
@@ -52,7 +58,7 @@ class Checked:
 
 class RowStore:
     def __init__(self, partition: rows.RowPartition, shard: int, table: torch.Tensor,
-                 optimizer: Callable[[torch.Tensor], RowOptimizer]) -> None:
+                 optimizer: Callable[[torch.Tensor], RowOptimizer], initialised: bool = True) -> None:
         if table.dim() != 2 or table.shape[0] != partition.rows:
             raise ValueError(f"a table of {partition.rows} rows must be (rows, dim), got {tuple(table.shape)}")
         if not 0 <= shard < partition.shards:
@@ -63,6 +69,7 @@ class RowStore:
         self.optimizer = optimizer(self.block)
         self.clock = RowClock(len(self.ids))
         self.bytes_in = self.bytes_out = 0
+        self.initialised = initialised
         self._lock = threading.Lock()
 
     @property
@@ -103,6 +110,30 @@ class RowStore:
             self.optimizer.step(req.local, req.grads, trusted=True)
             self.bytes_in += rows.wire_bytes(len(req.local), self.dim)
             return self.clock.applied(req.worker, req.local, trusted=True, at=req.at)
+
+    def init(self, ids: torch.Tensor, values: torch.Tensor) -> bool:
+        """Take the store's rows (`ids` exactly the ids it owns, in order) unless it has them; returns
+        whether this call did. RowError for ids or a shape that do not match."""
+        if not torch.equal(ids, self.ids) or tuple(values.shape) != tuple(self.block.shape):
+            raise RowError(f"an init must carry this shard's {len(self.ids)} rows of width {self.dim} in id order, "
+                           f"got {len(ids)} ids and values of shape {tuple(values.shape)}")
+        with self._lock:
+            if self.initialised:
+                return False
+            self.block.copy_(values)
+            self.initialised = True
+            return True
+
+    def apply_round(self, checked: list[Checked], divisor: int) -> None:
+        """Checked pushes of one sync round (worker order) as one update; see the module docstring."""
+        with self._lock:
+            union = torch.unique(torch.cat([c.local for c in checked])) if checked else self.ids[:0]
+            total = torch.zeros(len(union), self.dim, dtype=self.block.dtype)
+            for c in checked:
+                total.index_add_(0, torch.searchsorted(union, c.local), c.grads)
+                self.bytes_in += rows.wire_bytes(len(c.local), self.dim)
+            self.optimizer.step(union, total.div_(divisor), trusted=True)
+            self.clock.applied_round([(c.worker, c.local, c.at) for c in checked], union)
 
     def snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
         with self._lock:

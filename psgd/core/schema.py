@@ -40,6 +40,7 @@ class RunConfig:
     GROUPS: ClassVar[dict[str, tuple[str, ...]]] = {
         "communication": ("wire_dtype", "topk", "no_error_feedback", "topk_momentum_correction", "topk_warmup_epochs",
                           "rpc_timeout", "separate_pull", "overlap", "transport", "link"),
+        "embedding rows (psgd/core/rowconfig.py)": ("embeddings", "row_partition", "row_optimizer"),
         "stale and bad gradients (applied by the shards)": ("staleness_lr", "dc_lambda", "dc_adaptive", "dc_ms_decay",
                                                             "skip_nonfinite"),
         "faults and recovery": ("checkpoint_every", "worker_lease", "fail_at", "fail_shard_at", "restart_workers",
@@ -153,6 +154,14 @@ class RunConfig:
     link: str = opt("", "PS: pace every worker's and shard's traffic to an EMULATED link, e.g. 1gbit,200us or "
                         "100mbit,1ms (psgd/core/link.py; loopback is still what carries the bytes)",
                     metavar="BANDWIDTH[,LATENCY]")
+    embeddings: str = opt("dense", "PS: how a model's nn.Embedding tables travel: dense (pulled and pushed whole, "
+                                   "as every parameter), rows (the rows a batch touches, by key, under --mode) or "
+                                   "hybrid (by key and async, the dense part under --mode: Persia's scheme)",
+                          choices=("dense", "rows", "hybrid"))
+    row_partition: str = opt("hash", "with --embeddings rows/hybrid: which shard owns a row: hash (scattered) or "
+                                     "range (contiguous ids: the hot ones on one shard)", choices=("hash", "range"))
+    row_optimizer: str = opt("sgd", "with --embeddings rows/hybrid: the shards' row-wise optimizer, at --lr",
+                             choices=("sgd", "adagrad"))
     hosts: int = opt(0, "run on H hosts of a `psgd cluster` (network namespaces, links shaped by the kernel): PS "
                         "shard k on host k, the workers on the other hosts; all-reduce worker r on host r mod H "
                         "(psgd/cluster/placement.py). 0: every process on this host's loopback", metavar="H")

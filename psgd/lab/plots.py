@@ -13,7 +13,8 @@ Contract:
   Figure (tests inspect its content) and writes `path` (.png) and the same name with .csv
   (psgd/lab/figure_kit.py `save`, with the look every figure shares: `Series`, styles, legends).
 - `psgd plot RUN... --view curves | staleness | time`: convergence curves (the default), each
-  run's staleness histogram (summary.json `staleness.hist`), or where each run's worker time
+  run's staleness histogram (summary.json `staleness.hist`; a run with embedding rows by key adds
+  its per-row one, `rows.staleness.hist`, as "NAME (per row)"), or where each run's worker time
   went (summary.json `time_breakdown_s`, stacked in loop order, wall time as a grey mark).
 - One palette everywhere (psgd/core/palette.py: Okabe & Ito 2008, colour-blind safe): a colour per mode
   (`MODE_COLORS`) that nothing else uses; other variables (dtype, skew, batch, link) take
@@ -321,8 +322,11 @@ def main(argv: list[str]) -> int:
                           f"{', '.join(runs)}")
     elif a.view == "staleness":
         # Sync and all-reduce apply every gradient fresh: one bar at 0, or none at all (no shards).
-        histograms({name: (data.mode, data.summary["staleness"]["hist"]) for name, data in runs.items()}, out,
-                   a.title or "staleness of applied gradients")
+        hists = {name: (data.mode, data.summary["staleness"]["hist"]) for name, data in runs.items()}
+        # With embedding rows by key (--embeddings rows / hybrid): each row gradient's own staleness beside it.
+        hists.update({f"{name} (per row)": (data.summary["rows"]["mode"], data.summary["rows"]["staleness"]["hist"])
+                      for name, data in runs.items() if "rows" in data.summary})
+        histograms(hists, out, a.title or "staleness of applied gradients")
     else:
         # Stacked in loop order (the palette lists the parts so), as psgd trace draws a step.
         parts = {k: [data.summary["time_breakdown_s"][k] for data in runs.values()] for k in SEGMENT_COLORS}

@@ -10,6 +10,7 @@ step for all its tables). Frames, little-endian, both directions:
     HELLO   payload: the token                               -> WELCOME (first, when the server has one)
     PULL    directory, then each entry's int64 ids           -> ROWS: each entry's rows, fp32 (count x dim)
     PUSH    directory, then each entry's ids and fp32 rows   -> PUSHED (empty: the shard keeps the staleness)
+    INIT    as PUSH, the ids every row the shard owns         -> INITED (the stores' first rows; later ones ignored)
     STATS                                                    -> STATS: JSON per table: rows, dim, bytes,
                                                                 the per-row staleness histogram
     any request                                              -> ERROR "STATUS: message" (UTF-8)
@@ -20,12 +21,15 @@ directory says (INVALID_ARGUMENT, the rest drained, the connection kept); a payl
 any request to this shard can carry (the connection closed: draining 2^63 announced bytes would
 hold its thread for ever); then every entry's store checks (psgd/core/rowstore.py: out of range,
 another shard's row, duplicates, a row not pulled) before the first entry is applied. A refused
-request changes nothing. Bytes per request: a 17-byte prefix each way, 12 per entry, 8 per id,
+request changes nothing. When a pull and a push are answered is the `RowRounds`' business
+(psgd/core/rowrounds.py: sync, async or SSP for the rows; async when none is given); a pull it holds
+past the server's `timeout` is answered DEADLINE_EXCEEDED; a connection that closes is its worker
+leaving (a sync round waits for it no longer). Bytes per request: a 17-byte prefix each way, 12 per entry, 8 per id,
 4 x dim per row.
 
-`serve(stores, host, port, token)` -> a `RowServer` (`.port`, `.close()`). `RowClient(address,
+`serve(stores, host, port, token, rounds, timeout)` -> a `RowServer` (`.port`, `.close()`). `RowClient(address,
 token)`: one connection, for one thread; `start_pull` / `finish_pull` and `start_push` /
-`finish_push` (send to every shard, then read every answer: the shards work at once), `stats`.
+`finish_push` (send to every shard, then read every answer: the shards work at once), `init`, `stats`.
 Tests: tests/test_rows_tcp.py.
 """
 
@@ -42,12 +46,14 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
+from psgd.core.rowrounds import RowRounds
 from psgd.core.rows import ID_BYTES
 from psgd.core.rowstore import RowError, RowStore
 
 PREFIX = struct.Struct("<BIIQ")  # op, worker, entries, payload length
 ENTRY = struct.Struct("<IQ")     # table, count
-HELLO, PULL, PUSH, STATS, WELCOME, ROWS, PUSHED, STATS_REPLY, ERROR = 1, 2, 3, 4, 0x81, 0x82, 0x83, 0x84, 0xFF
+HELLO, PULL, PUSH, STATS, INIT, WELCOME, ROWS, PUSHED, STATS_REPLY, INITED, ERROR = (
+    1, 2, 3, 4, 5, 0x81, 0x82, 0x83, 0x84, 0x85, 0xFF)
 
 
 class RowWireError(Exception):
@@ -85,7 +91,7 @@ def _drain(sock: socket.socket, n: int) -> None:
 
 
 def _bytes(t: torch.Tensor) -> memoryview:
-    return memoryview(t.contiguous().numpy()).cast("B")
+    return memoryview(t.detach().cpu().contiguous().numpy()).cast("B")
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -94,7 +100,7 @@ class _Handler(socketserver.BaseRequestHandler):
     def handle(self) -> None:
         sock, srv = self.request, self.server
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        authed = srv.token is None
+        authed, self.worker = srv.token is None, None
         try:
             while True:
                 head = sock.recv(PREFIX.size, socket.MSG_WAITALL)
@@ -114,13 +120,17 @@ class _Handler(socketserver.BaseRequestHandler):
                 elif op == STATS:
                     _drain(sock, length)
                     _send(sock, STATS_REPLY, 0, 0, json.dumps(srv.stats()).encode())
-                elif op in (PULL, PUSH):
+                elif op in (PULL, PUSH, INIT):
+                    self.worker = worker if op != INIT else self.worker
                     self._request(sock, op, worker, entries, length)
                 else:
                     _drain(sock, length)
                     _error(sock, f"UNIMPLEMENTED: op {op}")
         except ConnectionError:
             return
+        finally:
+            if self.worker is not None:
+                srv.rounds.leave(self.worker)
 
     def _directory(self, sock, op: int, entries: int, length: int) -> list[tuple[int, int]] | str:
         """The request's (table, count) pairs, or what is wrong with them (the payload then drained)."""
@@ -135,7 +145,7 @@ class _Handler(socketserver.BaseRequestHandler):
         if any(t >= len(stores) for t in tables) or len(set(tables)) != len(tables):
             _drain(sock, rest)
             return f"tables {tables}: each must be distinct and below {len(stores)} (the tables this shard serves)"
-        want = sum(n * (ID_BYTES + (4 * stores[t].dim if op == PUSH else 0)) for t, n in pairs)
+        want = sum(n * (ID_BYTES + (4 * stores[t].dim if op != PULL else 0)) for t, n in pairs)
         if rest != want:
             _drain(sock, rest)
             return f"the directory's {sum(n for _, n in pairs)} rows need {want} bytes after it, got {rest}"
@@ -157,22 +167,33 @@ class _Handler(socketserver.BaseRequestHandler):
                 dim = stores[t].dim
                 grads = torch.from_numpy(np.frombuffer(payload, dtype="<f4", count=n * dim, offset=at).copy())
                 at += n * dim * 4
+                if op == INIT:
+                    checked.append((ids, grads.view(n, dim)))
+                    continue
                 checked.append(stores[t].check_push(worker, ids, grads.view(n, dim), n))
+            if op == INIT:
+                self.server.rounds.init([(t, ids, v) for (t, _), (ids, v) in zip(pairs, checked, strict=True)])
+                return _send(sock, INITED, worker, entries)
         except RowError as e:
             return _error(sock, f"INVALID_ARGUMENT: {e}")
-        out = [stores[t].apply(c) for (t, _), c in zip(pairs, checked, strict=True)]
-        if op == PULL:
-            _send(sock, ROWS, worker, entries, *(_bytes(r) for r in out))
-        else:
-            _send(sock, PUSHED, worker, entries)
+        tagged = [(t, c) for (t, _), c in zip(pairs, checked, strict=True)]
+        if op == PUSH:
+            self.server.rounds.push(worker, tagged)
+            return _send(sock, PUSHED, worker, entries)
+        out = self.server.rounds.pull(worker, tagged, self.server.timeout)
+        if out is None:
+            return _error(sock, f"DEADLINE_EXCEEDED: worker {worker}'s pull was held {self.server.timeout:g}s")
+        _send(sock, ROWS, worker, entries, *(_bytes(r) for r in out))
 
 
 class RowServer(socketserver.ThreadingTCPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, stores: Sequence[RowStore], host: str, port: int, token: bytes | None) -> None:
-        self.stores, self.token = list(stores), token
+    def __init__(self, stores: Sequence[RowStore], host: str, port: int, token: bytes | None,
+                 rounds: RowRounds | None = None, timeout: float = 60.0) -> None:
+        self.stores, self.token, self.timeout = list(stores), token, timeout
+        self.rounds = rounds or RowRounds(self.stores)
         # The largest request: a push of every row of every table, with its ids and directory.
         self.max_payload = sum(len(s.ids) * (ID_BYTES + 4 * s.dim) + ENTRY.size for s in self.stores)
         super().__init__((host, port), _Handler)
@@ -185,6 +206,8 @@ class RowServer(socketserver.ThreadingTCPServer):
 
     def stats(self) -> list[dict]:
         return [{"rows": len(s.ids), "dim": s.dim, "bytes_in": s.bytes_in, "bytes_out": s.bytes_out,
+                 "rows_in": s.bytes_in // (ID_BYTES + 4 * s.dim), "rows_out": s.bytes_out // (ID_BYTES + 4 * s.dim),
+                 "version": self.rounds.version,
                  "staleness": {str(k): v for k, v in sorted(s.clock.histogram.items())}} for s in self.stores]
 
     def close(self) -> None:
@@ -192,8 +215,9 @@ class RowServer(socketserver.ThreadingTCPServer):
         self.server_close()
 
 
-def serve(stores: Sequence[RowStore], host: str = "127.0.0.1", port: int = 0, token: bytes | None = None) -> RowServer:
-    return RowServer(stores, host, port, token)
+def serve(stores: Sequence[RowStore], host: str = "127.0.0.1", port: int = 0, token: bytes | None = None,
+          rounds: RowRounds | None = None, timeout: float = 60.0) -> RowServer:
+    return RowServer(stores, host, port, token, rounds, timeout)
 
 
 class RowClient:
@@ -245,6 +269,14 @@ class RowClient:
         self._send(PUSH, worker, len(requests), *parts)
 
     def finish_push(self) -> None:
+        self._answer()
+
+    def init(self, worker: int, requests: Sequence[tuple[int, torch.Tensor, torch.Tensor]]) -> None:
+        """Offer the shard its rows of each table: (table, every id it owns, their rows)."""
+        parts: list = [b"".join(ENTRY.pack(t, len(ids)) for t, ids, _ in requests)]
+        for _, ids, values in requests:
+            parts += [_bytes(ids.to(torch.int64)), _bytes(values.float())]
+        self._send(INIT, worker, len(requests), *parts)
         self._answer()
 
     def pull(self, worker: int, requests: Sequence[tuple[int, torch.Tensor]]) -> list[torch.Tensor]:

@@ -52,6 +52,7 @@ REFUSED = (
     ("elastic", bool, "--elastic is not simulated yet"),
     ("max_workers", bool, "--max-workers (joins) is not simulated"),
     ("overlap", bool, "--overlap is not simulated (a step is pull, compute, push)"),
+    ("embeddings", lambda v: v != "dense", "--embeddings rows / hybrid (rows by key) is not simulated yet"),
     ("cpu_quota", bool, "--cpu-quota shares real cores: a simulated run has none"),
     ("hosts", bool, "--hosts places real processes: a simulated run has none"),
     ("fail_at", bool, "--fail-at kills real processes: not simulated"),

@@ -16,7 +16,9 @@ Contract:
 - `embedding_tables(model)`: the model's `nn.Embedding` weights, as (parameter name, module)
   pairs in `named_parameters` order, for DLRM and for any user model (`--model FILE.py:FUNCTION`):
   the parameters a sparse exchange moves by row (psgd/core/rows.py) and a dense one moves whole.
-  `sparse_fraction(model)` is the share of all parameters they hold.
+  `sparse_fraction(model)` is the share of all parameters they hold. `DLRM.row_ids(x)`: the ids
+  each table will read (a model that has it gets its rows pulled before forward, in one request
+  per shard: needed for sync and SSP rows).
 
 Initialisation: tables N(0, 0.05^2) (nn.Embedding's N(0, 1) makes the pairwise dots of 16-wide
 vectors about 4 in size at the start, saturating the logit), linear layers torch's default.
@@ -48,6 +50,11 @@ class DLRM(nn.Module):
         self.register_buffer("pair_rows", rows, persistent=False)
         self.register_buffer("pair_cols", cols, persistent=False)
         self.top = nn.Sequential(nn.Linear(f * dim + len(rows), hidden), nn.ReLU(), nn.Linear(hidden, 1))
+
+    def row_ids(self, x: torch.Tensor) -> dict[int, torch.Tensor]:
+        """The ids each table will read for inputs x: table f reads column f (what a sparse
+        exchange pulls before forward, psgd/train/rowexchange.py)."""
+        return {f: x[:, f] for f in range(len(self.tables))}
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         e = torch.stack([t(x[:, f]) for f, t in enumerate(self.tables)], dim=1)   # (B, F, d)

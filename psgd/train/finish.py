@@ -85,6 +85,10 @@ def finish(cfg: RunConfig, ds: data_mod.Dataset | None = None, on_eval=None) -> 
     else:
         snaps = evaluate.load_shard_snapshots(out, cfg.servers)
         final = evaluate.load_final_params(out, cfg.servers)
+        if cfg.embeddings != "dense":  # the tables' rows were served apart: joined back (rowfinish.py)
+            from psgd.train import rowfinish  # noqa: PLC0415
+
+            snaps, final = rowfinish.full(out, cfg, model, snaps, final)
         shard_stats = [json.loads((out / f"shard-{k}.json").read_text()) for k in range(cfg.servers)]
     t0 = min(e["train_start"] for e in ends)
     metrics = Metrics(out / "metrics.jsonl")
@@ -161,6 +165,10 @@ def _extra(cfg: RunConfig, sha: str) -> dict | None:
         extra = summary_extra(Path(cfg.out), sha)
     if (Path(cfg.out) / "cluster.json").exists():  # the hosts and the link a --hosts run used (psgd/train/hosts.py)
         extra = dict(extra or {}, cluster=json.loads((Path(cfg.out) / "cluster.json").read_text()))
+    if cfg.embeddings != "dense":  # per-row staleness, the rows' load per shard (psgd/train/rowfinish.py)
+        from psgd.train import rowfinish  # noqa: PLC0415
+
+        extra = dict(extra or {}, **rowfinish.summary_extra(Path(cfg.out), cfg))
     rose = _loss_rise(Path(cfg.out))
     if rose is not None:
         extra = dict(extra or {}, loss_rose=rose)

@@ -23,9 +23,12 @@ every shard at once. The per-row staleness is counted by the stores (`staleness_
 ones, STATS over the wire). `bytes_pulled` / `bytes_pushed` count payload bytes (`rows.wire_bytes`),
 `rows_pulled` the distinct rows. A lookup of rows the step did not pull (a table read twice with
 other ids) raises RuntimeError: its rows would be stale. Not thread-safe (one worker's state).
-`dense_parameters(model)` is what the dense path still moves; `make_local` builds K shards' stores
-in this process (fused or not), `assemble` a store's rows whole from them. Tests:
-tests/test_rowtrain.py.
+`every_shard=True`: every step asks every shard once to pull and once to push, empty requests
+included, so that a shard counts a worker's clock by its requests (sync and SSP for rows,
+psgd/core/rowrounds.py; a step must then `prefetch`). `enabled = False`: the hooks pull nothing
+(a warm-up forward reads the worker's copy as it is). `dense_parameters(model)` is what the dense
+path still moves; `make_local` builds K shards' stores in this process (fused or not), `assemble`
+a store's rows whole from them. Tests: tests/test_rowtrain.py.
 """
 
 from __future__ import annotations
@@ -82,9 +85,10 @@ class LocalShard:
 
 class SparseRows:
     def __init__(self, model: nn.Module, shards: Sequence, partitions: Sequence[rows.RowPartition],
-                 rank: int) -> None:
+                 rank: int, every_shard: bool = False) -> None:
         self.tables = [m for _, m in embedding_tables(model)]
         self.shards, self.partitions, self.rank = list(shards), list(partitions), rank
+        self.every_shard, self.enabled = every_shard, True
         self.fused = len(partitions) == 1 and len(partitions[0].tables) == len(self.tables) > 1
         if not self.fused and len(partitions) != len(self.tables):
             raise ValueError(f"the model has {len(self.tables)} embedding tables and {len(partitions)} partitions")
@@ -120,14 +124,18 @@ class SparseRows:
             for k, (pos, _) in enumerate(rows.by_shard(self.partitions[sp], unique)):
                 if len(pos):
                     requests[k].append((sp, unique[pos]))
+        if self.every_shard:  # an empty request where a shard owns none of the rows: it counts the clock
+            requests = [req or [(0, torch.zeros(0, dtype=torch.int64))] for req in requests]
         handles = [(k, self.shards[k].start_pull(self.rank, req)) for k, req in enumerate(requests) if req]
         for k, handle in handles:
             for (sp, ids), got in zip(requests[k], self.shards[k].finish_pull(handle), strict=True):
                 with torch.no_grad():
-                    self.weights[sp][ids] = got
+                    self.weights[sp][ids] = got.to(self.weights[sp].device)
                 self.bytes_pulled += rows.wire_bytes(len(ids), got.shape[1])
 
     def _lookup(self, t: int, ids: torch.Tensor) -> None:
+        if not self.enabled:
+            return
         sp = self.space[t]
         if sp not in self.pulled:
             if self.fused:
@@ -152,6 +160,9 @@ class SparseRows:
                     self.bytes_pushed += rows.wire_bytes(len(pos), summed.shape[1])
         for m in self.tables:
             m.weight.grad = None
+        if self.every_shard:
+            dim = self.weights[0].shape[1]
+            requests = [req or [(0, torch.zeros(0, dtype=torch.int64), torch.zeros(0, dim))] for req in requests]
         started = [k for k, req in enumerate(requests) if req]
         for k in started:
             self.shards[k].start_push(self.rank, requests[k])

@@ -144,14 +144,17 @@ def _restored(args: argparse.Namespace, cfg: C.RunConfig) -> dict | None:
 def _listen(args: argparse.Namespace, on_ready):
     """Build the shard (psgd/train/assemble.py `shard`), restore it, serve it (psgd/ps/server.py
     `start`) and say READY; returns (cfg, server), or (cfg, None) when it could not listen (exit 1)."""
+    from psgd.core import rowconfig
     from psgd.ps import server, tls
-    from psgd.train import assemble, data, models
+    from psgd.train import assemble, data, models, rowshard
 
     cfg = _config(args)
     # The model's size, to check every Init against; the user's own model (or data) is sized by the
     # first Init instead, so a shard never imports the user's code.
     own = C.is_spec(cfg.model.model) or C.is_spec(cfg.data.dataset)
     num_params = args.params or (None if own else models.count(cfg.model, *data.SHAPES[cfg.data.dataset]))
+    if rowconfig.by_key(cfg):  # the tables' rows are served apart (psgd/train/rowshard.py)
+        num_params = args.params or rowshard.dense_count(cfg)
     restored = _restored(args, cfg)
     threads.set_threads(cfg, role="server")
     if dict(cfg.fail_shard_at).get(args.shard) == 0:
@@ -160,6 +163,8 @@ def _listen(args: argparse.Namespace, on_ready):
         core = assemble.shard(cfg, args.shard, num_params)  # the kernel and its collaborators (psgd/ps/shard.py)
         if restored is not None:
             core.restore(restored)  # before anything listens: no worker ever sees the shard uninitialised
+        if rowconfig.by_key(cfg):
+            rowshard.start(cfg, args.shard, args.bind, token_(cfg), core)
         srv = server.start(core, args.bind, args.port, token=token_(cfg), tls_cert=cfg.tls_cert, tls_key=cfg.tls_key,
                            worker_lease=cfg.worker_lease)
     except tls.TlsError as e:
@@ -196,6 +201,9 @@ def _leave(args: argparse.Namespace, cfg: C.RunConfig, srv) -> None:
     srv.stop()
     out = Path(cfg.out)
     srv.shard.save(out)
+    from psgd.train import rowshard
+
+    rowshard.save(out, args.shard, srv.shard.policy.version)  # the rows served beside it, if any
     m = Metrics(out / "metrics.jsonl")
     m.write(event="shard_end", process_start=process_start_time(), **srv.shard.stats())
     m.close()

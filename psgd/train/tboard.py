@@ -23,8 +23,9 @@ Contract:
     widest gap between a worker and the slowest, the staleness SSP bounds), with the loss;
   - `eval/{test,val,train}_{loss,accuracy}` at every snapshot, x = training samples (the suite's
     common grid, so runs of different batch sizes line up), each as the launcher evaluates it;
-  - `run/staleness_{mean,p99,max}`, `run/samples_per_s`, `run/updates_per_s`, `run/bytes_per_step`
-    (once, at the last update, from summary.json: the shards count staleness when they stop).
+  - `run/staleness_{mean,p99,max}` (and `run/row_staleness_*` with --embeddings rows),
+    `run/samples_per_s`, `run/updates_per_s`, `run/bytes_per_step` (once, at the last update, from
+    summary.json: the shards count staleness when they stop).
 - Without slowing the workers: the follower is a thread of the launcher (which only waits while
   the children train), at a lower CPU priority than they are (nice +10, per thread on Linux), and
   it imports neither torch nor TensorFlow: `EventFile` (tfevents.py) writes TensorBoard's file format (TFRecord
@@ -136,10 +137,12 @@ class Scalars:
             self._emit(clock)
         if summary:
             values = {}
-            staleness = summary.get("staleness") or {}
-            for key in ("mean", "p99", "max"):
-                if staleness.get(key) is not None:
-                    values[f"run/staleness_{key}"] = staleness[key]
+            # Per-row staleness too, with embedding rows by key (summary.json's rows, psgd/train/rowfinish.py).
+            for prefix, staleness in (("staleness", summary.get("staleness") or {}),
+                                      ("row_staleness", (summary.get("rows") or {}).get("staleness") or {})):
+                for key in ("mean", "p99", "max"):
+                    if staleness.get(key) is not None:
+                        values[f"run/{prefix}_{key}"] = staleness[key]
             for key in ("samples_per_s", "updates_per_s", "bytes_per_step"):
                 if summary.get(key) is not None:
                     values[f"run/{key}"] = summary[key]

@@ -128,6 +128,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     code = 0
     try:
         parts = assemble.worker_parts(cfg, rank, device)  # the loop is called from here: a short stack in it
+        if cfg.embeddings != "dense":  # the tables by row, beside the dense exchange (psgd/train/rowexchange.py)
+            from psgd.train import rowexchange
+
+            exchange, parts = rowexchange.attach(cfg, exchange, parts, rank)
         worker.train(exchange, parts.model, parts.batches, parts.loss, rank=rank, options=parts.options,
                      metrics=metrics)
     except errors as e:

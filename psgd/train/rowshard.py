@@ -1,0 +1,129 @@
+"""A shard process's embedding rows (`--embeddings rows | hybrid`): served beside its dense shard.
+
+`psgd server` (psgd/train/serve.py) calls `start` before it says READY, when the run moves rows by
+key (psgd/core/rowconfig.py): shard K of the run then also owns its rows of every `nn.Embedding`
+table of the model (psgd/core/rows.py `RowPartition` by --row-partition, one store per table,
+psgd/core/rowstore.py; one store for every table when they are `fusable`), serves them on a port
+of its own (psgd/ps/rows_tcp.py, same bind and token as the dense shard) under the rows' mode
+(psgd/core/rowrounds.py), and writes that port to OUT/rows-K.port, where a worker that knows the
+shard's address finds it (psgd/train/rowexchange.py).
+The dense shard then holds only the model's other parameters (`dense_count`).
+
+The stores start empty: the tables' shapes come from the model built on the meta device (no
+values drawn); every worker offers its seeded tables (INIT) before its dense Init, the first one
+wins, as the dense Init does. Each time the dense shard snapshots its parameters (every
+--eval-every updates), the row stores are snapshotted with it (one version, one moment: a worker
+pushes its rows before its dense gradient, so in sync the rows are at the dense version's round);
+`save` writes them and the row service's stats (per-row staleness, rows and bytes moved, the
+share of rows) to OUT/rows-K.pt and OUT/rows-K.json when the shard stops.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+from pathlib import Path
+
+import torch
+
+from psgd.core.config import RunConfig
+from psgd.core.rowconfig import row_mode
+from psgd.core.rowoptim import RowAdagrad, RowSGD
+from psgd.core.rowrounds import RowRounds
+from psgd.core.rows import RowPartition
+from psgd.core.rowstore import RowStore
+
+OPTIMIZERS = {"sgd": RowSGD, "adagrad": RowAdagrad}
+_SERVED: dict[int, tuple] = {}  # shard index -> (its RowServer, its snapshots): one shard per process
+
+
+def meta_model(cfg: RunConfig):
+    """The run's model built on the meta device: its shapes, no values, no memory."""
+    from psgd.train import data, models  # noqa: PLC0415
+
+    with torch.device("meta"), models._NoNormalDraws():  # noqa: SLF001 - models.count's own way
+        return models._build(cfg.model, *data.SHAPES[cfg.data.dataset])  # noqa: SLF001
+
+
+def table_shapes(cfg: RunConfig) -> list[tuple[int, int]]:
+    """(rows, dim) of every embedding table of the run's model, in parameter order."""
+    from psgd.train.dlrm import embedding_tables  # noqa: PLC0415
+
+    return [tuple(m.weight.shape) for _, m in embedding_tables(meta_model(cfg))]
+
+
+def dense_count(cfg: RunConfig) -> int:
+    """Parameters the dense shards hold when the tables travel by row: the rest of the model."""
+    from psgd.train.rowtrain import dense_parameters  # noqa: PLC0415
+
+    return sum(p.numel() for p in dense_parameters(meta_model(cfg)))
+
+
+def fusable(model) -> bool:
+    """Whether the model's tables go in one store per shard (psgd/train/rowtrain.py's fused layout:
+    one id space, each table partitioned as if alone, one directory entry per request): several
+    tables of one width, looked up by ids known before forward (`row_ids`). Worker and shard ask it
+    of the same model, so they agree."""
+    from psgd.train.dlrm import embedding_tables  # noqa: PLC0415
+
+    tables = [m for _, m in embedding_tables(model)]
+    return len(tables) > 1 and hasattr(model, "row_ids") and len({m.embedding_dim for m in tables}) == 1
+
+
+def partitions(cfg: RunConfig, shapes: list[tuple[int, int]], fused: bool) -> list[RowPartition]:
+    """The run's row partitions: one over every table (fused), or one per table."""
+    if fused:
+        return [RowPartition(sum(r for r, _ in shapes), cfg.servers, cfg.row_partition, tuple(r for r, _ in shapes))]
+    return [RowPartition(r, cfg.servers, cfg.row_partition) for r, _ in shapes]
+
+
+def stores(cfg: RunConfig, index: int) -> list[RowStore]:
+    """Shard `index`'s empty stores, one per table or one for all (`fusable`): zeros until an INIT."""
+    opt = functools.partial(OPTIMIZERS[cfg.row_optimizer], lr=cfg.optim.lr)
+    shapes = table_shapes(cfg)
+    return [RowStore(p, index, torch.zeros(p.rows, shapes[0][1] if p.tables else shapes[t][1]), opt,
+                     initialised=False)
+            for t, p in enumerate(partitions(cfg, shapes, fusable(meta_model(cfg))))]
+
+
+class _Tapped(list):
+    """The dense shard's snapshot list: each append (version, time, params) snapshots the rows too."""
+
+    def __init__(self, items, on_append) -> None:
+        super().__init__(items)
+        self.on_append = on_append
+
+    def append(self, item) -> None:
+        super().append(item)
+        self.on_append(item[0], item[1])
+
+
+def start(cfg: RunConfig, index: int, bind: str, token: bytes | None, dense) -> int:
+    """Serve shard `index`'s rows beside `dense` (its `Shard`); returns the port, written to OUT/rows-K.port."""
+    from psgd.ps import rows_tcp  # noqa: PLC0415
+
+    held = stores(cfg, index)
+    rounds = RowRounds(held, row_mode(cfg), cfg.workers, cfg.staleness)
+    server = rows_tcp.serve(held, bind, 0, token, rounds, cfg.rpc_timeout)
+    snaps: list = []
+    dense.snapshots = _Tapped(dense.snapshots, lambda v, t: snaps.append((v, t, [s.snapshot()[1] for s in held])))
+    _SERVED[index] = (server, snaps)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"rows-{index}.port").write_text(f"{server.port}\n")
+    return server.port
+
+
+def save(out: Path, index: int, version: int) -> None:
+    """Write OUT/rows-K.pt (each table's ids and its snapshots, the last at `version`, the dense
+    shard's final one) and OUT/rows-K.json (the row service's stats); stop serving."""
+    if index not in _SERVED:
+        return
+    server, snaps = _SERVED.pop(index)
+    server.close()
+    if not snaps or snaps[-1][0] != version:
+        snaps.append((version, time.time(), [s.snapshot()[1] for s in server.stores]))
+    torch.save({"ids": [s.ids for s in server.stores], "snapshots": snaps}, out / f"rows-{index}.pt")
+    stats = {"mode": server.rounds.mode, "version": server.rounds.version, "tables": server.stats()}
+    (out / f"rows-{index}.json").write_text(json.dumps(stats, indent=1))
