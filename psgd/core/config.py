@@ -7,15 +7,14 @@ Contract:
 - The schema: `RunConfig` (psgd/core/schema.py, the run's own fields and the mode lists) with its
   sections `DataConfig`, `ModelConfig`, `OptimConfig` (psgd/core/sections.py).
 - `validate` is the one check at the edge: each failure is a one-line ValueError naming the flag
-  (the CLI prints it and exits 2). Its checks, one function per concern, are below (the run's
-  own, the wire, all-reduce, faults, local SGD, elastic membership, remedies) and next to each
-  section (sections.py `check_data`, `check_model`, `check_optim`).
+  (the CLI prints it and exits 2). Its checks, one function per concern, are below (the run's own,
+  the wire, all-reduce, faults, local SGD, elastic membership, remedies), next to each section
+  (sections.py `check_data`, `check_model`, `check_optim`) and rowconfig.py's `check_rows`.
 
 `to_argv(cfg)` is how `psgd run` hands the exact same configuration to the server and worker
 processes it starts, each only its room's settings (psgd/train/roles.py `flags_for`), as you would
-start them by hand on other hosts.
-
-It re-exports the schema files' names (`config.X` is the one way in); stdlib only, below every layer.
+start them by hand on other hosts. It re-exports the schema files' names (`config.X` is the one
+way in); stdlib only, below every layer.
 """
 
 from __future__ import annotations
