@@ -82,9 +82,9 @@ def await_readable(sock: socket.socket, seconds: float) -> None:
     """Spin up to `seconds` polling `sock` for input without sleeping; the caller's blocking read
     follows either way (spin, then block).
 
-    Why: a process that sleeps in a read is woken by the kernel when its peer writes, and on this
-    project's 2-core VMs that wake-up cost ~50 us after a millisecond asleep (a raw socket ping-pong,
-    docs/architecture.md), twice per round trip, as long as the whole push of a small model. Only
+    Why: a process that sleeps in a read is woken by the kernel when its peer writes, and that
+    wake-up, twice per round trip, costs as much as the whole push of a small model (a raw socket
+    ping-pong, measured in docs/architecture.md). Only
     for peers on this host whose processes fit its cores (psgd/ps/shm/): a spinning process must
     not take a core from one that computes."""
     if seconds <= 0:

@@ -1,8 +1,8 @@
 """The raw-TCP data plane of one shard (`--transport tcp`): pushes and pulls on plain sockets.
 
-Why it exists: gRPC Python moves a 64 MiB tensor at about 0.4x (push) and 0.55x (pull) of a raw
-loopback socket (`psgd bench transport`); ps-lite and BytePS have transports of their own for the
-same reason. Every shard listens here too (a port `Info` reports as `data_port`); Init and Info
+Why it exists: gRPC Python moves a large tensor at about half the rate of a raw loopback socket or
+less (`psgd bench transport`, results/bench/); ps-lite and BytePS have transports of their own for
+the same reason. Every shard listens here too (a port `Info` reports as `data_port`); Init and Info
 stay on gRPC. The frames are psgd/ps/framing.py's, read and sent through a connection's `Frames`; a
 transport may upgrade a connection with an op of its own (`upgrades`, given by psgd/ps/server.py from
 psgd/ps/transport.py's registry), which replaces that `Frames` with one that moves them its own way.
