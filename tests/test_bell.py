@@ -204,15 +204,18 @@ def test_a_reply_offset_must_be_aligned_and_inside_the_segment(shard_servers):
 
 
 def test_a_crowded_host_does_not_spin(monkeypatch):
-    """A run whose processes fit the cores still sleeps at once while the host's load average is
-    above them (a second run, a test suite): its spin would take a core from one that computes."""
+    """A run whose processes fit the cores still sleeps at once while more tasks than the cores + 1
+    are runnable on the host (a second run, a test suite): its spin would take a core from one that
+    computes; once the host is quiet again it spins."""
     import os
 
     from psgd.ps.shm import bell
 
     cores = len(os.sched_getaffinity(0))
-    for load, spins in ((cores + 2.0, False), (cores - 0.5, True)):
-        monkeypatch.setattr(os, "getloadavg", lambda load=load: (load, load, load))
-        monkeypatch.setitem(bell._load, "checked", -10.0**9)  # read the load now
+    assert bell.runnable() >= 1  # this test's own process, at least
+    for count, spins in ((cores + 4, False), (cores, True)):
+        monkeypatch.setattr(bell, "runnable", lambda count=count: count)
+        monkeypatch.setitem(bell._load, "runnable", float(count))  # as after a few samples of it
+        monkeypatch.setitem(bell._load, "checked", -10.0**9)  # sample now
         assert bell.spin_now(0.02) == (0.02 if spins else 0.0)
     assert bell.spin_now(0.0) == 0.0

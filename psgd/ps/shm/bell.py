@@ -58,20 +58,33 @@ def available() -> bool:
     return platform.machine().lower() in ("x86_64", "amd64")
 
 
-_load = {"checked": -1.0, "crowded": False}
+_load = {"checked": -1.0, "runnable": 0.0, "crowded": False}
+
+
+def runnable() -> int:
+    """Tasks runnable on this host now (the kernel's count in /proc/loadavg), or 0 where it has none."""
+    try:
+        with open("/proc/loadavg") as f:
+            return int(f.read().split()[3].split("/")[0])
+    except (OSError, IndexError, ValueError):
+        return 0
 
 
 def spin_now(seconds: float) -> float:
-    """`seconds` (a connection's `spin_for`), or 0 while this host is crowded: its one-minute load
-    average above its cores (+0.5). The run fitting the cores is not enough where other work (a
-    second run, a test suite) shares them: each spin then takes a core from a process that computes,
-    and a round trip waits for the scheduler instead of a wake-up. Read once a second."""
+    """`seconds` (a connection's `spin_for`), or 0 while this host is crowded: more tasks runnable
+    than its cores + 1 (the run's own spinning worker and shard among them), averaged over the last
+    few seconds (sampled twice a second, each sample half the average). The run fitting the cores is
+    not enough where other work (a second run, a test suite) shares them: each spin then takes a core
+    from a process that computes, and a round trip waits for the scheduler instead of a wake-up. The
+    instant count, not the one-minute load average: a run that starts after other work has ended
+    spins at once, not a minute later."""
     if seconds <= 0:
         return 0.0
     now = time.monotonic()
-    if now - _load["checked"] >= 1.0:
+    if now - _load["checked"] >= 0.5:
         _load["checked"] = now
-        _load["crowded"] = os.getloadavg()[0] > len(os.sched_getaffinity(0)) + 0.5
+        _load["runnable"] = 0.5 * _load["runnable"] + 0.5 * runnable()
+        _load["crowded"] = _load["runnable"] > len(os.sched_getaffinity(0)) + 1
     return 0.0 if _load["crowded"] else seconds
 
 
