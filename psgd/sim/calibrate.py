@@ -78,19 +78,21 @@ def step_law(lines: list[dict], workers: int) -> dict:
     run's floor (the smallest push + pull of any step, over its two messages), and a step's compute
     is its own time less that floor, each worker's mean giving its speed, the spread (a log-normal
     CV) the per-step variation about the worker's mean, pooled. Clock 0 is left out: it holds the
-    process's warm-up. Returns compute_s (the mean over workers), speeds, spread (CV) and message_s.
-    ValueError when a worker has no step line past clock 0."""
+    process's warm-up. Returns compute_s (the mean over workers), speeds, spread (CV) and message_s;
+    a worker with no step line past clock 0 (async: the others spent the budget first) gets speed 1.
+    ValueError when no worker has one."""
     own: dict[int, list[float]] = {w: [] for w in range(workers)}
     floor = math.inf
     for e in lines:
         if e.get("event") == "step" and e.get("clock", 0) > 0 and e.get("rank") in own:
             own[e["rank"]].append(float(e["compute_s"]) + float(e["push_s"]) + float(e["pull_s"]))
             floor = min(floor, (float(e["push_s"]) + float(e["pull_s"])) / 2)
-    if any(not v for v in own.values()):
-        raise ValueError("step_law: every worker needs step lines past clock 0")
+    own = {w: v for w, v in own.items() if v}
+    if not own:
+        raise ValueError("step_law: no worker has a step line past clock 0")
     comp = {w: [max(x - 2 * floor, 1e-9) for x in v] for w, v in own.items()}
     means = {w: statistics.fmean(v) for w, v in comp.items()}
     mean = statistics.fmean(means.values())
     ratios = [x / means[w] for w, v in comp.items() for x in v]
-    return {"compute_s": mean, "speeds": tuple(mean / means[w] for w in range(workers)),
+    return {"compute_s": mean, "speeds": tuple(mean / means[w] if w in means else 1.0 for w in range(workers)),
             "spread": statistics.stdev(ratios) if len(ratios) > 1 else 0.0, "message_s": floor}
