@@ -1,5 +1,6 @@
-"""docs/tutorial.md as a notebook (tools/tutorial_notebook.py), executed top to bottom by the headless
-command README.md names (`jupyter execute`, nbclient's, which the notebook extra installs).
+"""docs/tutorial.md as a notebook (tools/tutorial_notebook.py): every command of it a cell, and a
+notebook of two of its steps executed top to bottom by the headless command README.md names
+(`jupyter execute`, nbclient's, which the notebook extra installs).
 
 It needs the `notebook` extra, which `make install` (and so `make test`) installs: without it the test
 fails and says so, rather than skip on every machine that lacks it.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -19,9 +21,20 @@ from tests.helpers import processes_with_env
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADLESS = "jupyter execute --inplace"  # runs a notebook's cells and writes their outputs into it
+# The steps executed here: a `psgd run` with its inline figure (05) and an example that reads that run
+# (07). Every other command of the tutorial runs in tests/test_examples.py (each example) and
+# tests/test_readme.py; running them all again here cost a minute of `make test`.
+STEPS = "05,07"
 
 
-def test_the_tutorial_notebook_runs_top_to_bottom_with_its_figures(tmp_path):
+def tutorial_commands() -> list[str]:
+    """The commands of the tutorial's ```bash blocks, as the notebook takes them (comments cut)."""
+    blocks = re.findall(r"^```bash\n(.*?)^```", (ROOT / "docs" / "tutorial.md").read_text(), re.M | re.S)
+    lines = (line.split("  #")[0].strip() for block in blocks for line in block.splitlines())
+    return [c for c in lines if c and not c.startswith(("#", ". ", "make install"))]
+
+
+def test_the_tutorial_is_a_notebook_whose_steps_run_with_their_figures(tmp_path):
     try:
         import ipykernel  # noqa: F401  (the kernel nbclient starts)
         import nbclient  # noqa: F401  (its `jupyter execute` runs the notebook)
@@ -29,13 +42,14 @@ def test_the_tutorial_notebook_runs_top_to_bottom_with_its_figures(tmp_path):
     except ImportError as e:
         pytest.fail(f"{e.name} is missing: `make install` installs the notebook extra "
                     "(or pip install -e '.[notebook]')", pytrace=False)
-    path = tmp_path / "tutorial.ipynb"
-    r = subprocess.run([sys.executable, str(ROOT / "tools" / "tutorial_notebook.py"), "--out", str(path)],
-                       capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stderr
-    nb = nbformat.read(path, as_version=4)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert any("examples/01_one_process.py" in c.source for c in code), "the tutorial's commands are cells"
+    whole, path = tmp_path / "whole.ipynb", tmp_path / "tutorial.ipynb"
+    for out, more in ((whole, []), (path, ["--steps", STEPS])):
+        r = subprocess.run([sys.executable, str(ROOT / "tools" / "tutorial_notebook.py"), "--out", str(out), *more],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+    code = [c for c in nbformat.read(whole, as_version=4).cells if c.cell_type == "code"]
+    cells = "".join(c.source for c in code)
+    assert all(f"sh({c!r})" in cells for c in tutorial_commands()), "every tutorial command is a cell"
     assert not any("make install" in c.source for c in code), "the set-up block is not run"
     # The notebook runs from a root of its own that holds the checkout's examples/ and pyproject.toml
     # (what it looks for), so its `psgd run` cells write results/runs/ there, not in the checkout.

@@ -45,10 +45,13 @@ if _DIR:
 
 def main_thread_psgd_frames(dump: str) -> list[str] | None:
     """The psgd functions on the main thread's stack in the last faulthandler dump of `dump`; None
-    until that stack is written whole (down to runpy's frame, the bottom of `python -m`'s main thread)."""
+    until that stack is written whole (down to runpy's frame, the bottom of `python -m`'s main thread,
+    or to faulthandler's mark that it stopped at 100 frames)."""
     main = re.findall(r"^main (0x[0-9a-f]+)$", dump, re.M)[-1]
     for block in re.split(r"\n(?=(?:Current thread|Thread) 0x)", dump.rsplit("--- sample", 1)[-1]):
-        if block.startswith(("Current thread " + main, "Thread " + main)) and "_run_module_as_main" in block:
+        # faulthandler writes at most 100 frames, then "  ...": a cold child deep in importing torch.
+        whole = "_run_module_as_main" in block or re.search(r"^  \.\.\.$", block, re.M)
+        if block.startswith(("Current thread " + main, "Thread " + main)) and whole:
             frames = re.findall(r'File "([^"]+)", line \d+ in (\S+)', block)
             return [f"{Path(f).name}:{name}" for f, name in frames if f.startswith(PSGD)]
     return None
@@ -66,13 +69,13 @@ def sample(stacks: Path, pid: int) -> list[str]:
     return frames or []
 
 
-def shard_pid(out: Path) -> int | None:
+def pid_of(title: str, out: Path) -> int | None:
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
         except OSError:
             continue
-        if cmd.startswith("psgd shard 0/1") and str(out) in cmd:
+        if cmd.startswith(title) and str(out) in cmd:
             return int(pid)
     return None
 
@@ -92,8 +95,10 @@ def test_the_launcher_and_a_shard_hold_at_most_12_psgd_frames_mid_run(tmp_path, 
     try:
         deadline, seen = time.monotonic() + 120, ([], [])
         while time.monotonic() < deadline:  # until the launcher waits on its children and the shard serves
-            shard = shard_pid(out)
-            if shard is not None and (stacks / f"{shard}.txt").exists():
+            # A worker starts once the shard listens: before that a cold shard may still be importing,
+            # its handler not yet armed (a signal then waits until it is).
+            shard, worker = pid_of("psgd shard 0/1", out), pid_of("psgd worker 0/1", out)
+            if shard is not None and worker is not None and (stacks / f"{shard}.txt").exists():
                 seen = sample(stacks, launcher.pid), sample(stacks, shard)
                 if any(f.endswith(":wait_any" if not cold else ":wait_workers") for f in seen[0]) and \
                         any(f.endswith(":cmd_server") for f in seen[1]):

@@ -131,7 +131,9 @@ def test_silent_strangers_are_cut_and_only_admitted_connections_fill_the_room(ga
             hellos.append(s)
             fr.send_frame(s, fr.HELLO, TOKEN)
         answers = [fr.recv_head(s)[0] for s in hellos]
-        assert answers == [fr.WELCOME] * room + [fr.ERROR] * 5
+        # The shard's threads take them in whatever order they run: which ones are refused may vary,
+        # how many may not.
+        assert sorted(answers) == sorted([fr.WELCOME] * room + [fr.ERROR] * 5)
         good.push(0, torch.ones(10))  # ...and through all of it the real worker was served
         assert not good.pull(1, out).done and torch.equal(out, torch.arange(10) - 0.05)
     finally:

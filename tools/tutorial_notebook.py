@@ -3,6 +3,7 @@
     python tools/tutorial_notebook.py                # writes results/tmp/tutorial.ipynb (git ignores it)
     jupyter lab results/tmp/tutorial.ipynb           # or: --out PATH; run it top to bottom
     jupyter execute --inplace results/tmp/tutorial.ipynb   # or headless: outputs and figures written into it
+    python tools/tutorial_notebook.py --steps 05,07  # only those steps (their "## NN" headings)
 
 Generated, not committed: the tutorial stays the one text (its outputs are rewritten by
 psgd/lab/docs_outputs.py), and a notebook made from it is never stale.
@@ -113,6 +114,18 @@ def cells(markdown: str) -> list[dict]:
     return out
 
 
+def steps(markdown: str, chosen: set[int]) -> str:
+    """The tutorial's text before its first step and the steps numbered in `chosen` ("## 05 — ...";
+    "## 08-10 — ..." is steps 8 to 10); the sections after them that are no step ("## Where next") drop."""
+    parts = re.split(r"(?=^## )", markdown, flags=re.M)
+    kept = [parts[0]]
+    for part in parts[1:]:
+        m = re.match(r"## (\d+)(?:-(\d+))? ", part)
+        if m and chosen & set(range(int(m[1]), int(m[2] or m[1]) + 1)):
+            kept.append(part)
+    return "".join(kept)
+
+
 def notebook(markdown: str) -> str:
     nb = {"cells": cells(markdown), "nbformat": 4, "nbformat_minor": 5,
           "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"},
@@ -125,8 +138,16 @@ def notebook(markdown: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=TARGET, help=f"where to write it (default {TARGET.relative_to(ROOT)})")
+    ap.add_argument("--steps", help="comma-separated step numbers to keep, e.g. 05,07 (default: all)")
     a = ap.parse_args(argv)
-    made = notebook(SOURCE.read_text())
+    text = SOURCE.read_text()
+    if a.steps:
+        try:
+            chosen = {int(n) for n in a.steps.split(",")}
+        except ValueError:
+            ap.error(f"--steps takes step numbers such as 05,07, not {a.steps!r}")
+        text = steps(text, chosen)
+    made = notebook(text)
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(made)
     print(f"wrote {a.out} ({len(json.loads(made)['cells'])} cells)")
