@@ -12,6 +12,8 @@ from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig, va
 from psgd.core.consistency import PolicyError, PullTimeout, Sync, make_policy
 from tests.helpers import psgd_main, train_in_threads
 
+pytestmark = pytest.mark.usefixtures("warm_runs")  # its runs fork from the tests' warm parent
+
 
 class Param:
     """A stand-in shard: records every applied update."""

@@ -12,6 +12,8 @@ from psgd.train import clicks, data, dlrm, models
 
 from .helpers import psgd_main, summary
 
+pytestmark = pytest.mark.usefixtures("warm_runs")  # its runs fork from the tests' warm parent
+
 
 def test_dlrm_has_a_table_per_field_and_answers_two_logits():
     p = clicks.PROFILES["clicks"]

@@ -8,6 +8,8 @@ from psgd.core.config import RunConfig, validate
 from psgd.ps.client import make_client
 from tests.helpers import psgd_main
 
+pytestmark = pytest.mark.usefixtures("warm_runs")  # its runs fork from the tests' warm parent
+
 
 @pytest.mark.parametrize("text,bits,latency", [
     ("1gbit,200us", 1e9, 200e-6),

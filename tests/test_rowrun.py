@@ -11,11 +11,14 @@ with the tables served by row beside the dense shards.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from psgd.core.config import DataConfig
 from psgd.train import data
 from tests.helpers import psgd_main, summary
+
+pytestmark = pytest.mark.usefixtures("warm_runs")  # its runs fork from the tests' warm parent
 
 BASE = ("run", "--dataset", "clicks", "--model", "dlrm", "--workers", "2", "--servers", "2")
 

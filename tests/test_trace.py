@@ -10,6 +10,8 @@ from psgd.core.palette import SEGMENT_COLORS
 from psgd.lab import trace
 from tests.helpers import psgd_main
 
+pytestmark = pytest.mark.usefixtures("warm_runs")  # its runs fork from the tests' warm parent
+
 START = 1000.0  # train_start of the hand-written runs below (any wall clock will do)
 
 

@@ -116,9 +116,10 @@ def leaves(schema: type) -> tuple[Leaf, ...]:
     return tuple(out)
 
 
-def _fields(klass: type) -> list[tuple[dataclasses.Field, Any]]:
+@functools.cache  # a schema's fields never change; get_type_hints is most of a suite's loading (1,654 configs)
+def _fields(klass: type) -> tuple[tuple[dataclasses.Field, Any], ...]:
     hints = typing.get_type_hints(klass)  # the real types, not the strings `from __future__` leaves
-    return [(f, hints[f.name]) for f in dataclasses.fields(klass)]
+    return tuple((f, hints[f.name]) for f in dataclasses.fields(klass))
 
 
 def _default(f: dataclasses.Field) -> Any:

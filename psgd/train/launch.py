@@ -70,12 +70,13 @@ def run(cfg: RunConfig, resume: bool = False, cold_start: bool = False, zygote: 
     `after`; summary.json lists them). The workers are restarted too: in sync every shard and
     worker must go back to one step, and the checkpoint is that step."""
     restarts = 0
+    own: list[Zygote] = []  # the run's own warm parent, kept across restarts: torch is loaded once
     if resume:  # a fresh start locks its folder as it prepares it (rundir.py `fresh`); a resumed one here
         rundir.lock(Path(cfg.out))
     try:
         while True:
             try:
-                with _attempt(cfg, resume, cold_start, zygote, tensorboard, prepared) as crew:
+                with _attempt(cfg, resume, cold_start, zygote, tensorboard, prepared, own) as crew:
                     cfg = crew.cfg
                     with _children(crew):
                         supervise.wait_workers(crew.workers, crew.servers, cfg, crew.restart, crew.zygote)
@@ -88,6 +89,8 @@ def run(cfg: RunConfig, resume: bool = False, cold_start: bool = False, zygote: 
                 cfg, resume = restart.after(cfg, e, restarts)
                 restarts, prepared = restarts + 1, False
     finally:
+        for parent in own:
+            parent.close()
         if cfg.out:  # the run's folder, free for the next run (the lock dies with this process anyway)
             rundir.unlock(Path(cfg.out))
 
@@ -138,10 +141,12 @@ class Crew:
 
 @contextlib.contextmanager
 def _attempt(cfg: RunConfig, resume: bool, cold_start: bool, shared: Zygote | None, tensorboard: Path | None,
-             prepared: bool) -> Iterator[Crew]:
-    """One attempt's folder, warm parent, TensorBoard follower and CPU groups, closed on the way out.
-    The warm parent loads torch while the launcher prepares; on cluster hosts each child enters its
-    namespace by exec (`ip netns exec`), so there, and with --cold-start, every child execs."""
+             prepared: bool, own: list[Zygote]) -> Iterator[Crew]:
+    """One attempt's folder, warm parent, TensorBoard follower and CPU groups, closed on the way out
+    but for the warm parent: the run's own (in `own`, started by its first attempt, or again when
+    it died) serves every attempt, and `run` closes it. It loads torch while the launcher prepares;
+    on cluster hosts each child enters its namespace by exec (`ip netns exec`), so there, and with
+    --cold-start, every child execs."""
     restore: list[str] = []
     if resume:
         restore = restart.restore_flags(cfg)
@@ -151,12 +156,14 @@ def _attempt(cfg: RunConfig, resume: bool, cold_start: bool, shared: Zygote | No
     out = Path(cfg.out)
     rundir.write_launch(out, "psgd run --resume" if resume else "psgd run")
     forks = not (cold_start or cfg.hosts)
-    own = forks and (shared is None or shared.gone)
+    mine = forks and (shared is None or shared.gone)
     log.info("%s: %s%s run, %d workers, %d shards; children %s", out, "resumed " if resume else "", cfg.mode,
              cfg.workers, 0 if cfg.mode == "allreduce" else cfg.servers,
-             "exec'd" if not forks else "forked from the run's warm parent" if own else "forked from a shared parent")
-    zygote = Zygote.start(str(out), supervise.child_env(cfg), reloads=cfg.restart_servers + cfg.restart_workers,
-                          on_reload=lambda how: _zygote_reloaded(cfg, how)) if own else (shared if forks else None)
+             "exec'd" if not forks else "forked from the run's warm parent" if mine else "forked from a shared parent")
+    if mine and not (own and not own[-1].gone):
+        own.append(Zygote.start(str(out), supervise.child_env(cfg), reloads=cfg.restart_servers + cfg.restart_workers,
+                                on_reload=lambda how: _zygote_reloaded(cfg, how)))
+    zygote = own[-1] if mine else (shared if forks else None)
     follower = quotas = None
     try:
         if tensorboard is not None:
@@ -174,8 +181,6 @@ def _attempt(cfg: RunConfig, resume: bool, cold_start: bool, shared: Zygote | No
             quotas.close()
         if follower is not None:
             follower.close()
-        if own:
-            zygote.close()
 
 
 def _zygote_reloaded(cfg: RunConfig, how: str) -> None:
