@@ -45,11 +45,14 @@ $(STAMP): pyproject.toml Makefile
 	@test -x $(BIN)/pip || $(PIP) install -q --ignore-installed --no-deps pip
 	@touch $(STAMP)
 
-# Two test processes (pytest-xdist): most tests wait on the processes and sockets they start, so
-# two share 2 cores well (measured: 177 s vs 238 s for one). `make test PYTEST_WORKERS=0` runs one.
-# --dist worksteal: an idle process takes queued tests from the other, so no long test is left
+# Three test processes (pytest-xdist) on 2 cores: most tests wait on the processes and sockets they
+# start, so a third keeps the cores busy while two wait (measured on 2 idle cores: 231 s, 1.9 cores
+# busy, against 266-286 s and 1.6-1.75 cores for two in the runs just before; one process was 238 s
+# against 177 s for two, on fewer tests).
+# `make test PYTEST_WORKERS=0` runs one.
+# --dist worksteal: an idle process takes queued tests from the others, so no long test is left
 # alone at the end (measured back to back on 2 idle cores: 136 s against 166 s with the default).
-PYTEST_WORKERS ?= 2
+PYTEST_WORKERS ?= 3
 # Hypothesis' pytest plugin, where the system's Python has it (the venv sees its packages), costs
 # 1.5 s of import in each of the three pytest processes; no test uses it.
 PYTEST_FLAGS := -q -n $(PYTEST_WORKERS) --dist worksteal -p no:hypothesispytest

@@ -108,9 +108,10 @@ def _fake_start(tmp_path):
 
 
 def test_warm_and_cold_start_give_the_same_run_bit_for_bit(tmp_path):
-    # Three workers: the shards sum each step's gradients in worker order (psgd/core/consistency.py),
-    # so however the processes' start-up and arrivals interleave, the sums are the same.
-    flags = ["run", "--mode", "sync", "--workers", "3", "--servers", "2", "--steps", "15", "--batch-size", "8",
+    # Two workers on two shards (each cold process imports torch: 1.7 s of CPU): the shards sum each
+    # step's gradients in worker order (psgd/core/stepsum.py), so however the processes' start-up and
+    # arrivals interleave, the sums are the same.
+    flags = ["run", "--mode", "sync", "--workers", "2", "--servers", "2", "--steps", "15", "--batch-size", "8",
              "--quiet"]
     # The launchers run in this process (psgd_main); their children are what differs: forked from the
     # run's own zygote, or each exec'd.
