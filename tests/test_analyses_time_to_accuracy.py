@@ -76,3 +76,11 @@ def test_a_range_of_targets_stated_in_advance_and_kept_below_every_plateau(tmp_p
     assert sum(e.label.startswith("Dean") for e in section.effects) == 3
     assert "targets 50% to 60% (50%, 55%, 60%), stated in the experiment file" in section.body
     assert "left out, at or above that plateau: 64%" in section.body
+
+
+def test_every_target_above_a_plateau_is_inconclusive_and_says_so(tmp_path):
+    """Every target at or above some arm's plateau (0.63 here): nothing is timed, and the verdict
+    says so instead of failing the analysis."""
+    section = judge(tmp_path, [3.0, 3.05, 2.95], targets=[0.64, 0.70])
+    assert section.verdict == "inconclusive" and section.key["targets"] == [] and not section.effects
+    assert section.key["corollary"] is None and "not judged" in section.body

@@ -74,7 +74,7 @@ def measure(arms: dict, target: float | tuple[float, ...]) -> tuple[V.Verdict, d
             key[f"{label} at {target:.0%}"] = {"ratio": ratio.estimate, "ci": [ratio.lo, ratio.hi],
                                                "seeds_not_reaching": missed}
     outcome = {label: T.over_range(o) for label, o in per_check.items()}
-    corollary = next(label for label in outcome if label not in PAPERS)
+    corollary = checks[-1][0]  # not judged (absent from `outcome`) when every target was dropped
     key["papers"], key["corollary"] = {k: outcome[k] for k in PAPERS if k in outcome}, outcome.get(corollary)
     papers = V.combine([outcome[k] for k in PAPERS if k in outcome]) if targets else V.INCONCLUSIVE
     reason = (f"seconds to each target, paired by seed over the seeds where both arms reached it, over "
