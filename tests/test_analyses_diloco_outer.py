@@ -40,11 +40,27 @@ def test_the_outer_rate_is_chosen_on_validation_and_judged_on_test(tmp_path):
     section = judge(tmp_path, [runs(tmp_path, "sync", 2.00, 2.00), runs(tmp_path, "d0.3", 2.10, 1.90, 0.3),
                                runs(tmp_path, "d0.7", 2.02, 2.02, 0.7), runs(tmp_path, "d1.0", 2.20, 2.20, 1.0)])
     assert section.key["outer_lr"] == 0.7 and not section.key["edge"]
-    assert abs(section.key["gap"] - (-0.02)) < 1e-9 and section.verdict == "confirmed", section.headline
+    assert abs(section.key["gap"] - (-0.02)) < 1e-9, section.headline
+    # 4 workers, 50 outer steps from random weights: early training, reported, not the paper's claim.
+    assert section.verdict == "not testable here" and "confirmed in early training" in section.headline
+    assert [e.outcome for e in section.effects] == ["confirmed"]
 
 
 def test_a_rate_at_the_grid_edge_is_named_and_a_large_gap_refutes(tmp_path):
     section = judge(tmp_path, [runs(tmp_path, "sync", 2.00, 2.00), runs(tmp_path, "d0.3", 2.10, 2.10, 0.3),
                                runs(tmp_path, "d0.7", 2.20, 2.20, 0.7)])
     assert section.key["outer_lr"] == 0.3 and section.key["edge"] and "grid edge" in section.headline
-    assert section.verdict == "refuted"
+    assert section.verdict == "not testable here" and [e.outcome for e in section.effects] == ["refuted"]
+
+
+def test_diloco_is_judged_only_at_the_papers_scale_and_says_which_numbers_fall_short():
+    from psgd.lab import verdicts as V
+
+    early = V.Verdict(V.REFUTED, "sync minus DiLoCo -0.2 nats")
+    assert V.diloco_at_scale(8, 100, True, early) is early   # the paper's setup: the measured verdict stands
+    short = V.diloco_at_scale(2, 50, False, early)
+    assert short.outcome == V.NOT_TESTABLE and short.effects == early.effects
+    for said in ("2 workers (the paper: 8)", "50 outer steps (the paper: at least 100)", "from random weights",
+                 "reported and not judged: refuted (sync minus DiLoCo -0.2 nats)"):
+        assert said in short.reason
+    assert "workers" not in V.diloco_at_scale(8, 50, True, early).reason

@@ -203,7 +203,8 @@ def diloco(ctx: Context):
             for i, g in enumerate(gs)]
     body = table(["arm", "inner lr (tuned)", "updates", "test loss [95% CI]", "sync minus arm", "KiB / worker step",
                   "less traffic", "converged"], rows)
-    verdict = V.keeps_loss(gaps, DILOCO_MARGIN)
+    outer = min(int(g.mean("global_updates")) for g in gs[1:])  # a DiLoCo run's updates are its outer steps
+    verdict = V.diloco_at_scale(int(base.cfg["workers"]), outer, False, V.keeps_loss(gaps, DILOCO_MARGIN))
     headline = ("at equal samples, test loss (nats per character) minus sync data parallel's "
                 f"{base.ci('test_loss').fmt()}: " + ", ".join(f"{k} {-v.estimate:+.3f} [{-v.hi:+.3f}, {-v.lo:+.3f}]"
                                                             for k, v in gaps.items())

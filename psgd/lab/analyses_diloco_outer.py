@@ -38,10 +38,11 @@ def diloco_outer(ctx: Context) -> Finding:
     edge = len(val) > 1 and best in (min(val), max(val))
     gap = diff(sync, chosen, "test_loss")     # sync's loss minus DiLoCo's: negative when DiLoCo is worse
     part = V.part(f"sync - DiLoCo H={chosen.cfg['local_steps']} test loss", gap, MARGIN, "no_worse", V.NATS)
-    verdict = V.Verdict(part.outcome, f"at the outer rate of lowest validation loss, sync's test loss minus DiLoCo's, "
-                                      f"paired by seed, above -{MARGIN:g} nats", (part,))
     h = chosen.cfg["local_steps"]
     outer_steps = chosen.runs[0].summary.get("global_updates", 0)
+    verdict = V.diloco_at_scale(chosen.cfg["workers"], outer_steps, False, V.Verdict(
+        part.outcome, f"at the outer rate of lowest validation loss, sync's test loss minus DiLoCo's, paired by seed, "
+                      f"above -{MARGIN:g} nats", (part,)))
     rows = [[g.label, f"{g.cfg['optim']['outer_lr']:g}" if g is not sync else "-", f"{g.lr:g}",
              f"{np.mean(g.finals('val_loss')):.3f}", g.ci("test_loss").fmt(3)] for g in [sync, *diloco.values()]]
     text = table(["run", "outer lr", "inner lr", "validation loss", "test loss [95% CI]"], rows)
@@ -54,7 +55,7 @@ def diloco_outer(ctx: Context) -> Finding:
                  f"{ctx.exp.id}: test loss, DiLoCo at its chosen outer rate")
     headline = (f"{chosen.cfg['workers']} workers, {outer_steps} outer steps of H={h}, outer lr {best:g} chosen on "
                 f"validation{' (grid edge)' if edge else ''}: sync minus DiLoCo test loss "
-                f"{gap.fmt(3, signed=True)} nats ({part.outcome})")
+                f"{gap.fmt(3, signed=True)} nats ({part.outcome} in early training; the claim: {verdict.outcome})")
     key = {"gap": gap.estimate, "gap_ci": [gap.lo, gap.hi], "outer_lr": best, "edge": edge, "outer_steps": outer_steps,
            "H": h, "workers": chosen.cfg["workers"]}
     return Finding(verdict, headline, text, [Figure(f1, ctx.caption("Test loss against training samples."))], key)

@@ -304,3 +304,23 @@ def server_bottleneck(hosts: int, ring_minus_ps_speedup: Interval, margin: float
                                      "separate hosts")
     part = _part(label, ring_minus_ps_speedup, margin, "effect", RATIO)
     return Verdict(part.outcome, f"{label} {ring_minus_ps_speedup.fmt(2, signed=True)}x (margin {margin}x)", (part,))
+
+
+# DiLoCo as Douillard et al. (2023) ran it (issue 57): 8 workers, each replica started from a checkpoint
+# of synchronous training, then at least 100 outer steps (their 88k steps at H = 500).
+DILOCO_PAPER_WORKERS, DILOCO_PAPER_OUTER_STEPS = 8, 100
+
+
+def diloco_at_scale(workers: int, outer_steps: int, warm_start: bool, early: Verdict) -> Verdict:
+    """E14, E18, E22: DiLoCo's claim where the runs match the paper's setup, else "not testable here"
+    with the numbers that say why. The measured `early` verdict (what this scale shows: early training
+    from random weights) keeps its effects and is named in the reason, reported, never the claim's."""
+    short = ([f"{workers} workers (the paper: {DILOCO_PAPER_WORKERS})"] if workers < DILOCO_PAPER_WORKERS else []) \
+        + ([f"{outer_steps} outer steps (the paper: at least {DILOCO_PAPER_OUTER_STEPS})"]
+           if outer_steps < DILOCO_PAPER_OUTER_STEPS else []) \
+        + ([] if warm_start else ["from random weights (the paper: warm-started from a synchronous checkpoint)"])
+    if not short:
+        return early
+    return Verdict(NOT_TESTABLE, f"not at the paper's scale, which 2 cores cannot run: {'; '.join(short)}. "
+                                 f"Early training here, reported and not judged: {early.outcome} ({early.reason})",
+                   early.effects)
