@@ -14,12 +14,13 @@ from psgd.lab import analyses
 
 
 def runs(root: Path, label: str, acc: list[float], mode: str, workers: int, optimizer: str,
-         loss: list[float] | None = None) -> list:
+         loss: list[float] | None = None, momentum: float = 0.9) -> list:
     out = []
     for seed, a in enumerate(acc):
         folder = root / f"{label.replace(' ', '_').replace(',', '')}-{seed}"
         folder.mkdir(parents=True)
-        cfg = to_dict(RunConfig(mode=mode, seed=seed, workers=workers, optim=OptimConfig(optimizer=optimizer)))
+        cfg = to_dict(RunConfig(mode=mode, seed=seed, workers=workers, optim=OptimConfig(optimizer=optimizer,
+                                                                                             momentum=momentum)))
         (folder / "summary.json").write_text(json.dumps({"mode": mode, "config": cfg, "staleness": {"mean": 3.0}}))
         (folder / "metrics.jsonl").write_text("\n".join(json.dumps(
             {"event": "eval", "version": v, "test_accuracy": a, "samples": 100 * v,
@@ -81,3 +82,25 @@ def test_a_language_models_damage_is_the_test_loss_staleness_adds(tmp_path, adam
     assert section.verdict == verdict, section.headline
     assert "test loss (nats) added" in section.headline and "SGD +0.100" in section.headline
     assert (tmp_path / "E17" / "loss_vs_samples.png").exists()
+
+
+@pytest.mark.parametrize("plain_async, verdict", [([0.61, 0.62, 0.61], "confirmed"), ([0.51, 0.52, 0.51], "refuted")])
+def test_with_a_plain_sgd_arm_the_damages_are_weighed_against_plain_sgds(tmp_path, plain_async, verdict):
+    """Dai et al.'s baseline is SGD without momentum (issue 57): AdamW's cost is weighed against
+    plain SGD's, and momentum SGD's cost minus plain SGD's is reported beside it."""
+    summaries = (runs(tmp_path, "one worker", [0.62, 0.63, 0.62], "sync", 1, "sgd")
+                 + runs(tmp_path, "async", [0.56, 0.57, 0.56], "async", 4, "sgd")
+                 + runs(tmp_path, "one worker, AdamW", [0.62, 0.63, 0.62], "sync", 1, "adamw")
+                 + runs(tmp_path, "async, AdamW", [0.55, 0.56, 0.55], "async", 4, "adamw")
+                 + runs(tmp_path, "one worker, plain", [0.62, 0.63, 0.62], "sync", 1, "sgd", momentum=0.0)
+                 + runs(tmp_path, "async, plain", plain_async, "async", 4, "sgd", momentum=0.0))
+    exp = SimpleNamespace(id="E16", path="e16.toml", title="t", claim="c", quote="", quote_en="", quote_source="",
+                          why="w", analysis="adam_staleness", seeds=(0, 1, 2),
+                          params={"sgd": ["one worker", "async"], "adamw": ["one worker, AdamW", "async, AdamW"],
+                                  "plain": ["one worker, plain", "async, plain"], "margin": 0.02})
+    (tmp_path / "E16").mkdir()
+    section = analyses.analyse(exp, summaries, tmp_path / "E16")
+    assert section.verdict == verdict, section.headline
+    assert "AdamW's minus plain SGD's" in section.headline and "momentum SGD's minus plain SGD's" in section.headline
+    assert section.key["async_momentum_minus_plain"] == pytest.approx(0.06 - (0.01 if verdict == "confirmed" else 0.11))
+    assert "| one worker, plain | sgd | 0 |" in section.body

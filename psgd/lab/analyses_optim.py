@@ -1,13 +1,16 @@
 """The analysis of staleness and the optimizer (E16): is the accuracy that staleness costs larger
 with AdamW than with SGD (Dai et al. 2018)? Same contract as psgd/lab/analyses.py, whose `analyse`
 dispatches here; [params] names the arms: `sgd` and `adamw`, each [control, stale arm, ...] (async,
-and SSP where it ran), the same stale arms in the same order for both.
+and SSP where it ran), the same stale arms in the same order for both; `plain` the same for SGD
+without momentum, where it ran (issue 57: Dai et al.'s baseline).
 
 Damage = control minus a stale arm (final test accuracy, paired by seed: the same initialisation and data
 order in both); the verdict weighs AdamW's damage minus SGD's, per seed, with a t interval, against
 the margin, for each stale arm: confirmed when AdamW loses clearly more, refuted when its loss is
 clearly not larger by the margin, else inconclusive; and AdamW's own damage must exceed zero (a
 part of its own), so that SGD gaining from staleness cannot confirm it. The verdict combines them.
+With a `plain` arm the damages are weighed against plain SGD's, as Dai et al. did, and momentum
+SGD's damage minus plain SGD's is reported beside them (key `<arm>_momentum_minus_plain`).
 """
 
 from __future__ import annotations
@@ -21,48 +24,61 @@ from psgd.lab.results import Figure, table
 def adam_staleness(ctx: Context):
     p = ctx.params
     (sgd_c, *sgd_stale), (adam_c, *adam_stale) = ([ctx.group(x) for x in p[k]] for k in ("sgd", "adamw"))
-    if len(sgd_stale) != len(adam_stale) or not sgd_stale:
+    plain_c, *plain_stale = [ctx.group(x) for x in p.get("plain", [])] or [None]
+    if len(sgd_stale) != len(adam_stale) or not sgd_stale or (plain_c and len(plain_stale) != len(sgd_stale)):
         raise ValueError(f"{ctx.exp.id}: [params] sgd and adamw must each name the control and the same stale "
-                         f"arms (async, ssp), got {p['sgd']} and {p['adamw']}")
+                         f"arms (async, ssp), got {p['sgd']} and {p['adamw']}"
+                         + (f" and plain {p['plain']}" if plain_c else ""))
     margin = float(p.get("margin", 0.02))
     # The figure of merit: test accuracy (damage = control - stale), or for a language model the test
     # loss in nats per token (damage = stale - control): either way a positive damage is a cost.
     loss = p.get("metric", "test_accuracy") == "test_loss"
     key_name, sign = ("test_loss", -1.0) if loss else ("test_accuracy", 1.0)
-    order = [sgd_c, *sgd_stale, adam_c, *adam_stale]
+    order = [sgd_c, *sgd_stale, adam_c, *adam_stale, *([plain_c, *plain_stale] if plain_c else [])]
     # A difference of two damages is taken seed by seed, so every arm must have run the same seeds.
     if not all(g.seeds == sgd_c.seeds for g in order):
         raise ValueError(f"{ctx.exp.id}: every arm must run the same seeds (the damages are paired by seed)")
-    damage, dd = {}, {}
-    for s_arm, a_arm in zip(sgd_stale, adam_stale, strict=True):
+    def cost(control, stale) -> list[float]:
+        return [sign * (c - a) for c, a in zip(control.finals(key_name), stale.finals(key_name), strict=True)]
+
+    damage, dd, plain, momentum = {}, {}, {}, {}
+    for i, (s_arm, a_arm) in enumerate(zip(sgd_stale, adam_stale, strict=True)):
         arm = _stale_name(s_arm)
-        per_sgd = [sign * (c - a) for c, a in zip(sgd_c.finals(key_name), s_arm.finals(key_name), strict=True)]
-        per_adam = [sign * (c - a) for c, a in zip(adam_c.finals(key_name), a_arm.finals(key_name), strict=True)]
+        per_sgd, per_adam = cost(sgd_c, s_arm), cost(adam_c, a_arm)
         damage[arm] = (stats.mean_ci(per_sgd), stats.mean_ci(per_adam))
-        dd[arm] = stats.diff_ci(per_adam, per_sgd)
+        if plain_c:  # Dai et al.'s baseline: both damages against plain SGD's
+            per_plain = cost(plain_c, plain_stale[i])
+            plain[arm], momentum[arm] = stats.mean_ci(per_plain), stats.diff_ci(per_sgd, per_plain)
+        dd[arm] = stats.diff_ci(per_adam, per_plain if plain_c else per_sgd)
     verdict = V.staleness_hurts_adam_more(dd, margin, V.NATS if loss else V.ACCURACY,
-                                          adam_damage={arm: a for arm, (_, a) in damage.items()})
+                                          adam_damage={arm: a for arm, (_, a) in damage.items()},
+                                          sgd="plain SGD" if plain_c else "SGD")
     f1 = ctx.out / ("loss_vs_samples.png" if loss else "accuracy_vs_samples.png")
     plots.curves(variant_series(order), "samples", key_name, f1, f"{ctx.exp.id}: SGD and AdamW, with and "
                  "without staleness")
     f2 = ctx.out / "staleness_cost.png"
-    plots.dots(["SGD (momentum 0.9)", "AdamW"],
-               {f"control minus {arm}": (f"variant:{i}", [s.estimate, a.estimate], [(s.lo, s.hi), (a.lo, a.hi)])
-                for i, (arm, (s, a)) in enumerate(damage.items())},
+    cis = {arm: [*([plain[arm]] if plain_c else []), s, a] for arm, (s, a) in damage.items()}
+    plots.dots([*(["plain SGD"] if plain_c else []), "SGD (momentum 0.9)", "AdamW"],
+               {f"control minus {arm}": (f"variant:{i}", [c.estimate for c in ci], [(c.lo, c.hi) for c in ci])
+                for i, (arm, ci) in enumerate(cis.items())},
                "test loss added by staleness (nats)" if loss else "accuracy lost to staleness", f2,
                f"{ctx.exp.id}: what staleness costs each optimizer",
                refs=[(0.0, "no cost")])
-    rows = [[g.label, g.cfg["optim"]["optimizer"], g.mode, g.cfg["workers"], f"{g.lr:g}",
+    rows = [[g.label, g.cfg["optim"]["optimizer"], f"{g.cfg['optim'].get('momentum', 0):g}", g.mode, g.cfg["workers"],
+             f"{g.lr:g}",
              stats.mean_ci(g.finals(key_name)).fmt() if loss else acc_ci(g).fmt(),
              f"{g.mean('staleness.mean'):.2f}", g.converged()] for g in order]
-    body = table(["run", "optimizer", "mode", "workers", "lr (tuned)",
+    body = table(["run", "optimizer", "momentum", "mode", "workers", "lr (tuned)",
                   "test loss, nats [95% CI]" if loss else "test accuracy [95% CI]", "mean staleness", "converged"],
                  rows)
     headline = (("test loss (nats) added by staleness (the stale arm minus the one-worker control"
                  if loss else "accuracy lost to staleness (one-worker control minus the stale arm")
                 + f" at N={sgd_stale[0].cfg['workers']}, paired by seed): " + "; ".join(
-                    f"{arm}: SGD {s.fmt(signed=True)}, AdamW {a.fmt(signed=True)}, AdamW's minus SGD's "
-                    f"{dd[arm].fmt(signed=True)}" for arm, (s, a) in damage.items()) + f" (margin {margin})")
+                    (f"{arm}: plain SGD {plain[arm].fmt(signed=True)}, " if plain_c else f"{arm}: ")
+                    + f"SGD {s.fmt(signed=True)}, AdamW {a.fmt(signed=True)}, AdamW's minus "
+                    f"{'plain ' if plain_c else ''}SGD's {dd[arm].fmt(signed=True)}"
+                    + (f", momentum SGD's minus plain SGD's {momentum[arm].fmt(signed=True)}" if plain_c else "")
+                    for arm, (s, a) in damage.items()) + f" (margin {margin})")
     body += (f"\n\nBoth optimizers at their own tuned rates, every control at the stale arms' batch per update and "
              f"equal samples; intervals: Student t over {len(sgd_c.runs)} seeds, paired by seed.")
     what = "Test loss (nats per token)" if loss else "Test accuracy"
@@ -73,6 +89,8 @@ def adam_staleness(ctx: Context):
     key = {f"{arm}_{k}": v for arm in damage for k, v in
            (("sgd_damage", damage[arm][0].estimate), ("adamw_damage", damage[arm][1].estimate),
             ("adamw_minus_sgd", dd[arm].estimate))}
+    key.update({f"{arm}_{k}": v for arm in plain for k, v in
+                (("plain_damage", plain[arm].estimate), ("momentum_minus_plain", momentum[arm].estimate))})
     return verdict, headline, body, figs, key
 
 

@@ -155,17 +155,19 @@ def sync_beats_async(sync_minus_async: Interval, margin: float = 0.01, label: st
 
 
 def staleness_hurts_adam_more(adam_minus_sgd_damage: Interval | dict[str, Interval], margin: float = 0.02,
-                              unit: str = ACCURACY, adam_damage: dict[str, Interval] | None = None) -> Verdict:
+                              unit: str = ACCURACY, adam_damage: dict[str, Interval] | None = None,
+                              sgd: str = "SGD") -> Verdict:
     """E16: the damage staleness does (the control's accuracy minus the stale arm's, or with `unit`
     NATS the stale arm's test loss minus the control's) is larger with AdamW than with SGD. One
     interval, or one per stale arm ({"async": ..., "ssp s=2": ...}): each is a part, and the
     verdict combines them (a claim about staleness should hold wherever there is some). Either margin
-    is taken as set (the noise floor, measured in accuracy, is checked against an accuracy margin only)."""
+    is taken as set (the noise floor, measured in accuracy, is checked against an accuracy margin only).
+    `sgd` names the SGD arm the damages were taken against ("plain SGD": Dai et al.'s own baseline)."""
     margin, stated = accuracy_margin(margin) if unit == ACCURACY else (margin, f"{margin:g} nats")
     by = adam_minus_sgd_damage if isinstance(adam_minus_sgd_damage, dict) else {"": adam_minus_sgd_damage}
-    parts = tuple(_part(f"AdamW's staleness cost - SGD's{f' ({arm})' if arm else ''}", ci, margin, "effect", unit)
+    parts = tuple(_part(f"AdamW's staleness cost - {sgd}'s{f' ({arm})' if arm else ''}", ci, margin, "effect", unit)
                   for arm, ci in by.items())
-    reason = "; ".join(f"{'' if not arm else arm + ': '}AdamW's staleness cost - SGD's {ci.fmt(signed=True)}"
+    reason = "; ".join(f"{'' if not arm else arm + ': '}AdamW's staleness cost - {sgd}'s {ci.fmt(signed=True)}"
                        for arm, ci in by.items())
     outcomes = [x.outcome for x in parts]
     if adam_damage:
