@@ -123,6 +123,29 @@ def test_warm_and_cold_start_give_the_same_run_bit_for_bit(tmp_path):
     assert supervise.Child  # the launcher's one way to start a child, forked or exec'd
 
 
+def test_a_restarted_run_forks_again_from_the_warm_parent_that_loaded_torch(tmp_path, monkeypatch):
+    """A shard killed mid-run and restarted (--restart-servers): the new attempt's processes fork from
+    the run's own warm parent, which outlives the attempt; it is started once per run, not per attempt."""
+    from psgd.train import launch
+
+    started = []
+    real = Zygote.start
+
+    def start(*args, **kwargs):
+        started.append(real(*args, **kwargs))
+        return started[-1]
+
+    monkeypatch.setattr(launch.Zygote, "start", start)
+    out = tmp_path / "run"
+    r = psgd_main("run", "--mode", "sync", "--workers", "1", "--servers", "1", "--steps", "12", "--checkpoint-every",
+                  "5", "--dataset", "synthetic", "--num-samples", "600", "--model", "mlp", "--width", "16",
+                  "--batch-size", "8", "--eval-every", "0", "--fail-shard-at", "0=7", "--restart-servers", "1",
+                  "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    assert len(summary(out)["restarts"]) == 1 and len(started) == 1
+    assert started[0].proc.poll() is not None and processes_mentioning(str(out)) == []  # closed at the end
+
+
 def test_an_exit_read_by_a_poll_still_wakes_the_next_wait(warm, tmp_path):
     """No lost wake-up: the launcher polls its children after each wait_any, and a poll may read an
     exit report before the wait that would have woken on it; wait_any still returns for it."""
