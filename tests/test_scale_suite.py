@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("profile", suite.PROFILES)
 def test_the_scale_suite_is_valid_and_every_arm_is_simulated(profile, tmp_path):
     experiments = suite.load_suite(ROOT / "experiments" / "scale.toml", profile, results=tmp_path)
-    assert sorted(e.id for e in experiments) == ["S1", "S2"]
+    assert sorted(e.id for e in experiments) == ["S1", "S2", "S3"]
     for e in experiments:
         assert "SIMULATED" in e.title
         for spec in e.tune_specs() + e.planned_specs():
@@ -45,7 +45,8 @@ def swap(text: str, *pairs: tuple[str, str]) -> str:
 
 
 def tiny(tmp_path: Path) -> Path:
-    """The suite's two experiment files, shrunk: S1 on N = 2, 4 and K = 1, 2; S2 on 4 workers, briefly."""
+    """The suite's experiment files, shrunk: S1 on N = 2, 4 and K = 1, 2; S2 on 4 workers, briefly; S3 on
+    4 and 4 + 2 workers."""
     s1 = swap((ROOT / "experiments" / "s01_sim_bottleneck.toml").read_text(),
               ("workers = [2, 4, 8, 16, 32, 64, 128, 256]", "workers = [2, 4]"),
               ("servers = [1, 2, 4]", "servers = [1, 2]"), ("num_samples = 40000", "num_samples = 1000"),
@@ -55,8 +56,14 @@ def tiny(tmp_path: Path) -> Path:
               ("seeds = [0, 1, 2, 3, 4]", "seeds = [0, 1]"), ("tune_lr = [0.01, 0.03]", "tune_lr = [0.03]"),
               ("[tune]\nlr = [0.3, 1.0]", "[tune]\nlr = [0.3]"), ("eval_samples = 4096", "eval_samples = 256"),
               ("targets = [0.30, 0.35, 0.40, 0.45]", "targets = [0.11, 0.12]"))
+    s3 = swap((ROOT / "experiments" / "s03_sim_backup_workers.toml").read_text(),
+              ("workers = 32", "workers = 4"), ("workers = 34", "workers = 6"), ("epochs = 34.0", "epochs = 3.0"),
+              ("epochs = 36.125", "epochs = 4.5"), ("eval_samples = 8704", "eval_samples = 192"),
+              ("seeds = [0, 1, 2]", "seeds = [0, 1]"), ("tune_lr = [0.01, 0.03]", "tune_lr = [0.03]"),
+              ("[tune]\nlr = [0.3, 1.0]", "[tune]\nlr = [0.3]"), ("target_accuracy = 0.55", "target_accuracy = 0.11"))
     (tmp_path / "s01.toml").write_text(s1)
     (tmp_path / "s02.toml").write_text(s2)
+    (tmp_path / "s03.toml").write_text(s3)
     suite_file = tmp_path / "scale.toml"
     suite_file.write_text(swap((ROOT / "experiments" / "scale.toml").read_text(),
                                ("num_samples = 5000", "num_samples = 1000")))
@@ -69,7 +76,7 @@ def test_a_tiny_scale_suite_reports_simulated_verdicts(tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads((results / "summary.json").read_text())
     claims = {c["id"]: c for c in summary["claims"]}
-    assert set(claims) == {"S1", "S2"}
+    assert set(claims) == {"S1", "S2", "S3"}
     report = (results / "REPORT.md").read_text()
     for c in claims.values():
         assert c["headline"].startswith("SIMULATED (time model: compute 10 ms/step"), c["headline"]
@@ -82,3 +89,8 @@ def test_a_tiny_scale_suite_reports_simulated_verdicts(tmp_path):
     # S2: each check's ratio as a curve over the targets, and the arms' seconds to the target.
     assert (results / "S2" / "ratio_vs_target.png").stat().st_size > 0, report.split("## S2")[1]
     assert "SIMULATED s to" in (results / "S2" / "seconds_to_target.md").read_text()
+    # S3: E19's rule on simulated runs, its figures and prose saying so (not the measured runs' CPU quotas).
+    s3 = report.split("## S3")[1]
+    assert "virtual machines of their own" in s3 and "kernel CPU quota" not in s3
+    assert (results / "S3" / "time_to_target.png").stat().st_size > 0 and "SIMULATED: Virtual seconds" in s3
+    assert claims["S3"]["by_construction"] and {"b2"} <= set(claims["S3"]["key"])

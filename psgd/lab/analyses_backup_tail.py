@@ -74,7 +74,15 @@ def measure(arms: Arms, target: float) -> tuple[V.Verdict, dict]:
     return V.Verdict(outcome, reason, tuple(parts)), key
 
 
-def draw(ctx: Context, arms: Arms, target: float) -> list[Figure]:
+# Where the workers' cores come from, as the report says it: the measured runs' CPU quotas, or
+# (psgd/lab/analyses_scale.py `sim_backup_tail`) the simulator's time model.
+QUOTAS = ("Every process runs in its own kernel CPU quota, so the extra workers bring their own cores, as extra "
+          "machines would.")
+
+
+def draw(ctx: Context, arms: Arms, target: float, simulated: str = "") -> list[Figure]:
+    """The figures; `simulated` ("SIMULATED (N=32)") heads their titles and captions, in virtual seconds."""
+    tag, secs = (f" {simulated}", "virtual seconds") if simulated else ("", "seconds")
     groups = [arms.sync, *arms.backups.values(), arms.asynchronous]
     names = [f"sync N={arms.n}", *(f"sync {arms.n}+{b}" for b in arms.backups), f"async N={arms.n}"]
     f1 = ctx.out / "time_to_target.png"
@@ -83,16 +91,21 @@ def draw(ctx: Context, arms: Arms, target: float) -> list[Figure]:
     cis = [stats.mean_ci(r) if r else nan for r in reached]
     plots.bars([f"s to {target:.0%}"], {name: (f"variant:{i}", [c.estimate], [(c.lo, c.hi)])
                                        for i, (name, c) in enumerate(zip(names, cis, strict=True))},
-               "seconds of training", f1, f"{ctx.exp.id}: time to {target:.0%} test accuracy under heavy-tailed delays")
+               f"{secs} of training", f1,
+               f"{ctx.exp.id}{tag}: time to {target:.0%} test accuracy under heavy-tailed delays")
     f2 = ctx.out / "accuracy_vs_elapsed_s.png"
     plots.curves(series_of(groups, names), "elapsed_s", "test_accuracy", f2,
-                 f"{ctx.exp.id}: accuracy against wall time", refs=[(target, f"target {target:.0%}")])
-    return [Figure(f1, "Seconds of training to the target, mean over the seeds that reached it; error bars: 95% t "
-                       "interval."),
-            Figure(f2, ctx.caption("Test accuracy against steady-state wall time; dotted: the target."))]
+                 f"{ctx.exp.id}{tag}: accuracy against {'virtual' if simulated else 'wall'} time",
+                 refs=[(target, f"target {target:.0%}")])
+    said = "SIMULATED: " if simulated else ""
+    return [Figure(f1, f"{said}{secs.capitalize()} of training to the target, mean over the seeds that reached it; "
+                       "error bars: 95% t interval."),
+            Figure(f2, ctx.caption(f"{said}Test accuracy against {'virtual' if simulated else 'steady-state wall'} "
+                                   "time; dotted: the target."))]
 
 
-def write(arms: Arms, target: float, verdict: V.Verdict) -> tuple[str, str]:
+def write(arms: Arms, target: float, verdict: V.Verdict, cores: str = QUOTAS) -> tuple[str, str]:
+    """The headline and the text; `cores` says where the workers' cores come from."""
     rows = []
     for g in [arms.sync, *arms.backups.values(), arms.asynchronous]:
         t = seconds_to(g, target)
@@ -111,10 +124,9 @@ def write(arms: Arms, target: float, verdict: V.Verdict) -> tuple[str, str]:
     headline = f"under a Pareto(1.5) delay on every worker, {said}"
     text += ("\n\nEvery worker sleeps a Pareto-distributed delay each step (shape 1.5: a finite mean, an infinite "
              "variance), so a sync step waits for the largest of N draws, which grows like N^(2/3); with b backups "
-             "each update takes the first N of N + b gradients and drops the rest, as Chen et al. 2016 do. "
-             "Every process runs in its own kernel CPU quota, so the extra workers bring their own cores, as "
-             "extra machines would. Time to target: seconds of steady-state training until the test accuracy "
-             "first reached it (evaluated on the experiment's grid of training samples).")
+             f"each update takes the first N of N + b gradients and drops the rest, as Chen et al. 2016 do. {cores} "
+             "Time to target: seconds of steady-state training until the test accuracy first reached it (evaluated "
+             "on the experiment's grid of training samples).")
     return headline, text
 
 

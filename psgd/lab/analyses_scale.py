@@ -18,6 +18,9 @@ each judged by `verdicts.part` on a ratio of samples/s paired by seed:
 and table (psgd/lab/analyses_time_to_accuracy.py `arms_of`, `measure`, `write`) on simulated runs,
 with figures of their own that say SIMULATED: seconds to the target, accuracy against virtual
 time, and each check's ratio as a curve over the targets (the target's choice shown, not hidden).
+
+`sim_backup_tail(ctx)`: Chen et al. 2016 at tens of workers, SIMULATED: E19's arms, rule, table and
+figures (psgd/lab/analyses_backup_tail.py), the figures and prose saying SIMULATED and the time model.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import math
 
 from psgd.core import costmodel
+from psgd.lab import analyses_backup_tail as bt
 from psgd.lab import analyses_time_to_accuracy as tta
 from psgd.lab import plots, stats
 from psgd.lab import targets as T
@@ -137,6 +141,19 @@ def sim_time_to_accuracy(ctx: Context) -> Finding:
     return Finding(verdict, f"{said}: {headline}", f"Every time here is {said}.\n\n{text}", figures, key)
 
 
+def sim_backup_tail(ctx: Context) -> Finding:
+    """Chen et al. 2016 at tens of workers, SIMULATED: E19's arms, rule and table on simulated runs."""
+    target = float(ctx.params.get("target_accuracy", 0.58))
+    arms = bt.arms_of(ctx)
+    said = said_of([arms.sync, *arms.backups.values(), arms.asynchronous])
+    verdict, key = bt.measure(arms, target)
+    headline, text = bt.write(arms, target, verdict, cores=f"Every time here is {said}: the extra workers are "
+                              "virtual machines of their own, each step's delay drawn from the configured law.")
+    figures = bt.draw(ctx, arms, target, f"SIMULATED (N={arms.n})")
+    key.update(simulated=True, time_model=said)
+    return Finding(verdict, f"{said}: {headline}", text, figures, key)
+
+
 def arms_n(arms: dict) -> str:
     return "/".join(map(str, sorted({int(g.cfg["workers"]) for g in arms.values()})))
 
@@ -167,4 +184,5 @@ def _tta_figures(ctx: Context, arms: dict, target: float, key: dict, targets, wo
             Figure(f2, ctx.caption("SIMULATED: test accuracy against virtual time; dotted: the target."))]
 
 
-ANALYSES = {"sim_bottleneck": sim_bottleneck, "sim_time_to_accuracy": sim_time_to_accuracy}
+ANALYSES = {"sim_bottleneck": sim_bottleneck, "sim_time_to_accuracy": sim_time_to_accuracy,
+            "sim_backup_tail": sim_backup_tail}
