@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.mark.parametrize("profile", suite.PROFILES)
 def test_the_scale_suite_is_valid_and_every_arm_is_simulated(profile, tmp_path):
     experiments = suite.load_suite(ROOT / "experiments" / "scale.toml", profile, results=tmp_path)
-    assert sorted(e.id for e in experiments) == ["S1", "S2", "S3"]
+    assert sorted(e.id for e in experiments) == ["S1", "S2", "S3", "S4"]
     for e in experiments:
         assert "SIMULATED" in e.title
         for spec in e.tune_specs() + e.planned_specs():
@@ -63,7 +63,13 @@ def tiny(tmp_path: Path) -> Path:
               ("[tune]\nlr = [0.3, 1.0]", "[tune]\nlr = [0.3]"), ("target_accuracy = 0.55", "target_accuracy = 0.11"))
     (tmp_path / "s01.toml").write_text(s1)
     (tmp_path / "s02.toml").write_text(s2)
+    s4 = swap((ROOT / "experiments" / "s04_sim_staleness_aware.toml").read_text(),
+              ("workers = 32", "workers = 4"), ("epochs = 30.0", "epochs = 2.0"),
+              ("eval_samples = 4096", "eval_samples = 128"),
+              ("seeds = [0, 1, 2]", "seeds = [0, 1]"), ("tune_lr = [0.003, 0.01, 0.03, 0.1]", "tune_lr = [0.03]"),
+              ("tune_lr = [0.03, 0.1, 0.3, 1.0]", "tune_lr = [0.1]"))
     (tmp_path / "s03.toml").write_text(s3)
+    (tmp_path / "s04.toml").write_text(s4)
     suite_file = tmp_path / "scale.toml"
     suite_file.write_text(swap((ROOT / "experiments" / "scale.toml").read_text(),
                                ("num_samples = 5000", "num_samples = 1000")))
@@ -76,7 +82,7 @@ def test_a_tiny_scale_suite_reports_simulated_verdicts(tmp_path):
     assert r.returncode == 0, r.stderr
     summary = json.loads((results / "summary.json").read_text())
     claims = {c["id"]: c for c in summary["claims"]}
-    assert set(claims) == {"S1", "S2", "S3"}
+    assert set(claims) == {"S1", "S2", "S3", "S4"}
     report = (results / "REPORT.md").read_text()
     for c in claims.values():
         assert c["headline"].startswith("SIMULATED (time model: compute 10 ms/step"), c["headline"]
@@ -94,3 +100,5 @@ def test_a_tiny_scale_suite_reports_simulated_verdicts(tmp_path):
     assert "virtual machines of their own" in s3 and "kernel CPU quota" not in s3
     assert (results / "S3" / "time_to_target.png").stat().st_size > 0 and "SIMULATED: Virtual seconds" in s3
     assert claims["S3"]["by_construction"] and {"b2"} <= set(claims["S3"]["key"])
+    # S4: E21's rule on simulated runs, SIMULATED in its headline and text.
+    assert "Every run here is SIMULATED" in report.split("## S4")[1] and claims["S4"]["key"]["simulated"]

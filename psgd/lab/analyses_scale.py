@@ -21,6 +21,7 @@ time, and each check's ratio as a curve over the targets (the target's choice sh
 
 `sim_backup_tail(ctx)`: Chen et al. 2016 at tens of workers, SIMULATED: E19's arms, rule, table and
 figures (psgd/lab/analyses_backup_tail.py), the figures and prose saying SIMULATED and the time model.
+`sim_staleness_aware(ctx)`: Zhang et al. 2016 at their scale, SIMULATED: E21's (analyses_staleness_aware.py).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ import math
 
 from psgd.core import costmodel
 from psgd.lab import analyses_backup_tail as bt
+from psgd.lab import analyses_staleness_aware as sa
 from psgd.lab import analyses_time_to_accuracy as tta
 from psgd.lab import plots, stats
 from psgd.lab import targets as T
@@ -154,6 +156,11 @@ def sim_backup_tail(ctx: Context) -> Finding:
     return Finding(verdict, f"{said}: {headline}", text, figures, key)
 
 
+def sim_staleness_aware(ctx: Context) -> Finding:
+    """Zhang et al. 2016 at their scale, SIMULATED: E21's arms and rule on simulated runs."""
+    return sa.staleness_aware(ctx, said_of(ctx.groups.values()))
+
+
 def arms_n(arms: dict) -> str:
     return "/".join(map(str, sorted({int(g.cfg["workers"]) for g in arms.values()})))
 
@@ -185,4 +192,4 @@ def _tta_figures(ctx: Context, arms: dict, target: float, key: dict, targets, wo
 
 
 ANALYSES = {"sim_bottleneck": sim_bottleneck, "sim_time_to_accuracy": sim_time_to_accuracy,
-            "sim_backup_tail": sim_backup_tail}
+            "sim_backup_tail": sim_backup_tail, "sim_staleness_aware": sim_staleness_aware}
