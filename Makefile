@@ -94,8 +94,9 @@ experiments-papers: install
 	$(BIN)/psgd suite experiments/papers.toml --out results/papers
 
 # The classic claims at the scale they were made, SIMULATED (psgd/sim/; S1: the central-server bottleneck to
-# 256 workers beside the cost model, S2: Dean 2012 / Ho 2013 at 32 workers): results/scale/. Every figure
-# and verdict says SIMULATED and its time model. Budgeted at most 20 min on 2 cores.
+# 256 workers beside the cost model, S2: Dean 2012 / Ho 2013 at 32 workers, S3: Chen 2016's backup workers
+# at 32 + 2, S4: Zhang 2016's staleness-aware rate at 32): results/scale/. Every figure and verdict says
+# SIMULATED and its time model. Budgeted at most 20 min on 2 cores.
 experiments-scale: install
 	$(BIN)/psgd suite experiments/scale.toml --out results/scale
 
