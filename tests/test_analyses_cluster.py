@@ -67,6 +67,14 @@ def test_e10_kernel_speedups_fastest_link_first_with_the_model_beside(tmp_path):
     assert slow_model == pytest.approx(4 * 0.19 / 0.64)
 
 
+def test_e10_a_link_whose_runs_failed_gives_no_speedup_and_loopback_alone_decides_nothing(tmp_path):
+    """A failed kernel run (its status not ok) leaves its link one point: no speedup for it, and one link
+    left cannot compare a fast and a slow one (E10 then keeps the EMULATED links' verdict)."""
+    write(tmp_path, [("", "E10", "ps", "loopback", 1, 0.12, 0.05), ("", "E10", "ps", "loopback", 4, 0.084, 0.08),
+                     ("1gbit", "E10", "ps", "kernel", 4, 0.6, 0.64)])
+    assert [name for name, *_ in analyses_systems._kernel_speedups(tmp_path)] == ["loopback (no shaping)"]
+
+
 def test_e4_is_inconclusive_when_gloo_and_the_hand_written_ring_disagree(tmp_path):
     g = "1gbit"
     write(tmp_path / "E4", [(g, "E4", "ps", "kernel", 2, 0.28, 0.3), (g, "E4", "ps", "kernel", 4, 0.55, 0.59),
