@@ -114,9 +114,7 @@ def link(ctx):
         verdict, headline, text = _kernel_reading(kernel, s_fast, s_slow)
         body += text
     elif cluster_rows(Path(exp.results) / "E4", "E10"):
-        body += ("
-
-E4's `psgd bench cluster` ran E10's configs but not at two links with two worker counts each "
+        body += ("\n\nE4's `psgd bench cluster` ran E10's configs but not at two links with two worker counts each "
                  "(a run failed: its cluster.csv says which), so the kernel-shaped links do not decide here; "
                  "the verdict is the EMULATED links'.")
     return verdict, headline, body, figs, {"speedup_fast": s_fast.estimate, "speedup_slow": s_slow.estimate}
