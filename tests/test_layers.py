@@ -19,6 +19,7 @@ Every import counts, also one inside a function (a lazy import is still a depend
 from __future__ import annotations
 
 import ast
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -150,6 +151,22 @@ def test_the_drawing_in_architecture_md_is_the_codes_arrows():
     imported, by_name = drawn_arrows()
     assert imported == code, f"drawn, not in the code: {imported - code}; in the code, not drawn: {code - imported}"
     assert by_name == {("cli", layer(t)[0]) for t in cli.MODULES.values()}
+
+
+def test_the_cli_starts_no_thread_before_a_shard_blocks_its_stop_signals():
+    """`psgd server` blocks SIGTERM and SIGINT first thing in cmd_server, and every thread started
+    later inherits the mask; a thread started before it (numpy's BLAS pool, which `import numpy`
+    starts) would take the launcher's SIGTERM while the shard writes its files and kill it unsaved
+    (a cold or --hosts run then failed, 'shard 0/1 exited with code -15'). Importing psgd's CLI, and
+    the shard's room, starts none."""
+    code = ("import os, sys\n"
+            "import psgd.cli, psgd.train.serve\n"
+            "threads = os.listdir(f'/proc/{os.getpid()}/task')\n"
+            "assert len(threads) == 1, f'{len(threads)} threads; numpy loaded: {\"numpy\" in sys.modules}'\n")
+    # As a launcher's child gets it: the tests' OMP_NUM_THREADS=1 would keep numpy's pool at no thread.
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
 
 
 def test_the_launcher_leaves_torch_to_its_children_and_optim_leaves_dynamo_out():

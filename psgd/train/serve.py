@@ -20,7 +20,7 @@ import threading
 from psgd.core import config as C
 from psgd.core.errors import UsageError
 from psgd.core.shorthelp import add_short_help
-from psgd.train import roles, rundir, threads
+from psgd.train import roles, threads  # rundir loads where used: see cmd_server
 from psgd.train.roles import by_hand, config_from_args, not_read
 from psgd.train.roles import token as token_
 
@@ -80,8 +80,10 @@ def cmd_server(args: argparse.Namespace, on_ready=None) -> int:
     First of all, before torch is even imported, block the stop signals in this thread: every
     thread started later inherits the mask (gRPC's, and torch's intra-op pool, which importing
     torch may start: one thread not blocking SIGTERM would take the launcher's and kill the
-    process unsaved). The wait for them is here, a sigwait in this frame. Called in a process that
-    goes on (a test), a refusal gives the mask back."""
+    process unsaved). So nothing imported before it may start a thread: rundir (and its metrics:
+    numpy, whose import starts its BLAS thread pool) loads where it is used, after the mask
+    (tests/test_layers.py holds psgd's CLI to one thread). The wait for them is here, a sigwait in
+    this frame. Called in a process that goes on (a test), a refusal gives the mask back."""
     old = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
     try:
         cfg, srv = _listen(args, on_ready)
@@ -124,6 +126,8 @@ def _config(args: argparse.Namespace) -> C.RunConfig:
 def _restored(args: argparse.Namespace, cfg: C.RunConfig) -> dict | None:
     """--restore's checkpoint of this shard (None without it); by hand, shard 0 prepares the folder."""
     from pathlib import Path
+
+    from psgd.train import rundir
 
     if not args.restore:
         if args.shard == 0:
@@ -196,6 +200,7 @@ def _leave(args: argparse.Namespace, cfg: C.RunConfig, srv) -> None:
     interpreter's teardown of torch and gRPC (on every run's critical path)."""
     from pathlib import Path
 
+    from psgd.train import rundir
     from psgd.train.metrics import Metrics, process_start_time
 
     srv.stop()
