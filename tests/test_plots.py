@@ -311,3 +311,15 @@ def test_staleness_is_counted_once_per_gradient_on_whole_number_ticks(tmp_path):
               {"version": 200, "staleness_hist": {"0": 118, "1": 82}, "max_clock_gap": 1}]
     s = summarize(tmp_path, RunConfig(mode="async", workers=2, servers=2), [], 10, "", shards)
     assert sum(s["staleness"]["hist"].values()) == 200 == s["worker_steps"]
+
+
+def test_a_run_read_back_skips_a_blank_metrics_line(tmp_path):
+    """Sixteen processes appending to one metrics.jsonl: one that opened it while another appended may
+    end a line it took for torn, leaving a blank line (seen in the papers suite's E21); the lab's
+    reader skips it instead of failing the analysis."""
+    from psgd.lab.results import load_run
+
+    (tmp_path / "summary.json").write_text('{"mode": "async"}')
+    (tmp_path / "metrics.jsonl").write_text('{"event": "eval", "version": 2, "test_accuracy": 0.5}\n\n'
+                                            '{"event": "eval", "version": 1, "test_accuracy": 0.4}\n')
+    assert [e["version"] for e in load_run(tmp_path).evals] == [1, 2]

@@ -61,6 +61,8 @@ def load_run(out: str | Path) -> RunData:
     summary = json.loads(summary_path.read_text())
     evals = []
     for line in (out / "metrics.jsonl").read_text().splitlines():
+        if not line.strip():  # a process that opened the file as another appended ended a line it took for torn
+            continue
         e = json.loads(line)
         if e.get("event") == "eval" and "version" in e:
             evals.append(e)
