@@ -53,24 +53,9 @@ def adam_staleness(ctx: Context):
     verdict = V.staleness_hurts_adam_more(dd, margin, V.NATS if loss else V.ACCURACY,
                                           adam_damage={arm: a for arm, (_, a) in damage.items()},
                                           sgd="plain SGD" if plain_c else "SGD")
-    f1 = ctx.out / ("loss_vs_samples.png" if loss else "accuracy_vs_samples.png")
-    plots.curves(variant_series(order), "samples", key_name, f1, f"{ctx.exp.id}: SGD and AdamW, with and "
-                 "without staleness")
-    f2 = ctx.out / "staleness_cost.png"
-    cis = {arm: [*([plain[arm]] if plain_c else []), s, a] for arm, (s, a) in damage.items()}
-    plots.dots([*(["plain SGD"] if plain_c else []), "SGD (momentum 0.9)", "AdamW"],
-               {f"control minus {arm}": (f"variant:{i}", [c.estimate for c in ci], [(c.lo, c.hi) for c in ci])
-                for i, (arm, ci) in enumerate(cis.items())},
-               "test loss added by staleness (nats)" if loss else "accuracy lost to staleness", f2,
-               f"{ctx.exp.id}: what staleness costs each optimizer",
-               refs=[(0.0, "no cost")])
-    rows = [[g.label, g.cfg["optim"]["optimizer"], f"{g.cfg['optim'].get('momentum', 0):g}", g.mode, g.cfg["workers"],
-             f"{g.lr:g}",
-             stats.mean_ci(g.finals(key_name)).fmt() if loss else acc_ci(g).fmt(),
-             f"{g.mean('staleness.mean'):.2f}", g.converged()] for g in order]
-    body = table(["run", "optimizer", "momentum", "mode", "workers", "lr (tuned)",
-                  "test loss, nats [95% CI]" if loss else "test accuracy [95% CI]", "mean staleness", "converged"],
-                 rows)
+    f1, f2 = _draw(ctx, order, key_name, {arm: [*([plain[arm]] if plain_c else []), s, a]
+                                           for arm, (s, a) in damage.items()}, bool(plain_c))
+    body = _table(order, key_name)
     headline = (("test loss (nats) added by staleness (the stale arm minus the one-worker control"
                  if loss else "accuracy lost to staleness (one-worker control minus the stale arm")
                 + f" at N={sgd_stale[0].cfg['workers']}, paired by seed): " + "; ".join(
@@ -92,6 +77,33 @@ def adam_staleness(ctx: Context):
     key.update({f"{arm}_{k}": v for arm in plain for k, v in
                 (("plain_damage", plain[arm].estimate), ("momentum_minus_plain", momentum[arm].estimate))})
     return verdict, headline, body, figs, key
+
+
+def _table(order: list, key_name: str) -> str:
+    loss = key_name == "test_loss"
+    rows = [[g.label, g.cfg["optim"]["optimizer"], f"{g.cfg['optim'].get('momentum', 0):g}", g.mode, g.cfg["workers"],
+             f"{g.lr:g}", stats.mean_ci(g.finals(key_name)).fmt() if loss else acc_ci(g).fmt(),
+             f"{g.mean('staleness.mean'):.2f}", g.converged()] for g in order]
+    return table(["run", "optimizer", "momentum", "mode", "workers", "lr (tuned)",
+                  "test loss, nats [95% CI]" if loss else "test accuracy [95% CI]", "mean staleness", "converged"],
+                 rows)
+
+
+def _draw(ctx: Context, order: list, key_name: str, cis: dict, plain: bool) -> tuple:
+    """The curves of every arm, and each optimizer's staleness cost per stale arm (`cis`: arm -> [plain
+    SGD's if it ran, momentum SGD's, AdamW's])."""
+    loss = key_name == "test_loss"
+    f1 = ctx.out / ("loss_vs_samples.png" if loss else "accuracy_vs_samples.png")
+    plots.curves(variant_series(order), "samples", key_name, f1, f"{ctx.exp.id}: SGD and AdamW, with and "
+                 "without staleness")
+    f2 = ctx.out / "staleness_cost.png"
+    plots.dots([*(["plain SGD"] if plain else []), "SGD (momentum 0.9)", "AdamW"],
+               {f"control minus {arm}": (f"variant:{i}", [c.estimate for c in ci], [(c.lo, c.hi) for c in ci])
+                for i, (arm, ci) in enumerate(cis.items())},
+               "test loss added by staleness (nats)" if loss else "accuracy lost to staleness", f2,
+               f"{ctx.exp.id}: what staleness costs each optimizer",
+               refs=[(0.0, "no cost")])
+    return f1, f2
 
 
 def _stale_name(g) -> str:

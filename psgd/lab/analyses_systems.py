@@ -109,15 +109,22 @@ def link(ctx):
     figs = [Figure(f1, f"Speedup over N={lo_n} per emulated link; dotted: ideal. One point per N, mean over seeds "
                        f"({ctx.seeds_note()})."),
             Figure(f2, "Share of each step spent in push, pull and wait, first seed.")]
-    kernel = _kernel_speedups(Path(exp.results) / "E4")
-    if len(kernel) >= 2:  # a fast and a slow link: where a shaped link's runs failed, the pacer's reading stands
-        verdict, headline, text = _kernel_reading(kernel, s_fast, s_slow)
-        body += text
-    elif cluster_rows(Path(exp.results) / "E4", "E10"):
-        body += ("\n\nE4's `psgd bench cluster` ran E10's configs but not at two links with two worker counts each "
-                 "(a run failed: its cluster.csv says which), so the kernel-shaped links do not decide here; "
-                 "the verdict is the EMULATED links'.")
-    return verdict, headline, body, figs, {"speedup_fast": s_fast.estimate, "speedup_slow": s_slow.estimate}
+    verdict, headline, text = _on_the_cluster(Path(exp.results) / "E4", s_fast, s_slow, verdict, headline)
+    return verdict, headline, body + text, figs, {"speedup_fast": s_fast.estimate, "speedup_slow": s_slow.estimate}
+
+
+def _on_the_cluster(folder: Path, s_fast: stats.Interval, s_slow: stats.Interval, verdict: V.Verdict,
+                    headline: str) -> tuple[V.Verdict, str, str]:
+    """E10's verdict, headline and added text: the kernel-shaped links' where E4's cluster ran E10's
+    configs at a fast and a slow link; else the EMULATED links' (`verdict`, `headline`), and a note
+    where the cluster ran them but a shaped link's runs failed."""
+    kernel = _kernel_speedups(folder)
+    if len(kernel) >= 2:
+        return _kernel_reading(kernel, s_fast, s_slow)
+    note = ("\n\nE4's `psgd bench cluster` ran E10's configs but not at two links with two worker counts each "
+            "(a run failed: its cluster.csv says which), so the kernel-shaped links do not decide here; "
+            "the verdict is the EMULATED links'.") if cluster_rows(folder, "E10") else ""
+    return verdict, headline, note
 
 
 def _kernel_reading(kernel: list[tuple[str, float, float]], s_fast: stats.Interval,
