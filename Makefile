@@ -106,12 +106,12 @@ experiments-sparse: install
 	$(BIN)/psgd suite experiments/sparse.toml --out results/sparse
 
 # The three suites at the seeds the power rule asks for per claim (each experiment file's
-# [profiles.reference], sized by psgd/lab/power.py from the committed spread, capped so that the
-# suites' ETAs stay within 55, 60 and 30 min on 2 cores, about 2.5 h in all: `python -m psgd.lab.reference
-# plan SUITE.toml FOREST.csv --cap-min M` prints the plan): results/reference/, results/transformer-reference/,
-# results/papers-reference/. Measured (2026-12-02, 2 cores): 63.9, 37.3 and 41.9 min, 2.4 h in all (the
-# ETA does not weigh the CPU quotas of E2, E11, E19 and E20; the default profile's finished runs of the
-# same configs are linked in, not made again).
+# [profiles.reference], sized by psgd/lab/power.py at the claim's fixed margin from the committed
+# spread, capped so that the suites' ETAs stay within 50, 60 and 25 min on 2 cores: `python -m
+# psgd.lab.reference plan SUITE.toml FOREST.csv --cap-min M` prints the plan): results/reference/,
+# results/transformer-reference/, results/papers-reference/. The ETA does not weigh the CPU quotas of
+# E2, E11, E19 and E20; the default profile's finished runs of the same configs are linked in, not
+# made again. Each folder's command.txt says how long it took.
 experiments-reference: install
 	$(BIN)/psgd suite experiments/default.toml --reference
 	$(BIN)/psgd suite experiments/transformer.toml --reference --out results/transformer-reference
