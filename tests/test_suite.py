@@ -517,3 +517,14 @@ def test_a_suite_is_named_or_listed_and_an_unknown_one_is_one_line(tmp_path):
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and ", ".join(sorted(shipped)) in r.stderr
     r = psgd_main("suite", "default", "--report", "--out", str(tmp_path / "r"))   # nothing ran there: one line
     assert r.returncode == 2 and "has none of this suite's" in r.stderr and not (tmp_path / "r").exists()
+
+
+def test_report_keeps_the_invocation_that_made_the_runs_only_when_its_runs_are_these(tmp_path):
+    # A --report keeps the summary of the invocation that made the folder's runs; one left by an
+    # invocation whose runs were since made again by other training code says nothing of these.
+    made = {"command": "psgd suite x.toml", "date": "2026-12-05 15:59 UTC", "wall_s": 509.4, "machine": "m",
+            "profile": "default", "run_code_version": "aaaaaaa"}
+    (tmp_path / "summary.json").write_text(json.dumps(made))
+    assert suite._made_as(tmp_path, "default", "aaaaaaa") == made
+    assert suite._made_as(tmp_path, "default", "bbbbbbb") is None
+    assert suite._made_as(tmp_path, "reference", "aaaaaaa") is None

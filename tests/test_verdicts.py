@@ -1,6 +1,7 @@
 """Verdict rules and intervals on synthetic numbers: every rule reaches every outcome it has."""
 
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -360,6 +361,21 @@ def test_a_claim_whose_scorings_differ_depends_on_scoring():
     assert same.outcome == V.CONFIRMED and "the same verdict at the best validation point" in same.reason
     missing = checks.both_scorings(at_end, None, "end", "best_val", "no validation split")
     assert missing.outcome == V.CONFIRMED and "not read: no validation split" in missing.reason
+
+
+def test_a_claim_on_runs_without_a_validation_split_is_not_read_at_the_best_validation_point():
+    from psgd.lab import readings
+
+    def analysis(ctx):  # never called: there is nothing to score at a best validation point
+        raise AssertionError("read")
+
+    exp = SimpleNamespace(id="E3", scoring="end")
+    pairs = [(None, {"config": {"data": {"val_fraction": 0.0}}})] * 2
+    assert readings.at_other_scoring(analysis, exp, pairs, {}, {}) == (
+        None, "best_val", "its runs have no validation split (val_fraction 0)")
+    v = readings.judged(analysis, exp, pairs, {}, {}, V.sync_beats_async(GOOD))
+    assert v.outcome == V.CONFIRMED and v.reason.endswith(
+        "at the best validation point: not read: its runs have no validation split (val_fraction 0)")
 
 
 def test_the_power_rule_sizes_seeds_so_the_half_width_is_at_most_half_the_margin():

@@ -164,16 +164,19 @@ def _commands(exp: Experiment, tune_specs: list[RunSpec], finals: list[RunSpec],
     return head + "\n".join(lines) + "\n"
 
 
-def _made_as(results: Path, profile: str) -> dict | None:
-    """The summary.json of the invocation that ran this folder's runs (same profile), which a re-analysis
-    keeps as the report's command, date, wall time and machine; None where there is none."""
+def _made_as(results: Path, profile: str, run_version: str) -> dict | None:
+    """The summary.json of the invocation that ran this folder's runs (same profile, and runs by the
+    same training code as now: a summary left by an invocation whose runs were since made again by
+    other code says nothing of these), which a re-analysis keeps as the report's command, date, wall
+    time and machine; None where there is none."""
     path = results / "summary.json"
     try:
         summary = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
     keys = ("command", "date", "wall_s", "machine")
-    return summary if summary.get("profile") == profile and all(k in summary for k in keys) else None
+    same = summary.get("profile") == profile and summary.get("run_code_version") == run_version
+    return summary if same and all(k in summary for k in keys) else None
 
 
 def _steps(exps: list[Experiment], done: set[str]) -> int:
@@ -279,7 +282,7 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
     made_as = None
     if only == set():
         note = "--report: re-analysed the finished runs and benchmark outputs; nothing was run"
-        made_as = _made_as(results, profile)
+        made_as = _made_as(results, profile, run_version)
     path = report.write(results, sections, command=command, wall_s=time.time() - started, note=note,
                         version=version, run_version=run_version, profile=profile, articles=articles,
                         made_by=made, noise=floor, reference=reference_summary(results), made_as=made_as)
