@@ -11,11 +11,17 @@ clearly not larger by the margin, else inconclusive; and AdamW's own damage must
 part of its own), so that SGD gaining from staleness cannot confirm it. The verdict combines them.
 With a `plain` arm the damages are weighed against plain SGD's, as Dai et al. did, and momentum
 SGD's damage minus plain SGD's is reported beside them (key `<arm>_momentum_minus_plain`).
+Where [params] states `targets` and `slowdown_margin`, Dai et al.'s other measure joins the budget's:
+AdamW's slowdown in updates to each target (a stale arm's over its control's) over the base SGD's,
+per stale arm over the range (psgd/lab/updates_to_target.py); the verdict combines the two measures,
+so where they disagree it depends on the measure.
 """
 
 from __future__ import annotations
 
 from psgd.lab import plots, stats
+from psgd.lab import targets as T
+from psgd.lab import updates_to_target as U
 from psgd.lab import verdicts as V
 from psgd.lab.analysis_kit import Context, Needs, acc_ci, variant_series
 from psgd.lab.results import Figure, table
@@ -53,6 +59,9 @@ def adam_staleness(ctx: Context):
     verdict = V.staleness_hurts_adam_more(dd, margin, V.NATS if loss else V.ACCURACY,
                                           adam_damage={arm: a for arm, (_, a) in damage.items()},
                                           sgd="plain SGD" if plain_c else "SGD")
+    base_c, base_stale = (plain_c, plain_stale) if plain_c else (sgd_c, sgd_stale)
+    verdict, to_target = _with_updates_to_target(verdict, p, order, key_name, (adam_c, adam_stale),
+                                                 (base_c, base_stale), "plain SGD" if plain_c else "SGD")
     f1, f2 = _draw(ctx, order, key_name, {arm: [*([plain[arm]] if plain_c else []), s, a]
                                            for arm, (s, a) in damage.items()}, bool(plain_c))
     body = _table(order, key_name)
@@ -65,7 +74,7 @@ def adam_staleness(ctx: Context):
                     + (f", momentum SGD's minus plain SGD's {momentum[arm].fmt(signed=True)}" if plain_c else "")
                     for arm, (s, a) in damage.items()) + f" (margin {margin})")
     body += (f"\n\nBoth optimizers at their own tuned rates, every control at the stale arms' batch per update and "
-             f"equal samples; intervals: Student t over {len(sgd_c.runs)} seeds, paired by seed.")
+             f"equal samples; intervals: Student t over {len(sgd_c.runs)} seeds, paired by seed.") + to_target
     what = "Test loss (nats per token)" if loss else "Test accuracy"
     figs = [Figure(f1, ctx.caption(f"{what} against samples, each arm at its tuned rate.")),
             Figure(f2, ("Test loss each stale arm adds over the control" if loss else
@@ -77,6 +86,31 @@ def adam_staleness(ctx: Context):
     key.update({f"{arm}_{k}": v for arm in plain for k, v in
                 (("plain_damage", plain[arm].estimate), ("momentum_minus_plain", momentum[arm].estimate))})
     return verdict, headline, body, figs, key
+
+
+def _with_updates_to_target(budget: V.Verdict, p: dict, order: list, key_name: str, adam: tuple, base: tuple,
+                            base_name: str) -> tuple[V.Verdict, str]:
+    """The fixed budget's verdict joined with Dai et al.'s other measure, updates to a target
+    (psgd/lab/updates_to_target.py), where [params] states `targets` and `slowdown_margin`; and the
+    report's paragraph on it. Both measures must agree for the claim to be decided."""
+    if "targets" not in p:
+        return budget, ""
+    lower = key_name == "test_loss"
+    margin = float(p["slowdown_margin"])
+    plateaus = {g.label: stats.mean_ci(g.finals(key_name)).estimate for g in order}
+    kept, dropped = U.kept_targets(T.targets_of(p), plateaus, lower)
+    text = "\n\n**Updates to a target** (Dai et al.'s other measure): " + T.range_text(kept, dropped, plateaus, lower)
+    if not kept:
+        return budget, text + "; none is left, so the claim is read at the fixed budget alone."
+    (adam_c, adam_stale), (base_c, base_stale) = adam, base
+    parts = {(_stale_name(a), t): U.ratio_of_slowdowns(U.slowdowns(adam_c, a, t, key_name, lower),
+                                                       U.slowdowns(base_c, b, t, key_name, lower))
+             for a, b in zip(adam_stale, base_stale, strict=True) for t in kept}
+    ut = U.judge(parts, margin, base_name)
+    outcome = V.combine([budget.outcome, ut.outcome])
+    text += f": {ut.outcome} ({ut.reason}); samples to a target interpolated between evaluations, paired by seed."
+    return V.Verdict(outcome, f"at the fixed budget: {budget.reason}; in updates to the target: {ut.reason}",
+                     budget.effects + ut.effects), text
 
 
 def _table(order: list, key_name: str) -> str:

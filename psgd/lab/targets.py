@@ -10,7 +10,8 @@ Contract (issue 57):
 - `over_range(outcomes)`: one check's outcome over the range: all targets agree -> that outcome;
   any inconclusive -> inconclusive; confirmed at some and refuted at others -> depends (on the
   target), as verdicts.combine.
-- `range_text(targets, dropped, plateaus)`: the report's sentence on the range.
+- `range_text(targets, dropped, plateaus, lower)`: the report's sentence on the range (in nats
+  where `lower`: the targets are losses).
 """
 
 from __future__ import annotations
@@ -38,13 +39,18 @@ def over_range(outcomes: Sequence[str]) -> str:
     return V.combine(list(outcomes))
 
 
-def range_text(targets: Sequence[float], dropped: Sequence[float], plateaus: Mapping[str, float]) -> str:
-    span = (f"{targets[0]:.0%}" if len(targets) == 1 else
-            f"{targets[0]:.0%} to {targets[-1]:.0%} ({', '.join(f'{t:.0%}' for t in targets)})") if targets else "none"
-    lowest = min(plateaus, key=plateaus.get) if plateaus else ""
-    text = f"targets {span}, stated in the experiment file before the runs"
-    if lowest:
-        text += f", below every arm's plateau (the lowest: {lowest}, {plateaus[lowest]:.3f})"
+def range_text(targets: Sequence[float], dropped: Sequence[float], plateaus: Mapping[str, float],
+               lower: bool = False) -> str:
+    """`lower`: the targets are losses, kept above every arm's final loss (psgd/lab/updates_to_target.py)."""
+    fmt = (lambda t: f"{t:g}") if lower else (lambda t: f"{t:.0%}")
+    span = (fmt(targets[0]) if len(targets) == 1 else
+            f"{fmt(targets[0])} to {fmt(targets[-1])} ({', '.join(map(fmt, targets))})") if targets else "none"
+    edge = (max if lower else min)(plateaus, key=plateaus.get) if plateaus else ""
+    text = f"{'target losses' if lower else 'targets'} {span}, stated in the experiment file before the runs"
+    if edge:
+        text += (", above every arm's final loss (the highest: " if lower else
+                 ", below every arm's plateau (the lowest: ") + f"{edge}, {plateaus[edge]:.3f})"
     if dropped:
-        text += f"; left out, at or above that plateau: {', '.join(f'{t:.0%}' for t in dropped)}"
+        text += f"; left out, at or {'below' if lower else 'above'} that {'loss' if lower else 'plateau'}: " \
+                + ", ".join(map(fmt, dropped))
     return text
