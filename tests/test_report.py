@@ -11,7 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from psgd.lab import analyses_remedies, analysis_kit, readme, report, stats, suite
+from psgd.lab import analyses_remedies, analysis_kit, readme, report, seeds_table, stats, suite
 from psgd.lab import articles as articles_mod
 from psgd.lab import verdicts as V
 from psgd.lab.results import Section
@@ -263,15 +263,22 @@ def test_a_claim_its_configuration_decides_is_labelled_by_construction_everywher
 def test_the_default_report_says_whether_the_reference_profile_agrees():
     s = section("E2", "q", "", "000")
     ref = {"claims": [{"id": "E2", "verdict": "refuted", "power": {"seeds_run": 11}}]}
-    assert report.reference_cell(s, ref) == "refuted (11 seeds): **differs**"
-    assert report.reference_cell(s, {"claims": [{"id": "E2", "verdict": "confirmed"}]}) == "confirmed: agrees"
+    assert seeds_table.reference_cell(s, ref) == "refuted (11 seeds): **differs**"
+    assert seeds_table.reference_cell(s, {"claims": [{"id": "E2", "verdict": "confirmed"}]}) == "confirmed: agrees"
     bench = {"claims": [{"id": "E2", "verdict": "confirmed",
                          "power": {"seeds_run": 3, "replicates": "benchmark rounds"}}]}
-    assert report.reference_cell(s, bench) == "confirmed (3 rounds): agrees"   # a benchmark's replicates
+    assert seeds_table.reference_cell(s, bench) == "confirmed (3 rounds): agrees"   # a benchmark's replicates
     one = {"claims": [{"id": "E2", "verdict": "confirmed", "power": {"seeds_run": 1, "replicates": "seeds"}}]}
-    assert report.reference_cell(s, one) == "confirmed (1 seed): agrees"
-    assert report.reference_cell(s, None) == "not run yet"
+    assert seeds_table.reference_cell(s, one) == "confirmed (1 seed): agrees"
+    assert seeds_table.reference_cell(s, None) == "not run yet"
     s.power = {"seeds_run": 3, "seeds_asked": 11, "three_decide": False, "replicates": "seeds"}
-    table = "\n".join(report.seeds_table([s], ref))
+    table = "\n".join(seeds_table.seeds_table([s], ref))
     assert "| reference profile |" in table and "refuted (11 seeds): **differs** |" in table
-    assert "reference profile" not in "\n".join(report.seeds_table([s], ref, profile="reference"))
+    assert "reference profile" not in "\n".join(seeds_table.seeds_table([s], ref, profile="reference"))
+    # Like with like (issue 57): the table says whether one training code on one machine made both.
+    ref.update(run_code_version="aaaaaaa", machine="Xeon")
+    same = "\n".join(seeds_table.seeds_table([s], ref, made=("aaaaaaa", "Xeon")))
+    assert "the same code on the same machine, so the column compares like with like" in same
+    apart = "\n".join(seeds_table.seeds_table([s], ref, made=("bbbbbbb", "EPYC")))
+    assert "by training code `aaaaaaa` on Xeon; these, by `bbbbbbb` on EPYC: another training code and another " \
+           "machine, so a difference may be theirs" in apart

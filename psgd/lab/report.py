@@ -34,8 +34,9 @@ from pathlib import Path
 import grpc
 import torch
 
-from psgd.lab import plots, power, stats
+from psgd.lab import plots, power
 from psgd.lab.articles import Article
+from psgd.lab.seeds_table import seeds_table
 
 
 def machine() -> str:
@@ -104,59 +105,6 @@ def halves_sentence(halves: Mapping | None) -> str:
 SCORING_WORDS = {"end": "at the end of each run's budget (the mean of its last evaluations)",
                  "best_val": "at each run's best validation point (the test figure at the evaluation of best "
                              "validation metric, as early stopping reads it)"}
-
-
-def reference_cell(s, reference: Mapping | None) -> str:
-    """What the reference profile (the power rule's seeds) read for this claim, and whether it agrees."""
-    if reference is None:
-        return "not run yet"
-    theirs = {c["id"]: c for c in reference.get("claims", [])}.get(s.id)
-    if theirs is None:
-        return "not in it"
-    power = theirs.get("power") or {}
-    seeds = power.get("seeds_run")
-    unit = "round" if "rounds" in (power.get("replicates") or "") else "seed"   # a benchmark's replicates
-    said = f"{theirs['verdict']}" + (f" ({seeds} {unit}{'s' * (seeds != 1)})" if seeds else "")
-    return f"{said}: {'agrees' if theirs['verdict'] == s.verdict else '**differs**'}"
-
-
-def seeds_table(sections: list, reference: Mapping | None = None, profile: str = "default") -> list[str]:
-    """"Seeds: run and asked": per claim, the seeds it ran, what the power rule asks for, whether 3
-    seeds can decide it, whether its split halves agree, where its runs are scored, and (in the
-    default profile) what the reference profile read and whether it agrees (`reference`: its
-    summary.json; None: not run)."""
-    with_reference = profile == "default"
-    rows = []
-    for s in sections:
-        pw, halves = getattr(s, "power", None), getattr(s, "halves", None)
-        if not pw and not halves:
-            continue
-        asked = "" if not pw or pw["seeds_asked"] is None else str(pw["seeds_asked"])
-        three = "" if not pw or pw["three_decide"] is None else ("yes" if pw["three_decide"] else "no")
-        split = ""
-        if halves:
-            read = all(halves[h]["verdict"] for h in ("first", "second"))
-            split = ("**unstable**" if halves["unstable"] else "agree" if halves["first"]["verdict"] ==
-                     halves["second"]["verdict"] else "differ, no contradiction") if read else "not read"
-        unit = "" if not pw or pw["replicates"] == "seeds" else " (rounds)"
-        scored = {"end": "end of budget", "best_val": "best validation"}.get(getattr(s, "scoring", ""), "")
-        rows.append(f"| [{s.id}](#{s.id.lower()}) | {pw['seeds_run'] if pw else ''}{unit} | {asked} | {three} | "
-                    f"{split} | {scored} |" + (f" {reference_cell(s, reference)} |" if with_reference else ""))
-    if not rows:
-        return []
-    return ["", "## Seeds: run and asked", "",
-            "Per claim: the seeds it ran; the seeds the power rule asks for (the smallest n whose 95% t interval "
-            "has a half-width at most half the claim's margin, at the paired seed-to-seed spread measured here, "
-            f"and at least {stats.POWER_FLOOR} where seeds are the replicates: psgd/lab/power.py); whether 3 seeds "
-            "can decide it by that rule; whether the verdicts on the two halves of the seeds agree (unstable: one "
-            "half confirmed, the other refuted); and where each run is scored. Each claim's section gives its "
-            "margins and why each is the smallest effect of interest. `make experiments-reference` runs the seeds "
-            "asked for (capped so a suite stays within 60 minutes on 2 cores)"
-            + ("; the last column is what that reference profile read, and whether it agrees with these seeds."
-               if with_reference else "."), "",
-            "| claim | seeds run | power rule asks | 3 seeds decide | split halves | scored |"
-            + (" reference profile |" if with_reference else ""),
-            "|---|---|---|---|---|---|" + ("---|" if with_reference else ""), *rows]
 
 
 def anchor(exp_id: str, ids: Collection[str]) -> str:
@@ -377,7 +325,7 @@ def write(results: Path, sections: list, command: str, wall_s: float, note: str 
                     note, reanalysed),
         *forest_lines(results, sections),
         verdict_table(sections),
-        *seeds_table(sections, reference, profile),
+        *seeds_table(sections, reference, profile, (run_version or version, ran_on)),
         *noise_lines(noise),
         *articles_section(articles, {s.id for s in sections}),
     ]
