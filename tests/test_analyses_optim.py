@@ -27,7 +27,8 @@ def runs(root: Path, label: str, acc: list[float], mode: str, workers: int, opti
         (folder / "metrics.jsonl").write_text("\n".join(json.dumps(
             {"event": "eval", "version": v, "test_accuracy": a * min(1.0, v / reach) if reach else a,
              "samples": 100 * v,
-             **({"test_loss": loss[seed]} if loss else {})}) for v in range(6)))
+             **({"test_loss": 4.5 - (4.5 - loss[seed]) * min(1.0, v / reach) if reach else loss[seed]}
+                if loss else {})}) for v in range(6)))
         out.append((SimpleNamespace(label=label, cfg=SimpleNamespace(out=str(folder))), {}))
     return out
 
@@ -130,3 +131,28 @@ def test_updates_to_a_target_is_the_claims_second_measure(tmp_path, adam_reach, 
     assert section.verdict == verdict, section.body
     assert "left out, at or above that plateau: 60%" in section.body   # AdamW's async arm ends at 0.553
     assert "in updates to the target" in section.body
+
+
+def test_a_language_models_updates_to_a_target_loss_count_down_to_it(tmp_path):
+    """E17: the targets are losses, reached from above; AdamW's stale arm takes about 2.9 times its
+    control's samples to each, plain SGD's as many as its control: confirmed by both measures."""
+    acc = [0.3, 0.3, 0.3]
+    summaries = (runs(tmp_path, "one worker", acc, "sync", 1, "sgd", [2.3, 2.31, 2.3], reach=2.0)
+                 + runs(tmp_path, "async", acc, "async", 4, "sgd", [2.4, 2.41, 2.4], reach=2.0)
+                 + runs(tmp_path, "one worker, AdamW", acc, "sync", 1, "adamw", [2.0, 2.01, 2.0], reach=2.0)
+                 + runs(tmp_path, "async, AdamW", acc, "async", 4, "adamw", [2.3, 2.32, 2.31], reach=5.0)
+                 + runs(tmp_path, "one worker, plain", acc, "sync", 1, "sgd", [2.3, 2.31, 2.3], momentum=0.0,
+                        reach=2.0)
+                 + runs(tmp_path, "async, plain", acc, "async", 4, "sgd", [2.3, 2.31, 2.3], momentum=0.0,
+                        reach=2.0))
+    exp = SimpleNamespace(id="E17", path="e17.toml", title="t", claim="c", quote="", quote_en="", quote_source="",
+                          why="w", analysis="adam_staleness", seeds=(0, 1, 2),
+                          params={"sgd": ["one worker", "async"], "adamw": ["one worker, AdamW", "async, AdamW"],
+                                  "plain": ["one worker, plain", "async, plain"], "margin": 0.05,
+                                  "metric": "test_loss", "targets": [2.2, 3.0, 3.4], "slowdown_margin": 0.2})
+    (tmp_path / "E17").mkdir()
+    section = analyses.analyse(exp, summaries, tmp_path / "E17")
+    assert section.verdict == "confirmed", section.body
+    assert "target losses 3 to 3.4" in section.body and "left out, at or below that loss: 2.2" in section.body
+    # AdamW's control reaches 3.0 at 120 samples, its stale arm at 342; plain SGD's two alike.
+    assert "async at 3: 2.85" in section.body
