@@ -274,3 +274,22 @@ def test_a_shorter_budget_is_read_off_the_same_runs(tmp_path):
     short = results.up_to(g, samples[3])
     assert [e["samples"] for e in short.runs[0].evals] == samples[:4]
     assert short.finals() == pytest.approx([(0.5 + 0.68 + 0.6) / 3]) and g.finals() == pytest.approx([0.55])
+
+
+def test_the_eta_sizes_each_dataset_once_however_many_runs_and_etas_ask(monkeypatch):
+    """The reference plan asks for a dozen ETAs of hundreds of runs; the transformer's text was loaded
+    again for each run of each (minutes for `python -m psgd.lab.reference plan experiments/transformer.toml`)."""
+    from types import SimpleNamespace
+
+    from psgd.core.config import RunConfig
+    from psgd.lab import runner
+    from psgd.train import data
+
+    calls = []
+    monkeypatch.setattr(data, "train_size", lambda cfg: calls.append(cfg) or 1000)
+    monkeypatch.setattr(runner, "_SIZES", {})
+    specs = [SimpleNamespace(cfg=RunConfig(seed=s, out=f"r{s}", epochs=1.0)) for s in range(20)]
+    exp = SimpleNamespace(bench="", tune_specs=lambda: specs[:10], planned_specs=lambda: specs[10:])
+    first = runner.estimate_s([exp], fresh=True)
+    assert runner.estimate_s([exp], fresh=True) == first > 0
+    assert len(calls) == 1   # one data config among the 20 runs, sized once for both ETAs

@@ -41,10 +41,22 @@ SAMPLES_PER_S = 40000
 SLOWER = {"gpt": (1950, 0.8)}
 
 
-def estimate_s(experiments: list[Experiment], fresh: bool = False) -> float:
-    """About how long the runs still to make take (all of them with `fresh`: none is reused)."""
+_SIZES: dict = {}   # DataConfig -> training-set size, for the ETA (see `_train_size`)
+
+
+def _train_size(cfg) -> int:
+    """data.train_size, once per data config: a dataset whose size needs loading (the transformer's
+    text) was loaded again for every run of every ETA, and the reference plan asks for a dozen ETAs
+    (`python -m psgd.lab.reference plan experiments/transformer.toml ...` ran for minutes)."""
     from psgd.train import data
 
+    if cfg not in _SIZES:
+        _SIZES[cfg] = data.train_size(cfg)
+    return _SIZES[cfg]
+
+
+def estimate_s(experiments: list[Experiment], fresh: bool = False) -> float:
+    """About how long the runs still to make take (all of them with `fresh`: none is reused)."""
     total, seen = 0.0, set()
     for e in experiments:
         if e.bench:
@@ -54,7 +66,7 @@ def estimate_s(experiments: list[Experiment], fresh: bool = False) -> float:
             if r.cfg.out in seen or (not fresh and (is_cached(r) or twin(r) is not None)):
                 continue
             seen.add(r.cfg.out)
-            cfg = C.with_epochs_resolved(r.cfg, data.train_size(r.cfg.data))
+            cfg = C.with_epochs_resolved(r.cfg, _train_size(r.cfg.data))
             rate, per_eval = SLOWER.get(cfg.model.model, (SAMPLES_PER_S, 0.0))
             # Evaluations: the start, one every eval_every updates, the end.
             evals = 1 + (-(-C.updates(cfg) // cfg.eval_every) if cfg.eval_every > 0 else 1)
