@@ -528,3 +528,21 @@ def test_report_keeps_the_invocation_that_made_the_runs_only_when_its_runs_are_t
     assert suite._made_as(tmp_path, "default", "aaaaaaa") == made
     assert suite._made_as(tmp_path, "default", "bbbbbbb") is None
     assert suite._made_as(tmp_path, "reference", "aaaaaaa") is None
+
+
+def test_a_report_names_the_kernels_its_runs_used_not_its_own(tmp_path):
+    # A re-analysis (--report) pins no kernels of its own; its machine line is the runs' (provenance.json).
+    from types import SimpleNamespace
+
+    from psgd.lab import report
+
+    runs = []
+    for k, kernels in enumerate(("avx2", "avx2", None)):
+        folder = tmp_path / f"r{k}"
+        folder.mkdir()
+        (folder / "provenance.json").write_text(json.dumps({"cpu_kernels": kernels} if kernels else {}))
+        runs.append((SimpleNamespace(cfg=SimpleNamespace(out=str(folder))), {}))
+    pending = [(None, runs, None, None, None), (None, [(SimpleNamespace(cfg=SimpleNamespace(out="nowhere")), {})],)]
+    assert suite._kernels_of(pending) == "avx2"
+    assert suite._kernels_of([]) is None
+    assert ", CPU kernels avx2, " in report.machine("avx2") and ", CPU kernels zz, " in report.machine("zz")

@@ -39,7 +39,9 @@ from psgd.lab.articles import Article
 from psgd.lab.seeds_table import seeds_table
 
 
-def machine() -> str:
+def machine(kernels: str | None = None) -> str:
+    """This machine, with the CPU kernels its runs used (`kernels`, as their provenance.json records
+    them), else those this process would pin or use."""
     cpu = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -50,7 +52,7 @@ def machine() -> str:
         pass
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     # The kernels the runs used: the suite pins them (psgd/lab/runner.py pin_cpu_kernels).
-    kernels = os.environ.get("ATEN_CPU_CAPABILITY") or torch.backends.cpu.get_cpu_capability().lower()
+    kernels = kernels or os.environ.get("ATEN_CPU_CAPABILITY") or torch.backends.cpu.get_cpu_capability().lower()
     return (f"{cpu}, {os.cpu_count()} cores, CPU kernels {kernels}, {gpu}; "
             f"Python {platform.python_version()}, torch {torch.__version__}, "
             f"grpcio {grpc.__version__}, {platform.system()} {platform.release()}")
@@ -303,20 +305,21 @@ def noise_record(noise) -> dict | None:
 def write(results: Path, sections: list, command: str, wall_s: float, note: str = "", version: str = "",
           profile: str = "default", run_version: str = "", articles: Sequence[Article] = (),
           made_by: Mapping[str, Collection[str]] | None = None, noise=None, reference: Mapping | None = None,
-          made_as: Mapping | None = None) -> Path:
+          made_as: Mapping | None = None, kernels: str | None = None) -> Path:
     """Write REPORT.md and summary.json under `results`; returns the REPORT.md path. `articles`: the
     seed articles' summary, printed once after the verdict table. `made_by`: per experiment, the
     training-code versions its cited runs recorded (`provenance_line`); without it the report
     states `run_version` for every run. `noise`: the suite's noise floor (analysis_kit.NoiseFloor).
     `made_as`: for a re-analysis (`psgd suite --report`), the summary.json of the invocation that ran
     the runs: its command, date, wall time and machine stay the report's (they describe the runs), and
-    this invocation is named beside them."""
+    this invocation is named beside them. `kernels`: the CPU kernels the runs recorded, for the
+    machine line (`machine`)."""
     made = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     reanalysed = {"command": command, "date": made} if made_as else None
     if made_as:
         command, made, wall_s = made_as["command"], made_as["date"], made_as["wall_s"]
         note = made_as.get("note", "")
-    ran_on = made_as["machine"] if made_as else machine()
+    ran_on = made_as["machine"] if made_as else machine(kernels)
     versions = cited_versions(made_by, run_version or version)
     if versions:
         run_version = versions[0] if len(versions) == 1 else "mixed: " + ", ".join(versions)

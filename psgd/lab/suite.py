@@ -179,6 +179,21 @@ def _made_as(results: Path, profile: str, run_version: str) -> dict | None:
     return summary if same and all(k in summary for k in keys) else None
 
 
+def _kernels_of(pending: list) -> str | None:
+    """The CPU kernels the analysed runs recorded (provenance.json), for the report's machine line: a
+    re-analysis pins none of its own (the suite's runs are pinned: `pin_cpu_kernels`). None where no
+    run recorded them."""
+    found = set()
+    for _, summaries, *_ in pending:
+        for item in summaries:
+            try:
+                found.add(json.loads((Path(item[0].cfg.out) / "provenance.json").read_text()).get("cpu_kernels"))
+            except (OSError, ValueError, AttributeError, TypeError, IndexError):
+                continue
+    found.discard(None)
+    return ", ".join(sorted(found)) or None
+
+
 def _steps(exps: list[Experiment], done: set[str]) -> int:
     """The runs (each made once, however many experiments share it) and benchmarks still to make, as
     planned before tuning: each tuned label at its grid's first rate."""
@@ -285,7 +300,8 @@ def run_suite(experiments: list[Experiment], results: Path, fresh: bool = False,
         made_as = _made_as(results, profile, run_version)
     path = report.write(results, sections, command=command, wall_s=time.time() - started, note=note,
                         version=version, run_version=run_version, profile=profile, articles=articles,
-                        made_by=made, noise=floor, reference=reference_summary(results), made_as=made_as)
+                        made_by=made, noise=floor, reference=reference_summary(results), made_as=made_as,
+                        kernels=_kernels_of(pending))
     print(f"psgd suite: wrote {path} ({(time.time() - started) / 60:.1f} min)", file=sys.stderr)
     return path
 
