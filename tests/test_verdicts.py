@@ -420,3 +420,27 @@ def test_adamw_must_be_hurt_itself_before_it_is_hurt_more_than_sgd():
     assert V.staleness_hurts_adam_more(diff, 0.02, adam_damage=hurt).outcome == V.CONFIRMED
     unsure = {"async": Interval(0.01, -0.01, 0.03, 3)}
     assert V.staleness_hurts_adam_more(diff, 0.02, adam_damage=unsure).outcome == V.INCONCLUSIVE
+
+
+def test_e12s_verdict_carries_the_numbers_it_weighed_so_its_seeds_are_sized():
+    """E12's verdict had no effects once the gap was established (the reference's 13 seeds showed no
+    power rule and no forest entry): the gap, each DC-ASGD setting and the staleness-aware arm are parts."""
+    from psgd.lab import analyses_staleness_remedies as E12
+    from psgd.lab import power
+    from psgd.lab.results import Group, RunData
+
+    def group(label, accs, mode="async", workers=4):
+        return Group(label, [RunData({"mode": mode, "config": {"seed": s, "workers": workers}},
+                                     [{"test_accuracy": a, "samples": 1}] * 3) for s, a in enumerate(accs)])
+
+    plain = group("async", [0.50, 0.52, 0.51, 0.50])
+    cell = E12.Cell(4, 0.03, plain, group("control", [0.60, 0.61, 0.62, 0.60], workers=1), None,
+                    {"DC-ASGD λ=10": group("dc", [0.51, 0.52, 0.52, 0.50]),
+                     "staleness-aware rate at lr 0.067": group("sa", [0.55, 0.58, 0.56, 0.57])},
+                    {"staleness-aware rate at lr 0.067": 1.05})
+    verdict, _ = E12._verdict(cell, {0.03: plain}, 0.02)
+    labels = [e.label for e in verdict.effects]
+    assert len(labels) == 3 and labels[0].startswith("one worker (control) - plain async (the gap)")
+    assert "DC-ASGD λ=10 - plain async (95.0% interval)" in labels[1] and "staleness-aware" in labels[2]
+    assert verdict.outcome == V.DEPENDS   # DC-ASGD refuted (+0.005), the staleness-aware rate confirmed (+0.058)
+    assert power.claim_power(verdict.effects, False, "why")["seeds_run"] == 4

@@ -131,17 +131,22 @@ def _verdict(c: Cell | None, grid: dict[float, Group], margin: float) -> tuple[V
         return V.Verdict(V.INCONCLUSIVE, f"{where}: {why}, so there is no measured gap for a remedy to close",
                          (V.part(f"{CONTROL} - plain async (the gap), N={c.workers}, lr {c.lr:g}", gap, margin,
                                  "effect"),)), key
+    # Every number weighed is an effect of the verdict (the forest draws them, the power rule sizes
+    # seeds from them): the gap that let the remedies be judged, then each remedy's gain.
     parts, texts = [], []
+    effects = [V.part(f"{CONTROL} - plain async (the gap), N={c.workers}, lr {c.lr:g}", gap, margin, "effect")]
     dc = _dc_reading(c, margin, key)
     if dc is not None:
         parts.append(dc[0])
         texts.append(dc[1])
-    sa_parts, sa_texts = _staleness_aware_readings(c, margin, key)
+        effects += dc[2]
+    sa_parts, sa_texts, sa_effects = _staleness_aware_readings(c, margin, key)
     parts += sa_parts
     texts += sa_texts
+    effects += sa_effects
     if not parts:
-        return V.Verdict(V.INCONCLUSIVE, f"{where}: no remedy ran there"), key
-    return V.Verdict(V.combine(parts), f"{where}; " + "; ".join(texts) + f" (margin {margin})"), key
+        return V.Verdict(V.INCONCLUSIVE, f"{where}: no remedy ran there", tuple(effects)), key
+    return V.Verdict(V.combine(parts), f"{where}; " + "; ".join(texts) + f" (margin {margin})", tuple(effects)), key
 
 
 def _rate_note(c: Cell, grid: dict[float, Group]) -> str:
@@ -156,8 +161,9 @@ def _rate_note(c: Cell, grid: dict[float, Group]) -> str:
     return f"plain async's best rate of {rates}{edge}"
 
 
-def _dc_reading(c: Cell, margin: float, key: dict) -> tuple[str, str] | None:
-    """DC-ASGD's outcome and sentence at the cell, at the Bonferroni level (None: none ran); fills key["dc"]."""
+def _dc_reading(c: Cell, margin: float, key: dict) -> tuple[str, str, list] | None:
+    """DC-ASGD's outcome, sentence and effects (one per setting, at the Bonferroni level) at the cell
+    (None: none ran); fills key["dc"]."""
     dcs = {a: g for a, g in c.arms.items() if _is_dc(a)}
     if not dcs:
         return None
@@ -172,12 +178,14 @@ def _dc_reading(c: Cell, margin: float, key: dict) -> tuple[str, str] | None:
             f"({100 * level:.1f}% intervals, Bonferroni over the settings; all: "
             + ", ".join(f"{a} {ci.fmt(signed=True)}" for a, ci in gains.items()) + ")")
     key["dc"] = {a: {"gain": ci.estimate, "ci": [ci.lo, ci.hi], "level": level} for a, ci in gains.items()}
-    return dc, text
+    return dc, text, [V.part(f"{a} - plain async ({100 * level:.1f}% interval)", ci, margin, "effect")
+                      for a, ci in gains.items()]
 
 
-def _staleness_aware_readings(c: Cell, margin: float, key: dict) -> tuple[list[str], list[str]]:
-    """The staleness-aware arms' outcomes and sentences (an unmatched mean step: shown, not judged); fills key."""
-    parts, texts = [], []
+def _staleness_aware_readings(c: Cell, margin: float, key: dict) -> tuple[list[str], list[str], list]:
+    """The staleness-aware arms' outcomes, sentences and effects (an unmatched mean step: shown, not
+    judged); fills key."""
+    parts, texts, effects = [], [], []
     for a, g in c.arms.items():
         if a in c.matched and not c.judged(a):
             texts.append(f"{a} not judged: its mean step is {c.matched[a]:.2f}x plain async's, not matched")
@@ -185,11 +193,12 @@ def _staleness_aware_readings(c: Cell, margin: float, key: dict) -> tuple[list[s
             gain = diff(g, c.plain)
             sa = V.effect(gain, margin)
             parts.append(sa)
+            effects.append(V.part(f"{a} - plain async", gain, margin, "effect"))
             texts.append(f"{SA} {sa}: {a} (mean step {c.matched[a]:.2f}x plain async's) minus plain async "
                          f"{gain.fmt(signed=True)}")
             key["staleness_aware"] = {"arm": a, "gain": gain.estimate, "ci": [gain.lo, gain.hi],
                                       "step_ratio": c.matched[a]}
-    return parts, texts
+    return parts, texts, effects
 
 
 def staleness_remedies(ctx: Context):
