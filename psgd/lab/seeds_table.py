@@ -79,7 +79,7 @@ def seeds_table(sections: list, reference: Mapping | None = None, profile: str =
             "can decide it by that rule; whether the verdicts on the two halves of the seeds agree (unstable: one "
             "half confirmed, the other refuted); and where each run is scored. Each claim's section gives its "
             "margins and why each is the smallest effect of interest. `make experiments-reference` runs the seeds "
-            "asked for (capped so a suite stays within 60 minutes on 2 cores)"
+            "asked for (capped by each suite's time on 2 cores: the experiment files say where the cap binds)"
             + ("; the last column is what that reference profile read, and whether it agrees with these seeds."
                + (f" {like_with_like(reference, *made)}" if reference else "") if with_reference else "."), "",
             "| claim | seeds run | power rule asks | 3 seeds decide | split halves | scored |"
