@@ -82,6 +82,17 @@ def test_tuning_scores_the_mean_over_three_seeds_by_default(tmp_path):
     assert experiment.choose(exp, {k: v[:1] for k, v in scores.items()})["sync"] == 0.1   # seed 100 alone
 
 
+def test_a_rate_whose_every_seed_diverged_is_never_chosen_whatever_the_metric(tmp_path):
+    """A loss's score is minus the loss (-2.7); "diverged" stood for -1.0, above it, so E17's plain
+    SGD control chose the rate at which all three tuning seeds diverged."""
+    exp = load(tmp_path)
+    nan = float("nan")
+    by_loss = {("sync", 0.1): [-2.70, -2.69, -2.71], ("sync", 0.3): [nan, nan, nan]}
+    assert experiment.choose(exp, by_loss)["sync"] == 0.1
+    by_accuracy = {("sync", 0.1): [0.60, 0.61, 0.60], ("sync", 0.3): [nan, nan, nan]}
+    assert experiment.choose(exp, by_accuracy)["sync"] == 0.1
+
+
 @pytest.mark.parametrize("seeds", ["seeds = [100]", "seeds = [1, 2]", "seeds = [5, 5, 5]"])
 def test_fewer_than_three_tuning_seeds_is_an_error_naming_the_key(tmp_path, seeds):
     with pytest.raises(experiment.SuiteError, match="'tune.seeds' needs at least 3 different seeds"):

@@ -206,12 +206,15 @@ def score(summary_dir: str, last_k: int, metric: str = "val_accuracy") -> float:
 
 
 def choose(exp: Experiment, scores: dict[tuple[str, float], list[float]]) -> dict[str, float]:
-    """The best rate per tuned label: highest mean score over tuning seeds; ties go to the smaller rate."""
+    """The best rate per tuned label: highest mean score over tuning seeds; ties go to the smaller rate.
+    A rate whose every tuning seed diverged (no finite score) ranks below every other: -inf, not a
+    number a score can fall under (a loss's score is minus the loss, -2.7 say, which ranked below
+    the -1.0 that stood for "diverged", so E17's plain-SGD control chose a rate that diverged)."""
     chosen = {}
     for t in exp.templates:
         if t.lr_grid:
             def key(lr: float, t: RunTemplate = t) -> tuple[float, float]:
                 v = [x for x in scores.get((t.label, lr), []) if x == x]
-                return (sum(v) / len(v) if v else -1.0, -lr)
+                return (sum(v) / len(v) if v else -math.inf, -lr)
             chosen[t.label] = max(t.lr_grid, key=key)
     return chosen
