@@ -130,6 +130,9 @@ def test_updates_to_a_target_is_the_claims_second_measure(tmp_path, adam_reach, 
     section = analyses.analyse(exp, summaries, tmp_path / "E16")
     assert section.verdict == verdict, section.body
     assert "left out, at or above that plateau: 60%" in section.body   # AdamW's async arm ends at 0.553
+    no_margin = {k: v for k, v in exp.params.items() if k != "slowdown_margin"}
+    with pytest.raises(ValueError, match="targets needs slowdown_margin too"):
+        analyses.analyse(SimpleNamespace(**{**vars(exp), "params": no_margin}), summaries, tmp_path / "E16")
     assert "in updates to the target" in section.body
 
 

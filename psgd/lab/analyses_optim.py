@@ -96,6 +96,9 @@ def _with_updates_to_target(budget: V.Verdict, p: dict, order: list, key_name: s
     if "targets" not in p:
         return budget, ""
     lower = key_name == "test_loss"
+    if "slowdown_margin" not in p:
+        raise ValueError("[params] targets needs slowdown_margin too: the smallest ratio of slowdowns of interest, "
+                         "fixed in the file (E16: 0.2)")
     margin = float(p["slowdown_margin"])
     plateaus = {g.label: stats.mean_ci(g.finals(key_name)).estimate for g in order}
     kept, dropped = U.kept_targets(T.targets_of(p), plateaus, lower)
