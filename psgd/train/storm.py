@@ -131,6 +131,7 @@ class Storm(threading.Thread):
         self.done: list[Fault] = []
         self.started = time.time()
         self.error: str = ""
+        self.before: dict[int, str] = {}  # this run's processes just before the last kill (`_kill`)
 
     def run(self) -> None:
         try:
@@ -139,8 +140,7 @@ class Storm(threading.Thread):
                 for fault in episode:
                     if not self._deliver(fault, gap, before):
                         return
-                    before = titles(self.cfg.out)
-                    before[fault.pid] = fault.target
+                    before = self.before  # taken before the kill: a replacement that is quick is not in it
                 if not self._wait(lambda f=episode[-1]: any(e["time"] > f.at for e in steps_written(self.out))):
                     return
         except Exception as e:  # noqa: BLE001 - the drill's own failure is reported, the run goes on
@@ -155,6 +155,11 @@ class Storm(threading.Thread):
         return False
 
     def _kill(self, fault: Fault, pid: int, name: str) -> bool:
+        # The processes alive just before the kill: the next fault of a `join` or `restart` episode
+        # targets a process outside them. Taken after the kill, a replacement already forked and
+        # titled (a descheduled storm thread on a loaded machine) counted as old and was never
+        # found: the storm waited for a process that never came and the run ended (6 of 10 faults).
+        self.before = titles(self.cfg.out)
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
