@@ -105,17 +105,20 @@ experiments-scale: install
 experiments-sparse: install
 	$(BIN)/psgd suite experiments/sparse.toml --out results/sparse
 
-# The three suites at the seeds the power rule asks for per claim (each experiment file's
+# The five suites at the seeds the power rule asks for per claim (each experiment file's
 # [profiles.reference], sized by psgd/lab/power.py at the claim's fixed margin from the committed
-# spread, capped so that the suites' ETAs stay within 50, 60 and 25 min on 2 cores: `python -m
-# psgd.lab.reference plan SUITE.toml FOREST.csv --cap-min M` prints the plan): results/reference/,
-# results/transformer-reference/, results/papers-reference/. The ETA does not weigh the CPU quotas of
-# E2, E11, E19 and E20; the default profile's finished runs of the same configs are linked in, not
-# made again. Each folder's command.txt says how long it took.
+# spread, capped so that the suites' ETAs stay within 50, 60, 25, 75 and 30 min on 2 cores: `python
+# -m psgd.lab.reference plan SUITE.toml FOREST.csv --cap-min M` prints the plan): results/reference/,
+# results/transformer-reference/, results/papers-reference/, results/sparse-reference/,
+# results/scale-reference/. The ETA does not weigh the CPU quotas of E2, E11, E19 and E20; the
+# default profile's finished runs of the same configs are linked in, not made again. Each folder's
+# command.txt says how long it took.
 experiments-reference: install
 	$(BIN)/psgd suite experiments/default.toml --reference
 	$(BIN)/psgd suite experiments/transformer.toml --reference --out results/transformer-reference
 	$(BIN)/psgd suite experiments/papers.toml --reference --out results/papers-reference
+	$(BIN)/psgd suite experiments/sparse.toml --reference --out results/sparse-reference
+	$(BIN)/psgd suite experiments/scale.toml --reference --out results/scale-reference
 
 # The verdict tables of docs/results.md, from the committed reference runs (tests fail when stale): the
 # reference profile's (results/reference/, results/transformer-reference/) where it has run, else the
