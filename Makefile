@@ -120,12 +120,14 @@ experiments-reference: install
 	$(BIN)/psgd suite experiments/sparse.toml --reference --out results/sparse-reference
 	$(BIN)/psgd suite experiments/scale.toml --reference --out results/scale-reference
 
-# The verdict tables of docs/results.md, from the committed reference runs (tests fail when stale): the
-# reference profile's (results/reference/, results/transformer-reference/) where it has run, else the
+# The verdict tables of docs/results.md, from the committed reference runs (tests fail when stale): each
+# suite's reference profile's (results/reference/, results/SUITE-reference/) where it has run, else its
 # default profile's.
 README_SUMMARIES = $(firstword $(wildcard results/reference/summary.json) results/summary.json) \
 	$(firstword $(wildcard results/transformer-reference/summary.json) results/transformer/summary.json) \
-	$(firstword $(wildcard results/papers-reference/summary.json) results/papers/summary.json)
+	$(firstword $(wildcard results/papers-reference/summary.json) results/papers/summary.json) \
+	$(firstword $(wildcard results/sparse-reference/summary.json) results/sparse/summary.json) \
+	$(firstword $(wildcard results/scale-reference/summary.json) results/scale/summary.json)
 readme: install
 	$(BIN)/python -m psgd.lab.readme docs/results.md $(README_SUMMARIES)
 

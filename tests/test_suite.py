@@ -372,11 +372,12 @@ def test_tiny_quick_suite_tunes_runs_and_reports(tmp_path):
     assert processes_mentioning(str(results)) == []
 
 
-@pytest.mark.parametrize("folder", ["results", "results/transformer", "results/papers"])
+@pytest.mark.parametrize("folder", ["results", "results/transformer", "results/papers", "results/sparse",
+                                    "results/scale"])
 def test_readme_verdict_table_is_current(folder):
-    """The README's tables are `make readme` output from the committed results/summary.json and
-    results/transformer/summary.json (the transformer suite's), or from the reference profile's
-    (results/reference/, results/transformer-reference/) once it has run, as the Makefile picks."""
+    """docs/results.md's tables are `make readme` output from each suite's committed summary.json
+    (results/summary.json, results/transformer/summary.json, ...), or from its reference profile's
+    (results/reference/, results/SUITE-reference/) once it has run, as the Makefile picks."""
     reference = "results/reference" if folder == "results" else f"{folder}-reference"
     folder = reference if (ROOT / reference / "summary.json").exists() else folder
     summary = json.loads((ROOT / folder / "summary.json").read_text())

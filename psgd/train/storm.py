@@ -5,8 +5,10 @@ Contract:
   episodes of `Fault`s that psgd/train/drill.py `plan` drew, while `launch.run` runs: it finds each
   target by its title (`psgd shard K/S OUT`, psgd/train/proctitle.py) among this process's
   descendants (`titles`, `descendants`: /proc only), SIGKILLs it and notes when (`done`), and after
-  each episode waits until a step is written again (the run recovered) before the next one. It
-  never kills anything else. A checkpoint fault kills the shard that psgd/ps/checkpoint.py's drill
+  each episode waits until a step is written again (the run recovered) before the next one. The
+  second fault of a `join` or `restart` episode takes a process that was not alive just before the
+  first one's kill (the list is taken before the kill: a quick replacement is still new). It never
+  kills anything else. A checkpoint fault kills the shard that psgd/ps/checkpoint.py's drill
   hold (`hold`, the folder `$PSGD_CHECKPOINT_HOLD` names) stopped mid-write. `stop` ends it; its own
   failure is kept in `error`, never raised into the run.
 - `steps_written(out)`: every step line of the run so far, in any attempt's metrics file, or seen
