@@ -124,7 +124,19 @@ def test_without_setproctitle_the_kernel_name_is_set():
             "print(open('/proc/self/comm').read().strip())")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "psgd worker 3/4", "prctl(PR_SET_NAME): the kernel keeps 15 bytes"
+    assert r.stdout.strip() == "psgd-worker-3/4", "prctl(PR_SET_NAME): the kernel keeps 15 bytes, no spaces"
+
+
+def test_a_titled_process_reads_whole_in_proc_stat_as_slurm_reads_it():
+    # Slurm's process tracker (proctrack/linuxproc, kill_tree.c) reads /proc/PID/stat with
+    # sscanf("%ld %s %*s %ld"): pid, name, state, parent. With setproctitle's kernel name
+    # "psgd shard 0/1 " it read the parent as 0, so scancel never reached a job's psgd tasks.
+    code = ("import os; from psgd.train import proctitle; proctitle.set_title('psgd shard 0/1 /x/run')\n"
+            "print(open('/proc/self/stat').read())")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=ENV, timeout=60)
+    assert r.returncode == 0, r.stderr
+    pid, name, state, parent = r.stdout.split()[:4]
+    assert name == "(psgd-shard-0/1)" and state.isalpha() and int(parent) == os.getpid()
 
 
 TORCHRUN = {"WORLD_SIZE": "5", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29500"}

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import ENV, processes_with_env, psgd_main, summary
+from tests.helpers import ENV, processes_mentioning, processes_with_env, psgd_main, summary
 from tools.slurm.cluster import LocalSlurm, SlurmUnavailable
 
 TINY = ["--model", "mlp", "--dataset", "synthetic", "--num-samples", "600", "--batch-size", "16", "--threads", "1"]
@@ -42,6 +42,13 @@ def slurm():
     finally:
         cluster.stop()
     assert not cluster.leftovers()
+
+
+def job_processes(out: Path, marker: str) -> list[str]:
+    """A job's live processes: by the marker in their environment, and by the run folder in their
+    titles (a titled psgd process's environment is overwritten by its title: setproctitle)."""
+    return processes_with_env(MARK, marker) + [c for c in processes_mentioning(str(out))
+                                               if c.startswith(("psgd shard ", "psgd worker "))]
 
 
 def submit(slurm, out, *flags, marker):
@@ -71,7 +78,7 @@ def test_a_sync_job_under_sbatch_ends_0_with_psgd_runs_parameters(slurm, tmp_pat
     s, ref = summary(tmp_path / "slurm"), summary(tmp_path / "run")
     assert (s["mode"], s["workers"], s["servers"], s["global_updates"]) == ("sync", 2, 1, 4)
     assert s["params_sha256"] == ref["params_sha256"]
-    assert not processes_with_env(MARK, marker)
+    assert not job_processes(tmp_path / "slurm", marker)
 
 
 def test_a_worker_killed_on_one_node_is_survived_under_a_lease(slurm, tmp_path):
@@ -87,7 +94,7 @@ def test_a_worker_killed_on_one_node_is_survived_under_a_lease(slurm, tmp_path):
     s = summary(tmp_path / "slurm")
     assert [w["worker"] for w in s["lost_workers"]] == [1], s["lost_workers"]
     assert s["global_updates"] == 20 and s["per_worker_steps"]["0"] == 20, s["per_worker_steps"]
-    assert not processes_with_env(MARK, marker)
+    assert not job_processes(tmp_path / "slurm", marker)
 
 
 def test_scancel_stops_every_psgd_process_on_every_node(slurm, tmp_path):
@@ -95,15 +102,15 @@ def test_scancel_stops_every_psgd_process_on_every_node(slurm, tmp_path):
     job = submit(slurm, tmp_path / "slurm", "--servers", "1", "--mode", "sync", "--steps", "1000000", *TINY,
                  marker=marker)
     deadline = time.monotonic() + 90
-    while len([c for c in processes_with_env(MARK, marker) if " node " in c]) < 3:  # the 3 tasks' psgd node
-        assert time.monotonic() < deadline, (tmp_path / "slurm.log").read_text()
+    while len({c for c in job_processes(tmp_path / "slurm", marker) if " node " in c or c.startswith("psgd ")}) < 3:
+        assert time.monotonic() < deadline, (tmp_path / "slurm.log").read_text()  # the 3 tasks: psgd node, titled
         assert slurm.job(job)["JobState"] in ("PENDING", "RUNNING"), (tmp_path / "slurm.log").read_text()
         time.sleep(0.3)
     slurm.run("scancel", str(job))
     assert slurm.wait(job, timeout_s=60) == "CANCELLED"
     deadline = time.monotonic() + 20  # KillWait=5: SIGTERM, then SIGKILL 5 s later
-    while processes_with_env(MARK, marker):
-        assert time.monotonic() < deadline, processes_with_env(MARK, marker)
+    while job_processes(tmp_path / "slurm", marker):
+        assert time.monotonic() < deadline, job_processes(tmp_path / "slurm", marker)
         time.sleep(0.3)
     deadline = time.monotonic() + 10
     while slurm.jobcomp(job).get("JobState") != "CANCELLED":

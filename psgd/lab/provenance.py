@@ -8,13 +8,13 @@ Contract:
   suite started with. REPORT.md and results/summary.json record it.
 - `run_code_version(root)` is the same for the code that *makes runs*: every module except the lab's
   reporting ones (LAB_FILES: analyses, plots, report, results, stats, verdicts, the suite and
-  experiment schema), the benchmarks (not cached) and the fault drill (`psgd drill`). It names the
-  last commit that changed what that code does: a commit whose changes to it are comments and
-  docstrings only (the same Python syntax tree once docstrings are dropped; `same_code`) is passed
-  over, and so is such an uncommitted change. The suite keys its run cache on it: a run made by
-  other training code is never reused, while a fix to a figure, a verdict rule or a docstring
-  re-analyses or keeps the finished runs instead of repeating them. (A run's settings are in the key
-  already, through its config.)
+  experiment schema), the benchmarks (not cached), the fault drill (`psgd drill`) and the processes'
+  names (proctitle.py). It names the last commit that changed what that code does: a commit whose
+  changes to it are comments and docstrings only (the same Python syntax tree once docstrings are
+  dropped; `same_code`) is passed over, and so is such an uncommitted change. The suite keys its run
+  cache on it: a run made by other training code is never reused, while a fix to a figure, a verdict
+  rule or a docstring re-analyses or keeps the finished runs instead of repeating them. (A run's
+  settings are in the key already, through its config.)
 - Outside psgd's own git checkout (a wheel or an sdist installed, a copied folder) both return
   "psgd-<package version>-<hash of its files>" (the run key's hash leaves out LAB_FILES, as its
   commit does), which changes whenever the code does. Git is asked only where the package's folder
@@ -32,11 +32,12 @@ from pathlib import Path
 CODE_PATHS = ("psgd", "experiments", "protos", "pyproject.toml")
 # Code no run's results depend on: the lab, the benches, the cost model, the palette, and the
 # TensorBoard view (psgd/train/tboard.py reads metrics.jsonl and writes only its own folder; its
-# thread never fails a run), and the fault drill (`psgd drill`: its storm only SIGKILLs a drill's own
-# processes; no suite run goes through it, and a drill's summary is never cached). A change there
-# does not make the committed runs stale.
+# thread never fails a run), the fault drill (`psgd drill`: its storm only SIGKILLs a drill's own
+# processes; no suite run goes through it, and a drill's summary is never cached), and the processes'
+# names (psgd/train/proctitle.py: what ps and the kernel call a process, and the words of its
+# messages; no number of any run depends on them). A change there does not make the committed runs stale.
 LAB_FILES = ("psgd/lab", "psgd/bench", "psgd/core/costmodel.py", "psgd/core/palette.py", "psgd/train/tboard.py",
-             "psgd/train/drill.py", "psgd/train/storm.py")
+             "psgd/train/drill.py", "psgd/train/storm.py", "psgd/train/proctitle.py")
 RUN_PATHS = ("psgd", "protos", "pyproject.toml", *(f":(exclude){p}" for p in LAB_FILES))
 LOOK_BACK = 50  # commits of the run paths searched for the last change of code; past it, the oldest
 

@@ -6,9 +6,10 @@ without this every process of a run shows in ps, top and py-spy as the zygote's 
 
 Contract:
 - `set_title(title)` names this process: its command line (/proc/PID/cmdline, what `ps -f`,
-  top's `c` and py-spy show) through setproctitle, a dependency; where setproctitle is not
-  importable, only the kernel's short name (/proc/PID/comm, 15 bytes, `ps -o comm`) through
-  prctl(PR_SET_NAME), and elsewhere than Linux nothing. It never raises.
+  top's `c` and py-spy show) through setproctitle, a dependency, and the kernel's short name
+  (/proc/PID/comm, `ps -o comm`) through prctl(PR_SET_NAME): its first 15 bytes with dashes for
+  spaces (`psgd-worker-1/2`: `kernel_name`), because tools split /proc/PID/stat by whitespace.
+  Elsewhere than Linux only the command line. It never raises.
 - The names (`zygote`, `shard`, `worker`) are the launcher's own (`Child.name`, psgd/train/launch.py):
   `shard K/S` and `worker R/N` with K and R 0-based, S shards and N workers, the words its exit and
   fault messages use (`worker 1/2 (pid 4242) died with signal SIGKILL`), so a message names the
@@ -56,20 +57,29 @@ def set_title(text: str) -> None:
         setproctitle = None
     if setproctitle is not None:
         try:
-            setproctitle.setproctitle(text)
-            return
+            setproctitle.setproctitle(text)  # it sets the kernel's name too, spaces and all: set again below
         except Exception:  # noqa: BLE001 - a name is a courtesy: never the reason a process fails
             pass
     set_kernel_name(text)
 
 
+def kernel_name(text: str) -> str:
+    """The kernel's name for `text`: its first 15 bytes, with a dash for every space. Tools read
+    /proc/PID/stat by whitespace, and its second field is this name: Slurm's process tracker
+    (proctrack/linuxproc's kill_tree, `"%ld %s %*s %ld"`) read `(psgd worker 1/2)` as parent pid 1,
+    so a cancelled job's psgd tasks were no descendants of its step daemon and were never signalled
+    (the job stayed COMPLETING; the tasks outlived it)."""
+    return "-".join(text.split())[:15].rstrip("-")
+
+
 def set_kernel_name(text: str) -> bool:
-    """prctl(PR_SET_NAME): the kernel's 15-byte name (/proc/PID/comm); False where it cannot be set."""
+    """prctl(PR_SET_NAME): the kernel's 15-byte name (/proc/PID/comm, `kernel_name`); False where it
+    cannot be set."""
     if not sys.platform.startswith("linux"):
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(_PR_SET_NAME, ctypes.c_char_p(text.encode()[:15]), 0, 0, 0) == 0
+        return libc.prctl(_PR_SET_NAME, ctypes.c_char_p(kernel_name(text).encode()[:15]), 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
 
