@@ -3,6 +3,8 @@
 Contract:
 - `save(fig, path, header, rows)`: the figure as PNG at `path` and its numbers as a CSV beside it
   (same name, .csv): every figure psgd draws (psgd/lab/plots.py, forest.py, trace.py) goes through it.
+  Inside `numbers_only()` it writes the CSV and renders no PNG: a claim's reading at its other scoring
+  (psgd/lab/readings.py) runs the analysis again for its verdict alone, into a folder thrown away.
 - `Series(label, mode, runs)`: one line drawn from one or more runs (seeds); `band` gives their mean
   and min..max on a common x grid (`BAND`, which every caption quotes).
 - `styles` (a line style per series: modes that can coincide, sync and all-reduce, differ in dash),
@@ -14,8 +16,9 @@ Contract:
 
 from __future__ import annotations
 
+import contextlib
 import csv
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -98,10 +101,24 @@ def band(runs: list[RunData], x: str, y: str) -> tuple[np.ndarray, np.ndarray, n
     return grid, stack.mean(0), stack.min(0), stack.max(0)
 
 
+_render = [True]  # False inside `numbers_only`
+
+
+@contextlib.contextmanager
+def numbers_only() -> Iterator[None]:
+    """`save` writes the numbers and renders no figure meanwhile (see the module docstring)."""
+    was, _render[0] = _render[0], False
+    try:
+        yield
+    finally:
+        _render[0] = was
+
+
 def save(fig, path: Path, header: list[str], rows: list[list]) -> None:
     """Write the figure to `path` (.png) and its numbers, `header` then `rows`, to the .csv beside it."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=110, bbox_inches="tight")
+    if _render[0]:  # rendering is most of a figure's cost: about 0.2 s of PNG per figure
+        fig.savefig(path, dpi=110, bbox_inches="tight")
     with open(path.with_suffix(".csv"), "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(header)

@@ -20,6 +20,7 @@ import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
+from psgd.lab import figure_kit
 from psgd.lab import verdict_checks as checks
 from psgd.lab import verdicts as V
 from psgd.lab.analysis_kit import Context
@@ -54,7 +55,7 @@ def at_other_scoring(fn, exp, summaries: list, chosen: dict, scores: dict) -> tu
         # Not an error: a claim scored at the end on runs made without a validation split (E3's
         # map, say) has nothing to read at a best validation point.
         return None, other, "its runs have no validation split (val_fraction 0)"
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as tmp, figure_kit.numbers_only():  # its figures are thrown away
         try:
             verdict = fn(Context(_with_scoring(exp, other), summaries, Path(tmp), chosen, scores))[0]
         except UNREADABLE as e:
