@@ -323,3 +323,18 @@ def test_a_run_read_back_skips_a_blank_metrics_line(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"event": "eval", "version": 2, "test_accuracy": 0.5}\n\n'
                                             '{"event": "eval", "version": 1, "test_accuracy": 0.4}\n')
     assert [e["version"] for e in load_run(tmp_path).evals] == [1, 2]
+
+
+def test_numbers_only_writes_the_csv_and_renders_no_figure(tmp_path):
+    # A claim's reading at its other scoring runs its analysis again for the verdict alone
+    # (psgd/lab/readings.py): its figures would go into a folder thrown away.
+    from psgd.lab import figure_kit
+
+    fig, ax = figure_kit.plt.subplots()
+    ax.plot([0, 1], [1, 0])
+    with figure_kit.numbers_only():
+        figure_kit.save(fig, tmp_path / "a.png", ["x", "y"], [[0, 1], [1, 0]])
+    figure_kit.save(fig, tmp_path / "b.png", ["x", "y"], [[0, 1]])
+    figure_kit.plt.close(fig)
+    assert not (tmp_path / "a.png").exists() and (tmp_path / "a.csv").read_text().splitlines() == ["x,y", "0,1", "1,0"]
+    assert (tmp_path / "b.png").stat().st_size > 0 and (tmp_path / "b.csv").exists()
