@@ -55,6 +55,7 @@ def test_a_replacement_titled_before_the_storm_looks_again_is_still_the_join_epi
         storm.join()
     finally:
         storm.stop.set()
+        monkeypatch.undo()  # the real os.kill again for the cleanup below
         for p in procs:
             p.kill()
             p.wait()
