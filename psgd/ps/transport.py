@@ -43,9 +43,9 @@ psgd/ps/transfer.py; this module re-exports them, and the wires, so callers impo
 - `TRANSPORTS` (here): the registry, name -> class, each class naming itself (`name`); `register(cls)`
   adds one. `choose(name, addresses, tls)`: "auto" (the default) becomes the registered transport of
   the highest `rank` whose `fits(addresses, tls)` holds (shm where every shard is on this host's
-  loopback, else tcp; with --link, tcp, whose shards pace their NIC too), any other name stays; `check(name, hosts, tls)`: a one-line reason a name
-  cannot carry a run, or None; `upgrades()`: the data-plane ops the registered transports add, for
-  the shard's listener (psgd/ps/server.py).
+  loopback, else tcp; with --link, tcp, whose shards pace their NIC too), any other name stays;
+  `check(name, hosts, tls)`: a one-line reason a name cannot carry a run, or None; `upgrades()`:
+  the data-plane ops the registered transports add, for the shard's listener (psgd/ps/server.py).
 - `make_transport(name, addresses, timeout, link, token, tls_ca)` (here): the class `TRANSPORTS[choose(
   name, ...)]`, called `(addresses, timeout, token, tls_ca)`; a ValueError names the choices for a
   name not registered.
