@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 
 import pytest
 import torch
@@ -133,3 +134,45 @@ def test_metrics_end_a_torn_line_before_their_own_and_reading_leaves_it_out(tmp_
     m.close()
     assert path.read_bytes().splitlines()[1] == b'{"event":"step","clo'  # the torn line stays, ended
     assert [e["event"] for e in read_events(path)] == ["step", "launch"]
+
+
+def _first_line(path: str, inherited: int) -> None:
+    from psgd.train.metrics import Metrics
+
+    os.close(inherited)  # the other writer's descriptor (and its lock), as a fork copies it: not this one's
+    m = Metrics(path)
+    m.write(event="launch")
+    m.close()
+
+
+def test_a_writer_waits_for_a_line_another_is_appending_and_leaves_no_blank_line(tmp_path):
+    """A new writer checks the file's tail for a torn line (its writer killed) and ends it. It took
+    another process's line still being copied (a long line is copied a page at a time, the file's
+    size ahead of its last byte) for a torn one, and ended it with a newline: a blank line, or a
+    line cut in two. Writers append under the file's lock, so the check waits for that line."""
+    import fcntl
+    import multiprocessing
+
+    from psgd.train.metrics import read_events
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_bytes(b'{"event":"step","clock":0}\n')
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    fcntl.flock(fd, fcntl.LOCK_EX)               # another writer, half way through its line
+    os.write(fd, b'{"event":"step",')
+    child = multiprocessing.get_context("fork").Process(target=_first_line, args=(str(path), fd), daemon=True)
+    child.start()
+    inode = f":{os.fstat(fd).st_ino} "
+    deadline = time.monotonic() + 30
+    # Until the new writer either waits for the lock (psgd's) or is done without waiting (a writer
+    # that does not take it): /proc/locks lists a waiter with "->".
+    while child.is_alive() and not any("->" in line and inode in line for line in open("/proc/locks")):
+        assert time.monotonic() < deadline
+    os.write(fd, b'"clock":1}\n')
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    os.close(fd)
+    child.join(30)
+    assert child.exitcode == 0
+    assert path.read_bytes().splitlines() == [b'{"event":"step","clock":0}', b'{"event":"step","clock":1}',
+                                              path.read_bytes().splitlines()[2]]
+    assert [e.get("clock", e["event"]) for e in read_events(path)] == [0, 1, "launch"]

@@ -41,6 +41,7 @@ class TcpTransport(Wire):
     """
 
     name, rank = "tcp", 1  # `auto`'s choice wherever a faster one does not fit (shards on other hosts)
+    shard_paced = True     # its shards pace their side of --link (psgd/ps/tcp_server.py): `auto` takes it then
 
     def __init__(self, addresses: list[str], timeout: float, token: bytes | None = None, tls_ca: str = "") -> None:
         self.addresses, self.timeout, self.token = addresses, timeout, token

@@ -43,9 +43,9 @@ psgd/ps/transfer.py; this module re-exports them, and the wires, so callers impo
 - `TRANSPORTS` (here): the registry, name -> class, each class naming itself (`name`); `register(cls)`
   adds one. `choose(name, addresses, tls)`: "auto" (the default) becomes the registered transport of
   the highest `rank` whose `fits(addresses, tls)` holds (shm where every shard is on this host's
-  loopback, else tcp), any other name stays; `check(name, hosts, tls)`: a one-line reason a name
-  cannot carry a run, or None; `upgrades()`: the data-plane ops the registered transports add, for
-  the shard's listener (psgd/ps/server.py).
+  loopback, else tcp; with --link, tcp, whose shards pace their NIC too), any other name stays;
+  `check(name, hosts, tls)`: a one-line reason a name cannot carry a run, or None; `upgrades()`:
+  the data-plane ops the registered transports add, for the shard's listener (psgd/ps/server.py).
 - `make_transport(name, addresses, timeout, link, token, tls_ca)` (here): the class `TRANSPORTS[choose(
   name, ...)]`, called `(addresses, timeout, token, tls_ca)`; a ValueError names the choices for a
   name not registered.
@@ -150,12 +150,16 @@ for _kind in (GrpcTransport, TcpTransport, ShmTransport):
     register(_kind)
 
 
-def choose(name: str, addresses: list[str], tls: bool = False) -> str:
+def choose(name: str, addresses: list[str], tls: bool = False, linked: bool = False) -> str:
     """The transport a worker uses to reach shards at `addresses`: `name`, or for "auto" the
-    registered one of the highest `rank` that `fits` (a factory without them is never chosen)."""
+    registered one of the highest `rank` that `fits` (a factory without them is never chosen); with
+    an emulated link (`linked`), only one whose shards pace their side of it too (`shard_paced`:
+    the TCP data plane's, psgd/ps/tcp_server.py), so that --link emulates the shards' NICs as well
+    as the workers'."""
     if name != AUTO:
         return name
-    fitting = [k for k in TRANSPORTS.values() if getattr(k, "rank", 0) > 0 and k.fits(addresses, tls)]
+    fitting = [k for k in TRANSPORTS.values() if getattr(k, "rank", 0) > 0 and k.fits(addresses, tls)
+               and (not linked or getattr(k, "shard_paced", False))]
     return max(fitting, key=lambda k: k.rank).name if fitting else "grpc"
 
 
@@ -185,7 +189,7 @@ def make_transport(name: str, addresses: list[str], timeout: float, link: link_m
                    token: bytes | None = None, tls_ca: str = "") -> Transport:
     """`--transport auto | grpc | tcp | shm` (or a registered one: `choose`), paced when `link` is
     given, every request carrying `token` if given, over TLS that trusts the CA in `tls_ca` if given."""
-    kind = TRANSPORTS.get(choose(name, addresses, bool(tls_ca)))
+    kind = TRANSPORTS.get(choose(name, addresses, bool(tls_ca), linked=link is not None))
     if kind is None:
         raise ValueError(f"unknown transport {name!r}; choose {AUTO}, {', '.join(TRANSPORTS)}")
     inner = kind(addresses, timeout, token, tls_ca)

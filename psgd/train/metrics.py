@@ -21,6 +21,7 @@ Contract:
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import time
@@ -81,14 +82,25 @@ class Metrics:
             self._pending = None
 
     def _write(self, fields: dict) -> None:
-        if self.fd is None:
+        fields.setdefault("time", time.time())
+        line = (json.dumps(fields, separators=(",", ":")) + "\n").encode()
+        first = self.fd is None
+        if first:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             self.fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
-            size = os.fstat(self.fd).st_size
-            if size and os.pread(self.fd, 1, size - 1) != b"\n":
-                os.write(self.fd, b"\n")  # a torn last line ends here, not inside this process's first line
-        fields.setdefault("time", time.time())
-        os.write(self.fd, (json.dumps(fields, separators=(",", ":")) + "\n").encode())
+        # Every writer of the file (workers, shards, the launcher) appends under its lock: a line
+        # is one write, and the check below cannot see another process's append half-copied (a
+        # line across a page boundary is copied a page at a time, its size ahead of its last
+        # byte), which it took for a torn line and ended with a blank one.
+        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        try:
+            if first:
+                size = os.fstat(self.fd).st_size
+                if size and os.pread(self.fd, 1, size - 1) != b"\n":
+                    line = b"\n" + line  # a torn last line (its writer killed) ends here, not inside ours
+            os.write(self.fd, line)
+        finally:
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
 
     def close(self) -> None:
         self.flush()

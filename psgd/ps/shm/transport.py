@@ -38,6 +38,7 @@ class ShmTransport(TcpTransport):
     """`--transport shm`: TcpTransport's frames, each connection's payloads in a Segment of its own."""
 
     name, rank = "shm", 2  # `auto` takes it where it fits, before tcp
+    shard_paced = False    # its shard side has no socket to pace: `auto` with --link takes tcp
     upgrades = UPGRADES    # the shard's side: the data-plane ops it adds (psgd/ps/shm/serve.py)
 
     @classmethod
