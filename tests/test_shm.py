@@ -6,7 +6,10 @@ what a worker of its own host names, and nothing left behind in /dev/shm.
 """
 
 import os
+import signal
 import socket
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -86,10 +89,47 @@ def test_the_shard_maps_only_a_psgd_segment_of_a_bounded_size(shard_servers, tmp
                 op, body = attach(sock, name)
                 assert op == fr.ERROR and body.startswith("FAILED_PRECONDITION: ") and message in body, body
             assert attach(sock, ok.name) == (fr.WELCOME, "")  # the refusals left the connection usable
+            assert ok.name not in os.listdir(segment.ROOT)  # mapped: the shard let go of the name at once
     finally:
         for seg in (big, ok):
             seg.unlink()
             seg.close()
+
+
+MAKER = """
+import os, sys
+from psgd.ps.shm import segment
+segment.ROOT = sys.argv[2]
+print(segment.Segment.create(4096).name, flush=True)
+os.kill(os.getpid(), 9) if sys.argv[1] == "killed" else sys.stdin.read()
+"""
+
+
+def test_a_segment_whose_worker_was_killed_before_its_shard_mapped_it_is_swept_by_the_next_one(tmp_path, monkeypatch):
+    """SIGKILL between `create` and the shard's `attach` runs no cleanup: the file stays, named for a
+    pid that no longer runs. The next segment made on this host removes it, and leaves a live
+    maker's (in flight to its shard) alone. (In a folder of the test's own: the other tests check
+    /dev/shm for segments of exited makers.)"""
+    monkeypatch.setattr(segment, "ROOT", str(tmp_path))
+    killed = subprocess.run([sys.executable, "-c", MAKER, "killed", str(tmp_path)], capture_output=True, text=True,
+                            timeout=60)
+    assert killed.returncode == -signal.SIGKILL
+    left = killed.stdout.strip()
+    live = subprocess.Popen([sys.executable, "-c", MAKER, "live", str(tmp_path)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        in_flight = live.stdout.readline().strip()
+        mine = segment.Segment.create(64)
+        try:
+            names = set(os.listdir(segment.ROOT))
+            assert left not in names and {in_flight, mine.name} <= names
+        finally:
+            mine.unlink()
+            mine.close()
+    finally:
+        live.communicate("")
+    segment.sweep()  # its maker has exited now
+    assert in_flight not in os.listdir(segment.ROOT)
 
 
 def test_a_payload_larger_than_the_segment_closes_the_connection(shard_servers):

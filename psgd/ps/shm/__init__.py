@@ -16,9 +16,11 @@ After a WELCOME every frame on that connection carries its payload in the segmen
 the socket: the prefix still says how many bytes, and they are at the segment's start (a reply's at
 byte AT when BELL named one). A request's payload is read in full before its reply is written, so
 one region can serve both ways. The worker sizes the segment for the larger of a request's payload
-and its expected reply, and attaches a bigger one when a request needs more. It unlinks the file as
-soon as the shard mapped it: both processes hold the memory, nothing is left in /dev/shm when either
-dies. After BELL's WELCOME the frames' prefixes and headers go through the segment's last page too
+and its expected reply, and attaches a bigger one when a request needs more. The shard unlinks the
+file as it maps it (the worker too, once answered): both processes hold the memory, nothing is left
+in /dev/shm when either dies. A worker killed before its shard mapped the file cannot remove it;
+the next segment made on the host sweeps the files of makers that no longer run (segment.py `sweep`).
+After BELL's WELCOME the frames' prefixes and headers go through the segment's last page too
 (bell.py, x86-64 only): the socket is left to wake a peer that sleeps and to say EOF.
 
 The room:

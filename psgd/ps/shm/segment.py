@@ -3,9 +3,11 @@
 `Segment.create(nbytes)` (the worker's side) makes one private to this user; `Segment.attach(name,
 max_bytes)` (the shard's, through psgd/ps/shm/serve.py `serve_attach`) maps the one a worker named,
 within bounds: a psgd name (`psgd-PID-HEX`, nothing else under /dev/shm), at most the largest payload
-any request to this shard can carry rounded to a page. A belled segment (psgd/ps/shm/bell.py) has
-one more page at its end, its doorbell's. `spin_for` says whether a run's
-processes fit this host's cores, so that a waiting side may spin instead of sleeping.
+any request to this shard can carry rounded to a page, and unlinks its name (both sides hold the
+memory). `sweep()` (which `create` runs first) removes the files of makers that no longer run.
+A belled segment (psgd/ps/shm/bell.py) has one more page at its end, its doorbell's. `spin_for`
+says whether a run's processes fit this host's cores, so that a waiting side may spin instead of
+sleeping.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class Segment:
     def create(cls, nbytes: int, belled: bool = False) -> Segment:
         """A new segment for payloads of at least `nbytes` (a worker's), private to this user (mode 0600)."""
         size = max(PAGE, -(-nbytes // PAGE) * PAGE) + (bell.PAGE_BYTES if belled else 0)
+        sweep()
         name = f"psgd-{os.getpid()}-{secrets.token_hex(8)}"
         fd = os.open(os.path.join(ROOT, name), os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -83,7 +86,9 @@ class Segment:
         if not page < size <= max_bytes + PAGE + page:
             os.close(fd)
             raise ValueError(f"a segment of {size} bytes; this shard's largest payload is {max_bytes}")
-        return cls(name, fd, size, belled)
+        seg = cls(name, fd, size, belled)
+        seg.unlink()  # both sides hold the memory now: the name is not needed (the worker unlinks it too)
+        return seg
 
     def unlink(self) -> None:
         with contextlib.suppress(FileNotFoundError):
@@ -136,6 +141,22 @@ class Segment:
         self.u8 = self.t = self.views = self.page = self.bell = self._regions = None
         with contextlib.suppress(BufferError):
             self.mm.close()
+
+
+def sweep() -> list[str]:
+    """Remove the segments whose maker has exited (psgd-PID-... of a PID that no longer runs), this
+    user's only; the names removed. Why: between `create` and the shard's `attach` the file has a
+    name, and a worker killed in that moment (SIGKILL: no cleanup runs) leaves it in /dev/shm. Each
+    new segment sweeps first, so such a file lives until the next shm worker on this host starts.
+    Assumes the processes that share this /dev/shm share one pid namespace (a run's do)."""
+    gone = []
+    for n in os.listdir(ROOT):
+        if NAME.fullmatch(n) and not os.path.exists(f"/proc/{n.split('-')[1]}"):  # its maker has exited
+            with contextlib.suppress(OSError):  # another worker's sweep took it first, or not ours
+                if os.stat(os.path.join(ROOT, n), follow_symlinks=False).st_uid == os.getuid():
+                    os.unlink(os.path.join(ROOT, n))
+                    gone.append(n)
+    return gone
 
 
 def spin_for(processes: int, seconds: float) -> float:
