@@ -34,6 +34,11 @@ def test_sync_with_rows_equals_the_dense_path_bit_for_bit(tmp_path):
     dense = _run(tmp_path / "dense", *flags)
     by_row = _run(tmp_path / "rows", *flags, "--embeddings", "rows")
     assert by_row["params_sha256"] == dense["params_sha256"]
+    # Shard 1 killed after update 12: the run restarts from the checkpoints of version 10, which
+    # hold the rows too, and ends with the same parameters, rows included.
+    restarted = _run(tmp_path / "restarted", *flags, "--embeddings", "rows", "--checkpoint-every", "5",
+                     "--fail-shard-at", "1=12", "--restart-servers", "1")
+    assert restarted["resumed_from"] == 10 and restarted["params_sha256"] == dense["params_sha256"]
     # Every snapshot joined back equals the dense run's at the same version (the rows at its round).
     evals = lambda s: [(e["version"], e["test_loss"]) for e in _evals(tmp_path / s)]  # noqa: E731
     assert evals("rows") == evals("dense") and len(evals("rows")) >= 3
@@ -78,6 +83,6 @@ def test_hybrid_runs_the_rows_async_beside_a_sync_dense_part_and_range_puts_the_
 
 def test_what_rows_by_key_refuses_is_said_in_one_line(tmp_path):
     for flags, words in ((("--mode", "allreduce"), "allreduce"), (("--topk", "0.1"), "--topk"),
-                         (("--overlap",), "--overlap"), (("--checkpoint-every", "5"), "checkpointed")):
+                         (("--overlap",), "--overlap"), (("--restart-workers", "1"), "--restart-workers")):
         r = psgd_main(*BASE, "--embeddings", "rows", *flags, "--out", str(tmp_path / "x"))
         assert r.returncode == 2 and words in r.stderr, r.stderr

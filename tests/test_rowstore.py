@@ -86,3 +86,22 @@ def test_bad_requests_are_one_line_errors_and_change_nothing(opt):
     assert all(torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b for a, b in zip(before, after, strict=True))
     if isinstance(s.optimizer, RowAdagrad):
         assert not s.optimizer.sum.any() and s.optimizer.steps == 0
+
+
+def test_a_store_from_a_checkpoint_goes_on_as_the_store_it_was_taken_from():
+    """state() then load() into a fresh store of the same shard: Adagrad's sums and the rows' update
+    counts come along, so the next push gives both the same rows and the same staleness."""
+    opt = functools.partial(RowAdagrad, lr=0.5)
+    _, _, (a, _) = _stores("hash", 2, opt)
+    ids = a.ids[:4]
+    a.pull(0, ids)
+    a.push(0, ids, torch.ones(4, D), count=4)
+    _, _, (b, other) = _stores("hash", 2, opt)
+    b.load(a.state())
+    for s in (a, b):
+        s.pull(1, ids)
+        assert s.push(1, ids, torch.full((4, D), 0.5), count=4).tolist() == [0, 0, 0, 0]
+    assert all(torch.equal(x, y) for x, y in zip(_state(a)[:3], _state(b)[:3], strict=True))  # ids, rows, counts
+    assert b.initialised and b.init(b.ids, torch.zeros_like(b.block)) is False  # an INIT after it is ignored
+    with pytest.raises(RowError, match="this store owns"):
+        other.load(a.state())  # shard 0's rows into shard 1's store

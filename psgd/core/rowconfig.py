@@ -40,8 +40,9 @@ def check_rows(cfg: Any) -> list[tuple[bool, str]]:
         (not cfg.overlap, f"{flag} pulls the rows a batch touches before forward: drop --overlap"),
         (cfg.backup_workers == 0 and not cfg.elastic and cfg.max_workers == 0,
          f"{flag} keeps a fixed set of workers: drop --backup-workers, --elastic and --max-workers"),
-        (cfg.checkpoint_every == 0 and cfg.restart_servers == 0 and cfg.restart_workers == 0,
-         f"{flag}: the row stores are not checkpointed yet; drop --checkpoint-every and the restarts"),
+        (cfg.restart_workers == 0,
+         f"{flag}: a restarted worker would find its row clocks past its step; drop --restart-workers "
+         "(--restart-servers restarts the whole run from a checkpoint that holds the rows)"),
         (cfg.accumulate == 1 or cfg.model.model == "dlrm",
          f"{flag} with --accumulate > 1 needs a model whose ids are known before forward (--model dlrm)"),
     ]

@@ -17,6 +17,7 @@ Contract: `RowRounds(stores, mode, workers, staleness)`, mode one of `MODES`.
   until every worker still in pushed this round, then applies the round, store by store, as one
   update of the gradients' mean, summed in worker order (`RowStore.apply_round`): what the
   dense Sync does to its slice, so sync with rows gives the dense path's parameters.
+- `restore(version, clocks)`: a checkpoint's version, each worker at its clock (its next pull and push).
 - `leave(worker)`: the worker is gone (its connection closed); a round waits for it no longer.
 - `version`: updates applied (sync: rounds; else pushes). Thread-safe: one condition guards the
   clocks, the round and the order in which the stores change.
@@ -79,6 +80,15 @@ class RowRounds:
         with self.cond:
             for t, ids, values in entries:
                 self.stores[t].init(ids, values)
+            self.cond.notify_all()
+
+    def restore(self, version: int, clocks: Sequence[int]) -> None:
+        """Start at a checkpoint: `version` updates applied, worker w at clock `clocks[w]` (the dense
+        shard's, where a restored run's workers resume) for its next pull and push alike."""
+        with self.cond:
+            self.version = version
+            self.pulls = dict(enumerate(clocks))
+            self.pushes = dict(enumerate(clocks))
             self.cond.notify_all()
 
     def leave(self, worker: int) -> None:

@@ -21,6 +21,8 @@ dim), of which the store copies the rows it owns; `optimizer` a factory block ->
 - `bytes_in` / `bytes_out`: payload bytes of the pushes taken and pulls served (rows x dim x 4
   plus 8 per id, `rows.wire_bytes`): accounting by construction, not a measurement of a wire.
 - `snapshot()` the full table's rows this store owns, as (ids, block) copies.
+- `state()` / `load(state)`: the store in a shard's checkpoint (its rows, the optimizer's state,
+  the rows' update counts) and back; a loaded store is initialised (an INIT after it is ignored).
 - `initialised=False`: the store holds zeros until `init(ids, values)` gives it its rows (a
   worker's seeded table, psgd/ps/rows_tcp.py's INIT; the first one wins, as the dense Init does).
 - `apply_round(checked, divisor)`: a sync round, every worker's checked push of one step as one
@@ -134,6 +136,25 @@ class RowStore:
                 self.bytes_in += rows.wire_bytes(len(c.local), self.dim)
             self.optimizer.step(union, total.div_(divisor), trusted=True)
             self.clock.applied_round([(c.worker, c.local, c.at) for c in checked], union)
+
+    def state(self) -> dict:
+        """What a checkpoint keeps of the store (copies): its rows, the optimizer's state, each row's
+        update count. Not the workers' pull notes: a restored run's workers pull before they push."""
+        with self._lock:
+            return {"ids": self.ids.clone(), "block": self.block.clone(), "optimizer": self.optimizer.state_dict(),
+                    "updates": self.clock.updates.clone()}
+
+    def load(self, state: dict) -> None:
+        """Take a checkpoint's `state()` of this store: RowError, and the store unchanged, if it is
+        another shard's or table's rows."""
+        if not torch.equal(state["ids"], self.ids) or tuple(state["block"].shape) != tuple(self.block.shape):
+            raise RowError(f"the checkpoint holds {len(state['ids'])} rows of width {state['block'].shape[-1]}; "
+                           f"this store owns {len(self.ids)} rows of width {self.dim}")
+        with self._lock:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.block.copy_(state["block"])
+            self.clock.updates.copy_(state["updates"])
+            self.initialised = True
 
     def snapshot(self) -> tuple[torch.Tensor, torch.Tensor]:
         with self._lock:

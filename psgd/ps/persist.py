@@ -3,7 +3,8 @@
 - Checkpoints (--checkpoint-every K): `state()` is taken under the lock right after an update (a
   consistent cut), written by the pushing thread once the lock is free (`_write_pending`, through
   psgd/ps/checkpoint.py) before that push is answered; `restore(state)` starts a shard from one
-  (`psgd server --restore`) instead of a worker's Init.
+  (`psgd server --restore`) instead of a worker's Init. A `companion` (the rows served beside the
+  shard) adds its own state to each checkpoint, in the same cut.
 - Snapshots of the parameters every `--eval-every` updates (and at 0 and the end) are saved by
   `save(out)` with the stats and evaluated after the run, so evaluation never disturbs timing.
 """
@@ -15,6 +16,7 @@ import resource
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -23,6 +25,10 @@ from psgd.ps import checkpoint
 
 class Persistence:
     """The Shard's checkpoints and its end of a run (the attributes are made by `Shard.__init__`)."""
+
+    # What else this shard's checkpoints hold, under "rows": the embedding rows served beside it
+    # (psgd/train/rowshard.py sets it), taken in the same cut as the parameters. None: nothing.
+    companion: Any = None
 
     # -- checkpoints --------------------------------------------------------------------------
     def state(self) -> dict:
@@ -35,7 +41,8 @@ class Persistence:
         return {"shard": self.index, "mode": self.options.mode, "workers": self.workers,
                 "version": self.policy.version, "accepted": accepted,
                 "clocks": clocks, "param": self.param.detach().clone(),
-                "opt": self.opt.state_dict(), "membership": self.policy.membership_state()}
+                "opt": self.opt.state_dict(), "membership": self.policy.membership_state(),
+                **({"rows": self.companion.state()} if self.companion is not None else {})}
 
     def _write_pending(self) -> None:
         with self.lock:

@@ -14,6 +14,9 @@ values drawn); every worker offers its seeded tables (INIT) before its dense Ini
 wins, as the dense Init does. Each time the dense shard snapshots its parameters (every
 --eval-every updates), the row stores are snapshotted with it (one version, one moment: a worker
 pushes its rows before its dense gradient, so in sync the rows are at the dense version's round);
+Each checkpoint of the dense shard (--checkpoint-every) holds the stores too, in the same cut (its
+`companion`), and a shard started from one (--restore, a --restart-servers attempt, --resume) takes
+its rows from it, each worker's row clock at its dense clock.
 `save` writes them and the row service's stats (per-row staleness, rows and bytes moved, the
 share of rows) to OUT/rows-K.pt and OUT/rows-K.json when the shard stops.
 """
@@ -99,15 +102,40 @@ class _Tapped(list):
         self.on_append(item[0], item[1])
 
 
-def start(cfg: RunConfig, index: int, bind: str, token: bytes | None, dense) -> int:
-    """Serve shard `index`'s rows beside `dense` (its `Shard`); returns the port, written to OUT/rows-K.port."""
+class _InCheckpoints:
+    """The dense shard's `companion` (psgd/ps/persist.py): the rows' state in each of its checkpoints."""
+
+    def __init__(self, held: list[RowStore], rounds: RowRounds) -> None:
+        self.held, self.rounds = held, rounds
+
+    def state(self) -> dict:
+        with self.rounds.cond:  # no round closes while the stores are copied
+            return {"version": self.rounds.version, "stores": [s.state() for s in self.held]}
+
+
+def _restore(held: list[RowStore], rounds: RowRounds, restored: dict) -> None:
+    """The rows of the dense shard's checkpoint `restored` (ValueError if it has none or others)."""
+    if "rows" not in restored or len(restored["rows"]["stores"]) != len(held):
+        raise ValueError("the checkpoint holds no embedding rows of this model: it is of a run with --embeddings "
+                         "dense, or of another model")
+    for store, state in zip(held, restored["rows"]["stores"], strict=True):
+        store.load(state)
+    rounds.restore(restored["rows"]["version"], restored["clocks"])
+
+
+def start(cfg: RunConfig, index: int, bind: str, token: bytes | None, dense, restored: dict | None = None) -> int:
+    """Serve shard `index`'s rows beside `dense` (its `Shard`, started from the checkpoint `restored`
+    when given: the rows come from it too); returns the port, written to OUT/rows-K.port."""
     from psgd.ps import rows_tcp  # noqa: PLC0415
 
     held = stores(cfg, index)
     rounds = RowRounds(held, row_mode(cfg), cfg.workers, cfg.staleness)
+    if restored is not None:
+        _restore(held, rounds, restored)
     server = rows_tcp.serve(held, bind, 0, token, rounds, cfg.rpc_timeout)
-    snaps: list = []
+    snaps: list = [(v, t, [s.snapshot()[1] for s in held]) for v, t, _ in dense.snapshots]  # a restore's
     dense.snapshots = _Tapped(dense.snapshots, lambda v, t: snaps.append((v, t, [s.snapshot()[1] for s in held])))
+    dense.companion = _InCheckpoints(held, rounds)
     _SERVED[index] = (server, snaps)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

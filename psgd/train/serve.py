@@ -168,7 +168,7 @@ def _listen(args: argparse.Namespace, on_ready):
         if restored is not None:
             core.restore(restored)  # before anything listens: no worker ever sees the shard uninitialised
         if rowconfig.by_key(cfg):
-            rowshard.start(cfg, args.shard, args.bind, token_(cfg), core)
+            rowshard.start(cfg, args.shard, args.bind, token_(cfg), core, restored)
         srv = server.start(core, args.bind, args.port, token=token_(cfg), tls_cert=cfg.tls_cert, tls_key=cfg.tls_key,
                            worker_lease=cfg.worker_lease)
     except tls.TlsError as e:
