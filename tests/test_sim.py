@@ -179,6 +179,36 @@ def test_a_run_s_step_lines_give_back_the_law_that_made_them(tmp_path):
     assert law["spread"] == pytest.approx(0.4, rel=0.2)
 
 
+def test_on_a_link_the_law_takes_compute_from_the_step_lines_and_leaves_the_wire_to_the_model(tmp_path):
+    # A simulated run on a 100 Mbit/s link with a known law: wire_law (sim-vs-real --link) gives the
+    # compute back from compute_s alone, and once the modelled wire time is taken off each half of the
+    # fastest push + pull, next to no message is left (the wire is not counted twice).
+    from psgd.bench.sim_vs_real import wire_law
+
+    s = run(tmp_path / "law", "--mode", "async", "--workers", "3", "--steps", "60", "--eval-every", "0",
+            "--sim-speeds", "1,0.5,2", "--sim-spread", "0.4", "--link", "100mbit,1ms", *SIM)
+    wire = 8 * 4 * s["params"] / 1e8 + 1e-3
+    law = wire_law(events(tmp_path / "law"), 3, wire)
+    means = [0.002 / v for v in (1, 0.5, 2)]
+    assert law["compute_s"] == pytest.approx(sum(means) / 3, rel=0.1)
+    assert [law["compute_s"] / v for v in law["speeds"]] == pytest.approx(means, rel=0.1)
+    assert law["message_s"] < 0.05 * wire
+    assert wire_law(events(tmp_path / "law"), 3, 0.0)["message_s"] > 0.5 * wire  # unmodelled, the wire is message
+
+
+def test_where_the_shaped_wire_is_not_the_model_s_is_said_from_the_kernel_s_counters():
+    from psgd.bench.sim_vs_real import why
+
+    rows = [{"mode": "sync", "workers": 4, "push_bytes": 88_104, "kernel": {"drops": d, "overlimits": 100}}
+            for d in (1000, 1400)]
+    (line,) = why(rows, 65_536)
+    assert line == ("- sync N=4: a push of 88,104 bytes against a burst of 65,536; 1,200 packets dropped at the "
+                    "shaped queues and 100 held by an empty bucket per run")
+    assert why([{**rows[0], "kernel": {}}], 65_536) == []  # on loopback: nothing to say
+    r = psgd_main("bench", "sim-vs-real", "--link", "fast")
+    assert r.returncode == 2 and "--link expects BANDWIDTH" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
 def test_spread_lets_ssp_s_bound_bind(tmp_path):
     # Equal steps keep 4 workers in lockstep: SSP(1) never holds anyone and is async. With a spread the
     # workers drift apart, the bound holds the fast ones, and fewer updates land between a pull and its push.

@@ -13,9 +13,17 @@ real). Pass: staleness mean and updates/s within `--tolerance` (15%: issue 55's)
 interval containing 0 (with 2 or more seeds). What the table says of the simulation is measured;
 its simulated columns are SIMULATED.
 
-One host's processes, no netns cluster points.
+With `--link RATE,LATENCY` the real runs go on a netns cluster of their own (psgd/bench/shaped.py:
+K + max(N) hosts, every link shaped by the kernel to RATE and LATENCY, shard k on host k and each
+worker on a host of its own, taken down after the bench) and the simulation gets the same `--link`:
+its alpha-beta wire with a queue at each NIC (psgd/sim/timemodel.py) is then what it predicts, so
+the law takes from the real run only what the wire does not make (`wire_law`): each step's compute
+(its `compute_s`, per-worker means and spread), and as the message the software floor left once the
+modelled wire time of one whole message is taken off each half of the fastest push + pull (0 at least). The
+processes still share this host's cores (the cluster gives each a link, not a CPU).
 
     psgd bench sim-vs-real --modes sync,async,ssp --workers 2,4 --steps 40 --seeds 3 --out results/bench/sim-vs-real
+    psgd bench sim-vs-real --modes sync,async --workers 2,4 --link 100mbit,1ms --out results/bench/sim-vs-real-1gbit
 """
 
 from __future__ import annotations
@@ -35,35 +43,109 @@ def figures(s: dict) -> dict:
             "final_test_accuracy": s["final_test_accuracy"]}
 
 
-def calibrated(out: Path, s: dict) -> dict:
-    """The time law of a finished real run (`step_law`, from its step lines) and its shards' apply per byte."""
+def calibrated(out: Path, s: dict, link: str = "") -> dict:
+    """The time law of a finished real run (`step_law` from its step lines, `wire_law` on a shaped
+    `link`) and its shards' apply per byte."""
+    from psgd.core import link as link_mod  # noqa: PLC0415
     from psgd.sim.calibrate import step_law  # noqa: PLC0415
     from psgd.train.metrics import read_events  # noqa: PLC0415
 
-    law = step_law(read_events(out / "metrics.jsonl"), s["workers"])
+    lines = read_events(out / "metrics.jsonl")
     shards = [json.loads((out / f"shard-{k}.json").read_text()) for k in range(s["servers"])]
+    if link:
+        wire = link_mod.parse(link)
+        law = wire_law(lines, s["workers"], 8 * 4 * sum(sh["num_elements"] for sh in shards) / wire.bits_per_s
+                       + wire.latency_s)
+    else:
+        law = step_law(lines, s["workers"])
     bytes_taken = sum(4 * sh["num_elements"] * sh["accepted"] for sh in shards)
     return dict(law, apply_s_per_byte=sum(sh["apply_s"] for sh in shards) / max(1, bytes_taken))
 
 
-def pair(cfg, out: Path, tolerance: float) -> dict:
+def wire_law(lines: list[dict], workers: int, wire_s: float) -> dict:
+    """`step_law`'s fields for a run on shaped links whose wire the simulation models itself: compute
+    from the step lines' `compute_s` (clock 0 left out), the message half the fastest push + pull less
+    `wire_s` (one whole push's modelled wire time and latency), at least 0. ValueError when no worker
+    has a step."""
+    import statistics  # noqa: PLC0415
+
+    own: dict[int, list[float]] = {w: [] for w in range(workers)}
+    floor = float("inf")
+    for e in lines:
+        if e.get("event") == "step" and e.get("clock", 0) > 0 and e.get("rank") in own:
+            own[e["rank"]].append(max(float(e["compute_s"]), 1e-9))
+            floor = min(floor, float(e["push_s"]) + float(e["pull_s"]))
+    own = {w: v for w, v in own.items() if v}
+    if not own:
+        raise ValueError("wire_law: no worker has a step line past clock 0")
+    means = {w: statistics.fmean(v) for w, v in own.items()}
+    mean = statistics.fmean(means.values())
+    ratios = [x / means[w] for w, v in own.items() for x in v]
+    return {"compute_s": mean, "speeds": tuple(mean / means[w] if w in means else 1.0 for w in range(workers)),
+            "spread": statistics.stdev(ratios) if len(ratios) > 1 else 0.0,
+            "message_s": max(0.0, floor / 2 - wire_s)}
+
+
+def pair(cfg, out: Path, tolerance: float, cluster=None) -> dict:
+    """One seed's real run and its calibrated simulation; with `cluster` (psgd/cluster/plan.py's, up),
+    the real run on its shaped links (K + N hosts) and the simulation on that link."""
     from psgd.sim.run import SimConfig, simulate  # noqa: PLC0415
     from psgd.train import launch  # noqa: PLC0415
 
-    real_cfg = dataclasses.replace(cfg, out=str(out / "real"))
+    link = cluster.link if cluster is not None else ""
+    placed = dict(hosts=cfg.servers + cfg.workers, cluster=cluster.name) if link else {}
+    real_cfg = dataclasses.replace(cfg, out=str(out / "real"), **placed)
+    before = queues(cluster)
     real = launch.run(real_cfg)
-    law = calibrated(out / "real", real)
+    kernel = {k: v - before[k] for k, v in queues(cluster).items()}
+    law = calibrated(out / "real", real, link)
     profile = out / "measured.toml"
     profile.write_text(f'message = "{law["message_s"] * 1e6:.3f}us"\n')
-    sim_cfg = dataclasses.replace(cfg, out=str(out / "sim"), cpu_quota=0.0)
+    sim_cfg = dataclasses.replace(cfg, out=str(out / "sim"), cpu_quota=0.0, link=link)
     sim = simulate(sim_cfg, SimConfig(compute=f"{law['compute_s'] * 1e6:.3f}us",
                                       apply=f"{law['apply_s_per_byte'] * 1e9:.6f}ns",
                                       speeds=",".join(f"{v:.6g}" for v in law["speeds"]),
                                       spread=f"{law['spread']:.6g}", profile=str(profile)))
     a, b = figures(real), figures(sim)
     return {"mode": cfg.mode, "workers": cfg.workers, "seed": cfg.seed, "real": a, "simulated": b,
-            "relative_difference": {m: _rel(a[m], b[m]) for m in METRICS}, "law": law,
+            "relative_difference": {m: _rel(a[m], b[m]) for m in METRICS}, "law": law, "kernel": kernel,
+            "push_bytes": 4 * real["params"],
             "time_model": sim["time_model"]["said"]}
+
+
+def queues(cluster) -> dict:
+    """What the kernel's shaped queues counted so far, summed over every qdisc of `cluster`'s namespaces
+    (`tc -s qdisc`): packets dropped for a full queue, and `overlimits` (a packet that found the token
+    bucket empty and waited); {} without a cluster."""
+    import subprocess  # noqa: PLC0415
+
+    got = {"drops": 0, "overlimits": 0}
+    for ns in cluster.namespaces if cluster is not None else ():
+        shown = subprocess.run(["tc", "-n", ns, "-s", "-j", "qdisc", "show"], capture_output=True, text=True,
+                               check=True, timeout=30).stdout
+        for q in json.loads(shown or "[]"):
+            got = {k: v + int(q.get(k, 0)) for k, v in got.items()}
+    return got if cluster is not None else {}
+
+
+def why(rows: list[dict], burst: int) -> list[str]:
+    """Per (mode, N) on shaped links, what the real wire did that the model's has no part for: the
+    token bucket's `burst` bytes sent at the device's speed after an idle moment (the model sends
+    every byte at the rate: the real run is faster where pushes are a few bursts long), and packets
+    dropped at a full queue (TCP then retransmits; the model's queues never drop: the real run is
+    slower). Means per run over the seeds."""
+    import statistics  # noqa: PLC0415
+
+    lines = []
+    for key in dict.fromkeys((r["mode"], r["workers"]) for r in rows):
+        group = [r for r in rows if (r["mode"], r["workers"]) == key and r.get("kernel")]
+        if group:
+            drops = statistics.fmean(r["kernel"]["drops"] for r in group)
+            waits = statistics.fmean(r["kernel"]["overlimits"] for r in group)
+            lines.append(f"- {key[0]} N={key[1]}: a push of {group[0]['push_bytes']:,} bytes against a burst of "
+                         f"{burst:,}; {drops:,.0f} packets dropped at the shaped queues and {waits:,.0f} held by "
+                         "an empty bucket per run")
+    return lines
 
 
 def _rel(real, sim) -> float | None:
@@ -106,6 +188,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--steps", type=int, default=40, help="--steps of every run")
     p.add_argument("--seeds", type=int, default=3, help="seeds per point (0..S-1); intervals need 2 or more")
     p.add_argument("--cpu-quota", type=float, default=0.0, help="the real runs' --cpu-quota (0: shared cores)")
+    p.add_argument("--link", default="", help="RATE,LATENCY: the real runs on a netns cluster with links shaped so "
+                                               "(needs root), the simulation on that link (see above)")
     p.add_argument("--tolerance", type=float, default=0.15, help="relative difference that passes")
     p.add_argument("--out", default="", help="write bench.json, bench.md and command.txt here")
     a = p.parse_args(argv)
@@ -114,16 +198,56 @@ def main(argv: list[str]) -> int:
         cfgs = [C.validate(C.RunConfig(mode=m, workers=n, servers=a.servers, steps=a.steps, seed=s, eval_every=0,
                                        staleness=1 if m == "ssp" else 0, device="cpu", cpu_quota=a.cpu_quota))
                 for m in modes for n in ns for s in range(a.seeds)]
+        name = _link_checked(a.link)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    with tempfile.TemporaryDirectory(prefix="psgd-sim-vs-real-") as tmp:
-        rows = [pair(cfg, Path(tmp) / f"{cfg.mode}-{cfg.workers}-{cfg.seed}", a.tolerance) for cfg in cfgs]
+    cluster = _cluster(name, a.servers + max(ns), a.link)
+    with tempfile.TemporaryDirectory(prefix="psgd-sim-vs-real-") as tmp, cluster as c:
+        rows = [pair(cfg, Path(tmp) / f"{cfg.mode}-{cfg.workers}-{cfg.seed}", a.tolerance, c) for cfg in cfgs]
     table = summarise(rows, a.tolerance)
     command = "psgd bench sim-vs-real " + " ".join(argv)
+    md = report(a, command, table, rows)
+    print("\n".join(md))
+    if a.out:
+        out = Path(a.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "bench.json").write_text(json.dumps({"command": command, "summary": table, "rows": rows}, indent=1))
+        (out / "bench.md").write_text("\n".join(md) + "\n")
+        (out / "command.txt").write_text(command + "\n")
+    return 0
+
+
+def _link_checked(link: str) -> str:
+    """The cluster name for `--link` ("" without one); ValueError for a link that is not one."""
+    if not link:
+        return ""
+    from psgd.bench.shaped import cluster_name  # noqa: PLC0415
+    from psgd.core import link as link_mod  # noqa: PLC0415
+
+    link_mod.parse(link)
+    return cluster_name("svr", link.split(",")[0])
+
+
+def _cluster(name: str, hosts: int, link: str):
+    """The shaped cluster for the block (psgd/bench/shaped.py), or nothing without a link."""
+    import contextlib  # noqa: PLC0415
+
+    from psgd.bench.shaped import shaped  # noqa: PLC0415
+
+    return shaped(name, hosts, link) if link else contextlib.nullcontext()
+
+
+def report(a, command: str, table: list[dict], rows: list[dict]) -> list[str]:
+    """bench.md's lines: what was compared and how, the table, and on shaped links where and why."""
     md = [f"# psgd bench sim-vs-real\n\n`{command}`\n",
           f"Real runs beside their simulation over {a.seeds} seed(s), means with 95% t intervals (SIMULATED "
-          "columns: each seed's time model calibrated to its real run, psgd/sim/calibrate.py `step_law`: "
-          "compute = a step's own time less the message floor, per-worker speeds, log-normal spread). "
+          + ("columns: each seed's time model calibrated to its real run, psgd/sim/calibrate.py `step_law`: "
+             "compute = a step's own time less the message floor, per-worker speeds, log-normal spread). "
+             if not a.link else
+             f"columns on the same link, {a.link}, as alpha-beta with a queue at each NIC; the real runs on a netns "
+             "cluster whose links the kernel shapes so, sharing this host's cores. Each seed's law from its real "
+             "run's compute_s (per-worker speeds, log-normal spread) and its software message floor, "
+             "`wire_law`). ") +
           f"Pass: |relative difference of the means| <= {a.tolerance:.0%} for {', '.join(CHECKED)}; the "
           "paired interval of sim - real containing 0 for final_test_accuracy (2+ seeds).\n",
           "| mode | N | metric | real | SIMULATED | difference | sim - real | pass |",
@@ -133,14 +257,14 @@ def main(argv: list[str]) -> int:
         md.append(f"| {t['mode']} | {t['workers']} | {t['metric']} | {_ci(t['real'])} | {_ci(t['simulated'])} | "
                   f"{'' if d is None else f'{d:+.1%}'} | {_ci(t['sim_minus_real'])} | "
                   f"{'' if t['passes'] is None else 'yes' if t['passes'] else 'no'} |")
-    print("\n".join(md))
-    if a.out:
-        out = Path(a.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "bench.json").write_text(json.dumps({"command": command, "summary": table, "rows": rows}, indent=1))
-        (out / "bench.md").write_text("\n".join(md) + "\n")
-        (out / "command.txt").write_text(command + "\n")
-    return 0
+    if a.link:
+        from psgd.cluster import plan  # noqa: PLC0415
+        from psgd.core import link as link_mod  # noqa: PLC0415
+
+        md += ["", "Where the real wire is not the model's (psgd/cluster/plan.py `shaping`: tbf, a bucket and a "
+               "queue per direction of each host's link):", *why(rows, plan.shaping(link_mod.parse(a.link).bits_per_s)
+                                                                .burst)]
+    return md
 
 
 def mean_ci(values: list[float], level: float = 0.95) -> dict:
