@@ -176,3 +176,31 @@ def test_a_writer_waits_for_a_line_another_is_appending_and_leaves_no_blank_line
     assert path.read_bytes().splitlines() == [b'{"event":"step","clock":0}', b'{"event":"step","clock":1}',
                                               path.read_bytes().splitlines()[2]]
     assert [e.get("clock", e["event"]) for e in read_events(path)] == [0, 1, "launch"]
+
+
+def test_an_async_run_of_two_shards_whose_shard_is_killed_restarts_with_each_worker_at_one_clock(tmp_path):
+    """Issue 54, item 20. The two shards' checkpoints of version 10 count the workers' pushes apart
+    (each applies them as they come); the restart resumes each worker at the highest clock either
+    holds it at (--restore-clocks), so no worker finds its shards at different clocks, and the run
+    finishes its budget."""
+    from psgd.core.config import from_dict
+    from psgd.train import restart
+
+    flags = ["--mode", "async", "--workers", "2", "--servers", "2", "--steps", "12", "--checkpoint-every", "5",
+             *TRAIN[TRAIN.index("--dataset"):]]
+    out = tmp_path / "async"
+    r = psgd_main("run", *flags, "--fail-shard-at", "1=14", "--restart-servers", "1", "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    s = summary(out)
+    (restart_,) = s["restarts"]
+    assert (restart_["shard"], restart_["resumed_from"]) == (1, 10) and s["resumed_from"] == 10
+    cfg = from_dict(s["config"])
+    held = [checkpoint.newest(out / "checkpoints", k, upto=10)[0]["clocks"] for k in (0, 1)]
+    aligned = restart.aligned_clocks(cfg, 10)
+    assert aligned == [max(a, b) for a, b in zip(*held, strict=True)] and sum(aligned) >= 10
+    assert s["global_updates"] == s["worker_steps"] == 24  # async's budget: 12 steps a worker, shared as they come
+    # A clock behind a checkpoint's is refused in one line (exit 2) before the shard listens.
+    r = psgd_main("server", "--shard", "1", "--servers", "2", "--workers", "2", "--mode", "async",
+                  *TRAIN[TRAIN.index("--dataset"):TRAIN.index("--eval-every")], "--restore", str(out / "checkpoints"),
+                  "--restore-upto", "10", "--restore-clocks", "0,0")
+    assert r.returncode == 2 and "--restore-clocks 0,0: give one clock per worker (2)" in r.stderr, r.stderr

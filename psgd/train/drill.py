@@ -18,7 +18,7 @@ Contract:
     a process of the restarted run (a new shard, or the new zygote while it loads) killed during
     that restart: two faults.
   Only kinds the run can survive are drawn: shards and the zygote mid-run need --restart-servers
-  (sync, or one shard, with --checkpoint-every), workers --restart-workers; `drill` fills in both
+  (with --checkpoint-every), workers --restart-workers; `drill` fills in both
   budgets (2 x COUNT + 2) where they are 0 and the run's flags allow them.
 - `Storm` (a thread of the launcher's process, psgd/train/storm.py) carries the plan out while
   `launch.run` runs: it finds each target by its title (`psgd shard K/S OUT`,

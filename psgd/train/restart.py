@@ -3,9 +3,12 @@
 Contract:
 - `resumable(out)`: the config of a stopped run in `out` that `psgd run --resume OUT` (psgd/train/
   launch.py `run(cfg, resume=True)`) can continue; a UsageError saying why not otherwise (no
-  checkpoints, an async run of more than one shard, local SGD).
+  checkpoints, local SGD).
 - `restore_flags(cfg)`: the shards' `--restore DIR --restore-upto V`, V the newest checkpoint
-  version every shard holds intact (`resume_version`; RunFailed when there is none).
+  version every shard holds intact (`resume_version`; RunFailed when there is none); for an async or
+  SSP run of several shards also `--restore-clocks`, each worker at the highest clock any shard's
+  checkpoint holds it at (`aligned_clocks`: the shards count a worker's pushes apart; the pushes a
+  shard then skips are lost, as the updates after the checkpoint are).
 - `carry_over(out)`: a resumed attempt's metrics.jsonl starts with the restarts of the attempts
   before it (of the run, of workers, of the warm parent: rundir.py `CARRIED`); the stopped
   attempt's lines are kept apart, as metrics-attempt-N.jsonl.
@@ -41,10 +44,6 @@ def resumable(out: Path) -> RunConfig:
     cfg = from_dict(json.loads((out / "config.json").read_text()))
     if cfg.mode == "allreduce" or not cfg.checkpoint_every:
         raise UsageError(f"--resume {out}: the run wrote no checkpoints (it needs --checkpoint-every K)")
-    if cfg.mode != "sync" and cfg.servers > 1:
-        # Async shards checkpoint the same version with each worker's pushes counted in another
-        # order, so their clocks differ per shard; one step number per worker cannot fit them all.
-        raise UsageError(f"--resume {out}: an {cfg.mode} run resumes with one shard only (this one had {cfg.servers})")
     if cfg.local_steps > 1:
         raise UsageError(f"--resume {out}: local SGD (--local-steps) runs do not resume")
     # An injected fault (--fail-at) is how the first attempt was stopped, not part of the training
@@ -71,7 +70,25 @@ def resume_version(cfg: RunConfig) -> int:
 
 def restore_flags(cfg: RunConfig) -> list[str]:
     """The shards' flags that restore a resumed attempt (see the module docstring)."""
-    return ["--restore", str(Path(cfg.out) / "checkpoints"), "--restore-upto", str(resume_version(cfg))]
+    version = resume_version(cfg)
+    flags = ["--restore", str(Path(cfg.out) / "checkpoints"), "--restore-upto", str(version)]
+    if cfg.mode != "sync" and cfg.servers > 1:
+        flags += ["--restore-clocks", ",".join(map(str, aligned_clocks(cfg, version)))]
+    return flags
+
+
+def aligned_clocks(cfg: RunConfig, version: int) -> list[int]:
+    """Each worker's clock for every shard of an async or SSP run resumed at `version`: the highest any
+    shard's checkpoint holds it at. Why: such shards apply pushes in the order they come, so their
+    checkpoints of one version count each worker's pushes apart, and a worker's steps must have one
+    number; a shard that holds it lower skips the pushes between (lost, as a restart's updates are)."""
+    from psgd.ps import checkpoint  # noqa: PLC0415 - torch: the launcher loads it only on a restart
+
+    folder = Path(cfg.out) / "checkpoints"
+    held = [checkpoint.newest(folder, k, upto=version) for k in range(cfg.servers)]
+    if any(h is None for h in held):
+        raise RunFailed(f"{folder}: a shard's checkpoint of version {version} is no longer intact")
+    return [max(state["clocks"][w] for state, _ in held) for w in range(cfg.workers)]
 
 
 def carry_over(out: Path) -> None:

@@ -67,6 +67,9 @@ def add_parser(sub, epilog: str) -> None:
     p.add_argument("--restore-upto", type=int, default=None, metavar="VERSION",
                    help="with --restore: the newest checkpoint of at most this version (psgd run --resume "
                         "picks the newest all shards have)")
+    p.add_argument("--restore-clocks", default="", metavar="C0,C1,...",
+                   help="with --restore: each worker's clock to resume at, at or past the checkpoint's (psgd run "
+                        "aligns an async or SSP run's shards so: psgd/train/restart.py)")
     p.add_argument("--lost-on-stdin", action="store_true", help=argparse.SUPPRESS)  # psgd run's: `_read_losses`
     p.add_argument("--params", type=int, default=0,
                    help="parameters of the whole model (default: counted from --model and --dataset); "
@@ -142,7 +145,21 @@ def _restored(args: argparse.Namespace, cfg: C.RunConfig) -> dict | None:
                          + (f" at version <= {args.restore_upto}" if args.restore_upto is not None else ""))
     restored, path = found
     print(f"shard {args.shard}: restored version {restored['version']} from {path}", file=sys.stderr, flush=True)
-    return restored
+    return _aligned(args.restore_clocks, restored) if args.restore_clocks else restored
+
+
+def _aligned(given: str, restored: dict) -> dict:
+    """--restore-clocks: the checkpoint with each worker at the clock given (the pushes between its
+    own clock and that one are skipped); a UsageError unless one clock per worker, none behind."""
+    own = list(restored["clocks"])
+    try:
+        clocks = [int(c) for c in given.split(",")]
+    except ValueError:
+        clocks = []
+    if len(clocks) != len(own) or any(c < o for c, o in zip(clocks, own, strict=True)):
+        raise UsageError(f"--restore-clocks {given}: give one clock per worker ({len(own)}), none behind the "
+                         f"checkpoint's {','.join(map(str, own))}")
+    return {**restored, "clocks": clocks}
 
 
 def _listen(args: argparse.Namespace, on_ready):
