@@ -42,6 +42,7 @@ def test_config_takes_the_slots_from_the_schedule_and_refuses_what_does_not_comp
         validate(RunConfig(mode="sync", elastic="0:2,10:3", backup_workers=1))
     with pytest.raises(ValueError, match="start at update 0"):
         validate(RunConfig(mode="sync", elastic="5:2"))
+    assert validate(RunConfig(mode="sync", elastic="0:2,10:3", restart_workers=1)).restart_workers == 1
 
 
 class Applied:
@@ -340,6 +341,16 @@ def test_psgd_run_elastic_grows_and_shrinks_and_records_who_trained_what(tmp_pat
         (20, 2, "joined"), (20, 3, "joined"), (40, 3, "left")]
     assert [seg["workers"] for seg in m["segments"]] == [2, 4, 3]
     assert all(j["first_step_s"] is not None and j["first_step_s"] >= 0 for j in m["joiners"])
+    # Issue 54, item 20: a scheduled joiner killed mid-run is restarted (--restart-workers), rejoins at
+    # its clock, leaves on schedule, and the run ends with the same parameters and steps.
+    again = tmp_path / "restarted"
+    r = psgd_main("run", "--mode", "sync", "--elastic", "0:2,20:4,40:3", "--servers", "2", "--model", "mlp",
+                  "--dataset", "synthetic", "--num-samples", "800", "--batch-size", "8", "--steps", "60",
+                  "--eval-every", "0", "--fail-at", "3=30", "--restart-workers", "1", "--out", str(again), "--quiet")
+    assert r.returncode == 0, r.stderr
+    t = summary(again)
+    assert t["restarted_workers"] == [{"worker": 3, "how": "signal SIGKILL"}]
+    assert t["params_sha256"] == s["params_sha256"] and t["per_worker_steps"] == s["per_worker_steps"]
 
 
 @pytest.mark.usefixtures("warm_runs")

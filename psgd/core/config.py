@@ -269,8 +269,6 @@ def _check_elastic(cfg: RunConfig) -> list[Check]:
         (not (cfg.elastic and cfg.max_workers), "--elastic sets the slots itself: leave out --max-workers"),
         (not cfg.quorum_lr or cfg.mode == "sync", "--quorum-lr scales a synchronous step with its quorum: use it "
                                                   "with --mode sync"),
-        (not cfg.elastic or cfg.restart_workers == 0,
-         "--elastic with --restart-workers: a scheduled worker that dies is not restarted; use --worker-lease"),
     ]
 
 
