@@ -116,6 +116,9 @@ def _add_run(sub) -> None:
                    help="while it trains, write its curves (training loss per update, evaluations, step times, "
                         "staleness, throughput) as TensorBoard event files into DIR/<run folder name> (pip install "
                         "'psgd[tensorboard]')")
+    p.add_argument("--live-eval", action="store_true",
+                   help="with --tensorboard and --checkpoint-every: evaluate the checkpoints while it trains, in a "
+                        "process of its own at low priority (it takes CPU from the run: off by default)")
     p.add_argument("--cold-start", action="store_true",
                    help="start every shard and worker as a fresh `python -m psgd` process instead of forking "
                         "them from the run's warm parent, which imports torch once (psgd/train/zygote.py); "
@@ -239,13 +242,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             from psgd.sim import run as sim_run
 
             sim_run.check(cfg)  # what it does not model: one line, exit 2, before any folder
-        cfg = preflight.prepare(cfg, tensorboard=bool(args.tensorboard), resume=bool(args.resume))
+        cfg = preflight.prepare(cfg, tensorboard=bool(args.tensorboard), resume=bool(args.resume),
+                                live_eval=args.live_eval)
         if sim is not None:  # the job as a simulated cluster in this process (psgd/sim/)
             return sim_flags.run_simulated(cfg, sim, lambda s, out: print(f"SIMULATED: {summary_line(s, out)}"))
         with progress.live(Path(cfg.out), cfg.budget, f"psgd run {cfg.mode}", enabled=not args.quiet):
             tb = tboard.run_dir(Path(args.tensorboard), Path(cfg.out)) if args.tensorboard else None
             summary = launch.run(cfg, resume=bool(args.resume), cold_start=args.cold_start, tensorboard=tb,
-                                 prepared=True)
+                                 prepared=True, live_eval=args.live_eval)
     except (KeyboardInterrupt, Interrupted):
         print(f"psgd run: failed: {INTERRUPTED}", file=sys.stderr, flush=True)
         return 130

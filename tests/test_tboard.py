@@ -216,3 +216,42 @@ def test_two_run_folders_of_one_name_are_two_tensorboard_runs(tmp_path):
     a, b = tboard.run_dir(tb, tmp_path / "a" / "tbA"), tboard.run_dir(tb, tmp_path / "b" / "tbA")
     assert a != b and a.name.startswith("tbA-") and b.name.startswith("tbA-")
     assert tboard.run_dir(tmp_path / "tb", tmp_path / "a" / "tbA") == a  # the same folder again: the same run
+
+
+TINY = ("--dataset", "synthetic", "--num-samples", "600", "--batch-size", "8", "--quiet")
+
+
+def test_live_eval_evaluates_each_checkpoint_every_shard_holds_as_the_run_s_own_evaluation_does(tmp_path):
+    """psgd/train/liveeval.py on a finished run: one pass (its stdin already closed) over the
+    checkpoints both shards hold, each version's numbers the run's own evaluation of it."""
+    from tests.helpers import events
+
+    out = tmp_path / "run"
+    r = psgd_main("run", "--mode", "sync", "--workers", "2", "--servers", "2", "--steps", "30", "--eval-every", "10",
+                  "--checkpoint-every", "10", "--out", str(out), *TINY)
+    assert r.returncode == 0, r.stderr
+    r = subprocess.run([sys.executable, "-m", "psgd.train.liveeval", str(out)], stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, env=ENV, timeout=120)
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    live = [json.loads(line) for line in (out / "eval-live.jsonl").read_text().splitlines()]
+    own = {e["version"]: e for e in events(out) if e.get("event") == "eval"}
+    assert [e["version"] for e in live] == [10, 20, 30]  # the three checkpoints a shard keeps
+    for e in live:
+        assert e["samples"] == own[e["version"]]["samples"]
+        assert e["test_loss"] == pytest.approx(own[e["version"]]["test_loss"], rel=1e-5)
+    r = subprocess.run([sys.executable, "-m", "psgd.train.liveeval", str(tmp_path)], stdin=subprocess.DEVNULL,
+                       capture_output=True, text=True, env=ENV, timeout=60)
+    assert r.returncode == 2 and "not a psgd run folder" in r.stderr
+
+
+def test_a_live_evaluated_run_draws_each_evaluation_once_and_live_eval_says_what_it_needs(tmp_path):
+    out, tb = tmp_path / "run", tmp_path / "tb"
+    r = psgd_main("run", "--mode", "sync", "--workers", "2", "--steps", "40", "--eval-every", "10",
+                  "--checkpoint-every", "10", "--out", str(out), "--tensorboard", str(tb), "--live-eval", *TINY)
+    assert r.returncode == 0, r.stderr
+    steps = [step for step, _ in scalars(tboard.run_dir(tb, out))["eval/test_loss"]]
+    assert sorted(steps) == sorted(set(steps)) == [v * 16 for v in range(0, 41, 10)]  # live or after, once each
+    for flags, words in ((("--live-eval", "--checkpoint-every", "10"), "--tensorboard DIR"),
+                         (("--live-eval", "--tensorboard", str(tb)), "--checkpoint-every K")):
+        r = psgd_main("run", "--steps", "5", "--out", str(tmp_path / "no"), *flags, *TINY)
+        assert r.returncode == 2 and words in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -139,14 +139,15 @@ def _simulated(cfg: C.RunConfig, sim: dict, check_only: bool = False) -> dict | 
 def fit(model: Any = "mlp", data: Any = "synthetic", loss: Any = "cross_entropy", *, mode: str = "sync",
         workers: int = 2, servers: int = 1, steps: int = 100, epochs: float = 0.0, optimizer: Any = None,
         out: str = "", progress: bool = False, tensorboard: str | Path = "", simulate: bool = False,
-        **flags: Any) -> FitResult:
+        live_eval: bool = False, **flags: Any) -> FitResult:
     """Train as `psgd run` does, with real processes; blocks until the run has ended.
     `simulate=True`: as `psgd run --simulate`, a SIMULATED cluster in this process (psgd/sim/), its time
     model from `sim_compute=`, `sim_speeds=`, `sim_apply=`, `sim_profile=` (the flags' values).
 
     Raises ValueError (a bad keyword, value or spec: one line, before any process starts) or
     psgd.train.launch.RunFailed (a process of the job failed; the message names it). `tensorboard=DIR`:
-    the run's curves in DIR/<run folder name> as it trains (psgd/train/tboard.py). Not thread-safe
+    the run's curves in DIR/<run folder name> as it trains (psgd/train/tboard.py); `live_eval=True`
+    with it (and checkpoint_every=K): the evaluations too, as the checkpoints come. Not thread-safe
     with another `fit` writing the same `out`; two fits with their own folders may run at once.
     """
     from psgd.train import data as data_mod  # noqa: PLC0415 - psgd imports nothing heavy on its own
@@ -158,12 +159,14 @@ def fit(model: Any = "mlp", data: Any = "synthetic", loss: Any = "cross_entropy"
                  epochs=epochs, optimizer=optimizer, out=out, **flags)
     if simulate:
         _simulated(cfg, sim, check_only=True)  # what it does not model: a ValueError before any folder
-    cfg = preflight.prepare(cfg, tensorboard=bool(tensorboard))  # `psgd run`'s; its UsageError is a ValueError
+    # `psgd run`'s pre-flight; its UsageError is a ValueError
+    cfg = preflight.prepare(cfg, tensorboard=bool(tensorboard), live_eval=live_eval)
     log.info("psgd.fit: %s, %d workers, model %s, data %s, loss %s -> %s", cfg.mode, cfg.workers, cfg.model.model,
              cfg.data.dataset, cfg.model.loss, cfg.out)
     with live.live(Path(cfg.out), cfg.budget, f"psgd.fit {cfg.mode}", enabled=progress):
         tb = tboard.run_dir(Path(tensorboard), Path(cfg.out)) if tensorboard else None
-        summary = _simulated(cfg, sim) if simulate else launch.run(cfg, tensorboard=tb, prepared=True)
+        summary = (_simulated(cfg, sim) if simulate
+                   else launch.run(cfg, tensorboard=tb, prepared=True, live_eval=live_eval))
     if summary.get("loss_rose"):
         from psgd.train.divergence import Rise  # noqa: PLC0415
 

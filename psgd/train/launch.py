@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 
 
 def run(cfg: RunConfig, resume: bool = False, cold_start: bool = False, zygote: Zygote | None = None,
-        tensorboard: Path | None = None, prepared: bool = False) -> dict:
+        tensorboard: Path | None = None, prepared: bool = False, live_eval: bool = False) -> dict:
     """Run one training job end to end; returns the summary. Raises RunFailed, or UsageError for an
     --out that is not psgd's to write (an empty --out gets a folder of its own).
     `resume`: continue the stopped run in cfg.out from its checkpoints (restart.py `resumable`).
@@ -62,7 +62,8 @@ def run(cfg: RunConfig, resume: bool = False, cold_start: bool = False, zygote: 
     parent; for debugging, and the same results. `zygote`: a warm parent that outlives this run
     (`warm_parent`: the suite forks every run's processes from one); this run neither starts nor
     closes it (a gone one is replaced by a zygote of the run's own). `tensorboard`: a folder for
-    the run's curves, written while it trains (psgd/train/tboard.py `Follower`). `prepared`: the
+    the run's curves, written while it trains (psgd/train/tboard.py `Follower`); `live_eval`: with
+    it, the checkpoints evaluated while the run trains (psgd/train/liveeval.py). `prepared`: the
     caller made cfg.out the run's fresh folder (rundir.py `fresh`), so the first attempt takes it.
 
     --restart-servers N: when a shard dies, every process is stopped and the run goes on from the
@@ -76,7 +77,7 @@ def run(cfg: RunConfig, resume: bool = False, cold_start: bool = False, zygote: 
     try:
         while True:
             try:
-                with _attempt(cfg, resume, cold_start, zygote, tensorboard, prepared, own) as crew:
+                with _attempt(cfg, resume, cold_start, zygote, (tensorboard, live_eval), prepared, own) as crew:
                     cfg = crew.cfg
                     with _children(crew):
                         supervise.wait_workers(crew.workers, crew.servers, cfg, crew.restart, crew.zygote)
@@ -140,8 +141,8 @@ class Crew:
 
 
 @contextlib.contextmanager
-def _attempt(cfg: RunConfig, resume: bool, cold_start: bool, shared: Zygote | None, tensorboard: Path | None,
-             prepared: bool, own: list[Zygote]) -> Iterator[Crew]:
+def _attempt(cfg: RunConfig, resume: bool, cold_start: bool, shared: Zygote | None,
+             view: tuple[Path | None, bool], prepared: bool, own: list[Zygote]) -> Iterator[Crew]:
     """One attempt's folder, warm parent, TensorBoard follower and CPU groups, closed on the way out
     but for the warm parent: the run's own (in `own`, started by its first attempt, or again when
     it died) serves every attempt, and `run` closes it. It loads torch while the launcher prepares;
@@ -165,11 +166,12 @@ def _attempt(cfg: RunConfig, resume: bool, cold_start: bool, shared: Zygote | No
                                 on_reload=lambda how: _zygote_reloaded(cfg, how)))
     zygote = own[-1] if mine else (shared if forks else None)
     follower = quotas = None
+    tensorboard, live_eval = view
     try:
         if tensorboard is not None:
             from psgd.train import tboard  # noqa: PLC0415 - only runs that ask for it
 
-            follower = tboard.Follower(out, tensorboard, cfg.workers)
+            follower = tboard.Follower(out, tensorboard, cfg.workers, live_eval)
         if cfg.cpu_quota > 0:
             try:
                 quotas = cpulimit.Quotas(str(out), cfg.cpu_quota)

@@ -1,10 +1,11 @@
 """The pre-flight of `psgd run` and `psgd.fit`: everything that can refuse a run before any process
 starts, then its folder, prepared once.
 
-`prepare(cfg, tensorboard=, resume=)` refuses with one line (a UsageError, exit 2 from the CLI, a
+`prepare(cfg, tensorboard=, resume=, live_eval=)` refuses with one line (a UsageError, exit 2 from the CLI, a
 ValueError from psgd.fit) a CUDA --device this host lacks, --dataset mnist without its files, your
 own model / data / loss that fails on one batch (psgd/train/workload.py), --cpu-quota where CPU
-groups are not available, --tensorboard without its package, --hosts without the cluster up and
+groups are not available, --tensorboard without its package (--live-eval without it, or on a run
+whose checkpoints it cannot evaluate: psgd/train/liveeval.py), --hosts without the cluster up and
 large enough, a --token-file it cannot read, more processes or memory than this host has
 (psgd/train/limits.py), an --out it cannot write; then resolves --epochs into steps and, for a
 fresh run, makes the run folder
@@ -23,8 +24,14 @@ from psgd.train.roles import check_data, token, worker_device_of
 SMALL_MODELS = ("logreg", "mlp")  # at their default width, too small to count (no torch for them)
 
 
-def prepare(cfg: C.RunConfig, tensorboard: bool = False, resume: bool = False) -> C.RunConfig:
+def prepare(cfg: C.RunConfig, tensorboard: bool = False, resume: bool = False, live_eval: bool = False) -> C.RunConfig:
     """The checks, the epochs and the folder (see the module docstring)."""
+    if live_eval:
+        from psgd.train import liveeval  # noqa: PLC0415
+
+        why = "--live-eval draws on TensorBoard: give --tensorboard DIR too" if not tensorboard else liveeval.unfit(cfg)
+        if why:
+            raise UsageError(why)
     check_device(cfg)
     check_data(cfg)  # --dataset mnist's files, where --data-dir says
     check_workload(cfg)

@@ -23,6 +23,9 @@ Contract:
     widest gap between a worker and the slowest, the staleness SSP bounds), with the loss;
   - `eval/{test,val,train}_{loss,accuracy}` at every snapshot, x = training samples (the suite's
     common grid, so runs of different batch sizes line up), each as the launcher evaluates it;
+    with `live_eval` (`--live-eval`) the follower also starts psgd/train/liveeval.py, which evaluates
+    the checkpoints while the run trains (OUT/eval-live.jsonl, tailed like the metrics), and stops
+    it at `close()`; each x is written once, so the run's own evaluation adds only the others;
   - `run/staleness_{mean,p99,max}` (and `run/row_staleness_*` with --embeddings rows),
     `run/samples_per_s`, `run/updates_per_s`, `run/bytes_per_step` (once, at the last update, from
     summary.json: the shards count staleness when they stop).
@@ -44,16 +47,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
 import sys
 import threading
 from collections import defaultdict
 from pathlib import Path
 
 from psgd.core.errors import UsageError
+from psgd.train import liveeval
 from psgd.train.metrics import read_events
 from psgd.train.tfevents import EventFile
 
 POLL_S = 0.25       # how often the follower reads the metrics file for new lines
+EVALUATOR_WAIT_S = 30.0  # how long close() lets the live evaluation finish the version it is on
 MAX_PENDING = 256   # clocks waiting behind an incomplete one before it is written as it is
 PARTS = ("compute", "push", "pull", "wait")
 EVAL_KEYS = ("test_loss", "test_accuracy", "val_loss", "val_accuracy", "train_loss", "train_accuracy")
@@ -86,6 +92,7 @@ class Scalars:
         self.last_clock = -1  # the last x written to the train/ and step/ curves
         self.late = 0  # rows whose clock was already written (left out of the curve)
         self.points = 0  # scalars written (tests, and the report of how live it was)
+        self.evaluated: set[int] = set()  # the x of every eval point written
 
     def add(self, e: dict) -> None:
         kind = e.get("event")
@@ -101,7 +108,8 @@ class Scalars:
         elif kind in ("worker_end", "worker_lost"):
             self.gone.add(e.get("rank"))
             self._emit_ready()
-        elif kind == "eval" and "version" in e:
+        elif kind == "eval" and "version" in e and e["samples"] not in self.evaluated:
+            self.evaluated.add(e["samples"])  # once: evaluated live (--live-eval), then by the run
             values = {f"eval/{k}": e[k] for k in EVAL_KEYS if e.get(k) is not None}
             self.file.scalars(e["samples"], values, e.get("time"))
             self.points += len(values)
@@ -189,17 +197,53 @@ def write(out: Path, logdir: Path, workers: int | None = None) -> Path:
     return Path(logdir)
 
 
+class _Tail:
+    """A file that others append JSON lines to: the complete lines since the last read (a replaced
+    file is read from its start)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path, self._ino, self._offset, self._partial = path, None, 0, b""
+
+    def read(self) -> list[dict]:
+        try:
+            f = open(self.path, "rb")  # noqa: SIM115
+        except FileNotFoundError:
+            return []
+        with f:
+            st = os.fstat(f.fileno())
+            if st.st_ino != self._ino or st.st_size < self._offset:
+                self._ino, self._offset, self._partial = st.st_ino, 0, b""
+            f.seek(self._offset)
+            data = f.read()
+        self._offset += len(data)
+        *lines, self._partial = (self._partial + data).split(b"\n")
+        got = []
+        for line in lines:
+            if line.strip():
+                try:
+                    got.append(json.loads(line))
+                except ValueError:
+                    continue
+        return got
+
+
 class Follower:
     """The launcher's thread that writes a run's scalars as they happen (see the module docstring)."""
 
-    def __init__(self, out: Path, logdir: Path, workers: int) -> None:
+    def __init__(self, out: Path, logdir: Path, workers: int, live_eval: bool = False) -> None:
         require()
-        self.out, self.path = Path(out), Path(out) / "metrics.jsonl"
+        self.out = Path(out)
         self.file = EventFile(Path(logdir))
         self.scalars = _scalars(self.file, self.out, workers)
         self._stop = threading.Event()
-        self._ino: int | None = None
-        self._offset, self._partial = 0, b""
+        self.tails = [_Tail(self.out / "metrics.jsonl")]
+        self.evaluator: subprocess.Popen | None = None
+        if live_eval:  # psgd/train/liveeval.py: the checkpoints evaluated as they are written
+            self.tails.append(_Tail(self.out / liveeval.FILE))
+            with open(self.out / "logs" / "live-eval.log", "ab") as log:
+                self.evaluator = subprocess.Popen([sys.executable, "-m", "psgd.train.liveeval", str(self.out)],
+                                                  stdin=subprocess.PIPE, stdout=log, stderr=log,
+                                                  preexec_fn=lambda: os.nice(10))  # noqa: PLW1509
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="psgd-tensorboard", daemon=True)
         self._thread.start()
@@ -217,33 +261,23 @@ class Follower:
             self.error = e
 
     def _read(self) -> None:
-        """The complete lines appended since the last read (a replaced file is read from its start)."""
-        try:
-            f = open(self.path, "rb")  # noqa: SIM115
-        except FileNotFoundError:
-            return
-        with f:
-            st = os.fstat(f.fileno())
-            if st.st_ino != self._ino or st.st_size < self._offset:
-                self._ino, self._offset, self._partial = st.st_ino, 0, b""
-            f.seek(self._offset)
-            data = f.read()
-        if not data:
-            return
-        self._offset += len(data)
-        *lines, self._partial = (self._partial + data).split(b"\n")
-        for line in lines:
-            if line.strip():
-                try:
-                    self.scalars.add(json.loads(line))
-                except ValueError:
-                    continue
+        for tail in self.tails:
+            for e in tail.read():
+                self.scalars.add(e)
         self.file.flush()
 
     def close(self) -> None:
-        """Stop the thread, write what is left and the end-of-run scalars, close the file."""
+        """Stop the thread (and the live evaluation: its stdin closed, waited for), write what is left
+        and the end-of-run scalars, close the file."""
         self._stop.set()
         self._thread.join()
+        if self.evaluator is not None:
+            self.evaluator.stdin.close()
+            try:
+                self.evaluator.wait(EVALUATOR_WAIT_S)  # the version it is on, at most
+            except subprocess.TimeoutExpired:
+                self.evaluator.kill()
+                self.evaluator.wait()
         try:
             if self.error is None:
                 self._read()
