@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 # The warm parents, registered here once: a session fixture imported into each test module is a
 # fixture of that module, one warm parent per module (measured: 26 torch imports in a run, not 2).
-from tests.warm import script_parent, warm_benches, warm_parent, warm_runs  # noqa: F401 - fixtures
+from tests.warm import script_parent, warm_benches, warm_parent, warm_runs, warm_suites  # noqa: F401 - fixtures
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 

@@ -14,6 +14,7 @@ from psgd.core.config import OptimConfig, RunConfig
 from psgd.ps import checkpoint
 from psgd.train import assemble
 from tests.helpers import open_start_barrier, psgd_main, summary
+from tests.warm import fork_runs_from
 
 # The runs this file makes in this process fork from one warm parent (tests/warm.py).
 pytestmark = pytest.mark.usefixtures("warm_runs")
@@ -87,9 +88,21 @@ TRAIN = ["--mode", "sync", "--workers", "1", "--servers", "1", "--steps", "12", 
          "--eval-every", "0"]
 
 
-def test_a_killed_shard_is_restarted_from_its_checkpoint_and_the_run_ends_bit_for_bit(tmp_path):
-    ref = psgd_main("run", *TRAIN, "--out", str(tmp_path / "ref"))
-    assert ref.returncode == 0, ref.stderr
+@pytest.fixture(scope="module")
+def calm(warm_parent, tmp_path_factory):
+    """One uninterrupted TRAIN run for this file's tests (they each made the same one): its folder and
+    its parameters' hash, read as it ended. The torn-line test tears and resumes this folder in place
+    (the only test that writes to it); the hash is the calm run's whatever it does."""
+    out = tmp_path_factory.mktemp("calm") / "run"
+    with pytest.MonkeyPatch.context() as m:  # forked from the warm parent, as the tests' own runs
+        fork_runs_from(warm_parent, m)
+        r = psgd_main("run", *TRAIN, "--out", str(out))
+    assert r.returncode == 0, r.stderr
+    return out, summary(out)["params_sha256"]
+
+
+def test_a_killed_shard_is_restarted_from_its_checkpoint_and_the_run_ends_bit_for_bit(tmp_path, calm):
+    _, ref = calm  # the same TRAIN run, uninterrupted
     out = tmp_path / "restarted"
     # Shard 0 dies right after update 7 (after writing nothing since version 5): the run goes back to 5.
     r = psgd_main("run", *TRAIN, "--fail-shard-at", "0=7", "--restart-servers", "1", "--out", str(out))
@@ -100,20 +113,17 @@ def test_a_killed_shard_is_restarted_from_its_checkpoint_and_the_run_ends_bit_fo
     # `reached` counts the steps the workers finished: the update in flight when the shard died is not one.
     assert restart["reached"] >= 6 and restart["updates_lost"] == restart["reached"] - 5
     assert s["resumed_from"] == 5 and s["global_updates"] == 12
-    assert s["params_sha256"] == summary(tmp_path / "ref")["params_sha256"]  # the lost updates were redone exactly
+    assert s["params_sha256"] == ref  # the lost updates were redone exactly
     # `psgd run --resume OUT` is the same path (launch.run(resume=True)), started by hand.
     r = psgd_main("run", "--resume", str(out), "--steps", "3")
     assert r.returncode == 2 and "give no other flags" in r.stderr
 
 
-def test_a_torn_last_metrics_line_is_left_out_and_resume_goes_on_from_the_newest_checkpoint(tmp_path):
+def test_a_torn_last_metrics_line_is_left_out_and_resume_goes_on_from_the_newest_checkpoint(calm):
     """A write cut short (a full disk) leaves metrics.jsonl's last line without its end: `--resume`
     reads past it and continues from checkpoint 10 to the calm run's parameters (it failed with
     "Expecting value" before)."""
-    out = tmp_path / "run"
-    r = psgd_main("run", *TRAIN, "--out", str(out))
-    assert r.returncode == 0, r.stderr
-    calm = summary(out)["params_sha256"]
+    out, calm = calm  # the finished TRAIN run (this test's to tear)
     lines = (out / "metrics.jsonl").read_bytes()
     (out / "metrics.jsonl").write_bytes(lines[:-20])  # the last line loses its end
     r = psgd_main("run", "--resume", str(out))

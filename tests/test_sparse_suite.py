@@ -9,6 +9,8 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from psgd.lab import suite
 from psgd.lab import verdicts as V
 from tests.helpers import psgd_main
@@ -37,6 +39,7 @@ def tiny_copy(folder: Path) -> Path:
     return folder / "sparse.toml"
 
 
+@pytest.mark.usefixtures("warm_suites")  # the runs fork from the tests' warm parent: the analyses are under test
 def test_the_quick_profile_gives_every_claim_a_verdict_from_the_runs(tmp_path):
     suite_file = tiny_copy(tmp_path)
     out = tmp_path / "results"

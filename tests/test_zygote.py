@@ -17,9 +17,18 @@ from tests.helpers import ENV, processes_mentioning, psgd_main, summary
 
 @pytest.fixture
 def warm(tmp_path):
+    """A zygote of the test's own: its exit-report count starts at zero (what the wake-up test needs)."""
     z = Zygote.start(f"zygote-test-{tmp_path.name}", dict(ENV))
     yield z
     z.close()
+
+
+@pytest.fixture
+def serving(warm_parent):
+    """This test process's warm parent (tests/warm.py), a zygote like any other: the tests that only ask
+    it to fork and reap a child use it as they find it, instead of loading torch into one more zygote
+    (about 1.5 s of CPU each). Its forks get the environment each request names, as a fresh one's do."""
+    return warm_parent.get()
 
 
 def spawn(z: Zygote, log, *args: str) -> Forked:
@@ -27,19 +36,19 @@ def spawn(z: Zygote, log, *args: str) -> Forked:
         return z.spawn(list(args), dict(ENV), os.open(os.devnull, os.O_RDONLY), f.fileno(), f.fileno())
 
 
-def test_a_forked_child_runs_psgd_with_its_own_argv_log_and_exit_code(warm, tmp_path):
+def test_a_forked_child_runs_psgd_with_its_own_argv_log_and_exit_code(serving, tmp_path):
     log = tmp_path / "a.log"
-    child = spawn(warm, log, "summarize", str(tmp_path / "nothing-here"))
+    child = spawn(serving, log, "summarize", str(tmp_path / "nothing-here"))
     assert child.wait(60) == 2, log.read_text()
     assert "is not a psgd run folder" in log.read_text()
-    assert child.poll() == 2 and child.pid not in (os.getpid(), warm.proc.pid)
+    assert child.poll() == 2 and child.pid not in (os.getpid(), serving.proc.pid)
 
 
-def test_a_killed_child_is_reported_with_its_signal_and_the_zygote_serves_on(warm, tmp_path):
-    child = spawn(warm, tmp_path / "b.log", "run", "--steps", "100000", "--out", str(tmp_path / "run"), "--quiet")
+def test_a_killed_child_is_reported_with_its_signal_and_the_zygote_serves_on(serving, tmp_path):
+    child = spawn(serving, tmp_path / "b.log", "run", "--steps", "100000", "--out", str(tmp_path / "run"), "--quiet")
     child.send_signal(signal.SIGKILL)
     assert child.wait(60) == -signal.SIGKILL
-    again = spawn(warm, tmp_path / "c.log", "summarize", str(tmp_path / "none"))
+    again = spawn(serving, tmp_path / "c.log", "summarize", str(tmp_path / "none"))
     assert again.wait(60) == 2
 
 

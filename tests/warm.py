@@ -9,7 +9,8 @@ the test session ends) unless a zygote is passed. The commands are parsed and ru
 forks their children changes, as in the suite (tests/test_zygote.py holds that a warm parent's run
 equals a cold one's bit for bit).
 
-`warm_benches` does the same for the psgd processes a benchmark starts (psgd.bench.ZYGOTE), and
+`warm_benches` does the same for the psgd processes a benchmark starts (psgd.bench.ZYGOTE), `warm_suites`
+for the runs of a `psgd suite` (psgd.lab.runner.WARM), and
 `script_parent` is a second warm parent whose forks run Python scripts, as `python SCRIPT ARGS` would
 (tests/script_zygote.py; `run_script`): the examples' tests run them through it."""
 
@@ -66,6 +67,21 @@ def fork_runs_from(warm_parent, monkeypatch) -> None:
 def warm_runs(warm_parent, monkeypatch):
     """`launch.run` (what `psgd run` calls) forks from this process's warm parent during the test."""
     fork_runs_from(warm_parent, monkeypatch)
+    yield
+
+
+@pytest.fixture
+def warm_suites(warm_parent, monkeypatch):
+    """The runs a `psgd suite` makes in this process during the test fork from this process's warm parent
+    instead of a warm parent of the suite's own (psgd/lab/runner.py `WARM`, started at the suite's first
+    run and closed at its end): one torch import fewer per suite. The suite asks and closes `WARM` as
+    ever; closing leaves this process's warm parent to the session (tests/test_suite.py keeps the
+    suite's own)."""
+    from psgd.lab import runner
+
+    warm_parent.get()  # started here, on the main thread: it dies with the thread that started it
+    monkeypatch.setattr(runner.WARM, "get", warm_parent.get)
+    monkeypatch.setattr(runner.WARM, "close", lambda: None)
     yield
 
 
