@@ -3,11 +3,10 @@
 `Segment.create(nbytes)` (the worker's side) makes one private to this user; `Segment.attach(name,
 max_bytes)` (the shard's, through psgd/ps/shm/serve.py `serve_attach`) maps the one a worker named,
 within bounds: a psgd name (`psgd-PID-HEX`, nothing else under /dev/shm), at most the largest payload
-any request to this shard can carry rounded to a page, and unlinks its name (both sides hold the
-memory). `sweep()` (which `create` runs first) removes the files of makers that no longer run.
-A belled segment (psgd/ps/shm/bell.py) has one more page at its end, its doorbell's. `spin_for`
-says whether a run's processes fit this host's cores, so that a waiting side may spin instead of
-sleeping.
+any request to this shard can carry rounded to a page (serve.py unlinks its name once it takes it).
+`sweep()` (which `create` runs first) removes the files of makers that no longer run. A belled
+segment (psgd/ps/shm/bell.py) has one more page at its end, its doorbell's. `spin_for` says whether
+a run's processes fit this host's cores, so that a waiting side may spin instead of sleeping.
 """
 
 from __future__ import annotations
@@ -86,9 +85,7 @@ class Segment:
         if not page < size <= max_bytes + PAGE + page:
             os.close(fd)
             raise ValueError(f"a segment of {size} bytes; this shard's largest payload is {max_bytes}")
-        seg = cls(name, fd, size, belled)
-        seg.unlink()  # both sides hold the memory now: the name is not needed (the worker unlinks it too)
-        return seg
+        return cls(name, fd, size, belled)
 
     def unlink(self) -> None:
         with contextlib.suppress(FileNotFoundError):

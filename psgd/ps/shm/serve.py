@@ -131,6 +131,7 @@ def serve_attach(sock: socket.socket, header: bytes, tls: bool, max_bytes: int, 
         seg.close()
         raise ValueError(f"INVALID_ARGUMENT: a reply offset {at!r} in a {seg.size}-byte segment")
     seg.reply_at = int(at or 0)
+    seg.unlink()  # taken: both sides hold the memory now, the name is not needed (the worker unlinks it too)
     return seg
 
 
