@@ -341,12 +341,13 @@ def test_psgd_run_elastic_grows_and_shrinks_and_records_who_trained_what(tmp_pat
         (20, 2, "joined"), (20, 3, "joined"), (40, 3, "left")]
     assert [seg["workers"] for seg in m["segments"]] == [2, 4, 3]
     assert all(j["first_step_s"] is not None and j["first_step_s"] >= 0 for j in m["joiners"])
-    # Issue 54, item 20: a scheduled joiner killed mid-run is restarted (--restart-workers), rejoins at
+    # Issue 54, item 20: a scheduled joiner killed at its first step (update 20: its --fail-at 3=5
+    # comes before it joined, which fired never before) is restarted (--restart-workers), rejoins at
     # its clock, leaves on schedule, and the run ends with the same parameters and steps.
     again = tmp_path / "restarted"
     r = psgd_main("run", "--mode", "sync", "--elastic", "0:2,20:4,40:3", "--servers", "2", "--model", "mlp",
                   "--dataset", "synthetic", "--num-samples", "800", "--batch-size", "8", "--steps", "60",
-                  "--eval-every", "0", "--fail-at", "3=30", "--restart-workers", "1", "--out", str(again), "--quiet")
+                  "--eval-every", "0", "--fail-at", "3=5", "--restart-workers", "1", "--out", str(again), "--quiet")
     assert r.returncode == 0, r.stderr
     t = summary(again)
     assert t["restarted_workers"] == [{"worker": 3, "how": "signal SIGKILL"}]

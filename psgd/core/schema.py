@@ -128,8 +128,9 @@ class RunConfig:
                       metavar="PEM")
     token_file: str = opt("", "PS: a file holding the run's shared secret; every request to a shard must carry it "
                               "(without it: $PSGD_TOKEN if set, else no token)", metavar="FILE")
-    fail_at: Pairs = opt((), "fault injection: worker RANK kills itself (SIGKILL) at STEP (-1: while starting, "
-                             "before it joins the shards)", metavar="RANK=STEP")
+    fail_at: Pairs = opt((), "fault injection: worker RANK kills itself (SIGKILL) at STEP, or at its first step "
+                             "after it (a scheduled joiner's); -1: while starting, before it joins the shards",
+                         metavar="RANK=STEP")
     fail_shard_at: Pairs = opt((), "fault injection: shard K kills itself (SIGKILL) once it reached update V (0: "
                                    "while starting, before it listens)", metavar="K=V")
     restart_workers: int = opt(0, "PS: restart a worker that dies, at most N times in all; it rejoins at its "

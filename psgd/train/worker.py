@@ -136,7 +136,9 @@ def train(exchange: Exchange, model: torch.nn.Module, batches: Batches, loss: lo
         over = options.leave_at is not None and first >= options.leave_at
         train_start = time.time() if over else 0.0
         while not over:
-            if options.fail_step is not None and clock == options.fail_step:
+            # At STEP, or at a scheduled joiner's first step when STEP comes before it (its clocks
+            # start where the run was when it joined: an exact match would never come).
+            if options.fail_step is not None and clock >= options.fail_step >= 0:
                 if metrics is not None:
                     metrics.flush()  # the steps it took are on record, as they were before `defer`
                 os.kill(os.getpid(), signal.SIGKILL)  # fault injection: die like a crashed machine
