@@ -19,6 +19,7 @@ import dataclasses
 import json
 import logging
 import os
+import signal
 import sys
 from pathlib import Path
 
@@ -349,6 +350,8 @@ def _finish_of_run(out, cfg: C.RunConfig) -> int:
     def said(k: int, n: int) -> None:
         print(f"{finish.EVAL_LINE} {k} {n}", flush=True)
 
+    if os.environ.get(finish.FAULT) == "kill":
+        os.kill(os.getpid(), signal.SIGKILL)
     try:
         finish.finish(cfg, on_eval=said)
     except (RunFailed, FileNotFoundError) as e:

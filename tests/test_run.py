@@ -288,3 +288,20 @@ def test_the_thread_budget_shares_the_cores_once():
     assert thread_budget(RunConfig(mode="async", workers=1, servers=1), cores=2, role="server") == 1
     assert thread_budget(RunConfig(mode="allreduce", workers=4, servers=2), cores=16) == 4  # no servers
     assert thread_budget(RunConfig(mode="sync", workers=2, servers=2, threads=3), cores=16) == 3
+
+
+def test_an_evaluation_killed_after_training_is_made_by_the_launcher(tmp_path, monkeypatch):
+    """Issue 54, item 18: a storm's last fault took the warm parent, and the evaluation forked from
+    it, after training had ended: the run failed "(no output)". Now the launcher evaluates itself."""
+    from psgd.train import finish
+
+    monkeypatch.setenv(finish.FAULT, "kill")  # the evaluation's child SIGKILLs itself before it evaluates
+    out = tmp_path / "run"
+    r = psgd_main("run", "--mode", "sync", "--workers", "2", "--steps", "10", "--eval-every", "5", "--out", str(out),
+                  "--quiet", *COMMON)
+    assert r.returncode == 0, r.stderr
+    assert "the evaluation's process died with signal SIGKILL; evaluating in the launcher" in r.stderr
+    from tests.helpers import events
+
+    assert summary(out)["global_updates"] == 10 and summary(out)["final_test_accuracy"] is not None
+    assert [e["version"] for e in events(out) if e.get("event") == "eval"] == [0, 5, 10]

@@ -10,8 +10,10 @@ Contract:
 - `in_fork(cfg, zygote)`: `finish` for `psgd run`, in a child of the run's warm parent when there
   is one (`psgd summarize --of-run`): it has torch loaded, so the launcher never imports it. The
   child reports `evaluating K N` (EVAL_LINE) on stdout before snapshot K of N, for the live line;
-  its failure is the run's, in the same words. Without a warm parent (--cold-start, cluster hosts)
-  the launcher evaluates itself.
+  its failure is the run's, in the same words; killed by a signal (its warm parent gone, which
+  takes its forks along), the launcher evaluates itself, as it does without a warm parent
+  (--cold-start, cluster hosts). `$PSGD_FINISH_FAULT=kill` makes the child SIGKILL itself before it
+  evaluates (a drill's or a test's fault).
 - summary.json's `loss_rose` ({low, at, last}) is there when the training loss rose at the end of
   the run (psgd/train/divergence.py); `psgd run` prints its warning after the summary line.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import signal
 import sys
@@ -36,6 +39,8 @@ if TYPE_CHECKING:
 
     from psgd.train import data as data_mod
 
+log = logging.getLogger(__name__)
+FAULT = "PSGD_FINISH_FAULT"  # drills and tests: `kill` makes psgd run's evaluation child SIGKILL itself first
 EVAL_LINE = "evaluating"  # `psgd summarize --of-run`'s stdout: `evaluating K N` before snapshot K of N
 # The final evaluation's figures, when the last snapshot is the final state.
 FINAL_KEYS = ("test_loss", "test_accuracy", "train_loss", "val_loss", "val_accuracy")
@@ -60,6 +65,12 @@ def in_fork(cfg: RunConfig, zygote: Zygote | None) -> dict:
     except BaseException:
         stop([child], signal.SIGKILL)
         raise
+    if code < 0:
+        # Killed (a signal, with no word of its own: the warm parent it was forked from went, say,
+        # and took it along). The training has ended and `finish` is idempotent: evaluate here.
+        log.warning("psgd run: the evaluation's process died with signal %s; evaluating in the launcher",
+                    signal.Signals(-code).name)
+        return finish(cfg)
     if code != 0:
         raise RunFailed(child.last_error().removeprefix("psgd summarize: failed: "))
     return json.loads((out / "summary.json").read_text())
