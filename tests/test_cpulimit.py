@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -52,6 +53,10 @@ def test_psgd_run_puts_each_worker_in_its_group_and_leaves_none(tmp_path):
     assert len(groups) == 2 and all(g.startswith(parent) for g in groups), groups
     assert groups[0].endswith("/worker-0") and groups[1].endswith("/worker-1")
     assert not [p for p in cpulimit.ROOT.glob(f"psgd-{os.getpid()}-*")], "the run left its groups behind"
+    # What the quotas did, as the kernel counted it, kept in the run folder (sim-vs-real's "why").
+    record = json.loads((out / "cpu-quota.json").read_text())
+    assert record["cores"] == 0.5 and {"worker-0", "worker-1", "server-0"} <= set(record["groups"])
+    assert all(g["nr_periods"] >= g["nr_throttled"] >= 0 and g["nr_periods"] > 0 for g in record["groups"].values())
 
 
 def test_sweep_removes_the_groups_of_a_launcher_that_is_gone():

@@ -205,6 +205,9 @@ def test_where_the_shaped_wire_is_not_the_model_s_is_said_from_the_kernel_s_coun
     assert line == ("- sync N=4: a push of 88,104 bytes against a burst of 65,536; 1,200 packets dropped at the "
                     "shaped queues and 100 held by an empty bucket per run")
     assert why([{**rows[0], "kernel": {}}], 65_536) == []  # on loopback: nothing to say
+    quota = [{"mode": "sync", "workers": 16, "kernel": {"throttled_share": v, "throttled_s": 1.5}} for v in (0.3, 0.5)]
+    assert why(quota, None) == ["- sync N=16: each process stopped by its quota in 40% of its 100 ms periods, "
+                                "1.50 s in all per run"]
     r = psgd_main("bench", "sim-vs-real", "--link", "fast")
     assert r.returncode == 2 and "--link expects BANDWIDTH" in r.stderr and len(r.stderr.strip().splitlines()) == 1
 

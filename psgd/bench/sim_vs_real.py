@@ -97,7 +97,7 @@ def pair(cfg, out: Path, tolerance: float, cluster=None) -> dict:
     real_cfg = dataclasses.replace(cfg, out=str(out / "real"), **placed)
     before = queues(cluster)
     real = launch.run(real_cfg)
-    kernel = {k: v - before[k] for k, v in queues(cluster).items()}
+    kernel = {**{k: v - before[k] for k, v in queues(cluster).items()}, **throttling(out / "real")}
     law = calibrated(out / "real", real, link)
     profile = out / "measured.toml"
     profile.write_text(f'message = "{law["message_s"] * 1e6:.3f}us"\n')
@@ -128,23 +128,45 @@ def queues(cluster) -> dict:
     return got if cluster is not None else {}
 
 
-def why(rows: list[dict], burst: int) -> list[str]:
-    """Per (mode, N) on shaped links, what the real wire did that the model's has no part for: the
-    token bucket's `burst` bytes sent at the device's speed after an idle moment (the model sends
-    every byte at the rate: the real run is faster where pushes are a few bursts long), and packets
-    dropped at a full queue (TCP then retransmits; the model's queues never drop: the real run is
-    slower). Means per run over the seeds."""
+def throttling(out: Path) -> dict:
+    """A real run's CPU quota counters (OUT/cpu-quota.json, psgd/train/cpulimit.py), over its
+    processes: the share of their 100 ms periods in which the quota stopped them, and the seconds it
+    held them in all, per process; {} for a run without quotas."""
+    try:
+        groups = json.loads((out / "cpu-quota.json").read_text())["groups"].values()
+    except (OSError, ValueError, KeyError):
+        return {}
+    periods = sum(g["nr_periods"] for g in groups)
+    return {"throttled_share": sum(g["nr_throttled"] for g in groups) / periods if periods else 0.0,
+            "throttled_s": sum(g["throttled_time"] for g in groups) / 1e9 / max(1, len(groups))}
+
+
+def why(rows: list[dict], burst: int | None) -> list[str]:
+    """Per (mode, N), what the real run met that the model has no part for, from the kernel's own
+    counters (means per run over the seeds). On shaped links (`burst`): the token bucket's `burst`
+    bytes sent at the device's speed after an idle moment (the model sends every byte at the rate:
+    the real run is faster where pushes are a few bursts long), and packets dropped at a full queue
+    (TCP then retransmits; the model's queues never drop: the real run is slower). Under CPU quotas:
+    how often the quota stopped a process for the rest of its 100 ms period (the model's compute is
+    a mean and a spread, not a process parked for tens of milliseconds)."""
     import statistics  # noqa: PLC0415
 
     lines = []
     for key in dict.fromkeys((r["mode"], r["workers"]) for r in rows):
         group = [r for r in rows if (r["mode"], r["workers"]) == key and r.get("kernel")]
-        if group:
+        said = []
+        if group and burst is not None and "drops" in group[0]["kernel"]:
             drops = statistics.fmean(r["kernel"]["drops"] for r in group)
             waits = statistics.fmean(r["kernel"]["overlimits"] for r in group)
-            lines.append(f"- {key[0]} N={key[1]}: a push of {group[0]['push_bytes']:,} bytes against a burst of "
-                         f"{burst:,}; {drops:,.0f} packets dropped at the shaped queues and {waits:,.0f} held by "
-                         "an empty bucket per run")
+            said.append(f"a push of {group[0]['push_bytes']:,} bytes against a burst of {burst:,}; {drops:,.0f} "
+                        f"packets dropped at the shaped queues and {waits:,.0f} held by an empty bucket per run")
+        if group and "throttled_share" in group[0]["kernel"]:
+            share = statistics.fmean(r["kernel"]["throttled_share"] for r in group)
+            held = statistics.fmean(r["kernel"]["throttled_s"] for r in group)
+            said.append(f"each process stopped by its quota in {share:.0%} of its 100 ms periods, {held:.2f} s "
+                        "in all per run")
+        if said:
+            lines.append(f"- {key[0]} N={key[1]}: " + "; ".join(said))
     return lines
 
 
@@ -257,13 +279,17 @@ def report(a, command: str, table: list[dict], rows: list[dict]) -> list[str]:
         md.append(f"| {t['mode']} | {t['workers']} | {t['metric']} | {_ci(t['real'])} | {_ci(t['simulated'])} | "
                   f"{'' if d is None else f'{d:+.1%}'} | {_ci(t['sim_minus_real'])} | "
                   f"{'' if t['passes'] is None else 'yes' if t['passes'] else 'no'} |")
+    burst = None
     if a.link:
         from psgd.cluster import plan  # noqa: PLC0415
         from psgd.core import link as link_mod  # noqa: PLC0415
 
-        md += ["", "Where the real wire is not the model's (psgd/cluster/plan.py `shaping`: tbf, a bucket and a "
-               "queue per direction of each host's link):", *why(rows, plan.shaping(link_mod.parse(a.link).bits_per_s)
-                                                                .burst)]
+        burst = plan.shaping(link_mod.parse(a.link).bits_per_s).burst
+    said = why(rows, burst)
+    if said:
+        md += ["", "What the real runs met that the model has no part for, from the kernel's counters (shaped "
+               "links: psgd/cluster/plan.py `shaping`, tbf's bucket and queue per direction of each host's link; "
+               "quotas: psgd/train/cpulimit.py, CFS bandwidth control):", *said]
     return md
 
 

@@ -13,6 +13,9 @@ Contract:
 - The launcher makes the groups (`Quotas.group(name)`) and gives each child its group's path in
   $PSGD_CPU_CGROUP; the child moves itself in first thing (`enter_from_env`, psgd/cli.py), before
   it does any work: forked by the zygote or exec'd, on loopback or on a cluster host.
+- `Quotas.stats()`: each group's CFS counters (cpu.stat: periods, periods throttled, time
+  throttled); `close(record=OUT/cpu-quota.json)` writes them there first (the launcher does: how
+  much the quota held each process back, psgd bench sim-vs-real's "why").
 - `Quotas.close()` removes every group it made (the launcher calls it however the run ends, once its
   children are gone); groups left by a launcher that was killed (its pid no longer alive) are
   removed by the next `Quotas` (`sweep`). psgd touches no group it did not make.
@@ -20,6 +23,7 @@ Contract:
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -104,6 +108,24 @@ class Quotas:
         self.groups.append(path)
         return path
 
-    def close(self) -> None:
+    def stats(self) -> dict[str, dict[str, int]]:
+        """Each group's CFS counters so far (cpu.stat): periods, periods throttled, time throttled (ns)."""
+        got = {}
+        for g in self.groups:
+            try:
+                pairs = dict(line.split() for line in (g / "cpu.stat").read_text().splitlines() if line.strip())
+            except (OSError, ValueError):
+                continue
+            got[g.name] = {k: int(pairs.get(k, 0)) for k in ("nr_periods", "nr_throttled", "throttled_time")}
+        return got
+
+    def close(self, record: Path | None = None) -> None:
+        """Remove the groups; first, with `record`, write their counters there (JSON: `stats`)."""
+        if record is not None and self.groups:
+            try:
+                record.write_text(json.dumps({"cores": self.cores, "period_us": PERIOD_US, "groups": self.stats()},
+                                             indent=1))
+            except OSError:
+                pass  # the counters are a record of the run, not part of it
         if self.parent.exists():
             _remove(self.parent, self.root)

@@ -180,7 +180,7 @@ def _attempt(cfg: RunConfig, resume: bool, cold_start: bool, shared: Zygote | No
         yield Crew(cfg, restore, zygote, quotas)
     finally:
         if quotas is not None:
-            quotas.close()
+            quotas.close(record=out / "cpu-quota.json")
         if follower is not None:
             follower.close()
 
