@@ -1,13 +1,14 @@
 """`psgd run --tensorboard DIR --live-eval`: the run's checkpoints evaluated while it trains, in a process of its own.
 
-Contract: `python -m psgd.train.liveeval OUT` (the TensorBoard follower starts it, psgd/train/tboard.py,
-at nice +10 and on one thread) evaluates each checkpoint version that every shard of the run in OUT
+Contract: `python -m psgd.train.liveeval OUT` (the TensorBoard follower starts it, psgd/train/tboard.py;
+it runs at nice +10 and on one thread) evaluates each checkpoint version that every shard of the run in OUT
 has written (OUT/checkpoints, psgd/ps/checkpoint.py: loaded only when intact, a version some shard
 has pruned meanwhile skipped), once, oldest first, and appends one `eval` line per version to
 OUT/eval-live.jsonl: version, samples (version x samples per update, the x the run's own evaluation
 gives it), time, and the losses and accuracies psgd/train/finish.py's `_evaluate` gives. It looks
-again every POLL_S and stops when its stdin closes (the follower's close: training ended; the run's
-own evaluation of its snapshots follows and fills in the rest). Exit 0; 2 for a folder that is not
+again every POLL_S and stops after the pass in which the shards had stopped (their shard-K.pt
+written: training ended, and the run's own evaluation of its snapshots fills in the rest) or its
+stdin closed (the follower's close). Exit 0; 2 for a folder that is not
 a parameter-server run with dense parameters.
 
 Why checkpoints: the shards write them anyway (--checkpoint-every), atomically, while the run trains,
@@ -19,6 +20,7 @@ process does take CPU from the run, which is why it is asked for, not on by defa
 from __future__ import annotations
 
 import json
+import os
 import select
 import sys
 import time
@@ -89,8 +91,8 @@ def follow(out: Path, stopped) -> None:
                              **finish._evaluate(cfg, model, params, ds))  # noqa: SLF001 - the run's own numbers
                     f.write(json.dumps(e, separators=(",", ":")) + "\n")
                     f.flush()
-            if stopped(POLL_S):
-                return
+            if stopped(POLL_S) or all((out / f"shard-{k}.pt").exists() for k in range(cfg.servers)):
+                return  # told to, or the shards have stopped (training ended: the run evaluates the rest)
 
 
 def _stdin_closed(seconds: float) -> bool:
@@ -110,7 +112,14 @@ def main(argv: list[str]) -> int:
     if why is not None:
         print(f"psgd live-eval: {why}", file=sys.stderr)
         return 2
-    follow(out, _stdin_closed)
+    try:
+        os.nice(10)  # below the run's processes: it takes what CPU they leave
+    except OSError:
+        pass
+    try:
+        follow(out, _stdin_closed)
+    except KeyboardInterrupt:  # Ctrl-C reaches the run's whole process group: the run says it
+        return 130
     return 0
 
 

@@ -242,8 +242,7 @@ class Follower:
             self.tails.append(_Tail(self.out / liveeval.FILE))
             with open(self.out / "logs" / "live-eval.log", "ab") as log:
                 self.evaluator = subprocess.Popen([sys.executable, "-m", "psgd.train.liveeval", str(self.out)],
-                                                  stdin=subprocess.PIPE, stdout=log, stderr=log,
-                                                  preexec_fn=lambda: os.nice(10))  # noqa: PLW1509
+                                                  stdin=subprocess.PIPE, stdout=log, stderr=log)
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._loop, name="psgd-tensorboard", daemon=True)
         self._thread.start()
