@@ -28,7 +28,8 @@ leaving (a sync round waits for it no longer). Bytes per request: a 17-byte pref
 4 x dim per row.
 
 `serve(stores, host, port, token, rounds, timeout)` -> a `RowServer` (`.port`, `.close()`). `RowClient(address,
-token)`: one connection, for one thread; `start_pull` / `finish_pull` and `start_push` /
+token, timeout, sock)`: one connection (or `sock`, another carrier of the frames: rows_grpc.py), for
+one thread; `start_pull` / `finish_pull` and `start_push` /
 `finish_push` (send to every shard, then read every answer: the shards work at once), `init`, `stats`.
 Tests: tests/test_rows_tcp.py.
 """
@@ -39,7 +40,6 @@ import hmac
 import json
 import socket
 import socketserver
-import struct
 import threading
 from collections.abc import Sequence
 
@@ -49,49 +49,31 @@ import torch
 from psgd.core.rowrounds import RowRounds
 from psgd.core.rows import ID_BYTES
 from psgd.core.rowstore import RowError, RowStore
+from psgd.ps.rowwire import (
+    ENTRY,
+    ERROR,
+    HELLO,
+    INIT,
+    INITED,
+    PREFIX,
+    PULL,
+    PUSH,
+    PUSHED,
+    ROWS,
+    STATS,
+    STATS_REPLY,
+    WELCOME,
+    RowWireError,
+    as_bytes,
+    drain,
+    recv_exact,
+    send_error,
+    send_frame,
+    serving,
+    stats,
+)
 
-PREFIX = struct.Struct("<BIIQ")  # op, worker, entries, payload length
-ENTRY = struct.Struct("<IQ")     # table, count
-HELLO, PULL, PUSH, STATS, INIT, WELCOME, ROWS, PUSHED, STATS_REPLY, INITED, ERROR = (
-    1, 2, 3, 4, 5, 0x81, 0x82, 0x83, 0x84, 0x85, 0xFF)
-
-
-class RowWireError(Exception):
-    """An ERROR frame from the server: `status` (e.g. INVALID_ARGUMENT) and the message."""
-
-    def __init__(self, status: str, message: str) -> None:
-        super().__init__(f"{status}: {message}")
-        self.status, self.message = status, message
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytearray:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise ConnectionError("connection closed in the middle of a frame")
-        got += k
-    return buf
-
-
-def _send(sock: socket.socket, op: int, worker: int, entries: int, *parts: bytes | memoryview) -> int:
-    head = PREFIX.pack(op, worker, entries, sum(len(p) for p in parts))
-    sock.sendall(b"".join([head, *parts]))  # one write: small requests are the common case
-    return len(head) + sum(len(p) for p in parts)
-
-
-def _error(sock: socket.socket, message: str) -> None:
-    _send(sock, ERROR, 0, 0, message.encode())
-
-
-def _drain(sock: socket.socket, n: int) -> None:
-    while n:
-        n -= len(_recv_exact(sock, min(n, 1 << 20)))
-
-
-def _bytes(t: torch.Tensor) -> memoryview:
-    return memoryview(t.detach().cpu().contiguous().numpy()).cast("B")
+__all__ = ["ENTRY", "ERROR", "PREFIX", "PULL", "PUSH", "RowClient", "RowServer", "RowWireError", "serve"]
 
 
 class _Handler(socketserver.BaseRequestHandler):
@@ -108,46 +90,48 @@ class _Handler(socketserver.BaseRequestHandler):
                     return  # closed (cleanly, or in the middle of a prefix)
                 op, worker, entries, length = PREFIX.unpack(head)
                 if length > srv.max_payload:
-                    return _error(sock, f"INVALID_ARGUMENT: a payload of {length} bytes is more than any request "
+                    return send_error(sock, f"INVALID_ARGUMENT: a payload of {length} bytes is more than any request "
                                         "to this shard carries; closing")
                 if op == HELLO:
-                    authed = srv.token is None or hmac.compare_digest(bytes(_recv_exact(sock, length)), srv.token)
+                    authed = srv.token is None or hmac.compare_digest(bytes(recv_exact(sock, length)), srv.token)
                     if not authed:
-                        return _error(sock, "UNAUTHENTICATED: wrong token")
-                    _send(sock, WELCOME, 0, 0)
+                        return send_error(sock, "UNAUTHENTICATED: wrong token")
+                    send_frame(sock, WELCOME, 0, 0)
                 elif not authed:
-                    return _error(sock, "UNAUTHENTICATED: send HELLO with the run's token first")
+                    return send_error(sock, "UNAUTHENTICATED: send HELLO with the run's token first")
                 elif op == STATS:
-                    _drain(sock, length)
-                    _send(sock, STATS_REPLY, 0, 0, json.dumps(srv.stats()).encode())
+                    drain(sock, length)
+                    send_frame(sock, STATS_REPLY, 0, 0, json.dumps(srv.stats()).encode())
                 elif op in (PULL, PUSH, INIT):
                     self.worker = worker if op != INIT else self.worker
                     self._request(sock, op, worker, entries, length)
                 else:
-                    _drain(sock, length)
-                    _error(sock, f"UNIMPLEMENTED: op {op}")
+                    drain(sock, length)
+                    send_error(sock, f"UNIMPLEMENTED: op {op}")
         except ConnectionError:
             return
         finally:
-            if self.worker is not None:
+            # A closed connection is its worker leaving; a gRPC stream that a refusal ended is not
+            # (psgd/ps/rows_grpc.py: the worker's next request opens another).
+            if self.worker is not None and not getattr(sock, "refused", False):
                 srv.rounds.leave(self.worker)
 
     def _directory(self, sock, op: int, entries: int, length: int) -> list[tuple[int, int]] | str:
         """The request's (table, count) pairs, or what is wrong with them (the payload then drained)."""
         stores = self.server.stores
         if not 1 <= entries <= len(stores) or length < entries * ENTRY.size:
-            _drain(sock, length)
+            drain(sock, length)
             return f"a request names 1 to {len(stores)} tables, got {entries} in {length} bytes"
-        raw = _recv_exact(sock, entries * ENTRY.size)
+        raw = recv_exact(sock, entries * ENTRY.size)
         pairs = [ENTRY.unpack_from(raw, i * ENTRY.size) for i in range(entries)]
         rest = length - len(raw)
         tables = [t for t, _ in pairs]
         if any(t >= len(stores) for t in tables) or len(set(tables)) != len(tables):
-            _drain(sock, rest)
+            drain(sock, rest)
             return f"tables {tables}: each must be distinct and below {len(stores)} (the tables this shard serves)"
         want = sum(n * (ID_BYTES + (4 * stores[t].dim if op != PULL else 0)) for t, n in pairs)
         if rest != want:
-            _drain(sock, rest)
+            drain(sock, rest)
             return f"the directory's {sum(n for _, n in pairs)} rows need {want} bytes after it, got {rest}"
         return pairs
 
@@ -155,8 +139,8 @@ class _Handler(socketserver.BaseRequestHandler):
         stores = self.server.stores
         pairs = self._directory(sock, op, entries, length)
         if isinstance(pairs, str):
-            return _error(sock, f"INVALID_ARGUMENT: {pairs}")
-        payload, at, checked = _recv_exact(sock, length - entries * ENTRY.size), 0, []
+            return send_error(sock, f"INVALID_ARGUMENT: {pairs}")
+        payload, at, checked = recv_exact(sock, length - entries * ENTRY.size), 0, []
         try:
             for t, n in pairs:
                 ids = torch.from_numpy(np.frombuffer(payload, dtype="<i8", count=n, offset=at).copy())
@@ -173,17 +157,17 @@ class _Handler(socketserver.BaseRequestHandler):
                 checked.append(stores[t].check_push(worker, ids, grads.view(n, dim), n))
             if op == INIT:
                 self.server.rounds.init([(t, ids, v) for (t, _), (ids, v) in zip(pairs, checked, strict=True)])
-                return _send(sock, INITED, worker, entries)
+                return send_frame(sock, INITED, worker, entries)
         except RowError as e:
-            return _error(sock, f"INVALID_ARGUMENT: {e}")
+            return send_error(sock, f"INVALID_ARGUMENT: {e}")
         tagged = [(t, c) for (t, _), c in zip(pairs, checked, strict=True)]
         if op == PUSH:
             self.server.rounds.push(worker, tagged)
-            return _send(sock, PUSHED, worker, entries)
+            return send_frame(sock, PUSHED, worker, entries)
         out = self.server.rounds.pull(worker, tagged, self.server.timeout)
         if out is None:
-            return _error(sock, f"DEADLINE_EXCEEDED: worker {worker}'s pull was held {self.server.timeout:g}s")
-        _send(sock, ROWS, worker, entries, *(_bytes(r) for r in out))
+            return send_error(sock, f"DEADLINE_EXCEEDED: worker {worker}'s pull was held {self.server.timeout:g}s")
+        send_frame(sock, ROWS, worker, entries, *(as_bytes(r) for r in out))
 
 
 class RowServer(socketserver.ThreadingTCPServer):
@@ -192,10 +176,7 @@ class RowServer(socketserver.ThreadingTCPServer):
 
     def __init__(self, stores: Sequence[RowStore], host: str, port: int, token: bytes | None,
                  rounds: RowRounds | None = None, timeout: float = 60.0) -> None:
-        self.stores, self.token, self.timeout = list(stores), token, timeout
-        self.rounds = rounds or RowRounds(self.stores)
-        # The largest request: a push of every row of every table, with its ids and directory.
-        self.max_payload = sum(len(s.ids) * (ID_BYTES + 4 * s.dim) + ENTRY.size for s in self.stores)
+        serving(self, stores, token, rounds, timeout)
         super().__init__((host, port), _Handler)
         self._thread = threading.Thread(target=self.serve_forever, name="psgd-rows", daemon=True)
         self._thread.start()
@@ -205,10 +186,7 @@ class RowServer(socketserver.ThreadingTCPServer):
         return int(self.server_address[1])
 
     def stats(self) -> list[dict]:
-        return [{"rows": len(s.ids), "dim": s.dim, "bytes_in": s.bytes_in, "bytes_out": s.bytes_out,
-                 "rows_in": s.bytes_in // (ID_BYTES + 4 * s.dim), "rows_out": s.bytes_out // (ID_BYTES + 4 * s.dim),
-                 "version": self.rounds.version,
-                 "staleness": {str(k): v for k, v in sorted(s.clock.histogram.items())}} for s in self.stores]
+        return stats(self)
 
     def close(self) -> None:
         self.shutdown()
@@ -224,10 +202,12 @@ class RowClient:
     """One connection to one shard's row service; blocking, for one thread. `dims`: each table's
     width, asked of the shard once (STATS)."""
 
-    def __init__(self, address: str, token: bytes | None = None, timeout: float = 60.0) -> None:
-        host, port = address.rsplit(":", 1)
-        self.sock = socket.create_connection((host, int(port)), timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    def __init__(self, address: str, token: bytes | None = None, timeout: float = 60.0, sock=None) -> None:
+        if sock is None:
+            host, port = address.rsplit(":", 1)
+            sock = socket.create_connection((host, int(port)), timeout=timeout)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.sock = sock  # a TCP socket, or what carries the same frames another way (rows_grpc.py)
         # What this client put on the wire and got: bytes, requests, directory entries.
         self.bytes_sent = self.bytes_received = self.requests = self.entries = 0
         if token is not None:
@@ -236,13 +216,13 @@ class RowClient:
         self.dims = [s["dim"] for s in self.stats()]
 
     def _send(self, op: int, worker: int, entries: int, *parts) -> None:
-        self.bytes_sent += _send(self.sock, op, worker, entries, *parts)
+        self.bytes_sent += send_frame(self.sock, op, worker, entries, *parts)
         self.requests += 1
         self.entries += entries
 
     def _answer(self) -> bytearray:
-        op, _, _, length = PREFIX.unpack(_recv_exact(self.sock, PREFIX.size))
-        payload = _recv_exact(self.sock, length)
+        op, _, _, length = PREFIX.unpack(recv_exact(self.sock, PREFIX.size))
+        payload = recv_exact(self.sock, length)
         self.bytes_received += PREFIX.size + length
         if op == ERROR:
             status, _, message = payload.decode(errors="replace").partition(": ")
@@ -253,7 +233,7 @@ class RowClient:
         """Send a pull of (table, ids) entries; `finish_pull` with what this returns reads the rows."""
         pairs = [(t, len(ids)) for t, ids in requests]
         self._send(PULL, worker, len(pairs), b"".join(ENTRY.pack(t, n) for t, n in pairs),
-                   *(_bytes(ids.to(torch.int64)) for _, ids in requests))
+                   *(as_bytes(ids.to(torch.int64)) for _, ids in requests))
         return pairs
 
     def finish_pull(self, pairs: list[tuple[int, int]]) -> list[torch.Tensor]:
@@ -265,7 +245,7 @@ class RowClient:
         """Send a push of (table, ids, summed gradient rows) entries; `finish_push` reads the answer."""
         parts: list = [b"".join(ENTRY.pack(t, len(ids)) for t, ids, _ in requests)]
         for _, ids, grads in requests:
-            parts += [_bytes(ids.to(torch.int64)), _bytes(grads.float())]
+            parts += [as_bytes(ids.to(torch.int64)), as_bytes(grads.float())]
         self._send(PUSH, worker, len(requests), *parts)
 
     def finish_push(self) -> None:
@@ -275,7 +255,7 @@ class RowClient:
         """Offer the shard its rows of each table: (table, every id it owns, their rows)."""
         parts: list = [b"".join(ENTRY.pack(t, len(ids)) for t, ids, _ in requests)]
         for _, ids, values in requests:
-            parts += [_bytes(ids.to(torch.int64)), _bytes(values.float())]
+            parts += [as_bytes(ids.to(torch.int64)), as_bytes(values.float())]
         self._send(INIT, worker, len(requests), *parts)
         self._answer()
 
