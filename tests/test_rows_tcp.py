@@ -1,5 +1,6 @@
-"""psgd/ps/rows_tcp.py: sparse pulls and pushes by key over TCP (loopback, port 0): the same training as
-local row stores bit for bit, the bytes it moves, and every bad request refused with the shard unchanged."""
+"""psgd/ps/rows_tcp.py and rows_grpc.py: sparse pulls and pushes by key over TCP and gRPC (loopback,
+port 0): the same training as local row stores bit for bit, the bytes it moves, and every bad
+request refused with the shard unchanged."""
 
 import copy
 import functools
@@ -13,26 +14,40 @@ from psgd.core import rows
 from psgd.core.config import DataConfig, ModelConfig
 from psgd.core.rowoptim import RowAdagrad
 from psgd.core.rowstore import RowStore
-from psgd.ps import rows_tcp
+from psgd.ps import rows_grpc, rows_tcp
 from psgd.ps.rows_tcp import RowClient, RowWireError
 from psgd.train import data, models, rowtrain
 
 OPT = functools.partial(RowAdagrad, lr=0.05)
 
 
-@pytest.fixture
-def served():
+WIRES = {"tcp": (rows_tcp.serve, RowClient), "grpc": (rows_grpc.serve, rows_grpc.connect)}
+
+
+def _served(wire: str):
     """A DLRM's tables on 2 shards (hash), each shard's stores behind its own row server."""
     ds = data.load(DataConfig(dataset="clicks", num_samples=1000))
     model = models.build(ModelConfig(model="dlrm", width=4), ds.input_dim, ds.num_classes, seed=0)
     shards, partitions = rowtrain.make_local(model, 2, "hash", OPT)
-    servers = [rows_tcp.serve(s.stores) for s in shards]
-    clients = [RowClient(f"127.0.0.1:{s.port}") for s in servers]
+    serve, connect = WIRES[wire]
+    servers = [serve(s.stores) for s in shards]
+    clients = [connect(f"127.0.0.1:{s.port}") for s in servers]
     yield ds, model, shards, partitions, servers, clients
     for c in clients:
         c.close()
     for s in servers:
         s.close()
+
+
+@pytest.fixture(params=sorted(WIRES))
+def served(request):
+    """The protocol over TCP (rows_tcp.py) and over gRPC (rows_grpc.py): the same tests for both."""
+    yield from _served(request.param)
+
+
+@pytest.fixture
+def served_tcp():
+    yield from _served("tcp")
 
 
 def _train(model, shards, partitions, ds, prefetch, steps=8):
@@ -124,7 +139,8 @@ def test_bad_requests_get_invalid_argument_and_change_nothing(served):
         with pytest.raises(RowWireError, match=message) as e:
             call()
         assert e.value.status == "INVALID_ARGUMENT"
-    assert _rawcheck(servers[0].port)
+    if isinstance(c.sock, socket.socket):
+        assert _rawcheck(servers[0].port)  # frames no client would send, on the raw TCP socket
     assert _same(before, _state(shards))
     assert torch.equal(c.pull(0, [(0, mine)])[0], s0[0].block[:3])  # the connection still serves
 
@@ -140,8 +156,8 @@ def _rawcheck(port):
     return True
 
 
-def test_an_oversized_payload_closes_the_connection_and_the_server_goes_on(served):
-    ds, model, shards, partitions, servers, clients = served
+def test_an_oversized_payload_closes_the_connection_and_the_server_goes_on(served_tcp):
+    ds, model, shards, partitions, servers, clients = served_tcp
     with socket.create_connection(("127.0.0.1", servers[0].port)) as s:
         s.sendall(rows_tcp.PREFIX.pack(rows_tcp.PUSH, 0, 1, 1 << 62))
         op, *_, length = rows_tcp.PREFIX.unpack(s.recv(rows_tcp.PREFIX.size, socket.MSG_WAITALL))
@@ -150,16 +166,21 @@ def test_an_oversized_payload_closes_the_connection_and_the_server_goes_on(serve
     assert clients[0].stats()
 
 
-def test_the_token_gates_every_request():
+@pytest.mark.parametrize("wire", sorted(WIRES))
+def test_the_token_gates_every_request(wire):
+    serve, connect = WIRES[wire]
     store = RowStore(rows.RowPartition(10, 1), 0, torch.zeros(10, 2), OPT)
-    srv = rows_tcp.serve([store], token=b"secret")
+    srv = serve([store], token=b"secret")
     try:
         with pytest.raises(RowWireError, match="UNAUTHENTICATED: wrong token"):
-            RowClient(f"127.0.0.1:{srv.port}", token=b"wrong")
+            connect(f"127.0.0.1:{srv.port}", token=b"wrong")
         with pytest.raises(RowWireError, match="UNAUTHENTICATED: send HELLO"):
-            RowClient(f"127.0.0.1:{srv.port}")
-        ok = RowClient(f"127.0.0.1:{srv.port}", token=b"secret")
+            connect(f"127.0.0.1:{srv.port}")
+        ok = connect(f"127.0.0.1:{srv.port}", token=b"secret")
         assert torch.equal(ok.pull(0, [(0, torch.tensor([1, 2]))])[0], torch.zeros(2, 2))
+        with pytest.raises(RowWireError, match="INVALID_ARGUMENT"):  # refused; the next request is served
+            ok.pull(0, [(3, torch.tensor([1]))])
+        assert torch.equal(ok.pull(0, [(0, torch.tensor([3]))])[0], torch.zeros(1, 2))
         ok.close()
     finally:
         srv.close()

@@ -53,21 +53,22 @@ class DenseView(nn.Module):
         return self.inner(x)
 
 
-def row_addresses(out: str, dense: list[str]) -> list[str]:
-    """Each shard's row service: the dense shard's host, the port shard K wrote to OUT/rows-K.port."""
+def row_addresses(out: str, dense: list[str], wire: str = "tcp") -> list[str]:
+    """Each shard's row service on `wire` (tcp or grpc): the dense shard's host, the port shard K wrote
+    to OUT/rows-K.port for that wire."""
     found = []
     for k, address in enumerate(dense):
         path = Path(out) / f"rows-{k}.port"
         if not path.exists():
             raise UsageError(f"--embeddings: shard {k} serves no rows ({path} is missing): start the shards with "
                              "the same --embeddings and --out")
-        found.append(f"{address.rsplit(':', 1)[0]}:{int(path.read_text())}")
+        found.append(f"{address.rsplit(':', 1)[0]}:{int(path.read_text().split()[wire == 'grpc'])}")
     return found
 
 
 def attach(cfg: RunConfig, dense, parts, rank: int):
     """(the RowExchange around `dense`, `parts` with the model's DenseView); see the module docstring."""
-    from psgd.ps import auth  # noqa: PLC0415
+    from psgd.ps import auth, rows_grpc  # noqa: PLC0415
     from psgd.ps.rows_tcp import RowClient  # noqa: PLC0415
 
     model = parts.model
@@ -80,7 +81,9 @@ def attach(cfg: RunConfig, dense, parts, rank: int):
                          "ids each table reads, before forward); give --embeddings hybrid or --mode async")
     token = auth.load(cfg.token_file)
     try:
-        clients = [RowClient(a, token, cfg.rpc_timeout) for a in row_addresses(cfg.out, dense.addresses)]
+        wire = "grpc" if cfg.transport == "grpc" else "tcp"  # shm too: a batch's rows are small payloads
+        connect = rows_grpc.connect if wire == "grpc" else RowClient
+        clients = [connect(a, token, cfg.rpc_timeout) for a in row_addresses(cfg.out, dense.addresses, wire)]
     except OSError as e:
         raise ExchangeError(f"the shards' row services: {e}") from None
     shapes = [tuple(m.weight.shape) for m in tables]

@@ -4,8 +4,9 @@
 key (psgd/core/rowconfig.py): shard K of the run then also owns its rows of every `nn.Embedding`
 table of the model (psgd/core/rows.py `RowPartition` by --row-partition, one store per table,
 psgd/core/rowstore.py; one store for every table when they are `fusable`), serves them on a port
-of its own (psgd/ps/rows_tcp.py, same bind and token as the dense shard) under the rows' mode
-(psgd/core/rowrounds.py), and writes that port to OUT/rows-K.port, where a worker that knows the
+on ports of its own (TCP, psgd/ps/rows_tcp.py, and gRPC, rows_grpc.py: a worker with --transport grpc
+takes gRPC; same bind and token as the dense shard) under the rows' mode
+(psgd/core/rowrounds.py), and writes both ports to OUT/rows-K.port, where a worker that knows the
 shard's address finds it (psgd/train/rowexchange.py).
 The dense shard then holds only the model's other parameters (`dense_count`).
 
@@ -125,21 +126,25 @@ def _restore(held: list[RowStore], rounds: RowRounds, restored: dict) -> None:
 
 def start(cfg: RunConfig, index: int, bind: str, token: bytes | None, dense, restored: dict | None = None) -> int:
     """Serve shard `index`'s rows beside `dense` (its `Shard`, started from the checkpoint `restored`
-    when given: the rows come from it too); returns the port, written to OUT/rows-K.port."""
-    from psgd.ps import rows_tcp  # noqa: PLC0415
+    when given: the rows come from it too); returns the TCP port, written to OUT/rows-K.port with the
+    gRPC one after it."""
+    from psgd.ps import rows_grpc, rows_tcp  # noqa: PLC0415
 
     held = stores(cfg, index)
     rounds = RowRounds(held, row_mode(cfg), cfg.workers, cfg.staleness)
     if restored is not None:
         _restore(held, rounds, restored)
+    # Both wires, as the dense shard listens on both: the transport is the worker's choice (gRPC with
+    # --transport grpc, else the rows' own TCP service), one set of stores and rounds behind them.
     server = rows_tcp.serve(held, bind, 0, token, rounds, cfg.rpc_timeout)
+    over_grpc = rows_grpc.serve(held, bind, 0, token, rounds, cfg.rpc_timeout)
     snaps: list = [(v, t, [s.snapshot()[1] for s in held]) for v, t, _ in dense.snapshots]  # a restore's
     dense.snapshots = _Tapped(dense.snapshots, lambda v, t: snaps.append((v, t, [s.snapshot()[1] for s in held])))
     dense.companion = _InCheckpoints(held, rounds)
-    _SERVED[index] = (server, snaps)
+    _SERVED[index] = (server, snaps, over_grpc)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / f"rows-{index}.port").write_text(f"{server.port}\n")
+    (out / f"rows-{index}.port").write_text(f"{server.port} {over_grpc.port}\n")
     return server.port
 
 
@@ -148,8 +153,9 @@ def save(out: Path, index: int, version: int) -> None:
     shard's final one) and OUT/rows-K.json (the row service's stats); stop serving."""
     if index not in _SERVED:
         return
-    server, snaps = _SERVED.pop(index)
+    server, snaps, over_grpc = _SERVED.pop(index)
     server.close()
+    over_grpc.close()
     if not snaps or snaps[-1][0] != version:
         snaps.append((version, time.time(), [s.snapshot()[1] for s in server.stores]))
     torch.save({"ids": [s.ids for s in server.stores], "snapshots": snaps}, out / f"rows-{index}.pt")
