@@ -30,7 +30,7 @@ from psgd.ps.rows_tcp import RowClient, _Handler
 from psgd.ps.rowwire import ERROR, HELLO, PREFIX, RowWireError, serving, stats
 
 METHOD = "/psgd.Rows/Session"
-MAX_THREADS = 64  # streams served at once: one per worker of the run
+MAX_THREADS = 64  # streams served at once (at least; more for a run of more workers): one per worker
 
 
 class _Pipe:
@@ -81,8 +81,8 @@ class GrpcRowServer:
         serving(self, stores, token, rounds, timeout)
         limit = [("grpc.max_receive_message_length", self.max_payload + PREFIX.size + 1024),
                  ("grpc.max_send_message_length", self.max_payload + PREFIX.size + 1024)]
-        self.server = grpc.server(futures.ThreadPoolExecutor(MAX_THREADS, thread_name_prefix="psgd-rows"),
-                                  options=limit)
+        threads = max(MAX_THREADS, 2 * len(self.rounds.active) + 8)  # a session holds one for its life
+        self.server = grpc.server(futures.ThreadPoolExecutor(threads, thread_name_prefix="psgd-rows"), options=limit)
         handler = grpc.stream_stream_rpc_method_handler(self._session)
         self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
             METHOD.split("/")[1], {METHOD.split("/")[2]: handler}),))
