@@ -5,6 +5,7 @@ leaves the connection usable, segments that grow when a request needs more, a sh
 what a worker of its own host names, and nothing left behind in /dev/shm.
 """
 
+import json
 import os
 import signal
 import socket
@@ -171,6 +172,9 @@ def test_a_run_over_shm_has_the_hash_of_tcp(tmp_path, mode, workers, servers):
         assert r.returncode == 0, r.stderr
         hashes[t] = summary(tmp_path / t)["params_sha256"]
     assert hashes["tcp"] == hashes["shm"]
+    # One worker and one shard: the shard kept its parameters in the worker's segment (no reply copy).
+    homed = json.loads((tmp_path / "shm" / "shard-0.json").read_text())["params_homed"]
+    assert homed == (workers == 1 and servers == 1)
     assert not [n for n in os.listdir(segment.ROOT) if n.startswith("psgd-")
                 and not os.path.exists(f"/proc/{n.split('-')[1]}")]  # no segment outlives its worker
 

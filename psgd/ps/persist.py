@@ -104,6 +104,7 @@ class Persistence:
                 "dropped_per_worker": {str(w): n for w, n in sorted(s.dropped.items())},
                 "bytes_out": self.bytes_out, "apply_s": self.apply_s, "num_elements": self.num_elements,
                 "remedy": dict(self.remedy), "copies_on_write": self.copies_on_write,
+                "params_homed": bool(self._homes),  # kept in the one worker's memory (snapshots.py `home`)
                 # fp32 shard-sized buffers ever made for gradients (receive pool + a sync step's sum)
                 "gradient_buffers": self.allocated.get(torch.float32, 0) + getattr(
                     getattr(self.policy, "step", None), "allocated", 0),

@@ -8,6 +8,9 @@
 - A pull waiting for its worker's admission (a scheduled joiner's first) is held for half of
   `timeout` at most, then refused DEADLINE_EXCEEDED ("ask again"), so that a join any time away
   outlasts the deadline as a long poll.
+- `home(region, sent)` / `leave_home(region)`: a one-worker shard keeps its parameters in memory
+  a transport gives (the worker's segment, where a reply would copy them), and moves them back out
+  before that memory goes; a region it lent is never pooled.
 - `receive_buffer()`: a reused fp32 buffer of the shard's length to read a push into; `scratch()`:
   the one buffer of a remedy's corrected gradient.
 - Scratch buffers (received gradients, pull snapshots) come from per-dtype pools, reused across
@@ -167,9 +170,36 @@ class Lending:
             self._recycle(snap)
 
     def _recycle(self, snap: _Snapshot) -> None:
-        """A snapshot nobody holds any more: its buffer to the pool, unless it is the parameters."""
-        if not (snap.live and snap.values.data_ptr() == self.param.data_ptr()):
+        """A snapshot nobody holds any more: its buffer to the pool, unless it is the parameters or
+        memory a transport gave them (`home`: not the shard's to reuse)."""
+        ptr = snap.values.data_ptr()
+        if not (snap.live and (ptr == self.param.data_ptr() or ptr in self._homes)):
             self._pools[snap.values.dtype].put(snap.values)
+
+    # -- a transport's memory as the parameters' home ----------------------------------------------
+    _homes: frozenset[int] = frozenset()  # where `home` ever kept the parameters (data pointers)
+
+    def home(self, region: torch.Tensor, sent: torch.Tensor) -> bool:
+        """Keep the parameters in `region` from now on, which holds them already (a reply of `sent`,
+        the parameters themselves, was just written there): with one worker, the only reader, a reply
+        then copies nothing (psgd/ps/shm/serve.py: the worker's lent parameters' region of its
+        segment). Whether they moved; the lock is taken here."""
+        with self.lock:
+            if (self.workers != 1 or self.param is None or sent.data_ptr() != self.param.data_ptr()
+                    or region.numel() != self.param.numel() or region.data_ptr() == self.param.data_ptr()):
+                return False
+            self._homes = self._homes | {region.data_ptr()}
+            self.param = self.opt.param = region
+            return True
+
+    def leave_home(self, region: torch.Tensor) -> None:
+        """`region` is going away (its connection closed, or a bigger segment replaced it): parameters
+        kept there move to a buffer of the shard's own first."""
+        with self.lock:
+            if self.param is not None and self.param.data_ptr() == region.data_ptr():
+                fresh = self._borrow(self.param.dtype)
+                fresh.copy_(self.param.detach())
+                self.param = self.opt.param = fresh
 
     def _unshare_params(self) -> None:
         """Before an update (lock held): if a pull still holds the parameters themselves, move them

@@ -31,9 +31,10 @@ class SegmentFrames(fr.Frames):
     """A connection whose payloads are in `segment` (a request's at its start, a reply's at its
     `reply_at`), and, once it rings (BELL), whose frames go through its doorbell."""
 
-    def __init__(self, sock: socket.socket, rpc_timeout: float, segment: Segment, spin_s: float) -> None:
+    def __init__(self, sock: socket.socket, rpc_timeout: float, segment: Segment, spin_s: float, shard=None) -> None:
         super().__init__(sock, rpc_timeout)
-        self.segment, self.spin_s = segment, spin_s
+        self.segment, self.spin_s, self.shard = segment, spin_s, shard
+        self.home: torch.Tensor | None = None  # the parameters' region, once the shard keeps them there
 
     def next_head(self, first_timeout):
         if self.segment.bell is not None:
@@ -51,7 +52,12 @@ class SegmentFrames(fr.Frames):
     def send_values(self, op, header, values, dtype, pace=None) -> None:
         if values is None:
             return self.send(op, header)
-        length = self.segment.put_tensor(values, dtype, self.segment.reply_at)
+        length = self.segment.put_tensor(values, dtype, self.segment.reply_at)  # no copy once they live there
+        if self.home is None and self.shard is not None and dtype == "fp32" and self.segment.reply_at:
+            # A one-worker shard keeps its parameters where this reply just put them (the worker's
+            # lent region): the next replies copy nothing (psgd/ps/snapshots.py `home`).
+            region = self.segment.region("fp32", self.segment.reply_at, values.numel())
+            self.home = region if self.shard.home(region, values) else None
         if pace:
             pace(length)
         self.send(op, header, length=length)
@@ -86,6 +92,9 @@ class SegmentFrames(fr.Frames):
             raise fr.FrameError(f"payload of {payload_len} bytes in a {self.segment.size}-byte segment")
 
     def close(self) -> None:
+        if self.home is not None:  # the parameters first, out of the memory that is going
+            self.shard.leave_home(self.home)
+            self.home = None
         self.segment.close()
 
 
@@ -108,7 +117,7 @@ def upgrade(frames: fr.Frames, header: bytes, payload_len: int, server, belled: 
     spin_s = spin_for(shard.workers + shard.options.num_shards, PUSH_SPIN_S) if shard.workers == 1 else 0.0
     if belled:
         mapped.ring(frames.sock, worker=False, spin_s=spin_s)
-    return SegmentFrames(frames.sock, frames.rpc_timeout, mapped, spin_s)
+    return SegmentFrames(frames.sock, frames.rpc_timeout, mapped, spin_s, shard)
 
 
 UPGRADES = {ATTACH: upgrade, BELL: lambda *a: upgrade(*a, belled=True)}
