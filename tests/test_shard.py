@@ -56,6 +56,35 @@ def test_pulls_of_one_version_share_one_copy_that_no_update_changes():
     assert s.stats()["bytes_out"] == 4 * 4 * 4  # counted per pull, shared or not
 
 
+def test_a_one_worker_shard_keeps_its_parameters_in_memory_given_and_leaves_it_intact():
+    """snapshots.py `home` (the shm room's reply region): updates land there, nothing is copied to
+    reply, the region is never pooled, and `leave_home` moves the parameters out before it goes."""
+    s = ready_shard(workers=1)
+    region = torch.full((4,), float("nan"))
+    with s.pull(0, 0, 0, "fp32", timeout=5) as p:
+        assert not s.home(region, p.values)  # the region does not hold them yet: refused below
+        region.copy_(p.values)  # the reply's copy
+        assert s.home(region, p.values) and s.param.data_ptr() == region.data_ptr()
+    s.push(0, 0, 0, torch.ones(4), "fp32")
+    assert torch.equal(region, torch.arange(4) - 0.05)  # the update landed in the region
+    with s.pull(0, 0, 1, "fp32", timeout=5) as p:
+        assert p.values.data_ptr() == region.data_ptr()  # lent as it is: a reply there copies nothing
+    s.leave_home(region)
+    region.fill_(float("nan"))  # the region's memory goes (unmapped, or reused by its owner)
+    assert torch.equal(s.param, torch.arange(4) - 0.05) and s.stats()["params_homed"]
+    s.push(0, 1, 1, torch.ones(4), "fp32")
+    with s.pull(0, 0, 2, "fp32", timeout=5):  # a newer version: the region's snapshot is let go
+        pass
+    pooled = []
+    for pool in s._pools.values():  # noqa: SLF001 - what the shard would hand out again
+        while not pool.empty():
+            pooled.append(pool.get_nowait().data_ptr())
+    assert region.data_ptr() not in pooled
+    two = ready_shard(workers=2)
+    with two.pull(0, 0, 0, "fp32", timeout=5) as p:
+        assert not two.home(p.values.clone(), p.values)  # another worker may read them: never
+
+
 def test_refusals_carry_a_code_and_change_nothing():
     s = assemble.shard(RunConfig(mode="sync", workers=2, servers=1), 0)
     refused(lambda: s.check_push(0, 0, 4), Code.FAILED_PRECONDITION, "not initialised")

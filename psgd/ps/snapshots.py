@@ -186,7 +186,8 @@ class Lending:
         segment). Whether they moved; the lock is taken here."""
         with self.lock:
             if (self.workers != 1 or self.param is None or sent.data_ptr() != self.param.data_ptr()
-                    or region.numel() != self.param.numel() or region.data_ptr() == self.param.data_ptr()):
+                    or region.numel() != self.param.numel() or region.data_ptr() == self.param.data_ptr()
+                    or not torch.equal(region, self.param)):  # once a connection: that they are there
                 return False
             self._homes = self._homes | {region.data_ptr()}
             self.param = self.opt.param = region
