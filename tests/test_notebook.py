@@ -1,6 +1,7 @@
 """docs/tutorial.md as a notebook (tools/tutorial_notebook.py): every command of it a cell, and a
-notebook of two of its steps executed top to bottom by the headless command README.md names
-(`jupyter execute`, nbclient's, which the notebook extra installs).
+notebook of two of its steps (less the cells tests/test_examples.py runs verbatim: RUN_ELSEWHERE)
+executed top to bottom by the headless command README.md names (`jupyter execute`, nbclient's,
+which the notebook extra installs).
 
 It needs the `notebook` extra, which `make install` (and so `make test`) installs: without it the test
 fails and says so, rather than skip on every machine that lacks it.
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import processes_with_env
+from tests.test_examples import CASES
 
 ROOT = Path(__file__).resolve().parents[1]
 HEADLESS = "jupyter execute --inplace"  # runs a notebook's cells and writes their outputs into it
@@ -25,6 +27,12 @@ HEADLESS = "jupyter execute --inplace"  # runs a notebook's cells and writes the
 # (07). Every other command of the tutorial runs in tests/test_examples.py (each example) and
 # tests/test_readme.py; running them all again here cost a minute of `make test`.
 STEPS = "05,07"
+# Cells of those steps left out of the executed notebook: tests/test_examples.py runs each command
+# verbatim (the same example, no arguments; what it prints checked there against the tutorial's
+# text), and nothing below reads its output. Example 05 is two `psgd run`s of its own (about 7 s);
+# step 05's own `psgd run` cell, with its inline figure, still runs here, as does 07, whose
+# "checked:" line is asserted below.
+RUN_ELSEWHERE = ("python examples/05_processes_straggler.py",)
 
 
 def tutorial_commands() -> list[str]:
@@ -51,6 +59,13 @@ def test_the_tutorial_is_a_notebook_whose_steps_run_with_their_figures(tmp_path)
     cells = "".join(c.source for c in code)
     assert all(f"sh({c!r})" in cells for c in tutorial_commands()), "every tutorial command is a cell"
     assert not any("make install" in c.source for c in code), "the set-up block is not run"
+    assert set(RUN_ELSEWHERE) <= {f"python examples/{name}" for name, args, _ in CASES if not args}
+    nb = nbformat.read(path, as_version=4)
+    sources = {f"sh({command!r})" for command in RUN_ELSEWHERE}
+    elsewhere = [c for c in nb.cells if c.cell_type == "code" and c.source in sources]
+    assert len(elsewhere) == len(RUN_ELSEWHERE), "the steps no longer hold a cell RUN_ELSEWHERE names"
+    nb.cells = [c for c in nb.cells if all(c is not e for e in elsewhere)]
+    nbformat.write(nb, path)
     # The notebook runs from a root of its own that holds the checkout's examples/ and pyproject.toml
     # (what it looks for), so its `psgd run` cells write results/runs/ there, not in the checkout.
     root = tmp_path / "root"

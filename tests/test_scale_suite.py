@@ -46,28 +46,30 @@ def swap(text: str, *pairs: tuple[str, str]) -> str:
 
 def tiny(tmp_path: Path) -> Path:
     """The suite's experiment files, shrunk: S1 on N = 2, 4 and K = 1, 2; S2 on 4 workers, briefly; S3 on
-    4 and 4 + 2 workers."""
+    4 and 4 + 2 workers. The async arms' grids (tune_lr) are two rates about where this copy's tuning
+    picks (a one-rate grid grew to 4 rates, 3 of them the sweep's, 12 runs a label): the sweep still adds a
+    rate past the end where the pick sits, and settles on an inside pick at 3 rates (9 runs)."""
     s1 = swap((ROOT / "experiments" / "s01_sim_bottleneck.toml").read_text(),
               ("workers = [2, 4, 8, 16, 32, 64, 128, 256]", "workers = [2, 4]"),
               ("servers = [1, 2, 4]", "servers = [1, 2]"), ("num_samples = 40000", "num_samples = 1000"),
               ('link = "1gbit,100us"', 'link = "10mbit,100us"'), ("seeds = [0, 1, 2]", "seeds = [0, 1]"))
     s2 = swap((ROOT / "experiments" / "s02_sim_time_to_accuracy.toml").read_text(),
               ("workers = 32", "workers = 4"), ("epochs = 60.0", "epochs = 3.0"),
-              ("seeds = [0, 1, 2, 3, 4]", "seeds = [0, 1]"), ("tune_lr = [0.01, 0.03]", "tune_lr = [0.03]"),
+              ("seeds = [0, 1, 2, 3, 4]", "seeds = [0, 1]"), ("tune_lr = [0.01, 0.03]", "tune_lr = [0.27, 0.81]"),
               ("[tune]\nlr = [0.3, 1.0]", "[tune]\nlr = [0.3]"), ("eval_samples = 4096", "eval_samples = 256"),
               ("targets = [0.30, 0.35, 0.40, 0.45]", "targets = [0.11, 0.12]"))
     s3 = swap((ROOT / "experiments" / "s03_sim_backup_workers.toml").read_text(),
               ("workers = 32", "workers = 4"), ("workers = 34", "workers = 6"), ("epochs = 34.0", "epochs = 3.0"),
               ("epochs = 36.125", "epochs = 4.5"), ("eval_samples = 8704", "eval_samples = 192"),
-              ("seeds = [0, 1, 2]", "seeds = [0, 1]"), ("tune_lr = [0.01, 0.03]", "tune_lr = [0.03]"),
+              ("seeds = [0, 1, 2]", "seeds = [0, 1]"), ("tune_lr = [0.01, 0.03]", "tune_lr = [0.09, 0.27]"),
               ("[tune]\nlr = [0.3, 1.0]", "[tune]\nlr = [0.3]"), ("target_accuracy = 0.55", "target_accuracy = 0.11"))
     (tmp_path / "s01.toml").write_text(s1)
     (tmp_path / "s02.toml").write_text(s2)
     s4 = swap((ROOT / "experiments" / "s04_sim_staleness_aware.toml").read_text(),
               ("workers = 32", "workers = 4"), ("epochs = 30.0", "epochs = 2.0"),
               ("eval_samples = 4096", "eval_samples = 128"),
-              ("seeds = [0, 1, 2]", "seeds = [0, 1]"), ("tune_lr = [0.003, 0.01, 0.03, 0.1]", "tune_lr = [0.03]"),
-              ("tune_lr = [0.03, 0.1, 0.3, 1.0]", "tune_lr = [0.1]"))
+              ("seeds = [0, 1, 2]", "seeds = [0, 1]"), ("tune_lr = [0.003, 0.01, 0.03, 0.1]", "tune_lr = [0.27, 0.81]"),
+              ("tune_lr = [0.03, 0.1, 0.3, 1.0]", "tune_lr = [0.9, 2.7]"))
     (tmp_path / "s03.toml").write_text(s3)
     (tmp_path / "s04.toml").write_text(s4)
     suite_file = tmp_path / "scale.toml"

@@ -286,9 +286,12 @@ def test_tiny_quick_suite_tunes_runs_and_reports(tmp_path):
     # One worker per run: the suite's mechanics are under test here, and every process costs start-up
     # (a run is about 5 s of it: a server, then a worker). For the same reason only "sync" is tuned
     # end to end ("async" opts out); choosing among several tuned labels is test_tuning_plan_choice's.
+    # The grid starts one step above TUNED's (0.1, 0.3): its pick sits at an end all the same (a grid of two),
+    # so the sweep grows it, to an inside pick in one step (4 rates from 0.1: 3 tuning runs more, made twice).
     tuned = TUNED.replace("workers = 2", "workers = 1").replace('label = "async"\nmode = "async"\n',
                                                                 'label = "async"\nmode = "async"\ntune = false\n')
-    assert tuned.count("tune = false") == 1
+    tuned = tuned.replace("lr = [0.1, 0.3]", "lr = [0.3, 0.9]")
+    assert tuned.count("tune = false") == 1 and tuned.count("lr = [0.3, 0.9]") == 1
     write(tmp_path, "modes.toml", tuned.replace('id = "T"', 'id = "M"') + '[profiles.quick]\nsteps = 3\nseeds = [0]\n')
     # The wire experiment's runs are the modes experiment's sync and fp16 runs (same settings, other
     # labels): the suite makes them once.
