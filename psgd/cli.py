@@ -243,6 +243,8 @@ def cmd_run(args: argparse.Namespace) -> int:
             from psgd.sim import run as sim_run
 
             sim_run.check(cfg)  # what it does not model: one line, exit 2, before any folder
+            if args.live_eval:
+                raise UsageError("--live-eval evaluates a real run's checkpoints while it trains: not with --simulate")
         cfg = preflight.prepare(cfg, tensorboard=bool(args.tensorboard), resume=bool(args.resume),
                                 live_eval=args.live_eval)
         if sim is not None:  # the job as a simulated cluster in this process (psgd/sim/)
@@ -350,7 +352,8 @@ def _finish_of_run(out, cfg: C.RunConfig) -> int:
     def said(k: int, n: int) -> None:
         print(f"{finish.EVAL_LINE} {k} {n}", flush=True)
 
-    if os.environ.get(finish.FAULT) == "kill":
+    if os.environ.get(finish.FAULT) == "kill":  # a fault for tests: the warm parent (this child's) goes
+        os.kill(os.getppid(), signal.SIGKILL)
         os.kill(os.getpid(), signal.SIGKILL)
     try:
         finish.finish(cfg, on_eval=said)

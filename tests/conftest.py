@@ -107,8 +107,9 @@ def pytest_collection_modifyitems(config, items):
         reason = marker and gpu_skip_reason(marker.kwargs.get("devices", 1), available)
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
-    workers = config.getoption("numprocesses", None)
-    if workers and workers > 1:
+    # pytest-xdist collects in its worker processes, where `numprocesses` is None: the count is there.
+    workers = getattr(config, "workerinput", {}).get("workercount", 0)
+    if workers > 1:
         items[:] = spread(items, workers)
 
 

@@ -204,3 +204,21 @@ def test_fused_tables_over_the_wire_equal_fused_tables_here():
             c.close()
         for s in servers:
             s.close()
+
+
+def test_a_grpc_reply_that_never_comes_is_a_deadline_not_a_hang():
+    """A sync round held for a worker that never pushes: the server holds the pull (its own deadline
+    60 s), the gRPC client gives up at its own (0.3 s) with DEADLINE_EXCEEDED, as a TCP socket would."""
+    from psgd.core.rowrounds import RowRounds
+
+    store = RowStore(rows.RowPartition(10, 1), 0, torch.zeros(10, 2), OPT)
+    srv = rows_grpc.serve([store], rounds=RowRounds([store], "sync", workers=2))
+    try:
+        c = rows_grpc.connect(f"127.0.0.1:{srv.port}", timeout=0.3)
+        c.pull(0, [(0, torch.tensor([1]))])
+        c.push(0, [(0, torch.tensor([1]), torch.ones(1, 2))])  # round 0 waits for worker 1's push
+        with pytest.raises(RowWireError, match="DEADLINE_EXCEEDED"):
+            c.pull(0, [(0, torch.tensor([1]))])
+        c.close()
+    finally:
+        srv.close()

@@ -295,12 +295,14 @@ def test_an_evaluation_killed_after_training_is_made_by_the_launcher(tmp_path, m
     it, after training had ended: the run failed "(no output)". Now the launcher evaluates itself."""
     from psgd.train import finish
 
-    monkeypatch.setenv(finish.FAULT, "kill")  # the evaluation's child SIGKILLs itself before it evaluates
+    monkeypatch.setenv(finish.FAULT, "kill")  # the evaluation's child SIGKILLs its warm parent, and so itself
     out = tmp_path / "run"
+    # Its own warm parent (not the tests' shared one, which the fault would take down).
     r = psgd_main("run", "--mode", "sync", "--workers", "2", "--steps", "10", "--eval-every", "5", "--out", str(out),
                   "--quiet", *COMMON)
     assert r.returncode == 0, r.stderr
-    assert "the evaluation's process died with signal SIGKILL; evaluating in the launcher" in r.stderr
+    assert "the evaluation's warm parent died (and with it the evaluation, signal SIGKILL); evaluating in the " \
+           "launcher" in r.stderr
     from tests.helpers import events
 
     assert summary(out)["global_updates"] == 10 and summary(out)["final_test_accuracy"] is not None

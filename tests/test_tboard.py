@@ -251,6 +251,7 @@ def test_a_live_evaluated_run_draws_each_evaluation_once_and_live_eval_says_what
     assert r.returncode == 0, r.stderr
     steps = [step for step, _ in scalars(tboard.run_dir(tb, out))["eval/test_loss"]]
     assert sorted(steps) == sorted(set(steps)) == [v * 16 for v in range(0, 41, 10)]  # live or after, once each
+    assert (out / "logs" / "live-eval.log").read_text() == ""  # the live evaluation ran without a word
     for flags, words in ((("--live-eval", "--checkpoint-every", "10"), "--tensorboard DIR"),
                          (("--live-eval", "--tensorboard", str(tb)), "--checkpoint-every K")):
         r = psgd_main("run", "--steps", "5", "--out", str(tmp_path / "no"), *flags, *TINY)

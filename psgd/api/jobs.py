@@ -159,6 +159,8 @@ def fit(model: Any = "mlp", data: Any = "synthetic", loss: Any = "cross_entropy"
                  epochs=epochs, optimizer=optimizer, out=out, **flags)
     if simulate:
         _simulated(cfg, sim, check_only=True)  # what it does not model: a ValueError before any folder
+        if live_eval:
+            raise ValueError("live_eval evaluates a real run's checkpoints while it trains: not with simulate")
     # `psgd run`'s pre-flight; its UsageError is a ValueError
     cfg = preflight.prepare(cfg, tensorboard=bool(tensorboard), live_eval=live_eval)
     log.info("psgd.fit: %s, %d workers, model %s, data %s, loss %s -> %s", cfg.mode, cfg.workers, cfg.model.model,

@@ -121,8 +121,11 @@ def queues(cluster) -> dict:
 
     got = {"drops": 0, "overlimits": 0}
     for ns in cluster.namespaces if cluster is not None else ():
-        shown = subprocess.run(["tc", "-n", ns, "-s", "-j", "qdisc", "show"], capture_output=True, text=True,
-                               check=True, timeout=30).stdout
+        try:
+            shown = subprocess.run(["tc", "-n", ns, "-s", "-j", "qdisc", "show"], capture_output=True, text=True,
+                                   check=True, timeout=30).stdout
+        except (OSError, subprocess.SubprocessError):
+            return {}  # no counters to read (no tc, or the namespace went): the report says nothing of them
         for q in json.loads(shown or "[]"):
             got = {k: v + int(q.get(k, 0)) for k, v in got.items()}
     return got if cluster is not None else {}

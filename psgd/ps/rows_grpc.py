@@ -132,21 +132,45 @@ class StreamSock:
         self.timeout, self.hello, self.q, self.replies, self.buf = timeout, None, None, None, b""
 
     def _open(self) -> None:
-        self.q, self.buf = queue.Queue(), b""
+        self.q, self.buf, self.inbox = queue.Queue(), b"", queue.Queue()
         self.replies = self.session(iter(self.q.get, None))
+        threading.Thread(target=self._pump, args=(self.replies, self.inbox), name="psgd-rows-replies",
+                         daemon=True).start()
         if self.hello is not None:
             self.q.put(self.hello)
             self._next()  # its WELCOME, for no caller (or the status that refuses the token)
 
+    @staticmethod
+    def _pump(replies, inbox: queue.Queue) -> None:
+        """The stream's replies into `inbox` (then None, or the status that ended it): a reply is
+        waited for with a deadline there, as a socket's read is."""
+        try:
+            for reply in replies:
+                inbox.put(reply)
+            inbox.put(None)
+        except grpc.RpcError as e:
+            inbox.put(e)
+
     def _next(self) -> bytes:
         try:
-            return next(self.replies)
-        except grpc.RpcError as e:
-            self.q.put(None)
-            self.q = self.replies = None
-            raise RowWireError(e.code().name, e.details() or "") from None
-        except StopIteration:
-            raise ConnectionError("the row service closed the stream") from None
+            got = self.inbox.get(timeout=self.timeout)
+        except queue.Empty:
+            got = None
+            self.replies.cancel()
+            self._drop()
+            raise RowWireError("DEADLINE_EXCEEDED", f"no answer from the row service in {self.timeout:g}s") from None
+        if isinstance(got, grpc.RpcError):
+            self._drop()
+            raise RowWireError(got.code().name, got.details() or "")
+        if got is None:
+            self._drop()
+            raise ConnectionError("the row service closed the stream")
+        return got
+
+    def _drop(self) -> None:
+        """This stream is over: the next request opens another."""
+        self.q.put(None)
+        self.q = self.replies = None
 
     def sendall(self, data) -> None:
         data = bytes(data)

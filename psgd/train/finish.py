@@ -10,10 +10,10 @@ Contract:
 - `in_fork(cfg, zygote)`: `finish` for `psgd run`, in a child of the run's warm parent when there
   is one (`psgd summarize --of-run`): it has torch loaded, so the launcher never imports it. The
   child reports `evaluating K N` (EVAL_LINE) on stdout before snapshot K of N, for the live line;
-  its failure is the run's, in the same words; killed by a signal (its warm parent gone, which
-  takes its forks along), the launcher evaluates itself, as it does without a warm parent
-  (--cold-start, cluster hosts). `$PSGD_FINISH_FAULT=kill` makes the child SIGKILL itself before it
-  evaluates (a drill's or a test's fault).
+  its failure is the run's, in the same words; when its warm parent is gone (which takes its forks
+  along) the launcher evaluates itself, as it does without a warm parent (--cold-start, cluster
+  hosts), and a child killed otherwise fails the run naming the signal. `$PSGD_FINISH_FAULT=kill`
+  makes the child SIGKILL its warm parent before it evaluates (a drill's or a test's fault).
 - summary.json's `loss_rose` ({low, at, last}) is there when the training loss rose at the end of
   the run (psgd/train/divergence.py); `psgd run` prints its warning after the summary line.
 """
@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from psgd.train import data as data_mod
 
 log = logging.getLogger(__name__)
-FAULT = "PSGD_FINISH_FAULT"  # drills and tests: `kill` makes psgd run's evaluation child SIGKILL itself first
+FAULT = "PSGD_FINISH_FAULT"  # drills and tests: `kill` makes psgd run's evaluation child SIGKILL its warm parent
 EVAL_LINE = "evaluating"  # `psgd summarize --of-run`'s stdout: `evaluating K N` before snapshot K of N
 # The final evaluation's figures, when the last snapshot is the final state.
 FINAL_KEYS = ("test_loss", "test_accuracy", "train_loss", "val_loss", "val_accuracy")
@@ -65,12 +65,15 @@ def in_fork(cfg: RunConfig, zygote: Zygote | None) -> dict:
     except BaseException:
         stop([child], signal.SIGKILL)
         raise
-    if code < 0:
-        # Killed (a signal, with no word of its own: the warm parent it was forked from went, say,
-        # and took it along). The training has ended and `finish` is idempotent: evaluate here.
-        log.warning("psgd run: the evaluation's process died with signal %s; evaluating in the launcher",
-                    signal.Signals(-code).name)
+    if code < 0 and zygote.gone:
+        # Its warm parent went (and took it along: its forks die with it). The training has ended
+        # and `finish` is idempotent: evaluate here. Killed otherwise (out of memory, say), it fails
+        # the run below, naming the signal: the same evaluation here would meet the same end.
+        log.warning("psgd run: the evaluation's warm parent died (and with it the evaluation, signal %s); "
+                    "evaluating in the launcher", signal.Signals(-code).name)
         return finish(cfg)
+    if code < 0:
+        raise RunFailed(f"the evaluation died with signal {signal.Signals(-code).name}: {child.last_error()}")
     if code != 0:
         raise RunFailed(child.last_error().removeprefix("psgd summarize: failed: "))
     return json.loads((out / "summary.json").read_text())

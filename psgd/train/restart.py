@@ -88,7 +88,8 @@ def aligned_clocks(cfg: RunConfig, version: int) -> list[int]:
     held = [checkpoint.newest(folder, k, upto=version) for k in range(cfg.servers)]
     if any(h is None for h in held):
         raise RunFailed(f"{folder}: a shard's checkpoint of version {version} is no longer intact")
-    return [max(state["clocks"][w] for state, _ in held) for w in range(cfg.workers)]
+    slots = len(held[0][0]["clocks"])  # one per worker slot (--max-workers adds slots), as the shards keep them
+    return [max(state["clocks"][w] for state, _ in held) for w in range(slots)]
 
 
 def carry_over(out: Path) -> None:

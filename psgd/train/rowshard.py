@@ -16,8 +16,12 @@ wins, as the dense Init does. Each time the dense shard snapshots its parameters
 --eval-every updates), the row stores are snapshotted with it (one version, one moment: a worker
 pushes its rows before its dense gradient, so in sync the rows are at the dense version's round);
 Each checkpoint of the dense shard (--checkpoint-every) holds the stores too, in the same cut (its
-`companion`), and a shard started from one (--restore, a --restart-servers attempt, --resume) takes
-its rows from it, each worker's row clock at its dense clock.
+`companion`), and a shard started from one (--restart-servers, --resume) takes its rows from it,
+each worker's row clock at its dense clock. In sync that cut is exact (a worker pushes its rows before
+its dense gradient, and the round closes before the update); in async and hybrid a worker caught
+between its row push and its dense push of a step pushes that step's rows again after the restart
+(the rows protocol counts requests, not clocks): applied twice, where the dense part's is not (its
+checkpoint holds each worker's clock).
 `save` writes them and the row service's stats (per-row staleness, rows and bytes moved, the
 share of rows) to OUT/rows-K.pt and OUT/rows-K.json when the shard stops.
 """
@@ -137,7 +141,11 @@ def start(cfg: RunConfig, index: int, bind: str, token: bytes | None, dense, res
     # Both wires, as the dense shard listens on both: the transport is the worker's choice (gRPC with
     # --transport grpc, else the rows' own TCP service), one set of stores and rounds behind them.
     server = rows_tcp.serve(held, bind, 0, token, rounds, cfg.rpc_timeout)
-    over_grpc = rows_grpc.serve(held, bind, 0, token, rounds, cfg.rpc_timeout)
+    try:
+        over_grpc = rows_grpc.serve(held, bind, 0, token, rounds, cfg.rpc_timeout)
+    except BaseException:
+        server.close()
+        raise
     snaps: list = [(v, t, [s.snapshot()[1] for s in held]) for v, t, _ in dense.snapshots]  # a restore's
     dense.snapshots = _Tapped(dense.snapshots, lambda v, t: snaps.append((v, t, [s.snapshot()[1] for s in held])))
     dense.companion = _InCheckpoints(held, rounds)

@@ -132,6 +132,8 @@ def _restored(args: argparse.Namespace, cfg: C.RunConfig) -> dict | None:
 
     from psgd.train import rundir
 
+    if args.restore_clocks and not args.restore:
+        raise UsageError("--restore-clocks sets the clocks of a restored shard: give --restore DIR too")
     if not args.restore:
         if args.shard == 0:
             rundir.prepare_by_hand(cfg)  # by hand, shard 0 is the run's first process (workers need it up)

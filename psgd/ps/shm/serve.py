@@ -35,6 +35,7 @@ class SegmentFrames(fr.Frames):
         super().__init__(sock, rpc_timeout)
         self.segment, self.spin_s, self.shard = segment, spin_s, shard
         self.home: torch.Tensor | None = None  # the parameters' region, once the shard keeps them there
+        self.homing = shard is not None and shard.workers == 1  # asked once, at the first reply, if at all
 
     def next_head(self, first_timeout):
         if self.segment.bell is not None:
@@ -53,9 +54,10 @@ class SegmentFrames(fr.Frames):
         if values is None:
             return self.send(op, header)
         length = self.segment.put_tensor(values, dtype, self.segment.reply_at)  # no copy once they live there
-        if self.home is None and self.shard is not None and dtype == "fp32" and self.segment.reply_at:
+        if self.homing and dtype == "fp32" and self.segment.reply_at:
             # A one-worker shard keeps its parameters where this reply just put them (the worker's
-            # lent region): the next replies copy nothing (psgd/ps/snapshots.py `home`).
+            # lent region): the next replies copy nothing (psgd/ps/snapshots.py `home`). Asked once.
+            self.homing = False
             region = self.segment.region("fp32", self.segment.reply_at, values.numel())
             self.home = region if self.shard.home(region, values) else None
         if pace:
