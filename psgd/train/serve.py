@@ -132,7 +132,8 @@ def _restored(args: argparse.Namespace, cfg: C.RunConfig) -> dict | None:
 
     from psgd.train import rundir
 
-    if args.restore_clocks and not args.restore:
+    clocks = getattr(args, "restore_clocks", "")  # psgd node builds its shard's arguments without it
+    if clocks and not args.restore:
         raise UsageError("--restore-clocks sets the clocks of a restored shard: give --restore DIR too")
     if not args.restore:
         if args.shard == 0:
@@ -147,7 +148,7 @@ def _restored(args: argparse.Namespace, cfg: C.RunConfig) -> dict | None:
                          + (f" at version <= {args.restore_upto}" if args.restore_upto is not None else ""))
     restored, path = found
     print(f"shard {args.shard}: restored version {restored['version']} from {path}", file=sys.stderr, flush=True)
-    return _aligned(args.restore_clocks, restored) if args.restore_clocks else restored
+    return _aligned(clocks, restored) if clocks else restored
 
 
 def _aligned(given: str, restored: dict) -> dict:
