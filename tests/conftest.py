@@ -67,38 +67,8 @@ def gpu_skip_reason(wanted: int, available: int) -> str | None:
     return f"needs {wanted} CUDA device(s), {have}: runs on a GPU host (make gpu-check)"
 
 
-# The longest tests (7-18 s each on 2 cores, `--durations`), longest first. Why: pytest-xdist's
-# worksteal hands each process a contiguous block of the collection and lets an idle one take half
-# of a busy one's rest; these sit late in file order, so one of them could start near the end and run
-# alone while the other cores idle (measured: 182 s of tests, 316 s of CPU on 2 cores). Each block
-# starts with its share of them instead (`spread`). Only the order changes.
-LONG = ("tests/test_suite.py::test_tiny_quick_suite", "tests/test_scale_suite.py::test_a_tiny_scale_suite",
-        "tests/test_sparse_suite.py::test_the_quick_profile", "tests/test_slurm.py::test_a_worker_killed",
-        "tests/test_drill.py::test_a_sync_storm", "tests/test_bench.py::test_startup",
-        "tests/test_rowrun.py::test_sync_with_rows", "tests/test_notebook.py::",
-        "tests/test_slurm.py::test_a_sync_job", "tests/test_cluster.py::test_torchrun", "tests/test_worker_frames.py::",
-        "tests/test_node.py::test_torchrun", "tests/test_bench_allreduce.py::", "tests/test_readme.py::test_the_other",
-        "tests/test_bench.py::test_roundtrip")
-
-
-def spread(items: list, blocks: int) -> list:
-    """`items` with the LONG ones (longest first) dealt round the `blocks` contiguous blocks a
-    worksteal run starts from, each block beginning with its share; the rest in their order."""
-    rank = {item: next((i for i, p in enumerate(LONG) if item.nodeid.startswith(p)), None) for item in items}
-    long = sorted((i for i in items if rank[i] is not None), key=lambda i: rank[i])
-    rest = [i for i in items if rank[i] is None]
-    size = -(-len(items) // blocks)
-    out = []
-    for b in range(blocks):
-        mine = long[b::blocks]
-        out += mine + rest[:size - len(mine)]
-        rest = rest[size - len(mine):]
-    return out + rest
-
-
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` run wherever CUDA is present and are skipped, with the reason, elsewhere;
-    under pytest-xdist the longest start first (`spread`)."""
+    """Tests marked `gpu` run wherever CUDA is present and are skipped, with the reason, elsewhere."""
     import torch
 
     available = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -107,10 +77,6 @@ def pytest_collection_modifyitems(config, items):
         reason = marker and gpu_skip_reason(marker.kwargs.get("devices", 1), available)
         if reason:
             item.add_marker(pytest.mark.skip(reason=reason))
-    # pytest-xdist collects in its worker processes, where `numprocesses` is None: the count is there.
-    workers = getattr(config, "workerinput", {}).get("workercount", 0)
-    if workers > 1:
-        items[:] = spread(items, workers)
 
 
 @pytest.fixture
