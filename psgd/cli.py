@@ -19,7 +19,6 @@ import dataclasses
 import json
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
 
@@ -352,9 +351,7 @@ def _finish_of_run(out, cfg: C.RunConfig) -> int:
     def said(k: int, n: int) -> None:
         print(f"{finish.EVAL_LINE} {k} {n}", flush=True)
 
-    if os.environ.get(finish.FAULT) == "kill":  # a fault for tests: the warm parent (this child's) goes
-        os.kill(os.getppid(), signal.SIGKILL)
-        os.kill(os.getpid(), signal.SIGKILL)
+    finish.inject_fault()  # $PSGD_FINISH_FAULT, tests' and drills': this child's warm parent goes
     try:
         finish.finish(cfg, on_eval=said)
     except (RunFailed, FileNotFoundError) as e:

@@ -46,6 +46,14 @@ EVAL_LINE = "evaluating"  # `psgd summarize --of-run`'s stdout: `evaluating K N`
 FINAL_KEYS = ("test_loss", "test_accuracy", "train_loss", "val_loss", "val_accuracy")
 
 
+def inject_fault() -> None:
+    """In `psgd summarize --of-run` (in_fork's child): with `$PSGD_FINISH_FAULT=kill`, SIGKILL the
+    warm parent this child was forked from, and this child (a storm's fault after training)."""
+    if os.environ.get(FAULT) == "kill":
+        os.kill(os.getppid(), signal.SIGKILL)
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
 def in_fork(cfg: RunConfig, zygote: Zygote | None) -> dict:
     """`finish` in a fork of the run's warm parent (see the module docstring); returns the summary."""
     if zygote is None or zygote.gone:
