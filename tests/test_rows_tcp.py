@@ -222,3 +222,26 @@ def test_a_grpc_reply_that_never_comes_is_a_deadline_not_a_hang():
         c.close()
     finally:
         srv.close()
+
+
+def test_a_grpc_worker_that_goes_silent_after_a_refusal_stops_holding_up_its_round():
+    """Over gRPC a refusal ends the stream (its status); a worker that then sends nothing more is
+    gone once half the server's deadline passed, as a closed TCP connection is at once: the sync
+    round it held up closes and the other worker's pull is answered, not refused at its deadline."""
+    from psgd.core.rowrounds import RowRounds
+
+    store = RowStore(rows.RowPartition(10, 1), 0, torch.zeros(10, 2), OPT)
+    srv = rows_grpc.serve([store], rounds=RowRounds([store], "sync", workers=2), timeout=2.0)
+    try:
+        a, b = (rows_grpc.connect(f"127.0.0.1:{srv.port}") for _ in range(2))
+        for w, c in enumerate((a, b)):
+            c.pull(w, [(0, torch.tensor([1]))])
+        with pytest.raises(RowWireError, match="INVALID_ARGUMENT"):
+            b.push(1, [(0, torch.tensor([2]), torch.ones(1, 2))])  # a row its pull did not read
+        b.close()  # and worker 1 is heard of no more
+        a.push(0, [(0, torch.tensor([1]), torch.ones(1, 2))])
+        a.pull(0, [(0, torch.tensor([1]))])  # answered: the round closed without worker 1
+        assert srv.rounds.version == 1 and 1 not in srv.rounds.active
+        a.close()
+    finally:
+        srv.close()

@@ -5,8 +5,9 @@ The rows protocol of psgd/ps/rows_tcp.py (its frames, psgd/ps/rowwire.py; its ch
 `/psgd.Rows/Session`, each message one frame. What differs from TCP is how a refusal comes back: as
 the stream's gRPC status with its message (INVALID_ARGUMENT, UNAUTHENTICATED, DEADLINE_EXCEEDED, ...),
 the stores unchanged, and the client opens a new stream for its next request (saying HELLO again
-when the run has a token). A stream that ends otherwise (the worker gone) is its worker leaving, as a
-closed TCP connection is. Messages may be as large as the largest request to the shard (an INIT of
+when the run has a token); a worker that sends nothing more within half the server's deadline is gone. A
+stream that ends otherwise (the worker gone) is its worker leaving, as a closed TCP connection is.
+Messages may be as large as the largest request to the shard (an INIT of
 every row it owns), past gRPC's 4 MB default.
 
 `serve(stores, host, port, token, rounds, timeout)` -> a `GrpcRowServer` (`.port`, `.close()`,
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent import futures
 
@@ -37,13 +39,16 @@ class _Pipe:
     """A stream, as the TCP handler sees a socket: what it reads comes from the request messages,
     what it writes goes to `out` (a frame, or an ERROR frame's "STATUS: message" to end the stream)."""
 
-    def __init__(self, requests: Iterator[bytes]) -> None:
-        self.requests, self.buf, self.out = requests, b"", queue.Queue()
+    def __init__(self, requests: Iterator[bytes], seen: dict[int, float]) -> None:
+        self.requests, self.buf, self.out, self.seen = requests, b"", queue.Queue(), seen
         self.refused = False  # a refusal ended the stream: the worker is not gone (rows_tcp `_Handler`)
 
     def _fill(self) -> bool:
         try:
-            self.buf += next(self.requests)
+            message = next(self.requests)
+            if len(message) >= PREFIX.size:  # one frame a message: note when its worker was last heard
+                self.seen[PREFIX.unpack_from(message)[1]] = time.monotonic()
+            self.buf += message
             return True
         except Exception:  # noqa: BLE001 - the stream ended: closed, cancelled or aborted, EOF all the same
             return False
@@ -79,6 +84,7 @@ class GrpcRowServer:
     def __init__(self, stores: Sequence[RowStore], host: str, port: int, token: bytes | None,
                  rounds: RowRounds | None = None, timeout: float = 60.0) -> None:
         serving(self, stores, token, rounds, timeout)
+        self.seen: dict[int, float] = {}  # worker -> when its last request came (a refused one's return)
         limit = [("grpc.max_receive_message_length", self.max_payload + PREFIX.size + 1024),
                  ("grpc.max_send_message_length", self.max_payload + PREFIX.size + 1024)]
         threads = max(MAX_THREADS, 2 * len(self.rounds.active) + 8)  # a session holds one for its life
@@ -90,7 +96,7 @@ class GrpcRowServer:
         self.server.start()
 
     def _session(self, requests: Iterator[bytes], context) -> Iterator[bytes]:
-        pipe = _Pipe(requests)
+        pipe = _Pipe(requests, self.seen)
         handler = _Handler.__new__(_Handler)  # the TCP handler's logic, on the stream (not a socket)
         handler.request, handler.server = pipe, self
 
@@ -99,6 +105,8 @@ class GrpcRowServer:
                 handler.handle()
             finally:
                 pipe.out.put(None)
+                if pipe.refused and getattr(handler, "worker", None) is not None:
+                    self._gone_unless_back(handler.worker, time.monotonic())
 
         threading.Thread(target=run, name="psgd-rows-session", daemon=True).start()
         while (item := pipe.out.get()) is not None:
@@ -107,6 +115,17 @@ class GrpcRowServer:
                 status, _, message = data.partition(": ")
                 context.abort(getattr(grpc.StatusCode, status, grpc.StatusCode.UNKNOWN), message)
             yield data
+
+    def _gone_unless_back(self, worker: int, at: float) -> None:
+        """A refusal ended `worker`'s stream: it is gone (as a closed TCP connection is) unless it
+        sends again within half the server's deadline, on a new stream (half: a round it holds up is
+        let go before the pulls that wait on it reach their own deadline)."""
+        def check() -> None:
+            if self.seen.get(worker, 0.0) <= at:
+                self.rounds.leave(worker)
+        timer = threading.Timer(self.timeout / 2, check)
+        timer.daemon = True
+        timer.start()
 
     def stats(self) -> list[dict]:
         return stats(self)
