@@ -107,6 +107,16 @@ def test_async_workers_see_per_row_staleness_well_below_the_global_one():
     assert max(hist) <= n - 1 and mean < 0.5 * (n - 1)
 
 
+def _lockstep(ds, models_, workers, steps):
+    """Each model a step on the same batch through its worker: prefetch, forward, backward, push."""
+    for step in range(steps):
+        x, y = ds.x_train[step * 32:(step + 1) * 32], ds.y_train[step * 32:(step + 1) * 32]
+        for m, w in zip(models_, workers, strict=True):
+            w.prefetch({f: x[:, f] for f in range(x.shape[1])})
+            F.cross_entropy(m(x), y).backward()
+            w.push()
+
+
 def test_fused_tables_train_bit_for_bit_as_tables_apart_with_one_request_per_shard():
     """Every table in one id space (TorchRec's table batching): each row's arithmetic is unchanged."""
     ds, model = _setup()
@@ -115,12 +125,7 @@ def test_fused_tables_train_bit_for_bit_as_tables_apart_with_one_request_per_sha
     fused, fparts = rowtrain.make_local(fused_model, 2, "range", SGD, fused=True)
     assert len(fparts) == 1 and len(fused[0].stores) == 1
     workers = [rowtrain.SparseRows(model, apart, parts, 0), rowtrain.SparseRows(fused_model, fused, fparts, 0)]
-    for step in range(10):
-        x, y = ds.x_train[step * 32:(step + 1) * 32], ds.y_train[step * 32:(step + 1) * 32]
-        for m, w in zip((model, fused_model), workers, strict=True):
-            w.prefetch({f: x[:, f] for f in range(x.shape[1])})
-            F.cross_entropy(m(x), y).backward()
-            w.push()
+    _lockstep(ds, (model, fused_model), workers, steps=10)
     whole = rowtrain.assemble(fused, 0)
     bases = fparts[0].bases
     for t in range(len(bases)):
@@ -132,3 +137,32 @@ def test_fused_tables_train_bit_for_bit_as_tables_apart_with_one_request_per_sha
                                                        for v in fparts[0].tables), strict=True)]
     with pytest.raises(RuntimeError, match="prefetch every table"):
         fused_model(ds.x_train[:2])
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_a_push_that_reuses_its_prefetch_is_bit_for_bit_the_long_way(fused, monkeypatch):
+    """A step whose lookups are exactly its prefetch pushes from the prefetch's dedup and cut (no
+    second unique, no second owner cut); the rows come out bit for bit as `rows.sum_rows` makes them.
+    A table read twice goes the long way, and is still right."""
+    ds, model = _setup()
+    long_model = copy.deepcopy(model)
+    short, parts = rowtrain.make_local(model, 2, "hash", SGD, fused=fused)
+    long_, lparts = rowtrain.make_local(long_model, 2, "hash", SGD, fused=fused)
+    workers = [rowtrain.SparseRows(model, short, parts, 0), rowtrain.SparseRows(long_model, long_, lparts, 0)]
+    monkeypatch.setattr(workers[1], "_reuse", lambda sp, group: None)
+    summed = []
+    real_sum_rows = rows.sum_rows
+    monkeypatch.setattr(rows, "sum_rows", lambda *a: summed.append(1) or real_sum_rows(*a))
+    _lockstep(ds, (model, long_model), workers, steps=10)
+    spaces = 1 if fused else len(parts)
+    assert len(summed) == 10 * spaces  # the long worker's only: the short one never summed again
+    for t in range(spaces):
+        assert torch.equal(rowtrain.assemble(short, t), rowtrain.assemble(long_, t))
+    # A lookup the prefetch did not plan (table 0 read a second time, same ids): the long way, still exact.
+    summed.clear()
+    x = ds.x_train[:32]
+    workers[0].prefetch({f: x[:, f] for f in range(x.shape[1])})
+    model.tables[0](x[:, 0]).sum().backward(retain_graph=False)
+    F.cross_entropy(model(x), ds.y_train[:32]).backward()
+    workers[0].push()
+    assert summed  # table 0's gradient has two lookups' rows: summed the long way

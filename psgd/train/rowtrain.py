@@ -19,7 +19,9 @@ each shard one store; a step must then `prefetch` every table). Per step: `prefe
 when the caller knows which ids each table will read (DLRM: table f reads column f), so that every
 shard is asked once for all its tables; the hooks pull any table not prefetched, one request per
 shard for that table. Then forward and backward as usual, then `push()`: one request per shard,
-every shard at once. The per-row staleness is counted by the stores (`staleness_histogram` for local
+every shard at once. A push whose lookups were exactly its prefetch (each table read once with the
+prefetched ids: DLRM's step) sums and cuts by the prefetch's dedup, not a second one: the same sums
+bit for bit, a third fewer small torch calls per step. The per-row staleness is counted by the stores (`staleness_histogram` for local
 ones, STATS over the wire). `bytes_pulled` / `bytes_pushed` count payload bytes (`rows.wire_bytes`),
 `rows_pulled` the distinct rows. A lookup of rows the step did not pull (a table read twice with
 other ids) raises RuntimeError: its rows would be stale. Not thread-safe (one worker's state).
@@ -103,6 +105,12 @@ class SparseRows:
         else:
             self.weights = [m.weight for m in self.tables]
         self.pulled: dict[int, torch.Tensor] = {}  # space -> the distinct ids pulled this step
+        # What a prefetch knew, for a push that need not find it again (`_reuse`): space -> (its tables
+        # in order, the inverse map, each shard's positions); table -> the ids it was prefetched with
+        # and how many lookups read exactly those (1 for the short way).
+        self._plan: dict[int, tuple[list[int], torch.Tensor, list[torch.Tensor]]] = {}
+        self._expected: dict[int, torch.Tensor] = {}
+        self._reads: dict[int, int] = {}
         self.bytes_pulled = self.bytes_pushed = self.rows_pulled = 0
         for t, table in enumerate(self.tables):
             table.sparse = True  # backward gives one gradient row per lookup (a sparse COO tensor)
@@ -118,10 +126,15 @@ class SparseRows:
         """Pull the rows of several tables at once: one request per shard, all shards at once."""
         requests: list[list[tuple[int, torch.Tensor]]] = [[] for _ in self.shards]
         for sp, group in self._by_space({t: (ids,) for t, ids in ids_by_table.items()}).items():
-            unique, _ = rows.dedup(torch.cat([ids.reshape(-1) + self.base[t] for t, ids in group]))
+            flat = {t: ids.reshape(-1) for t, ids in group}
+            unique, inverse = rows.dedup(torch.cat([ids + self.base[t] for t, ids in flat.items()]))
             self.pulled[sp] = unique
             self.rows_pulled += len(unique)
-            for k, (pos, _) in enumerate(rows.by_shard(self.partitions[sp], unique)):
+            cuts = [pos for pos, _ in rows.by_shard(self.partitions[sp], unique)]
+            self._plan[sp] = ([t for t, _ in group], inverse, cuts)
+            for t, ids in flat.items():
+                self._expected[t], self._reads[t] = ids, 0
+            for k, pos in enumerate(cuts):
                 if len(pos):
                     requests[k].append((sp, unique[pos]))
         if self.every_shard:  # an empty request where a shard owns none of the rows: it counts the clock
@@ -136,12 +149,19 @@ class SparseRows:
     def _lookup(self, t: int, ids: torch.Tensor) -> None:
         if not self.enabled:
             return
-        sp = self.space[t]
+        sp, flat = self.space[t], ids.reshape(-1)
         if sp not in self.pulled:
             if self.fused:
                 raise RuntimeError("fused tables share one pull per step: prefetch every table's ids before forward")
             self.prefetch({t: ids})
-        elif not _within(ids.reshape(-1) + self.base[t], self.pulled[sp]):
+            self._reads[t] = 1
+            return
+        expected = self._expected.get(t)
+        if self._reads.get(t) == 0 and expected.shape == flat.shape and torch.equal(expected, flat):
+            self._reads[t] = 1  # the ids it was prefetched with: pulled (one comparison instead of a search)
+            return
+        self._reads[t] = 2  # read otherwise or again: the push goes the long way (`_reuse`)
+        if not _within(flat + self.base[t], self.pulled[sp]):
             raise RuntimeError(f"embedding table {t} reads rows this step did not pull (a table looked up twice "
                                "in one step, or a prefetch of other ids)")
 
@@ -151,10 +171,15 @@ class SparseRows:
                  if self.space[t] in self.pulled and m.weight.grad is not None}
         requests: list[list[tuple[int, torch.Tensor, torch.Tensor]]] = [[] for _ in self.shards]
         for sp, group in self._by_space(grads).items():
-            ids = torch.cat([g._indices()[0] + self.base[t] for t, g in group])
-            ids, summed = rows.sum_rows(ids, torch.cat([g._values().reshape(len(g._indices()[0]), -1)
-                                                        for _, g in group]))
-            for k, (pos, _) in enumerate(rows.by_shard(self.partitions[sp], ids)):
+            reuse = self._reuse(sp, group)
+            if reuse is not None:
+                ids, summed, cuts = reuse
+            else:
+                ids = torch.cat([g._indices()[0] + self.base[t] for t, g in group])
+                ids, summed = rows.sum_rows(ids, torch.cat([g._values().reshape(len(g._indices()[0]), -1)
+                                                            for _, g in group]))
+                cuts = [pos for pos, _ in rows.by_shard(self.partitions[sp], ids)]
+            for k, pos in enumerate(cuts):
                 if len(pos):
                     requests[k].append((sp, ids[pos], summed[pos]))
                     self.bytes_pushed += rows.wire_bytes(len(pos), summed.shape[1])
@@ -169,6 +194,25 @@ class SparseRows:
         for k in started:
             self.shards[k].finish_push()
         self.pulled.clear()
+        self._plan.clear()
+        self._expected.clear()
+        self._reads.clear()
+
+    def _reuse(self, sp: int, group: list[tuple]) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]] | None:
+        """The push of space `sp` from its prefetch's dedup and cut, when its gradients are exactly the
+        prefetched lookups (the same tables in the same order, each read once with those ids, and the
+        gradient's rows those ids in order, as nn.Embedding's sparse backward gives them): then
+        `rows.sum_rows` would find the same distinct ids and inverse map and add the same rows in the
+        same order, so the sums are bit for bit its own. None otherwise (the long way)."""
+        plan = self._plan.get(sp)
+        if plan is None or [t for t, _ in group] != plan[0] or any(self._reads.get(t) != 1 for t, _ in group):
+            return None
+        if not all(torch.equal(g._indices()[0], self._expected[t]) for t, g in group):
+            return None
+        values = torch.cat([g._values().reshape(len(self._expected[t]), -1) for t, g in group])
+        summed = torch.zeros(len(self.pulled[sp]), values.shape[1], dtype=values.dtype, device=values.device)
+        summed.index_add_(0, plan[1], values)
+        return self.pulled[sp], summed, plan[2]
 
 
 def make_local(model: nn.Module, shards: int, scheme: str, optimizer, fused: bool = False
