@@ -229,6 +229,22 @@ def test_a_side_spins_only_where_the_runs_processes_fit_the_cores(monkeypatch):
     assert segment.spin_for(3, 0.003) == 0.0    # one more process than cores: a spin would take one's core
 
 
+def test_a_shard_spins_for_the_next_push_only_where_its_lone_workers_threads_leave_it_a_core(monkeypatch):
+    """A lone worker with every core (the thread budget's rule) and a shard that spins on one of them
+    stalled the worker's OpenMP team: an MLP's N=1 run over shm took 20x tcp's time on 2 cores."""
+    from psgd.core.config import RunConfig
+    from psgd.ps.shm import serve
+    from psgd.train import assemble, threads
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1})
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert serve.push_spin(workers=1, worker_threads=2, shards=1) == 0.0  # the default budget: no core to spin on
+    assert serve.push_spin(workers=1, worker_threads=1, shards=1) == segment.PUSH_SPIN_S  # --threads 1
+    assert serve.push_spin(workers=2, worker_threads=1, shards=1) == 0.0  # N threads would take turns at the GIL
+    cfg = RunConfig(mode="async", workers=1, servers=1)
+    assert assemble.shard_options(cfg, 0).worker_threads == threads.thread_budget(cfg) == 2
+
+
 def test_a_spinning_wait_returns_once_the_socket_is_readable_and_after_its_budget_when_not():
     a, b = socket.socketpair()
     try:

@@ -99,6 +99,9 @@ class ShardOptions:
     fail_at: int | None = None        # fault injection: SIGKILL this process once the version reaches it
     link: str = ""                    # pace this shard's NIC to an emulated link (psgd/core/link.py)
     rpc_timeout: float = 60.0         # the longest a pull may be held (the adapters' deadline)
+    # Each worker's intra-op threads (psgd/train/threads.py): a shard's wait for the next push may
+    # spin (--transport shm) only where those threads and the shards fit the cores.
+    worker_threads: int = 1
 
 
 Optimizer = Any  # psgd/core/optim.py: step(), param, state_dict() / load_state_dict(); optim.OPTIMIZERS

@@ -42,6 +42,7 @@ from psgd.ps import auth
 from psgd.ps import remedies as remedies_mod
 from psgd.ps.exchange import PSExchange
 from psgd.ps.shard import Shard, ShardOptions
+from psgd.train.threads import thread_budget
 
 
 def policy(cfg: RunConfig) -> Policy:
@@ -88,7 +89,7 @@ def shard_options(cfg: RunConfig, index: int, num_params: int | None = None) -> 
     return ShardOptions(num_shards=cfg.servers, mode=cfg.mode, expected=expected, eval_every=eval_interval(cfg),
                         checkpoint_every=cfg.checkpoint_every, checkpoint_dir=str(Path(cfg.out) / "checkpoints"),
                         skip_nonfinite=cfg.skip_nonfinite, fail_at=dict(cfg.fail_shard_at).get(index),
-                        link=cfg.link, rpc_timeout=cfg.rpc_timeout)
+                        link=cfg.link, rpc_timeout=cfg.rpc_timeout, worker_threads=thread_budget(cfg))
 
 
 def shard(cfg: RunConfig, index: int, num_params: int | None = None) -> Shard:

@@ -21,7 +21,8 @@ shard is asked once for all its tables; the hooks pull any table not prefetched,
 shard for that table. Then forward and backward as usual, then `push()`: one request per shard,
 every shard at once. A push whose lookups were exactly its prefetch (each table read once with the
 prefetched ids: DLRM's step) sums and cuts by the prefetch's dedup, not a second one: the same sums
-bit for bit, a third fewer small torch calls per step. The per-row staleness is counted by the stores (`staleness_histogram` for local
+bit for bit, a third fewer small torch calls per step. The per-row staleness is counted by the
+stores (`staleness_histogram` for local
 ones, STATS over the wire). `bytes_pulled` / `bytes_pushed` count payload bytes (`rows.wire_bytes`),
 `rows_pulled` the distinct rows. A lookup of rows the step did not pull (a table read twice with
 other ids) raises RuntimeError: its rows would be stale. Not thread-safe (one worker's state).
