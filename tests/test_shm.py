@@ -5,6 +5,7 @@ leaves the connection usable, segments that grow when a request needs more, a sh
 what a worker of its own host names, and nothing left behind in /dev/shm.
 """
 
+import dataclasses
 import json
 import os
 import signal
@@ -241,8 +242,11 @@ def test_a_shard_spins_for_the_next_push_only_where_its_lone_workers_threads_lea
     assert serve.push_spin(workers=1, worker_threads=2, shards=1) == 0.0  # the default budget: no core to spin on
     assert serve.push_spin(workers=1, worker_threads=1, shards=1) == segment.PUSH_SPIN_S  # --threads 1
     assert serve.push_spin(workers=2, worker_threads=1, shards=1) == 0.0  # N threads would take turns at the GIL
+    assert serve.push_spin(workers=1, worker_threads=1, shards=1, rows=True) == 0.0  # the row service's GIL
     cfg = RunConfig(mode="async", workers=1, servers=1)
-    assert assemble.shard_options(cfg, 0).worker_threads == threads.thread_budget(cfg) == 2
+    options = assemble.shard_options(cfg, 0)
+    assert options.worker_threads == threads.thread_budget(cfg) == 2 and not options.serves_rows
+    assert assemble.shard_options(dataclasses.replace(cfg, embeddings="rows"), 0).serves_rows
 
 
 def test_a_spinning_wait_returns_once_the_socket_is_readable_and_after_its_budget_when_not():

@@ -100,8 +100,10 @@ class ShardOptions:
     link: str = ""                    # pace this shard's NIC to an emulated link (psgd/core/link.py)
     rpc_timeout: float = 60.0         # the longest a pull may be held (the adapters' deadline)
     # Each worker's intra-op threads (psgd/train/threads.py): a shard's wait for the next push may
-    # spin (--transport shm) only where those threads and the shards fit the cores.
+    # spin (--transport shm) only where those threads and the shards fit the cores, and not beside
+    # a row service (`serves_rows`: its threads need this process's GIL while the push is awaited).
     worker_threads: int = 1
+    serves_rows: bool = False
 
 
 Optimizer = Any  # psgd/core/optim.py: step(), param, state_dict() / load_state_dict(); optim.OPTIMIZERS

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from psgd.core import elastic, localsgd, optim, sharding, sparsify
+from psgd.core import elastic, localsgd, optim, rowconfig, sharding, sparsify
 from psgd.core.config import RunConfig, eval_interval
 from psgd.core.consistency import Policy, make_policy
 from psgd.ps import auth
@@ -89,7 +89,8 @@ def shard_options(cfg: RunConfig, index: int, num_params: int | None = None) -> 
     return ShardOptions(num_shards=cfg.servers, mode=cfg.mode, expected=expected, eval_every=eval_interval(cfg),
                         checkpoint_every=cfg.checkpoint_every, checkpoint_dir=str(Path(cfg.out) / "checkpoints"),
                         skip_nonfinite=cfg.skip_nonfinite, fail_at=dict(cfg.fail_shard_at).get(index),
-                        link=cfg.link, rpc_timeout=cfg.rpc_timeout, worker_threads=thread_budget(cfg))
+                        link=cfg.link, rpc_timeout=cfg.rpc_timeout, worker_threads=thread_budget(cfg),
+                        serves_rows=rowconfig.by_key(cfg))
 
 
 def shard(cfg: RunConfig, index: int, num_params: int | None = None) -> Shard:

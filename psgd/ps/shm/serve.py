@@ -114,19 +114,22 @@ def upgrade(frames: fr.Frames, header: bytes, payload_len: int, server, belled: 
     frames.send(fr.WELCOME, b"")
     frames.close()
     shard = server.shard
-    spin_s = push_spin(shard.workers, shard.options.worker_threads, shard.options.num_shards)
+    spin_s = push_spin(shard.workers, shard.options.worker_threads, shard.options.num_shards,
+                       shard.options.serves_rows)
     if belled:
         mapped.ring(frames.sock, worker=False, spin_s=spin_s)
     return SegmentFrames(frames.sock, frames.rpc_timeout, mapped, spin_s, shard)
 
 
-def push_spin(workers: int, worker_threads: int, shards: int) -> float:
+def push_spin(workers: int, worker_threads: int, shards: int, rows: bool = False) -> float:
     """How long a shard's wait for the next push spins before it sleeps. With one worker only: one
     connection thread per shard then waits at a time, where N spinning threads would take the GIL
-    from the one that serves a push. And only where the worker's threads and the shards fit the
-    cores: a lone worker takes every core (psgd/train/threads.py), and a shard spinning on one while
-    it computes stalls its OpenMP team at each barrier (an MLP's step 20x slower on 2 cores)."""
-    return spin_for(worker_threads + shards, PUSH_SPIN_S) if workers == 1 else 0.0
+    from the one that serves a push. Not beside a row service (`rows`), whose threads serve the
+    worker's row requests while it waits (a Python spin holds the GIL: DLRM's N=1 run at --threads 1
+    made 1,450 samples/s, 12,830 over tcp). And only where the worker's threads and the shards fit
+    the cores: a lone worker takes every core (psgd/train/threads.py), and a shard spinning on one
+    while it computes stalls its OpenMP team at each barrier (an MLP's step 20x slower on 2 cores)."""
+    return spin_for(worker_threads + shards, PUSH_SPIN_S) if workers == 1 and not rows else 0.0
 
 
 UPGRADES = {ATTACH: upgrade, BELL: lambda *a: upgrade(*a, belled=True)}
