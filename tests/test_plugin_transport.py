@@ -132,7 +132,8 @@ def test_the_shipped_shm_transport_is_its_room_and_one_registry_file():
     production = [p for p in PSGD.rglob("*.py") if "bench" not in p.relative_to(PSGD).parts]
     touched = {p.relative_to(PSGD).as_posix() for p in production if names_shm(p) and room not in p.parents}
     assert touched == {"ps/transport.py"}, touched  # the registry: its import and its name in the built-ins
-    assert {p.name for p in room.glob("*.py")} == {"__init__.py", "transport.py", "serve.py", "segment.py", "bell.py"}
+    assert {p.name for p in room.glob("*.py")} == {"__init__.py", "transport.py", "serve.py", "segment.py", "bell.py",
+                                                   "rows.py"}
     # The registry's lines for it, and nothing else there.
     lines = [line for line in (PSGD / "ps" / "transport.py").read_text().splitlines()
              if "Shm" in line and not line.lstrip().startswith(("-", "#"))]

@@ -4,6 +4,7 @@ request refused with the shard unchanged."""
 
 import copy
 import functools
+import os
 import socket
 
 import pytest
@@ -14,14 +15,17 @@ from psgd.core import rows
 from psgd.core.config import DataConfig, ModelConfig
 from psgd.core.rowoptim import RowAdagrad
 from psgd.core.rowstore import RowStore
-from psgd.ps import rows_grpc, rows_tcp
+from psgd.ps import rows_grpc, rows_tcp, transport
 from psgd.ps.rows_tcp import RowClient, RowWireError
 from psgd.train import data, models, rowtrain
 
 OPT = functools.partial(RowAdagrad, lr=0.05)
 
 
-WIRES = {"tcp": (rows_tcp.serve, RowClient), "grpc": (rows_grpc.serve, rows_grpc.connect)}
+WIRES = {"tcp": (rows_tcp.serve, RowClient), "grpc": (rows_grpc.serve, rows_grpc.connect),
+         # TCP's row service as a run's shard starts it (with the transports' upgrades), its frames
+         # through a shm doorbell once the client attached (psgd/ps/shm/rows.py)
+         "shm": (functools.partial(rows_tcp.serve, upgrades=transport.row_upgrades()), transport.row_client("shm"))}
 
 
 def _served(wire: str):
@@ -41,7 +45,7 @@ def _served(wire: str):
 
 @pytest.fixture(params=sorted(WIRES))
 def served(request):
-    """The protocol over TCP (rows_tcp.py) and over gRPC (rows_grpc.py): the same tests for both."""
+    """The protocol over TCP (rows_tcp.py), gRPC (rows_grpc.py) and shm: the same tests for each."""
     yield from _served(request.param)
 
 
@@ -245,3 +249,43 @@ def test_a_grpc_worker_that_goes_silent_after_a_refusal_stops_holding_up_its_rou
         a.close()
     finally:
         srv.close()
+
+
+def test_rows_over_shm_ride_a_doorbell_grow_their_segment_and_refuse_a_bad_attach():
+    """After its set-up over TCP a shm row client's frames go through its segment (the TCP socket
+    only wakes and says EOF); a pull whose answer outgrows the segment attaches a larger one first;
+    a segment the service will not map is refused in one line, the connection as it was."""
+    from psgd.ps.shm import rows as shm_rows
+    from psgd.ps.shm import segment
+
+    width = 64
+    table = torch.randn(2000, width)
+    store = RowStore(rows.RowPartition(2000, 1), 0, table, OPT)
+    serve, connect = WIRES["shm"]
+    srv = serve([store])
+    c = connect(f"127.0.0.1:{srv.port}")
+    try:
+        assert isinstance(c.sock, shm_rows.BellSock) and c.sock.segment.size == shm_rows.MIN_SEGMENT
+        small = c.pull(0, [(0, torch.arange(10))])[0]
+        assert torch.equal(small, table[:10])
+        ids = torch.arange(0, 2000, 2)  # 1,000 rows x 256 bytes: more than 64 KiB back
+        assert torch.equal(c.pull(0, [(0, ids)])[0], table[ids])
+        assert c.sock.segment.size >= len(ids) * width * 4
+        c.push(0, [(0, ids, torch.ones(len(ids), width))])
+        assert not torch.equal(c.pull(0, [(0, ids[:3])])[0], table[ids[:3]])  # the push was applied
+        with c.sock.raw.dup() as dup:  # nothing of the frames is on the TCP socket: at most wake-up bytes
+            dup.setblocking(False)
+            try:
+                waiting = dup.recv(1 << 16, socket.MSG_PEEK)
+            except BlockingIOError:
+                waiting = b""
+            assert set(waiting) <= {1, 2}, waiting[:40]
+        c._send(shm_rows.ATTACH, 0, 0, b"psgd-1-0000000000000000")  # no such file
+        with pytest.raises(RowWireError, match="FAILED_PRECONDITION: cannot open") as e:
+            c._answer()
+        assert e.value.status == "FAILED_PRECONDITION"
+        assert c.stats()[0]["rows"] == 2000  # the same connection, the same segment, still served
+    finally:
+        c.close()
+        srv.close()
+    assert not [n for n in os.listdir(segment.ROOT) if n.startswith(f"psgd-{os.getpid()}-")]

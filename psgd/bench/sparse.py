@@ -17,9 +17,10 @@ the row stores and the worker's sparse side of psgd/core/rowstore.py and psgd/tr
   alternated `--repeats` times in one run: the sparse mechanism's own cost (dedup, cut by owner,
   copies, row updates) with no transport in between.
 - wire (`--wire`): the same worker with its rows on K row-server processes over loopback TCP
-  (psgd/train/rowserve.py, psgd/ps/rows_tcp.py), the dense part stepped locally (no dense shard
-  yet): samples/s against the plain torch loop, alternated in one run, and the bytes on the wire
-  (prefixes included) over the touched rows' own bytes and ids.
+  (psgd/train/rowserve.py, psgd/ps/rows_tcp.py) and, on the same servers, over shm (psgd/ps/shm/rows.py),
+  the dense part stepped locally (no dense shard yet): samples/s against the plain torch loop,
+  alternated in one run, and the bytes on the wire (prefixes included) over the touched rows' own
+  bytes and ids.
 Writes OUT/sparse.json and OUT/command.txt; prints one table.
 
     psgd bench sparse                                     # about half a minute on 2 cores
@@ -205,43 +206,53 @@ def _start_row_servers(args) -> tuple[list[subprocess.Popen], list[str]]:
 
 
 def wire_row(args, ds) -> dict:
-    """One worker over K row-server processes against the plain loop; bytes on the wire."""
+    """One worker over K row-server processes against the plain loop, its rows over the row
+    service's TCP and over shm (the same servers, psgd/ps/shm/rows.py's doorbell), alternated;
+    bytes on the wire."""
+    from psgd.ps import transport  # noqa: PLC0415
     from psgd.ps.rows_tcp import RowClient  # noqa: PLC0415
 
     procs, addresses = _start_row_servers(args)
     try:
-        clients = [RowClient(a) for a in addresses]
-        model = _model(args, ds)
-        _, partitions = _local(args, copy.deepcopy(model))  # the layout the servers hold (same seed)
-        worker = rowtrain.SparseRows(model, clients, partitions, rank=0)
-        opt = torch.optim.SGD(rowtrain.dense_parameters(model), lr=args.lr)
-        start = sum(c.bytes_sent + c.bytes_received for c in clients)
-
-        def wire() -> None:
-            for step in range(args.steps):
-                _sparse_step(model, worker, *_batch(ds, step, args.batch_size), dense=opt)
-
-        times: dict[str, list[float]] = {"plain": [], "plain_sparse": [], "wire": []}
-        arms = (("plain", functools.partial(_plain_loop, args, ds)),
-                ("plain_sparse", functools.partial(_plain_loop, args, ds, sparse=True)), ("wire", wire))
+        carriers = {"wire": RowClient, "wire_shm": functools.partial(transport.row_client("shm"),
+                                                                     processes=1 + args.shards)}
+        arms, workers, clients = {}, {}, {}
+        for rank, (name, connect) in enumerate(carriers.items()):
+            clients[name] = [connect(a) for a in addresses]
+            model = _model(args, ds)
+            _, partitions = _local(args, copy.deepcopy(model))  # the layout the servers hold (same seed)
+            workers[name] = rowtrain.SparseRows(model, clients[name], partitions, rank=rank)
+            opt = torch.optim.SGD(rowtrain.dense_parameters(model), lr=args.lr)
+            arms[name] = functools.partial(_wire_loop, args, ds, model, workers[name], opt)
+        start = sum(c.bytes_sent + c.bytes_received for c in clients["wire"])
+        times: dict[str, list[float]] = {"plain": [], "plain_sparse": [], "wire": [], "wire_shm": []}
+        arms = {"plain": functools.partial(_plain_loop, args, ds),
+                "plain_sparse": functools.partial(_plain_loop, args, ds, sparse=True), **arms}
         for _ in range(args.repeats):
-            for name, fn in arms:
+            for name, fn in arms.items():
                 t = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - t)
-        on_wire = sum(c.bytes_sent + c.bytes_received for c in clients) - start  # the STATS at connect left out
-        for c in clients:
+        on_wire = sum(c.bytes_sent + c.bytes_received for c in clients["wire"]) - start  # the STATS at connect left out
+        for c in clients["wire"] + clients["wire_shm"]:
             c.close()
     finally:
         for p in procs:
             p.stdin.close()
             p.wait(timeout=60)
     rate = {k: args.steps * args.batch_size / statistics.median(v) for k, v in times.items()}
+    worker = workers["wire"]
     return {"plain_samples_per_s": rate["plain"], "plain_sparse_samples_per_s": rate["plain_sparse"],
             "wire_samples_per_s": rate["wire"], "wire_over_plain": rate["wire"] / rate["plain"],
             "wire_over_plain_sparse": rate["wire"] / rate["plain_sparse"],
+            "wire_shm_samples_per_s": rate["wire_shm"], "wire_shm_over_plain": rate["wire_shm"] / rate["plain"],
             "wire_bytes_per_step": on_wire / (args.steps * args.repeats),
             "wire_over_touched_rows": on_wire / (worker.bytes_pulled + worker.bytes_pushed)}
+
+
+def _wire_loop(args, ds, model, worker, opt) -> None:
+    for step in range(args.steps):
+        _sparse_step(model, worker, *_batch(ds, step, args.batch_size), dense=opt)
 
 
 def main(argv: list[str]) -> int:
@@ -290,3 +301,5 @@ def _print(r: dict) -> None:
               f"{w['plain_sparse_samples_per_s']:,.0f} (ratio {w['wire_over_plain_sparse']:.2f}); "
               f"{w['wire_bytes_per_step']:,.0f} bytes per step on the wire, {w['wire_over_touched_rows']:.3f} x "
               f"the touched rows and ids")
+        print(f"  rows over shm (the same servers, a doorbell): {w['wire_shm_samples_per_s']:,.0f} samples/s "
+              f"(ratio {w['wire_shm_over_plain']:.2f} of plain torch)")

@@ -29,13 +29,13 @@ import grpc
 from psgd.core.rowrounds import RowRounds
 from psgd.core.rowstore import RowStore
 from psgd.ps.rows_tcp import RowClient, _Handler
-from psgd.ps.rowwire import ERROR, HELLO, PREFIX, RowWireError, serving, stats
+from psgd.ps.rowwire import ERROR, HELLO, PREFIX, Buffered, RowWireError, serving, stats
 
 METHOD = "/psgd.Rows/Session"
 MAX_THREADS = 64  # streams served at once (at least; more for a run of more workers): one per worker
 
 
-class _Pipe:
+class _Pipe(Buffered):
     """A stream, as the TCP handler sees a socket: what it reads comes from the request messages,
     what it writes goes to `out` (a frame, or an ERROR frame's "STATUS: message" to end the stream)."""
 
@@ -53,19 +53,6 @@ class _Pipe:
         except Exception:  # noqa: BLE001 - the stream ended: closed, cancelled or aborted, EOF all the same
             return False
 
-    def recv(self, n: int, flags: int = 0) -> bytes:
-        while len(self.buf) < n and self._fill():
-            pass
-        got, self.buf = self.buf[:n], self.buf[n:]
-        return got
-
-    def recv_into(self, view) -> int:
-        if not self.buf and not self._fill():
-            return 0
-        n = min(len(view), len(self.buf))
-        view[:n], self.buf = self.buf[:n], self.buf[n:]
-        return n
-
     def sendall(self, data) -> None:
         data = bytes(data)
         if data[0] == ERROR:
@@ -73,9 +60,6 @@ class _Pipe:
             self.out.put(("error", data[PREFIX.size:].decode(errors="replace")))
         else:
             self.out.put(("frame", data))
-
-    def setsockopt(self, *_) -> None:
-        pass
 
 
 class GrpcRowServer:

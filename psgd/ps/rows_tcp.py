@@ -27,7 +27,9 @@ past the server's `timeout` is answered DEADLINE_EXCEEDED; a connection that clo
 leaving (a sync round waits for it no longer). Bytes per request: a 17-byte prefix each way, 12 per entry, 8 per id,
 4 x dim per row.
 
-`serve(stores, host, port, token, rounds, timeout)` -> a `RowServer` (`.port`, `.close()`). `RowClient(address,
+`serve(stores, host, port, token, rounds, timeout, upgrades)` -> a `RowServer` (`.port`, `.close()`);
+`upgrades` (op -> fn(sock, payload, server) -> the carrier of that connection's frames from then on)
+are a transport's own ops (psgd/ps/transport.py `row_upgrades`: shm's ATTACH). `RowClient(address,
 token, timeout, sock)`: one connection (or `sock`, another carrier of the frames: rows_grpc.py), for
 one thread; `start_pull` / `finish_pull` and `start_push` /
 `finish_push` (send to every shard, then read every answer: the shards work at once), `init`, `stats`.
@@ -105,6 +107,8 @@ class _Handler(socketserver.BaseRequestHandler):
                 elif op in (PULL, PUSH, INIT):
                     self.worker = worker if op != INIT else self.worker
                     self._request(sock, op, worker, entries, length)
+                elif op in srv.upgrades:  # a transport's own carrier from now on (shm: psgd/ps/shm/rows.py)
+                    sock = srv.upgrades[op](sock, bytes(recv_exact(sock, length)), srv)
                 else:
                     drain(sock, length)
                     send_error(sock, f"UNIMPLEMENTED: op {op}")
@@ -175,8 +179,9 @@ class RowServer(socketserver.ThreadingTCPServer):
     allow_reuse_address = True
 
     def __init__(self, stores: Sequence[RowStore], host: str, port: int, token: bytes | None,
-                 rounds: RowRounds | None = None, timeout: float = 60.0) -> None:
+                 rounds: RowRounds | None = None, timeout: float = 60.0, upgrades: dict | None = None) -> None:
         serving(self, stores, token, rounds, timeout)
+        self.upgrades = dict(upgrades or {})
         super().__init__((host, port), _Handler)
         self._thread = threading.Thread(target=self.serve_forever, name="psgd-rows", daemon=True)
         self._thread.start()
@@ -194,8 +199,8 @@ class RowServer(socketserver.ThreadingTCPServer):
 
 
 def serve(stores: Sequence[RowStore], host: str = "127.0.0.1", port: int = 0, token: bytes | None = None,
-          rounds: RowRounds | None = None, timeout: float = 60.0) -> RowServer:
-    return RowServer(stores, host, port, token, rounds, timeout)
+          rounds: RowRounds | None = None, timeout: float = 60.0, upgrades: dict | None = None) -> RowServer:
+    return RowServer(stores, host, port, token, rounds, timeout, upgrades)
 
 
 class RowClient:

@@ -29,6 +29,33 @@ class RowWireError(Exception):
         self.status, self.message = status, message
 
 
+class Buffered:
+    """What the row handler and client read of a socket (`recv`, `recv_into`), for a carrier that
+    gets whole messages: `_fill()` appends the next to `buf` (False at EOF). rows_grpc.py's stream and
+    psgd/ps/shm/rows.py's doorbell."""
+
+    buf = b""
+
+    def _fill(self) -> bool:
+        raise NotImplementedError
+
+    def recv(self, n: int, flags: int = 0) -> bytes:
+        while len(self.buf) < n and self._fill():
+            pass
+        got, self.buf = self.buf[:n], self.buf[n:]
+        return got
+
+    def recv_into(self, view) -> int:
+        if not self.buf and not self._fill():
+            return 0
+        n = min(len(view), len(self.buf))
+        view[:n], self.buf = self.buf[:n], self.buf[n:]
+        return n
+
+    def setsockopt(self, *_) -> None:
+        pass
+
+
 def recv_exact(sock: socket.socket, n: int) -> bytearray:
     buf = bytearray(n)
     view, got = memoryview(buf), 0
@@ -62,6 +89,7 @@ def as_bytes(t: torch.Tensor) -> memoryview:
 def serving(server, stores: Sequence[RowStore], token: bytes | None, rounds: RowRounds | None, timeout: float) -> None:
     """What `_Handler` reads of a row server, set on `server` (this module's, or psgd/ps/rows_grpc.py's)."""
     server.stores, server.token, server.timeout = list(stores), token, timeout
+    server.upgrades = {}  # a transport's own ops (op -> fn(sock, payload, server) -> the carrier from then on)
     server.rounds = rounds or RowRounds(server.stores)
     # The largest request: a push of every row of every table, with its ids and directory.
     server.max_payload = sum(len(s.ids) * (ID_BYTES + 4 * s.dim) + ENTRY.size for s in server.stores)

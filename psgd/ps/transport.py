@@ -45,7 +45,9 @@ psgd/ps/transfer.py; this module re-exports them, and the wires, so callers impo
   the highest `rank` whose `fits(addresses, tls)` holds (shm where every shard is on this host's
   loopback, else tcp; with --link, tcp, whose shards pace their NIC too), any other name stays;
   `check(name, hosts, tls)`: a one-line reason a name cannot carry a run, or None; `upgrades()`:
-  the data-plane ops the registered transports add, for the shard's listener (psgd/ps/server.py).
+  the data-plane ops the registered transports add, for the shard's listener (psgd/ps/server.py);
+  `row_upgrades()` and `row_client(name)` the same for the rows protocol (psgd/ps/rows_tcp.py's
+  service, and a worker's client of it: shm's rows through a doorbell).
 - `make_transport(name, addresses, timeout, link, token, tls_ca)` (here): the class `TRANSPORTS[choose(
   name, ...)]`, called `(addresses, timeout, token, tls_ca)`; a ValueError names the choices for a
   name not registered.
@@ -183,6 +185,17 @@ def check(name: str, hosts: int = 0, tls: bool = False) -> str | None:
 def upgrades() -> dict:
     """The data-plane ops every registered transport adds (op -> its shard side: psgd/ps/tcp_server.py)."""
     return {op: fn for kind in TRANSPORTS.values() for op, fn in getattr(kind, "upgrades", {}).items()}
+
+
+def row_upgrades() -> dict:
+    """The row service's ops every registered transport adds (op -> its side: psgd/ps/rows_tcp.py)."""
+    return {op: fn for kind in TRANSPORTS.values() for op, fn in getattr(kind, "row_upgrades", {}).items()}
+
+
+def row_client(name: str):
+    """A transport's own client for the rows protocol (`--embeddings rows|hybrid`), called (address,
+    token, timeout, processes), or None where its rows ride the row service's TCP or gRPC as they are."""
+    return getattr(TRANSPORTS.get(name), "row_client", None)
 
 
 def make_transport(name: str, addresses: list[str], timeout: float, link: link_mod.Link | None = None,

@@ -25,6 +25,7 @@ still updated its rows: at most one gradient per worker beyond the budget, on th
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from pathlib import Path
 
@@ -68,7 +69,7 @@ def row_addresses(out: str, dense: list[str], wire: str = "tcp") -> list[str]:
 
 def attach(cfg: RunConfig, dense, parts, rank: int):
     """(the RowExchange around `dense`, `parts` with the model's DenseView); see the module docstring."""
-    from psgd.ps import auth, rows_grpc  # noqa: PLC0415
+    from psgd.ps import auth, rows_grpc, transport  # noqa: PLC0415
     from psgd.ps.rows_tcp import RowClient  # noqa: PLC0415
 
     model = parts.model
@@ -81,8 +82,13 @@ def attach(cfg: RunConfig, dense, parts, rank: int):
                          "ids each table reads, before forward); give --embeddings hybrid or --mode async")
     token = auth.load(cfg.token_file)
     try:
-        wire = "grpc" if cfg.transport == "grpc" else "tcp"  # shm too: a batch's rows are small payloads
-        connect = rows_grpc.connect if wire == "grpc" else RowClient
+        # The dense plane's transport carries the rows: gRPC's stream, tcp's service, or a transport's
+        # own client of that service (shm's doorbell).
+        chosen = transport.choose(cfg.transport, dense.addresses, bool(cfg.tls_ca), linked=bool(cfg.link))
+        wire, own = ("grpc" if chosen == "grpc" else "tcp"), transport.row_client(chosen)
+        processes = cfg.workers + cfg.servers
+        connect = (functools.partial(own, processes=processes) if own is not None
+                   else rows_grpc.connect if wire == "grpc" else RowClient)
         clients = [connect(a, token, cfg.rpc_timeout) for a in row_addresses(cfg.out, dense.addresses, wire)]
     except OSError as e:
         raise ExchangeError(f"the shards' row services: {e}") from None

@@ -50,7 +50,7 @@ def main(argv: list[str]) -> int:
         print(f"rowserve: error: --dataset must be one of {', '.join(data.SHAPES)} and --shard in "
               f"0..{args.shards - 1}", file=sys.stderr)
         return 2
-    from psgd.ps import rows_tcp  # noqa: PLC0415
+    from psgd.ps import rows_tcp, transport  # noqa: PLC0415
 
     input_dim, classes = data.SHAPES[args.dataset]  # the shape is enough: a shard loads no data
     model = models.build(ModelConfig(model=args.model, width=args.width), input_dim, classes, args.seed)
@@ -64,7 +64,7 @@ def main(argv: list[str]) -> int:
         stores = [RowStore(part, args.shard, torch.cat(tables), optimizer)]
     else:
         stores = [RowStore(RowPartition(len(t), args.shards, args.scheme), args.shard, t, optimizer) for t in tables]
-    server = rows_tcp.serve(stores, port=args.port)
+    server = rows_tcp.serve(stores, port=args.port, upgrades=transport.row_upgrades())  # shm's ATTACH too
     print(f"port {server.port}", flush=True)
     try:
         sys.stdin.read()  # until the parent closes our stdin (or dies)

@@ -132,15 +132,16 @@ def start(cfg: RunConfig, index: int, bind: str, token: bytes | None, dense, res
     """Serve shard `index`'s rows beside `dense` (its `Shard`, started from the checkpoint `restored`
     when given: the rows come from it too); returns the TCP port, written to OUT/rows-K.port with the
     gRPC one after it."""
-    from psgd.ps import rows_grpc, rows_tcp  # noqa: PLC0415
+    from psgd.ps import rows_grpc, rows_tcp, transport  # noqa: PLC0415
 
     held = stores(cfg, index)
     rounds = RowRounds(held, row_mode(cfg), cfg.workers, cfg.staleness)
     if restored is not None:
         _restore(held, rounds, restored)
     # Both wires, as the dense shard listens on both: the transport is the worker's choice (gRPC with
-    # --transport grpc, else the rows' own TCP service), one set of stores and rounds behind them.
-    server = rows_tcp.serve(held, bind, 0, token, rounds, cfg.rpc_timeout)
+    # --transport grpc, else the rows' own TCP service, which a transport may upgrade: shm's segments),
+    # one set of stores and rounds behind them.
+    server = rows_tcp.serve(held, bind, 0, token, rounds, cfg.rpc_timeout, transport.row_upgrades())
     try:
         over_grpc = rows_grpc.serve(held, bind, 0, token, rounds, cfg.rpc_timeout)
     except BaseException:

@@ -29,7 +29,9 @@ The room:
 - serve.py: the shard's side, the ops ATTACH and BELL that upgrade a connection of
   psgd/ps/tcp_server.py to `SegmentFrames` (handed to the server through the registry's `upgrades`);
 - segment.py `Segment`: a mapped file of /dev/shm and its bounds; `spin_for`, when a waiting side spins;
-- bell.py `Bell`: the doorbell, a connection's frames in its segment's last page.
+- bell.py `Bell`: the doorbell, a connection's frames in its segment's last page;
+- rows.py: the rows protocol (`--embeddings rows|hybrid`) on the same segments and doorbell, a row
+  service's connection upgraded by ATTACH (the registry's `row_client` and `row_upgrades`).
 Nothing outside this folder names it but the registry's line in psgd/ps/transport.py
 (tests/test_plugin_transport.py counts the files).
 """

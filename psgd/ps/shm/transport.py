@@ -28,6 +28,8 @@ from psgd.ps import auth, wire
 from psgd.ps import framing as fr
 from psgd.ps.shm import bell
 from psgd.ps.shm.bell import spin_now
+from psgd.ps.shm.rows import UPGRADES as ROW_UPGRADES
+from psgd.ps.shm.rows import connect as row_connect
 from psgd.ps.shm.segment import REPLY_SPIN_S, ROOT, Segment, spin_for
 from psgd.ps.shm.serve import ATTACH, BELL, UPGRADES
 from psgd.ps.tcp_transport import TcpTransport
@@ -40,6 +42,8 @@ class ShmTransport(TcpTransport):
     name, rank = "shm", 2  # `auto` takes it where it fits, before tcp
     shard_paced = False    # its shard side has no socket to pace: `auto` with --link takes tcp
     upgrades = UPGRADES    # the shard's side: the data-plane ops it adds (psgd/ps/shm/serve.py)
+    row_upgrades = ROW_UPGRADES          # the row service's side (psgd/ps/shm/rows.py)
+    row_client = staticmethod(row_connect)  # a worker's rows: their frames through a doorbell too
 
     @classmethod
     def fits(cls, addresses, tls: bool) -> bool:
