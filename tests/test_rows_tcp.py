@@ -271,6 +271,8 @@ def test_rows_over_shm_ride_a_doorbell_grow_their_segment_and_refuse_a_bad_attac
         ids = torch.arange(0, 2000, 2)  # 1,000 rows x 256 bytes: more than 64 KiB back
         assert torch.equal(c.pull(0, [(0, ids)])[0], table[ids])
         assert c.sock.segment.size >= len(ids) * width * 4
+        every = torch.arange(2000)  # the largest answer: grown to at most what the service maps (a push of every row)
+        assert torch.equal(c.pull(0, [(0, every)])[0], table) and c.sock.segment.size <= c.limit + 4096
         c.push(0, [(0, ids, torch.ones(len(ids), width))])
         assert not torch.equal(c.pull(0, [(0, ids[:3])])[0], table[ids[:3]])  # the push was applied
         with c.sock.raw.dup() as dup:  # nothing of the frames is on the TCP socket: at most wake-up bytes

@@ -21,7 +21,7 @@ HELLO, PULL, PUSH, STATS, INIT, WELCOME, ROWS, PUSHED, STATS_REPLY, INITED, ERRO
     1, 2, 3, 4, 5, 0x81, 0x82, 0x83, 0x84, 0x85, 0xFF)
 
 
-class RowWireError(Exception):
+class RowWireError(RuntimeError):
     """An ERROR frame from the server: `status` (e.g. INVALID_ARGUMENT) and the message."""
 
     def __init__(self, status: str, message: str) -> None:

@@ -90,8 +90,8 @@ def attach(cfg: RunConfig, dense, parts, rank: int):
         connect = (functools.partial(own, processes=processes) if own is not None
                    else rows_grpc.connect if wire == "grpc" else RowClient)
         clients = [connect(a, token, cfg.rpc_timeout) for a in row_addresses(cfg.out, dense.addresses, wire)]
-    except OSError as e:
-        raise ExchangeError(f"the shards' row services: {e}") from None
+    except (OSError, RuntimeError) as e:  # a refusal (RowWireError: a wrong token, a segment not mapped) too
+        raise ExchangeError(f"the shards' row services: {e}", getattr(e, "status", "")) from None
     shapes = [tuple(m.weight.shape) for m in tables]
     rows = SparseRows(model, clients, rowshard.partitions(cfg, shapes, rowshard.fusable(model)), rank,
                       every_shard=prefetch)

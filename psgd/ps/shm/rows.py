@@ -16,8 +16,10 @@ is the doorbell's header and its payload lies at the segment's start; the socket
 that sleeps and says EOF. A reader copies a frame's payload out as it takes it, so a request and its
 reply share one region. The worker knows every reply's size before it asks (ROWS: count x width x 4;
 the others are empty but STATS), and attaches a larger segment first (ATTACH through the current
-one) when a frame needs more than it has; a reply that still does not fit (a STATS of more than
-MIN_SEGMENT bytes) is answered RESOURCE_EXHAUSTED. The worker's wait for a reply spins first (the
+one) when a frame needs more than it has, up to the largest the service maps (its largest request,
+a push of every row it holds, or MIN_SEGMENT); a frame beyond that is refused on the worker's side
+and a reply that still does not fit (a STATS of more than MIN_SEGMENT bytes) is answered
+RESOURCE_EXHAUSTED, both as RowWireError. The worker's wait for a reply spins first (the
 shard answers within microseconds); the shard's wait for the next request sleeps at once: its thread
 shares the shard process's GIL with the dense plane's (serve.py `push_spin`).
 
@@ -30,6 +32,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from psgd.core.rows import ID_BYTES
 from psgd.ps.rows_tcp import RowClient
 from psgd.ps.rowwire import ENTRY, ERROR, PREFIX, PULL, WELCOME, Buffered, RowWireError, send_error, send_frame
 from psgd.ps.shm.segment import REPLY_SPIN_S, Segment, spin_for
@@ -44,7 +47,7 @@ class BellSock(Buffered):
     one whole frame, `recv` / `recv_into` its bytes. `raw`: the TCP socket beneath (wake-ups, EOF)."""
 
     def __init__(self, segment: Segment, raw, worker: bool, spin_s: float, timeout: float | None) -> None:
-        self.segment, self.raw, self.timeout, self.buf = segment, raw, timeout, b""
+        self.segment, self.raw, self.timeout, self.buf, self.worker = segment, raw, timeout, b"", worker
         segment.ring(raw, worker, spin_s)
         self.refused = False
 
@@ -52,11 +55,12 @@ class BellSock(Buffered):
         frame = memoryview(data).cast("B")
         op, worker, entries, length = PREFIX.unpack_from(frame)
         if length > self.segment.size:
-            if op == ERROR:  # an error's message longer than the segment: cut to fit
-                frame, length = frame[:PREFIX.size + self.segment.size], self.segment.size
-            else:
-                return send_error(self, f"RESOURCE_EXHAUSTED: a frame of {length} bytes for a {self.segment.size}-byte "
-                                        "segment: attach a larger one")
+            why = f"a frame of {length} bytes for a {self.segment.size}-byte segment"
+            if self.worker:
+                raise RowWireError("RESOURCE_EXHAUSTED", f"{why}: more than any request to this shard carries")
+            if op != ERROR:
+                return send_error(self, f"RESOURCE_EXHAUSTED: {why}")
+            frame, length = frame[:PREFIX.size + self.segment.size], self.segment.size  # a long message, cut
         self.segment.u8[:length] = np.frombuffer(frame, dtype=np.uint8, count=length, offset=PREFIX.size)
         head = PREFIX.pack(op, worker, entries, length)
         self.segment.bell.send(op, head, length)
@@ -99,6 +103,8 @@ class ShmRowClient(RowClient):
         super().__init__(address, token, timeout)
         # The wait for a reply spins where the run's processes (workers and shards) fit the cores.
         self.timeout, self.spin_s = timeout, spin_for(processes, REPLY_SPIN_S)
+        # The largest segment the service maps (`upgrade`): its largest request, a push of every row.
+        self.limit = max(MIN_SEGMENT, sum(s["rows"] * (ID_BYTES + 4 * s["dim"]) + ENTRY.size for s in self.stats()))
         self._attach(MIN_SEGMENT)
 
     def _attach(self, nbytes: int) -> None:
@@ -122,8 +128,8 @@ class ShmRowClient(RowClient):
             directory = memoryview(parts[0]).cast("B")
             pairs = [ENTRY.unpack_from(directory, i * ENTRY.size) for i in range(entries)]
             need = max(need, sum(n * self.dims[t] * 4 for t, n in pairs if t < len(self.dims)))
-        if isinstance(self.sock, BellSock) and need > self.sock.segment.size:
-            self._attach(max(need, 2 * self.sock.segment.size))
+        if isinstance(self.sock, BellSock) and self.sock.segment.size < need <= self.limit:
+            self._attach(min(max(need, 2 * self.sock.segment.size), self.limit))
         super()._send(op, worker, entries, *parts)
 
     def close(self) -> None:
