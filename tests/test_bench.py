@@ -191,6 +191,42 @@ def test_roundtrip_states_each_rounds_ratio_against_its_ceiling(tmp_path):
     assert psgd_main("bench", "roundtrip", "--workloads", "vgg").returncode == 2
 
 
+@pytest.mark.usefixtures("warm_benches")
+def test_roundtrip_measures_async_n1_on_the_recommender_against_both_plain_loops(tmp_path):
+    """Issue 56's bound: async N=1 on dlrm against the plain loop of the same model, in the same run;
+    with its tables by row, and against torch's sparse-gradient loop (the tighter ceiling) too."""
+    from psgd.bench import roundtrip
+
+    big = roundtrip.workload("dlrm-large-rows", 10)
+    assert (big.data.dataset, big.model.model, big.embeddings, big.batch_size) == ("clicks-large", "dlrm", "rows", 32)
+    assert roundtrip.workload("dlrm", 10).embeddings == "dense"
+    assert roundtrip.workload("dlrm-medium", 10).data.dataset == "clicks-medium"
+    for bad in ("dlrm-huge", "dlrm-rows-large", "dlrmx"):
+        with pytest.raises(ValueError, match="dlrm"):
+            roundtrip.workload(bad, 10)
+    r = psgd_main("bench", "roundtrip", "--workloads", "dlrm-rows", "--rounds", "1", "--steps", "12", "--skip", "2",
+                  "--arms", "plain,plain-sparse,shm", "--out", str(tmp_path / "out"), "--runs", str(tmp_path / "runs"))
+    assert r.returncode == 0, r.stderr
+    rows = list(csv.DictReader(open(tmp_path / "out" / "roundtrip.csv")))
+    assert [x["arm"] for x in rows] == ["plain", "plain-sparse", "shm"]
+    assert all(float(x["samples_per_s"]) > 0 for x in rows)
+    table = (tmp_path / "out" / "roundtrip.md").read_text()
+    assert "| dlrm-rows | shm / plain |" in table and "| dlrm-rows | shm / plain-sparse |" in table
+    assert json.loads((tmp_path / "runs" / "dlrm-rows-shm-0" / "config.json").read_text())["embeddings"] == "rows"
+
+
+def test_the_plain_sparse_arm_steps_the_tables_by_row_and_ends_where_the_dense_loop_does(tmp_path):
+    """`plain-sparse` is the plain loop with sparse table gradients: torch's SGD steps only the touched
+    rows, which is the dense step's arithmetic up to the order of a row's sums."""
+    from psgd.bench import roundtrip
+    from psgd.bench import transformer as tb
+
+    cfg = tb.arm_config(roundtrip.workload("dlrm", 12), "plain-sparse", tmp_path / "p")
+    dense, sparse = tb.torch_loop(cfg, 0), tb.torch_loop(cfg, 0, sparse_tables=True)
+    assert (dense["sparse_tables"], sparse["sparse_tables"]) == (0, 8)  # clicks: 8 fields, a table each
+    assert sparse["final_train_loss"] == pytest.approx(dense["final_train_loss"], rel=1e-5)
+
+
 def test_the_floor_arm_computes_what_the_plain_loop_does_with_its_update_in_a_second_process(tmp_path):
     """The floor (psgd/bench/floor.py) moves only the optimizer's step into a forked server: its
     loss is the plain loop's, bit for bit."""

@@ -57,8 +57,10 @@ def rate_of(ends_by_rank: list[list[float]], skip: int, batch: int) -> dict:
 
 
 # -- the torch arms, in their own processes ---------------------------------------------------------
-def torch_loop(cfg: RunConfig, rank: int, ddp_store: str = "") -> dict:
-    """The plain loop (no `ddp_store`) or one DDP rank: psgd's batches and model, torch's AdamW (or SGD)."""
+def torch_loop(cfg: RunConfig, rank: int, ddp_store: str = "", sparse_tables: bool = False) -> dict:
+    """The plain loop (no `ddp_store`) or one DDP rank: psgd's batches and model, torch's AdamW (or SGD).
+    `sparse_tables`: the model's nn.Embedding tables give sparse gradients (`sparse=True`, which torch's
+    SGD steps row by row): psgd bench roundtrip's `plain-sparse`, the tighter ceiling of a row path."""
     import torch
     from torch import distributed as dist
 
@@ -67,6 +69,9 @@ def torch_loop(cfg: RunConfig, rank: int, ddp_store: str = "") -> dict:
     torch.set_num_threads(threads.thread_budget(cfg))
     parts = assemble.worker_parts(cfg, rank, torch.device("cpu"))
     model, loss_fn = parts.model, parts.loss
+    tables = [m for m in model.modules() if isinstance(m, torch.nn.Embedding)]
+    for m in tables:
+        m.sparse = sparse_tables
     # psgd's worker warms up the same way before its clock starts (psgd/train/worker.py warm_up).
     xb, yb = parts.batches.micro(0)[0]
     loss_fn(model(xb), yb).backward()
@@ -92,7 +97,7 @@ def torch_loop(cfg: RunConfig, rank: int, ddp_store: str = "") -> dict:
     if ddp_store:
         dist.destroy_process_group()
     return {"rank": rank, "ends": ends, "final_train_loss": loss, "threads": torch.get_num_threads(),
-            "compute_s": compute_s}
+            "compute_s": compute_s, "sparse_tables": len(tables) if sparse_tables else 0}
 
 
 def make_optimizer(params, cfg: RunConfig):
@@ -115,6 +120,7 @@ def child(argv: list[str]) -> int:
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--ddp-store", default="")
     p.add_argument("--floor", choices=("block", "spin"), help="a floor arm (psgd/bench/floor.py), its wait")
+    p.add_argument("--sparse-tables", action="store_true", help="the plain-sparse arm (torch_loop)")
     a = p.parse_args(argv)
     cfg = from_dict(json.loads(Path(a.config).read_text()))
     if a.floor:
@@ -122,7 +128,7 @@ def child(argv: list[str]) -> int:
 
         result = floor_loop(cfg, make_optimizer, a.floor)
     else:
-        result = torch_loop(cfg, a.rank, a.ddp_store)
+        result = torch_loop(cfg, a.rank, a.ddp_store, a.sparse_tables)
     (Path(cfg.out) / f"result-{a.rank}.json").write_text(json.dumps(result))
     return 0
 
@@ -320,7 +326,8 @@ def run_arm(arm: str, cfg: RunConfig, skip: int, timeout: float = 600.0) -> dict
         store = str((out / "rendezvous").resolve()) if arm == "ddp" else ""
         argvs = [[sys.executable, "-c", RUNNER, "--config", str(out / "config.json"), "--rank", str(r),
                   *(["--ddp-store", store] if store else []),
-                  *(["--floor", FLOOR_WAIT[arm]] if arm in FLOOR_WAIT else [])]
+                  *(["--floor", FLOOR_WAIT[arm]] if arm in FLOOR_WAIT else []),
+                  *(["--sparse-tables"] if arm == "plain-sparse" else [])]
                  for r in range(cfg.workers)]
         mem = run_processes(argvs, [out / "logs" / f"rank-{r}.log" for r in range(cfg.workers)], tag, timeout)
         results = [json.loads((out / f"result-{r}.json").read_text()) for r in range(cfg.workers)]

@@ -2,8 +2,10 @@
 
 Contract: for each workload in `--workloads` (`mlp256` and `mlp2048`: the MLP 40 -> W -> W -> 10 on
 MNIST-1D, batch 32, plain SGD lr 0.05, one torch thread per process; `gpt`: the small transformer
-with AdamW, as `psgd bench transformer`) and each of `--rounds` rounds, six arms run one after the
-other, in an order rotated per round (so no arm always runs first on a warm or a loaded machine):
+with AdamW, as `psgd bench transformer`; `dlrm[-medium|-large][-rows]`: the sparse suite's recommender
+on clicks, its tables whole or by row, batch 32, plain SGD: `dlrm_workload`) and each of `--rounds`
+rounds, six arms run one after the other, in an order rotated per round (so no arm always runs first
+on a warm or a loaded machine):
 - `plain`: the ceiling of a parameter server with one worker: one process computes the gradient
   and steps torch's own optimizer itself, on psgd's batches and model (psgd/bench/arms.py
   `torch_loop`);
@@ -12,6 +14,8 @@ other, in an order rotated per round (so no arm always runs first on a warm or a
   the worker's side, two blocking wake-ups per step and nothing else (psgd/bench/floor.py);
 - `floor-spin` (not in the default arms): the floor with both processes spinning on a counter in
   shared memory instead of sleeping: the floor's price without its wake-ups, a core held busy;
+- `plain-sparse` (not in the default arms; for the dlrm workloads): `plain` with the tables' gradients
+  sparse (`nn.Embedding(sparse=True)`, which torch's SGD steps by row): the tighter ceiling of a row path;
 - `ps`: `psgd run --mode async --workers 1 --servers 1` (every gradient crosses the wire both ways);
 - `shm`: the same with `--transport shm` (the frames on the socket, the payloads in shared memory);
 - `ddp`: torch DDP on gloo, 2 ranks (the ceiling of an all-reduce);
@@ -20,11 +24,13 @@ Each arm's samples/s at its median step, steady state (the first `--skip` steps 
 left out; the same clock, step-end times, for every arm: arms.py `steady_rate`). The table
 gives, per workload, each round's ratios and their median: ps / plain, shm / plain (psgd against
 the ceiling), floor / plain (the price of a second process, which no server design avoids),
-shm / floor (psgd's own overhead above that floor) and allreduce / ddp. Writes
+shm / floor (psgd's own overhead above that floor), allreduce / ddp, and ps and shm over
+plain-sparse where that arm ran. Writes
 OUT/roundtrip.csv (one row per run), OUT/roundtrip.md and OUT/command.txt; the runs under `--runs`.
 
     psgd bench roundtrip                                  # 3 rounds x 3 workloads x 6 arms
     psgd bench roundtrip --workloads mlp256 --rounds 1 --steps 40
+    psgd bench roundtrip --workloads dlrm,dlrm-rows --arms plain,plain-sparse,ps,shm --steps 400
 """
 
 from __future__ import annotations
@@ -38,10 +44,11 @@ from psgd.bench import transformer as tb
 from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig
 
 ARMS = ("plain", "floor", "ps", "shm", "ddp", "allreduce")
-OTHER_ARMS = ("floor-spin",)  # run when named in --arms
+OTHER_ARMS = ("floor-spin", "plain-sparse")  # run when named in --arms (plain-sparse: the dlrm workloads)
 # (an arm, what it is measured against): psgd against the ceiling, the floor against the ceiling,
 # psgd against the floor, and the all-reduce against DDP.
 PAIRS = (("ps", "plain"), ("shm", "plain"), ("floor", "plain"), ("shm", "floor"), ("floor-spin", "plain"),
+         ("ps", "plain-sparse"), ("shm", "plain-sparse"),
          ("allreduce", "ddp"))
 FIELDS = ("workload", "round", "arm", "samples_per_s", "step_ms", "steps_timed", "compute_ms", "exchange_ms")
 
@@ -49,10 +56,28 @@ FIELDS = ("workload", "round", "arm", "samples_per_s", "step_ms", "steps_timed",
 def workload(name: str, steps: int) -> RunConfig:
     if name == "gpt":
         return tb.workload(steps=steps, threads=1)
+    if name.startswith("dlrm"):
+        return dlrm_workload(name, steps)
     if not name.startswith("mlp") or not name[3:].isdigit():
-        raise ValueError(f"unknown workload {name!r}: mlpW (e.g. mlp256) or gpt")
+        raise ValueError(f"unknown workload {name!r}: mlpW (e.g. mlp256), gpt or dlrm[-medium|-large][-rows]")
     return RunConfig(steps=steps, batch_size=32, threads=1, eval_every=0, device="cpu", rpc_timeout=600.0,
                      data=DataConfig(dataset="mnist1d"), model=ModelConfig(model="mlp", width=int(name[3:])),
+                     optim=OptimConfig(optimizer="sgd", lr=0.05, momentum=0.0))
+
+
+def dlrm_workload(name: str, steps: int) -> RunConfig:
+    """The sparse suite's recommender (issue 56's "async N=1 on dlrm" against the plain loop): `dlrm`
+    on `--dataset clicks`, `-medium` / `-large` on clicks-medium / clicks-large (about 10^6 ids), its
+    tables pulled and pushed whole (psgd run's default, --embeddings dense) or, with `-rows`, served by
+    row (--embeddings rows, as experiments/sparse.toml runs it). Batch 32, plain SGD, as the MLPs."""
+    rest = name[len("dlrm"):]
+    rows = rest.endswith("-rows")
+    size = rest[:-len("-rows")] if rows else rest
+    if size not in ("", "-medium", "-large"):
+        raise ValueError(f"unknown workload {name!r}: dlrm[-medium|-large][-rows]")
+    return RunConfig(steps=steps, batch_size=32, threads=1, eval_every=0, device="cpu", rpc_timeout=600.0,
+                     data=DataConfig(dataset="clicks" + size), model=ModelConfig(model="dlrm"),
+                     embeddings="rows" if rows else "dense",
                      optim=OptimConfig(optimizer="sgd", lr=0.05, momentum=0.0))
 
 
@@ -82,7 +107,8 @@ def main(argv: list[str]) -> int:
     from psgd.core.errors import Parser, UsageError
 
     p = Parser(prog="psgd bench roundtrip", description=__doc__.split("\n\n")[0])
-    p.add_argument("--workloads", default="mlp256,mlp2048,gpt", help="mlpW (the MLP of width W) or gpt")
+    p.add_argument("--workloads", default="mlp256,mlp2048,gpt", help="mlpW (the MLP of width W), gpt or "
+                   "dlrm[-medium|-large][-rows] (the recommender, its tables whole or by row)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (the table shows each and the median)")
     p.add_argument("--steps", default="300,100,100", help="steps per run, one per workload (or one for all)")
     p.add_argument("--skip", type=int, default=5, help="warm-up steps left out of the timing")

@@ -106,7 +106,8 @@ def arm_config(base: RunConfig, arm: str, out: Path) -> RunConfig:
     if arm == "default":
         d = RunConfig()
         return dataclasses.replace(base, mode=d.mode, workers=d.workers, servers=d.servers, out=str(out))
-    if arm in ("plain", *FLOOR_WAIT, "ps", "shm"):  # shm: the ps arm, its payloads in shared memory (--transport shm)
+    # shm: the ps arm, its payloads in shared memory (--transport shm)
+    if arm in ("plain", "plain-sparse", *FLOOR_WAIT, "ps", "shm"):
         return dataclasses.replace(base, mode="async", workers=1, servers=1, out=str(out),
                                    **({"transport": "shm"} if arm == "shm" else {}))
     return dataclasses.replace(base, mode="allreduce", workers=2, servers=1, backend="gloo", out=str(out))
