@@ -99,9 +99,8 @@ class ShardOptions:
     fail_at: int | None = None        # fault injection: SIGKILL this process once the version reaches it
     link: str = ""                    # pace this shard's NIC to an emulated link (psgd/core/link.py)
     rpc_timeout: float = 60.0         # the longest a pull may be held (the adapters' deadline)
-    # Each worker's intra-op threads (psgd/train/threads.py): a shard's wait for the next push may
-    # spin (--transport shm) only where those threads and the shards fit the cores, and not beside
-    # a row service (`serves_rows`: its threads need this process's GIL while the push is awaited).
+    # Each worker's intra-op threads (train/threads.py): a shard's wait for a push spins (shm) only where they and the
+    # shards fit the cores, never beside a row service (`serves_rows`: it needs this process's GIL meanwhile).
     worker_threads: int = 1
     serves_rows: bool = False
 
@@ -117,8 +116,7 @@ class Shard(Lending, Membership, Persistence):
     shard attaches its own `apply` (the optimizer step) and, with remedies, `adjust` to it.
     `optimizer(param)` builds the optimizer over the shard's tensor once the first Init gives it
     (`functools.partial(psgd.core.optim.build, cfg=..., fused=True)`). `remedies`
-    (psgd/ps/remedies.py) correct stale gradients. psgd/train/assemble.py builds all of them from a
-    run's config.
+    (psgd/ps/remedies.py) correct stale gradients. psgd/train/assemble.py builds them from a run's config.
     """
 
     def __init__(self, index: int, policy: Policy, optimizer: Callable[[torch.Tensor], Optimizer],
@@ -146,9 +144,8 @@ class Shard(Lending, Membership, Persistence):
         lk = link.parse(self.options.link)
         self.link_in = link.Pacer(lk) if lk else None
         self.link_out = link.Pacer(lk) if lk else None
-        # Scratch buffers (received gradients, pull snapshots) per dtype, reused across requests: a
-        # fresh 64 MiB tensor costs ~3x a copy into a warm one here (page faults), and
-        # concurrent requests each need their own.
+        # Scratch buffers (received gradients, pull snapshots) per dtype, reused across requests: a fresh
+        # 64 MiB tensor costs ~3x a copy into a warm one here (page faults); concurrent requests need their own.
         self._pools: dict[torch.dtype, queue.SimpleQueue[torch.Tensor]] = {
             dt: queue.SimpleQueue() for dt in codec.WIRE_DTYPES.values()}
         self._current: dict[torch.dtype, _Snapshot] = {}  # the newest snapshot per wire dtype
@@ -174,8 +171,8 @@ class Shard(Lending, Membership, Persistence):
         if self.options.eval_every and version % self.options.eval_every == 0:
             self.snapshots.append((version, time.time(), self.param.detach().clone()))
         if self.options.checkpoint_every and version % self.options.checkpoint_every == 0:
-            # A consistent cut: right after an update (in sync the next step's sum is still empty).
-            # Copied here, under the lock; written by the pushing thread once the lock is free.
+            # A consistent cut, right after an update (in sync the next step's sum is still empty): copied
+            # here under the lock, written by the pushing thread once the lock is free.
             self._pending = self.state()
         self.apply_s += time.perf_counter() - start
 
@@ -268,9 +265,8 @@ class Shard(Lending, Membership, Persistence):
                                  f"non-finite gradient from worker {worker_id} at clock {clock} refused "
                                  "(run servers with --skip-nonfinite to skip such gradients)")
             skipped = True
-        # A receive buffer is the shard's own: the policy may keep it rather than copy it. Its entry
-        # leaves `_receiving` now, so that once the buffer is back in the pool and borrowed again,
-        # the new borrow's entry is its own. (An entry's buffer is alive, so equal ids mean `grad` is it.)
+        # A receive buffer is the shard's own: the policy may keep it rather than copy it. Its entry leaves
+        # `_receiving` now, so a later borrow of the buffer has its own (a live entry's id is `grad`'s).
         slot = self._receiving.pop(id(grad), None)
         try:
             out = self.policy.push(worker_id, clock, base_version, None if skipped else grad, keep=slot is not None)
@@ -279,8 +275,7 @@ class Shard(Lending, Membership, Persistence):
         if out.kept:
             slot.back = out.spare
         if self._pending is not None:
-            # Written before this push is answered: a worker that sees the next version knows
-            # the checkpoint is on disk (in sync, no worker gets past it before it is).
+            # Written before this push is answered: who sees the next version knows the checkpoint is on disk.
             self._write_pending()
         if self.options.fail_at is not None and out.version >= self.options.fail_at:
             os.kill(os.getpid(), signal.SIGKILL)  # fault injection (--fail-shard-at): die like a crashed host
