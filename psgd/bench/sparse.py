@@ -1,4 +1,4 @@
-"""`psgd bench sparse`: the sparse path's accounting and mechanism, in one process (no wire yet).
+"""`psgd bench sparse`: the sparse path's accounting and mechanism, in one process (`--wire`: over row servers).
 
 What it measures, on `--model dlrm` over `--dataset clicks*` (psgd/train/dlrm.py, clicks.py), with
 the row stores and the worker's sparse side of psgd/core/rowstore.py and psgd/train/rowtrain.py:
@@ -21,6 +21,8 @@ the row stores and the worker's sparse side of psgd/core/rowstore.py and psgd/tr
   the dense part stepped locally (no dense shard yet): samples/s against the plain torch loop,
   alternated in one run, and the bytes on the wire (prefixes included) over the touched rows' own
   bytes and ids.
+Whole `psgd run`s (async N=1, the shard in its own process) against the plain loops are `psgd bench
+roundtrip --workloads dlrm-rows,dlrm-large-rows --arms plain,plain-sparse,ps,shm` (roundtrip.py).
 Writes OUT/sparse.json and OUT/command.txt; prints one table.
 
     psgd bench sparse                                     # about half a minute on 2 cores
