@@ -211,6 +211,8 @@ def test_roundtrip_times_async_n1_on_the_recommender_by_row_against_the_sparse_p
     assert [x["arm"] for x in rows] == ["plain-sparse", "shm"]
     assert all(float(x["samples_per_s"]) > 0 for x in rows)
     assert "| dlrm-rows | shm / plain-sparse |" in (tmp_path / "out" / "roundtrip.md").read_text()
+    refused = psgd_main("bench", "roundtrip", "--workloads", "mlp16", "--steps", "10", "--arms", "plain-sparse")
+    assert refused.returncode == 2 and "only with the dlrm workloads" in refused.stderr
     assert json.loads((tmp_path / "runs" / "dlrm-rows-shm-0" / "config.json").read_text())["embeddings"] == "rows"
 
 

@@ -60,9 +60,13 @@ def workload(name: str, steps: int) -> RunConfig:
         return dlrm_workload(name, steps)
     if not name.startswith("mlp") or not name[3:].isdigit():
         raise ValueError(f"unknown workload {name!r}: mlpW (e.g. mlp256), gpt or dlrm[-medium|-large][-rows]")
+    return _small(steps, data=DataConfig(dataset="mnist1d"), model=ModelConfig(model="mlp", width=int(name[3:])))
+
+
+def _small(steps: int, **kw) -> RunConfig:
+    """A small model's run: batch 32, plain SGD lr 0.05 without momentum, one torch thread, no evaluation."""
     return RunConfig(steps=steps, batch_size=32, threads=1, eval_every=0, device="cpu", rpc_timeout=600.0,
-                     data=DataConfig(dataset="mnist1d"), model=ModelConfig(model="mlp", width=int(name[3:])),
-                     optim=OptimConfig(optimizer="sgd", lr=0.05, momentum=0.0))
+                     optim=OptimConfig(optimizer="sgd", lr=0.05, momentum=0.0), **kw)
 
 
 def dlrm_workload(name: str, steps: int) -> RunConfig:
@@ -75,10 +79,8 @@ def dlrm_workload(name: str, steps: int) -> RunConfig:
     size = rest[:-len("-rows")] if rows else rest
     if size not in ("", "-medium", "-large"):
         raise ValueError(f"unknown workload {name!r}: dlrm[-medium|-large][-rows]")
-    return RunConfig(steps=steps, batch_size=32, threads=1, eval_every=0, device="cpu", rpc_timeout=600.0,
-                     data=DataConfig(dataset="clicks" + size), model=ModelConfig(model="dlrm"),
-                     embeddings="rows" if rows else "dense",
-                     optim=OptimConfig(optimizer="sgd", lr=0.05, momentum=0.0))
+    return _small(steps, data=DataConfig(dataset="clicks" + size), model=ModelConfig(model="dlrm"),
+                  embeddings="rows" if rows else "dense")
 
 
 def ratios(rows: list[dict], name: str) -> dict[str, list[float]]:
@@ -127,6 +129,8 @@ def main(argv: list[str]) -> int:
         raise UsageError(f"--workloads / --steps: {e}") from None
     if a.rounds < 1 or not set(arms) <= set(ARMS + OTHER_ARMS) or not arms:
         raise UsageError(f"--rounds must be >= 1 and --arms of {', '.join(ARMS + OTHER_ARMS)}")
+    if "plain-sparse" in arms and not all(n.startswith("dlrm") for n in names):
+        raise UsageError("--arms plain-sparse: only with the dlrm workloads (the ceiling of a row path)")
     out, runs = Path(a.out), Path(a.runs).resolve()
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
