@@ -16,8 +16,9 @@ on a warm or a loaded machine):
   shared memory instead of sleeping: the floor's price without its wake-ups, a core held busy;
 - `plain-sparse` (not in the default arms; for the dlrm workloads): `plain` with the tables' gradients
   sparse (`nn.Embedding(sparse=True)`, which torch's SGD steps by row): the tighter ceiling of a row path;
-- `ps`: `psgd run --mode async --workers 1 --servers 1` (every gradient crosses the wire both ways);
-- `shm`: the same with `--transport shm` (the frames on the socket, the payloads in shared memory);
+- `ps`: `psgd run --mode async --workers 1 --servers 1` on its default transport (`auto`, which takes
+  shm on one host: psgd/ps/transport.py `choose`), every gradient and parameter through the shard;
+- `shm`: the same with `--transport shm` named (the frames on the socket, the payloads in shared memory);
 - `ddp`: torch DDP on gloo, 2 ranks (the ceiling of an all-reduce);
 - `allreduce`: `psgd run --mode allreduce --workers 2`.
 Each arm's samples/s at its median step, steady state (the first `--skip` steps and the last one
