@@ -15,7 +15,9 @@ the row stores and the worker's sparse side of psgd/core/rowstore.py and psgd/tr
   torch loops on the same model and batches (torch.optim.SGD; the tables' gradients dense, as
   psgd's dense path takes them, and sparse, `nn.Embedding(sparse=True)`: the tighter ceiling),
   alternated `--repeats` times in one run: the sparse mechanism's own cost (dedup, cut by owner,
-  copies, row updates) with no transport in between.
+  copies, row updates) with no transport in between; beside them the row path's floor
+  (`_floor_loop`: one dedup, one gather, one index_add_ per step and nothing else), so psgd's
+  distance to the least a row path does and the floor's distance to the plain loops read apart.
 - wire (`--wire`): the same worker with its rows on K row-server processes over loopback TCP
   (psgd/train/rowserve.py, psgd/ps/rows_tcp.py) and, on the same servers, over shm (psgd/ps/shm/rows.py),
   the dense part stepped locally (no dense shard yet): samples/s against the plain torch loop,
@@ -165,30 +167,65 @@ def speed_row(args, ds) -> dict:
         for step in range(args.steps):
             _sparse_step(m, worker, *_batch(ds, step, args.batch_size), dense=opt)
 
-    times: dict[str, list[float]] = {"plain": [], "plain_sparse": [], "sparse": []}
+    floor = functools.partial(_floor_loop, args, ds)
+    times: dict[str, list[float]] = {"plain": [], "plain_sparse": [], "sparse": [], "floor": []}
     for _ in range(args.repeats):
-        for name, fn in (("plain", plain), ("plain_sparse", plain_sparse), ("sparse", sparse)):
+        for name, fn in (("plain", plain), ("plain_sparse", plain_sparse), ("sparse", sparse), ("floor", floor)):
             t = time.perf_counter()
             fn()
             times[name].append(time.perf_counter() - t)
     rate = {k: args.steps * args.batch_size / statistics.median(v) for k, v in times.items()}
     return {"plain_samples_per_s": rate["plain"], "plain_sparse_samples_per_s": rate["plain_sparse"],
             "sparse_samples_per_s": rate["sparse"], "sparse_over_plain": rate["sparse"] / rate["plain"],
-            "sparse_over_plain_sparse": rate["sparse"] / rate["plain_sparse"], "repeats": args.repeats}
+            "sparse_over_plain_sparse": rate["sparse"] / rate["plain_sparse"], "floor_samples_per_s": rate["floor"],
+            "floor_over_plain": rate["floor"] / rate["plain"], "sparse_over_floor": rate["sparse"] / rate["floor"],
+            "repeats": args.repeats}
 
 
-def _plain_loop(args, ds, sparse: bool = False) -> None:
+def _floor_loop(args, ds) -> float:
+    """The least any row path does in one process, the floor under psgd's: the tables fused in one
+    store, the batch's ids deduplicated once (`torch.unique`), the distinct rows gathered into one
+    leaf tensor that forward reads (each table's lookup replaced by its slice), and after backward one
+    index_add_ of the summed row gradients into the store: no owners, clocks, checks or copies beyond
+    these. The dense part is torch's SGD as in `_plain_loop`. Returns the final training loss (the
+    plain loop's within rounding: tests/test_bench_sparse.py)."""
+    m = _model(args, ds)
+    tables = [t for _, t in dlrm.embedding_tables(m)]
+    offsets = torch.tensor([0, *np.cumsum([t.num_embeddings for t in tables])[:-1].tolist()])
+    store = torch.cat([t.weight.detach() for t in tables])
+    looked: dict[str, torch.Tensor] = {}
+    for f, t in enumerate(tables):
+        t.forward = functools.partial(lambda f, ids: looked["e"][:, f], f)
+    opt = torch.optim.SGD(rowtrain.dense_parameters(m), lr=args.lr)
+    loss = torch.zeros(())
+    for step in range(args.steps):
+        x, y = _batch(ds, step, args.batch_size)
+        ids, where = torch.unique(x + offsets, return_inverse=True)
+        rows_ = store[ids].requires_grad_()
+        looked["e"] = rows_[where]  # (B, F, d)
+        opt.zero_grad()
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
+        store.index_add_(0, ids, rows_.grad, alpha=-args.lr)
+        opt.step()
+    return float(loss)
+
+
+def _plain_loop(args, ds, sparse: bool = False) -> float:
     """The no-server ceiling: torch.optim.SGD on the whole model in this process; `sparse`: the
     tables' gradients sparse (nn.Embedding(sparse=True), which torch's SGD takes), else dense."""
     m = _model(args, ds)
     for _, table in dlrm.embedding_tables(m):
         table.sparse = sparse
     opt = torch.optim.SGD(m.parameters(), lr=args.lr)
+    loss = torch.zeros(())
     for step in range(args.steps):
         x, y = _batch(ds, step, args.batch_size)
         opt.zero_grad()
-        F.cross_entropy(m(x), y).backward()
+        loss = F.cross_entropy(m(x), y)
+        loss.backward()
         opt.step()
+    return float(loss)
 
 
 def _start_row_servers(args) -> tuple[list[subprocess.Popen], list[str]]:
@@ -295,7 +332,9 @@ def _print(r: dict) -> None:
     v = r["speed"]
     print(f"  speed (one process, no wire): sparse {v['sparse_samples_per_s']:,.0f} samples/s; plain torch "
           f"{v['plain_samples_per_s']:,.0f} (ratio {v['sparse_over_plain']:.2f}), with sparse embedding gradients "
-          f"{v['plain_sparse_samples_per_s']:,.0f} (ratio {v['sparse_over_plain_sparse']:.2f})")
+          f"{v['plain_sparse_samples_per_s']:,.0f} (ratio {v['sparse_over_plain_sparse']:.2f}); the row path's floor "
+          f"{v['floor_samples_per_s']:,.0f} ({v['floor_over_plain']:.2f} of plain; psgd's sparse loop "
+          f"{v['sparse_over_floor']:.2f} of the floor)")
     if "wire" in r:
         w = r["wire"]
         print(f"  wire ({r['shards']} row-server processes, TCP; dense part local): {w['wire_samples_per_s']:,.0f} "
