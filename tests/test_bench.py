@@ -213,6 +213,10 @@ def test_roundtrip_times_async_n1_on_the_recommender_by_row_against_the_sparse_p
     assert "| dlrm-rows | shm / plain-sparse |" in (tmp_path / "out" / "roundtrip.md").read_text()
     refused = psgd_main("bench", "roundtrip", "--workloads", "mlp16", "--steps", "10", "--arms", "plain-sparse")
     assert refused.returncode == 2 and "only with the dlrm workloads" in refused.stderr
+    assert [roundtrip.default_steps(n) for n in ("dlrm", "dlrm-rows", "dlrm-large-rows", "mlp256", "gpt")] == \
+        [300, 300, 100, 300, 100]
+    refused = psgd_main("bench", "roundtrip", "--workloads", "dlrm,dlrm-rows", "--steps", "1,2,3")
+    assert refused.returncode == 2 and "3 step counts for 2 workloads" in refused.stderr
     assert json.loads((tmp_path / "runs" / "dlrm-rows-shm-0" / "config.json").read_text())["embeddings"] == "rows"
 
 

@@ -64,6 +64,11 @@ def workload(name: str, steps: int) -> RunConfig:
     return _small(steps, data=DataConfig(dataset="mnist1d"), model=ModelConfig(model="mlp", width=int(name[3:])))
 
 
+def default_steps(name: str) -> int:
+    """Steps per run when --steps is not given: fewer for the workloads whose step is long."""
+    return 100 if name in ("gpt", "mlp2048") or "-large" in name else 300
+
+
 def _small(steps: int, **kw) -> RunConfig:
     """A small model's run: batch 32, plain SGD lr 0.05 without momentum, one torch thread, no evaluation."""
     return RunConfig(steps=steps, batch_size=32, threads=1, eval_every=0, device="cpu", rpc_timeout=600.0,
@@ -113,7 +118,8 @@ def main(argv: list[str]) -> int:
     p.add_argument("--workloads", default="mlp256,mlp2048,gpt", help="mlpW (the MLP of width W), gpt or "
                    "dlrm[-medium|-large][-rows] (the recommender, its tables whole or by row)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds (the table shows each and the median)")
-    p.add_argument("--steps", default="300,100,100", help="steps per run, one per workload (or one for all)")
+    p.add_argument("--steps", default="", help="steps per run, one per workload (or one for all; default: 100 "
+                   "for gpt, mlp2048 and the -large recommenders, 300 for the others)")
     p.add_argument("--skip", type=int, default=5, help="warm-up steps left out of the timing")
     p.add_argument("--arms", default=",".join(ARMS), help=f"of {', '.join(ARMS + OTHER_ARMS)}")
     p.add_argument("--out", default=record.scratch("bench/roundtrip"), help="folder for the table, CSV and "
@@ -123,8 +129,10 @@ def main(argv: list[str]) -> int:
     names = [w.strip() for w in a.workloads.split(",") if w.strip()]
     arms = [x.strip() for x in a.arms.split(",") if x.strip()]
     try:
-        steps = [int(s) for s in a.steps.split(",")]
+        steps = [int(s) for s in a.steps.split(",")] if a.steps else [default_steps(n) for n in names]
         steps = steps * len(names) if len(steps) == 1 else steps
+        if len(steps) != len(names):
+            raise ValueError(f"{len(steps)} step counts for {len(names)} workloads: give one per workload, or one")
         bases = {n: workload(n, s) for n, s in zip(names, steps, strict=True)}
     except ValueError as e:
         raise UsageError(f"--workloads / --steps: {e}") from None
