@@ -248,6 +248,32 @@ def test_the_floor_arm_computes_what_the_plain_loop_does_with_its_update_in_a_se
         floor.floor_loop(cfg, tb.make_optimizer, "poll")
 
 
+def test_the_row_floor_trains_what_the_plain_loop_does_with_its_tables_on_a_second_process(tmp_path):
+    """The row floor (psgd/bench/rowfloor.py) keeps the tables on a forked server and moves each step's
+    distinct rows and their summed gradients on one round trip: it ends where the plain loop ends (the
+    order of a row's sums aside), at either wait, and refuses what it cannot floor."""
+    import dataclasses
+
+    from psgd.bench import roundtrip, rowfloor
+    from psgd.bench import transformer as tb
+    from psgd.core.config import OptimConfig
+
+    cfg = tb.arm_config(roundtrip.workload("dlrm", 12), "floor-rows", tmp_path / "rows")
+    plain = tb.torch_loop(cfg, 0)
+    for wait in ("block", "spin"):
+        low = rowfloor.row_floor_loop(cfg, tb.make_optimizer, wait)
+        assert low["final_train_loss"] == pytest.approx(plain["final_train_loss"], rel=1e-6), wait
+        assert len(low["ends"]) == 12 and low["ends"] == sorted(low["ends"])
+    momentum = dataclasses.replace(cfg, optim=OptimConfig(optimizer="sgd", lr=0.05, momentum=0.9))
+    with pytest.raises(ValueError, match="plain SGD"):
+        rowfloor.row_floor_loop(momentum, tb.make_optimizer)
+    with pytest.raises(ValueError, match="row_ids"):
+        rowfloor.row_floor_loop(tb.arm_config(roundtrip.workload("mlp16", 4), "floor-rows", tmp_path / "m"),
+                                tb.make_optimizer)
+    refused = psgd_main("bench", "roundtrip", "--workloads", "mlp16", "--steps", "10", "--arms", "floor-rows")
+    assert refused.returncode == 2 and "floor-rows: only with the dlrm workloads" in refused.stderr
+
+
 def test_the_cluster_figure_keeps_its_title_and_tells_the_two_servers_apart(tmp_path):
     """Issue 54, item 6: E4's cluster.png cut its title at both edges (one rate: a 4.6-inch figure) and
     drew the 1-shard and the 2-shard PS in one colour and marker."""

@@ -26,7 +26,8 @@ from pathlib import Path
 import psgd.bench as bench
 from psgd.core.config import RunConfig, from_dict, to_argv, to_dict
 
-FLOOR_WAIT = {"floor": "block", "floor-spin": "spin"}  # psgd bench roundtrip's floor arms (psgd/bench/floor.py)
+# psgd bench roundtrip's floor arms (psgd/bench/floor.py; floor-rows: psgd/bench/rowfloor.py, the dlrm workloads)
+FLOOR_WAIT = {"floor": "block", "floor-spin": "spin", "floor-rows": "block"}
 # The children run transformer.py's name for `child` (the same command line, so the same `command`
 # in every memory row as before this module was split out of transformer.py).
 # The arm's process ends with os._exit once its result is written: torch's DDP on gloo can abort in the
@@ -112,7 +113,7 @@ def make_optimizer(params, cfg: RunConfig):
 
 
 def child(argv: list[str]) -> int:
-    """`python -c RUNNER --config C --rank R [--ddp-store PATH | --floor WAIT]`: one torch arm's process."""
+    """`python -c RUNNER --config C --rank R [--ddp-store PATH | --floor WAIT [--rows]]`: one torch arm's process."""
     import argparse
 
     p = argparse.ArgumentParser(prog="psgd.bench.transformer child")
@@ -121,9 +122,14 @@ def child(argv: list[str]) -> int:
     p.add_argument("--ddp-store", default="")
     p.add_argument("--floor", choices=("block", "spin"), help="a floor arm (psgd/bench/floor.py), its wait")
     p.add_argument("--sparse-tables", action="store_true", help="the plain-sparse arm (torch_loop)")
+    p.add_argument("--rows", action="store_true", help="with --floor: the row floor (psgd/bench/rowfloor.py)")
     a = p.parse_args(argv)
     cfg = from_dict(json.loads(Path(a.config).read_text()))
-    if a.floor:
+    if a.floor and a.rows:
+        from psgd.bench.rowfloor import row_floor_loop
+
+        result = row_floor_loop(cfg, make_optimizer, a.floor)
+    elif a.floor:
         from psgd.bench.floor import floor_loop
 
         result = floor_loop(cfg, make_optimizer, a.floor)
@@ -327,7 +333,7 @@ def run_arm(arm: str, cfg: RunConfig, skip: int, timeout: float = 600.0) -> dict
         argvs = [[sys.executable, "-c", RUNNER, "--config", str(out / "config.json"), "--rank", str(r),
                   *(["--ddp-store", store] if store else []),
                   *(["--floor", FLOOR_WAIT[arm]] if arm in FLOOR_WAIT else []),
-                  *(["--sparse-tables"] if arm == "plain-sparse" else [])]
+                  *(["--sparse-tables"] if arm == "plain-sparse" else []), *(["--rows"] if arm == "floor-rows" else [])]
                  for r in range(cfg.workers)]
         mem = run_processes(argvs, [out / "logs" / f"rank-{r}.log" for r in range(cfg.workers)], tag, timeout)
         results = [json.loads((out / f"result-{r}.json").read_text()) for r in range(cfg.workers)]

@@ -65,10 +65,10 @@ def floor_loop(cfg: RunConfig, make_optimizer: Callable, wait: str = "block") ->
     if pid == 0:  # the server: never returns
         worker_end.close()
         parent = os.getppid()
-        bell = _Bell(server_end, counters, wait, mine=8, theirs=0, alive=lambda: os.getppid() == parent)
+        bell = Bell(server_end, counters, wait, mine=8, theirs=0, alive=lambda: os.getppid() == parent)
         _serve(bell, flat.params, flat.grads, cfg, make_optimizer)
     server_end.close()
-    bell = _Bell(worker_end, counters, wait, mine=0, theirs=8, alive=lambda: os.waitpid(pid, os.WNOHANG)[0] == 0)
+    bell = Bell(worker_end, counters, wait, mine=0, theirs=8, alive=lambda: os.waitpid(pid, os.WNOHANG)[0] == 0)
     ends, compute_s, loss = [], 0.0, 0.0
     try:
         for clock in range(cfg.steps):
@@ -92,7 +92,7 @@ def floor_loop(cfg: RunConfig, make_optimizer: Callable, wait: str = "block") ->
             "compute_s": compute_s}
 
 
-class _Bell:
+class Bell:
     """How the two processes wake each other: `ring(step)` says this side's step is done (-1: the
     end); `wait(step)` returns once the other side's is, or None when it ended or died. Block: one
     byte on the socketpair. Spin: an aligned int64 per side in shared memory (written after the
@@ -124,23 +124,36 @@ class _Bell:
         return got
 
 
-def _serve(bell: _Bell, shared_params, shared_grads, cfg: RunConfig, make_optimizer) -> None:
-    """The server process: its own parameters, the config's optimizer; one update per wake-up."""
-    import torch
-
+def serve(bell: Bell, make_step: Callable[[], Callable[[int], None]]) -> None:
+    """A forked server's life: `make_step()` builds its state and returns its step, run once per
+    wake-up (rounds from 1) until the worker says the end; then the child exits, never returning."""
     code = 0
     try:
-        own = torch.nn.Parameter(shared_params.clone())
-        opt = make_optimizer([own], cfg)
-        step = 1
-        while bell.wait(step) is not None:
-            own.grad = shared_grads
-            opt.step()
-            shared_params.copy_(own.detach())
-            bell.ring(step)
-            step += 1
+        step = make_step()
+        round_ = 1
+        while bell.wait(round_) is not None:
+            step(round_)
+            bell.ring(round_)
+            round_ += 1
     except BaseException:  # noqa: BLE001 - the worker sees the end (-1, or the closed socket) and says so
         code = 1
         bell.ring(-1)
     finally:
         os._exit(code)  # a forked child: never run the parent's cleanup
+
+
+def _serve(bell: Bell, shared_params, shared_grads, cfg: RunConfig, make_optimizer) -> None:
+    """The server process: its own parameters, the config's optimizer; one update per wake-up."""
+    import torch
+
+    def make_step():
+        own = torch.nn.Parameter(shared_params.clone())
+        opt = make_optimizer([own], cfg)
+
+        def step(_round: int) -> None:
+            own.grad = shared_grads
+            opt.step()
+            shared_params.copy_(own.detach())
+        return step
+
+    serve(bell, make_step)

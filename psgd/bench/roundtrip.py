@@ -16,6 +16,9 @@ on a warm or a loaded machine):
   shared memory instead of sleeping: the floor's price without its wake-ups, a core held busy;
 - `plain-sparse` (not in the default arms; for the dlrm workloads): `plain` with the tables' gradients
   sparse (`nn.Embedding(sparse=True)`, which torch's SGD steps by row): the tighter ceiling of a row path;
+- `floor-rows` (not in the default arms; for the dlrm workloads): the floor of a row path, the tables
+  on the forked server, each step's distinct rows and their summed gradients riding the floor's one
+  round trip, one dedup, gather and index_add_ a step (psgd/bench/rowfloor.py);
 - `ps`: `psgd run --mode async --workers 1 --servers 1` on its default transport (`auto`, which takes
   shm on one host: psgd/ps/transport.py `choose`), every gradient and parameter through the shard;
 - `shm`: the same with `--transport shm` named (the frames on the socket, the payloads in shared memory);
@@ -25,8 +28,8 @@ Each arm's samples/s at its median step, steady state (the first `--skip` steps 
 left out; the same clock, step-end times, for every arm: arms.py `steady_rate`). The table
 gives, per workload, each round's ratios and their median: ps / plain, shm / plain (psgd against
 the ceiling), floor / plain (the price of a second process, which no server design avoids),
-shm / floor (psgd's own overhead above that floor), allreduce / ddp, and ps and shm over
-plain-sparse where that arm ran. Writes
+shm / floor (psgd's own overhead above that floor), allreduce / ddp, ps and shm over
+plain-sparse, floor-rows / plain and ps / floor-rows where those arms ran. Writes
 OUT/roundtrip.csv (one row per run), OUT/roundtrip.md and OUT/command.txt; the runs under `--runs`.
 
     psgd bench roundtrip                                  # 3 rounds x 3 workloads x 6 arms
@@ -45,11 +48,11 @@ from psgd.bench import transformer as tb
 from psgd.core.config import DataConfig, ModelConfig, OptimConfig, RunConfig
 
 ARMS = ("plain", "floor", "ps", "shm", "ddp", "allreduce")
-OTHER_ARMS = ("floor-spin", "plain-sparse")  # run when named in --arms (plain-sparse: the dlrm workloads)
+OTHER_ARMS = ("floor-spin", "plain-sparse", "floor-rows")  # run when named in --arms (the last two: dlrm only)
 # (an arm, what it is measured against): psgd against the ceiling, the floor against the ceiling,
 # psgd against the floor, and the all-reduce against DDP.
 PAIRS = (("ps", "plain"), ("shm", "plain"), ("floor", "plain"), ("shm", "floor"), ("floor-spin", "plain"),
-         ("ps", "plain-sparse"), ("shm", "plain-sparse"),
+         ("ps", "plain-sparse"), ("shm", "plain-sparse"), ("floor-rows", "plain"), ("ps", "floor-rows"),
          ("allreduce", "ddp"))
 FIELDS = ("workload", "round", "arm", "samples_per_s", "step_ms", "steps_timed", "compute_ms", "exchange_ms")
 
@@ -138,8 +141,9 @@ def main(argv: list[str]) -> int:
         raise UsageError(f"--workloads / --steps: {e}") from None
     if a.rounds < 1 or not set(arms) <= set(ARMS + OTHER_ARMS) or not arms:
         raise UsageError(f"--rounds must be >= 1 and --arms of {', '.join(ARMS + OTHER_ARMS)}")
-    if "plain-sparse" in arms and not all(n.startswith("dlrm") for n in names):
-        raise UsageError("--arms plain-sparse: only with the dlrm workloads (the ceiling of a row path)")
+    for arm, what in (("plain-sparse", "the ceiling"), ("floor-rows", "the floor")):
+        if arm in arms and not all(n.startswith("dlrm") for n in names):
+            raise UsageError(f"--arms {arm}: only with the dlrm workloads ({what} of a row path)")
     out, runs = Path(a.out), Path(a.runs).resolve()
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
