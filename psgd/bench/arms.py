@@ -26,8 +26,7 @@ from pathlib import Path
 import psgd.bench as bench
 from psgd.core.config import RunConfig, from_dict, to_argv, to_dict
 
-# psgd bench roundtrip's floor arms (psgd/bench/floor.py; floor-rows: psgd/bench/rowfloor.py, the dlrm workloads)
-FLOOR_WAIT = {"floor": "block", "floor-spin": "spin", "floor-rows": "block"}
+FLOOR_WAIT = {"floor": "block", "floor-spin": "spin", "floor-rows": "block"}  # floor.py's arms; rowfloor.py's
 # The children run transformer.py's name for `child` (the same command line, so the same `command`
 # in every memory row as before this module was split out of transformer.py).
 # The arm's process ends with os._exit once its result is written: torch's DDP on gloo can abort in the
@@ -125,14 +124,11 @@ def child(argv: list[str]) -> int:
     p.add_argument("--rows", action="store_true", help="with --floor: the row floor (psgd/bench/rowfloor.py)")
     a = p.parse_args(argv)
     cfg = from_dict(json.loads(Path(a.config).read_text()))
-    if a.floor and a.rows:
+    if a.floor:
+        from psgd.bench.floor import floor_loop
         from psgd.bench.rowfloor import row_floor_loop
 
-        result = row_floor_loop(cfg, make_optimizer, a.floor)
-    elif a.floor:
-        from psgd.bench.floor import floor_loop
-
-        result = floor_loop(cfg, make_optimizer, a.floor)
+        result = (row_floor_loop if a.rows else floor_loop)(cfg, make_optimizer, a.floor)
     else:
         result = torch_loop(cfg, a.rank, a.ddp_store, a.sparse_tables)
     (Path(cfg.out) / f"result-{a.rank}.json").write_text(json.dumps(result))

@@ -48,53 +48,22 @@ def row_floor_loop(cfg: RunConfig, make_optimizer: Callable, wait: str = "block"
     """Run the floor-rows arm of `cfg` (one worker, one server process); the fields of `torch_loop`."""
     import torch
 
-    from psgd.train import assemble, models, threads
-    from psgd.train.dlrm import embedding_tables
-    from psgd.train.rowexchange import DenseView
-
     o = cfg.optim
     if wait not in ("block", "spin"):
         raise ValueError(f"wait is block or spin, not {wait!r}")
     if o.optimizer != "sgd" or o.momentum or o.weight_decay or cfg.accumulate != 1:
         raise ValueError("the row floor steps its rows by plain SGD (no momentum, no weight decay), one micro-batch "
                          "a step")
-    torch.set_num_threads(threads.thread_budget(cfg))
-    parts = assemble.worker_parts(cfg, 0, torch.device("cpu"))
-    model, loss_fn = parts.model, parts.loss
-    tables = [m for _, m in embedding_tables(model)]
-    if not tables or not hasattr(model, "row_ids"):
-        raise ValueError(f"the row floor needs a model with embedding tables and row_ids(x), not {cfg.model.model}")
-    bases = torch.tensor([0, *torch.tensor([t.num_embeddings for t in tables]).cumsum(0)[:-1].tolist()])
-    store = torch.cat([t.weight.detach() for t in tables])  # the server's (its copy once forked)
-    looked: dict[str, torch.Tensor] = {}
-    for f, t in enumerate(tables):  # each lookup reads its field of the step's one gather
-        t.forward = functools.partial(lambda f, ids: looked["e"][:, f], f)
-    flat = models.FlatParams(DenseView(model))  # the dense part, as the floor holds it
-    flat.params.share_memory_()
-    flat.grads.share_memory_()
-    cap = cfg.batch_size * len(tables)  # at most this many distinct rows a step
-    ids_buf = torch.zeros(cap, dtype=torch.int64).share_memory_()
-    rows_buf = torch.zeros(cap, store.shape[1]).share_memory_()
-    grad_buf = torch.zeros(cap, store.shape[1]).share_memory_()
-    count = torch.zeros(1, dtype=torch.int64).share_memory_()
-
-    def prepare(clock: int):
-        """Write step `clock`'s distinct ids for the server; (their count, where each lookup reads)."""
-        (x, y), = parts.batches.micro(clock)
-        ids, where = torch.unique(torch.stack(list(model.row_ids(x).values()), 1) + bases, return_inverse=True)
-        ids_buf[:len(ids)] = ids
-        count[0] = len(ids)
-        return len(ids), where, x, y
-
+    w = _Worker(cfg)
     counters = mmap.mmap(-1, 16)
     worker_end, server_end = socket.socketpair()
-    pending = prepare(0)
+    pending = w.prepare(0)
     pid = os.fork()
     if pid == 0:  # the server: never returns
         worker_end.close()
         parent = os.getppid()
         bell = Bell(server_end, counters, wait, mine=8, theirs=0, alive=lambda: os.getppid() == parent)
-        _serve(bell, flat, store, (ids_buf, rows_buf, grad_buf, count), cfg, make_optimizer)
+        _serve(bell, w, cfg, make_optimizer)
     server_end.close()
     bell = Bell(worker_end, counters, wait, mine=0, theirs=8, alive=lambda: os.waitpid(pid, os.WNOHANG)[0] == 0)
 
@@ -106,26 +75,16 @@ def row_floor_loop(cfg: RunConfig, make_optimizer: Callable, wait: str = "block"
     ends, compute_s, loss = [], 0.0, 0.0
     try:
         trip(1)  # step 0's rows
-        n, where, x, y = pending
-        looked["e"] = rows_buf[:n].detach().requires_grad_()[where]
-        loss_fn(model(x), y).backward()  # the warm-up, as the plain loop's: its gradients discarded
-        flat.zero_grad()
+        w.step(pending)  # the warm-up, as the plain loop's: its gradients discarded
+        w.flat.zero_grad()
         for clock in range(cfg.steps):
             t0 = time.perf_counter()
-            n, where, x, y = pending
-            leaf = rows_buf[:n].detach().requires_grad_()  # the rows the server gathered, read in place
-            looked["e"] = leaf[where]
-            out = loss_fn(model(x), y)
-            out.backward()
-            loss = float(out.detach())
+            loss = w.step(pending)
             compute_s += time.perf_counter() - t0
-            grad_buf[:n] = leaf.grad  # each distinct row's summed gradient
-            if clock + 1 < cfg.steps:
-                pending = prepare(clock + 1)
-            else:
-                count[0] = 0
+            w.grad_buf[:pending[0]] = w.leaf.grad  # each distinct row's summed gradient
+            pending = w.prepare(clock + 1) if clock + 1 < cfg.steps else w.prepare(None)
             trip(clock + 2)
-            flat.zero_grad()
+            w.flat.zero_grad()
             ends.append(time.time())
     finally:
         bell.ring(-1)
@@ -136,12 +95,68 @@ def row_floor_loop(cfg: RunConfig, make_optimizer: Callable, wait: str = "block"
             "compute_s": compute_s}
 
 
-def _serve(bell: Bell, flat, store, buffers, cfg: RunConfig, make_optimizer) -> None:
+class _Worker:
+    """The worker's side, built before the fork (the server's store and buffers are its copies and
+    mappings): the model with each table's lookup reading its field of the step's one gather, the
+    dense part in shared flat buffers, and the shared row buffers."""
+
+    def __init__(self, cfg: RunConfig) -> None:
+        import torch
+
+        from psgd.train import assemble, models, threads
+        from psgd.train.dlrm import embedding_tables
+        from psgd.train.rowexchange import DenseView
+
+        torch.set_num_threads(threads.thread_budget(cfg))
+        parts = assemble.worker_parts(cfg, 0, torch.device("cpu"))
+        self.batches, self.model, self.loss_fn = parts.batches, parts.model, parts.loss
+        tables = [m for _, m in embedding_tables(self.model)]
+        if not tables or not hasattr(self.model, "row_ids"):
+            raise ValueError(f"the row floor needs a model with embedding tables and row_ids(x), not {cfg.model.model}")
+        self.bases = torch.tensor([0, *torch.tensor([t.num_embeddings for t in tables]).cumsum(0)[:-1].tolist()])
+        self.store = torch.cat([t.weight.detach() for t in tables])  # the server's (its copy once forked)
+        self.looked: dict[str, torch.Tensor] = {}
+        for f, t in enumerate(tables):
+            t.forward = functools.partial(lambda f, ids: self.looked["e"][:, f], f)
+        self.flat = models.FlatParams(DenseView(self.model))  # the dense part, as the floor holds it
+        self.flat.params.share_memory_()
+        self.flat.grads.share_memory_()
+        cap, dim = cfg.batch_size * len(tables), self.store.shape[1]  # at most `cap` distinct rows a step
+        self.ids_buf = torch.zeros(cap, dtype=torch.int64).share_memory_()
+        self.rows_buf, self.grad_buf = torch.zeros(cap, dim).share_memory_(), torch.zeros(cap, dim).share_memory_()
+        self.count = torch.zeros(1, dtype=torch.int64).share_memory_()
+
+    def prepare(self, clock: int | None) -> tuple:
+        """Write step `clock`'s distinct ids for the server (None: none, the end); (their count,
+        where each lookup reads, the batch)."""
+        import torch
+
+        if clock is None:
+            self.count[0] = 0
+            return 0, None, None, None
+        (x, y), = self.batches.micro(clock)
+        ids, where = torch.unique(torch.stack(list(self.model.row_ids(x).values()), 1) + self.bases,
+                                  return_inverse=True)
+        self.ids_buf[:len(ids)] = ids
+        self.count[0] = len(ids)
+        return len(ids), where, x, y
+
+    def step(self, pending: tuple) -> float:
+        """Forward and backward of a prepared step on the rows the server gathered, read in place."""
+        n, where, x, y = pending
+        self.leaf = self.rows_buf[:n].detach().requires_grad_()
+        self.looked["e"] = self.leaf[where]
+        out = self.loss_fn(self.model(x), y)
+        out.backward()
+        return float(out.detach())
+
+
+def _serve(bell: Bell, w: _Worker, cfg: RunConfig, make_optimizer) -> None:
     """The server process: the tables' store and the dense part's optimizer; per wake-up, the last
     step's update (none before step 0) and the next step's rows."""
     import torch
 
-    ids_buf, rows_buf, grad_buf, count = buffers
+    flat, store, ids_buf, rows_buf, grad_buf, count = w.flat, w.store, w.ids_buf, w.rows_buf, w.grad_buf, w.count
 
     def make_step():
         own = torch.nn.Parameter(flat.params.clone())
