@@ -43,7 +43,7 @@ CASES = [
 # Run as a reader runs them, without the tests' ATEN_CPU_CAPABILITY (conftest.py): 05 shows a
 # parameter hash, and pins torch's kernels itself, as the suite does (issue 54, item 19), so a
 # reader's AVX-512 machine prints the hash of its class (tests/numerics.py) that docs/tutorial.md shows.
-AS_A_READER = {"05_processes_straggler.py": {numerics.INTEL_AVX512: "4b2033457a01"}}
+AS_A_READER = {"05_processes_straggler.py": {numerics.INTEL_AVX512: "4b2033457a01", numerics.AMD: "e71eb03abb56"}}
 
 
 def run_example(name: str, args: list[str], tmp_path: Path, parent) -> subprocess.CompletedProcess:

@@ -208,7 +208,7 @@ def _floor_loop(args, ds) -> float:
         loss.backward()
         store.index_add_(0, ids, rows_.grad, alpha=-args.lr)
         opt.step()
-    return float(loss)
+    return float(loss.detach())
 
 
 def _plain_loop(args, ds, sparse: bool = False) -> float:
@@ -225,7 +225,7 @@ def _plain_loop(args, ds, sparse: bool = False) -> float:
         loss = F.cross_entropy(m(x), y)
         loss.backward()
         opt.step()
-    return float(loss)
+    return float(loss.detach())
 
 
 def _start_row_servers(args) -> tuple[list[subprocess.Popen], list[str]]:
